@@ -1,0 +1,19 @@
+"""gpt1-jax: GPT-1 (Radford et al., 2018) in JAX/Flax, faithful to the release and built to scale out."""
+
+from gpt1_jax.config import ConfigError, ModelConfig, model_preset
+from gpt1_jax.model import GPT1, init_params, lm_logits
+from gpt1_jax.weights import load_pretrained, save_pretrained
+
+__all__ = [
+    "GPT1", "GPT1Tokenizer", "ConfigError", "ModelConfig", "init_params", "lm_logits", "load_pretrained",
+    "model_preset", "save_pretrained",
+]
+
+
+def __getattr__(name):
+    # The tokenizer pulls in HF tokenizers; import it only when asked for.
+    if name == "GPT1Tokenizer":
+        from gpt1_jax.tokenizer import GPT1Tokenizer
+
+        return GPT1Tokenizer
+    raise AttributeError(f"module 'gpt1_jax' has no attribute {name!r}")

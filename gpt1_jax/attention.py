@@ -1,0 +1,58 @@
+"""The causal self-attention core: softmax(q k^T / sqrt(d_head) + causal mask) v, swappable by name.
+
+Shapes use nanodo's suffixes: B batch, T query time, S key time, H heads, K head dim.
+Implementations:
+  "xla"          masked softmax as two einsums; fastest on CPU (STACK.md: jax.nn.dot_product_attention's
+                 backward pass was ~1.7x slower there) and the only one with attention dropout.
+  "dot_product"  jax.nn.dot_product_attention with XLA's own lowering.
+  "cudnn"        jax.nn.dot_product_attention's cuDNN flash kernel (GPU, bf16/fp16).
+  "auto"         cudnn on GPU when no dropout is asked for, xla otherwise.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# The original fills masked scores with -1e9 (HF: -1e4 for fp16). Any value that underflows exp() to 0
+# gives identical probabilities; the dtype's own minimum is safe in bf16 too.
+
+
+def resolve_impl(impl: str, dropout_active: bool) -> str:
+    if impl == "auto":
+        on_gpu = jax.default_backend() == "gpu"
+        return "cudnn" if on_gpu and not dropout_active else "xla"
+    if impl in ("dot_product", "cudnn") and dropout_active:
+        raise ValueError(f"attention={impl!r} has no attention dropout; set attn_dropout=0 or attention='xla'")
+    return impl
+
+
+def causal_attention(
+    q_BTHK: jax.Array,
+    k_BSHK: jax.Array,
+    v_BSHK: jax.Array,
+    *,
+    impl: str = "xla",
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+) -> jax.Array:
+    """Causal attention over one sequence per batch row; dropout applies to the attention probabilities."""
+    dropout_active = dropout_rate > 0.0 and dropout_rng is not None
+    impl = resolve_impl(impl, dropout_active)
+    if impl in ("dot_product", "cudnn"):
+        return jax.nn.dot_product_attention(
+            q_BTHK, k_BSHK, v_BSHK, is_causal=True, implementation=None if impl == "dot_product" else "cudnn"
+        )
+
+    scale = q_BTHK.shape[-1] ** -0.5
+    scores_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK * jnp.asarray(scale, q_BTHK.dtype), k_BSHK)
+    # Softmax in float32 whatever the compute dtype: bf16 sums over 512 keys lose the small entries.
+    scores_BHTS = scores_BHTS.astype(jnp.float32)
+    T, S = scores_BHTS.shape[-2:]
+    causal_TS = jnp.tril(jnp.ones((T, S), dtype=bool), k=S - T)
+    scores_BHTS = jnp.where(causal_TS, scores_BHTS, jnp.finfo(jnp.float32).min)
+    probs_BHTS = jax.nn.softmax(scores_BHTS, axis=-1)
+    if dropout_active:
+        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs_BHTS.shape)
+        probs_BHTS = jnp.where(keep, probs_BHTS / (1.0 - dropout_rate), 0.0)
+    return jnp.einsum("bhts,bshk->bthk", probs_BHTS.astype(v_BSHK.dtype), v_BSHK)

@@ -1,0 +1,53 @@
+"""`gpt1-jax VERB ...`: the command line only wires modules together.
+
+Each verb lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`. Nothing
+here imports jax at module level: `--simulate-devices` must set XLA_FLAGS before jax initialises.
+User errors (bad config, bad checkpoint, bad input) end as one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+VERBS = {
+    "convert": ("gpt1_jax.convert", "convert checkpoints between the original release, HF and gpt1-jax"),
+}
+
+
+def simulate_devices(n: int | None) -> None:
+    """N fake CPU devices, for trying meshes on one machine; only possible before jax starts."""
+    if not n:
+        return
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={n}"])
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    from gpt1_jax.config import ConfigError
+    from gpt1_jax.weights import CheckpointFormatError
+
+    return (ConfigError, CheckpointFormatError, FileNotFoundError, FileExistsError, ValueError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpt1-jax", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for verb, (module_name, help_text) in VERBS.items():
+        p = sub.add_parser(verb, help=help_text, description=help_text)
+        p.set_defaults(_module=module_name)
+        importlib.import_module(module_name).add_arguments(p)
+    args = parser.parse_args(argv)
+    simulate_devices(getattr(args, "simulate_devices", None))
+    try:
+        return importlib.import_module(args._module).main(args) or 0
+    except user_errors() as e:
+        print(f"gpt1-jax {args.verb}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""GPT-1 in Flax linen, as released (REFERENCE.md): post-LayerNorm blocks, tanh GELU, learned positions,
+tied LM head, no final LayerNorm.
+
+Pure functions only: `GPT1(config).init(...)` makes the parameters, `.apply(...)` runs them. Every
+parameter carries logical axis names (vocab, embed, heads, kv, mlp, ...); which mesh axis each name
+lands on is decided once, by the rules table in `gpt1_jax.sharding`, never here.
+
+Parameter tree (HF module names, so conversion is a rename):
+  tokens_embed/embedding [V, D]      positions_embed/embedding [P, D]
+  h/attn/c_attn/{kernel [D, 3, H, K], bias [3, H, K]}   h/attn/c_proj/{kernel [H, K, D], bias [D]}
+  h/ln_1/{scale, bias} [D]   h/mlp/c_fc/{kernel [D, F], bias [F]}   h/mlp/c_proj/{kernel [F, D], bias [D]}
+  h/ln_2/{scale, bias} [D]
+With `scan_layers` every `h/...` array has a leading layer axis [L, ...]; without, the blocks are h_0..h_{L-1}.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from gpt1_jax.attention import causal_attention
+from gpt1_jax.config import ModelConfig
+
+Axes = Sequence[str | None]
+
+
+def _normal(config: ModelConfig, axes: Axes):
+    # Plain normal, not truncated: the original and HF both use N(0, 0.02).
+    return nn.with_logical_partitioning(nn.initializers.normal(config.init_std), axes)
+
+
+def _zeros(axes: Axes):
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+class Linear(nn.Module):
+    """y = einsum(spec, x, W) + b, with kernels of any rank so heads stay a real axis for sharding."""
+
+    config: ModelConfig
+    spec: str
+    kernel_shape: tuple[int, ...]
+    kernel_axes: Axes
+    bias_shape: tuple[int, ...]
+    bias_axes: Axes
+
+    @nn.compact
+    def __call__(self, x):
+        c = self.config
+        kernel = self.param("kernel", _normal(c, self.kernel_axes), self.kernel_shape, c.param_dtype)
+        bias = self.param("bias", _zeros(self.bias_axes), self.bias_shape, c.param_dtype)
+        return jnp.einsum(self.spec, x, kernel.astype(c.dtype)) + bias.astype(c.dtype)
+
+
+def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
+    # eps 1e-5 (Flax's 1e-6 default is wrong here); exact two-pass variance, as torch computes it.
+    return nn.LayerNorm(
+        epsilon=config.layer_norm_eps,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        use_fast_variance=False,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+        bias_init=_zeros(("embed",)),
+        name=name,
+    )
+
+
+class CausalSelfAttention(nn.Module):
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x_BTD, deterministic: bool):
+        c = self.config
+        H, K, D = c.n_heads, c.head_dim, c.d_model
+        qkv_BT3HK = Linear(
+            c, "btd,dqhk->btqhk", (D, 3, H, K), ("embed", "qkv", "heads", "kv"), (3, H, K), ("qkv", "heads", "kv"),
+            name="c_attn",
+        )(x_BTD)
+        qkv_BT3HK = nn.with_logical_constraint(qkv_BT3HK, ("batch", "length", "qkv", "heads", "kv"))
+        q_BTHK, k_BTHK, v_BTHK = (qkv_BT3HK[:, :, i] for i in range(3))
+        training = not deterministic and c.attn_dropout > 0.0
+        out_BTHK = causal_attention(
+            q_BTHK, k_BTHK, v_BTHK,
+            impl=c.attention,
+            dropout_rate=c.attn_dropout,
+            dropout_rng=self.make_rng("dropout") if training else None,
+        )
+        out_BTD = Linear(c, "bthk,hkd->btd", (H, K, D), ("heads", "kv", "embed"), (D,), ("embed",), name="c_proj")(
+            out_BTHK
+        )
+        return nn.Dropout(c.resid_dropout)(out_BTD, deterministic=deterministic)
+
+
+class MLP(nn.Module):
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x_BTD, deterministic: bool):
+        c = self.config
+        D, F = c.d_model, c.d_mlp
+        h_BTF = Linear(c, "btd,df->btf", (D, F), ("embed", "mlp"), (F,), ("mlp",), name="c_fc")(x_BTD)
+        h_BTF = nn.with_logical_constraint(jax.nn.gelu(h_BTF, approximate=True), ("batch", "length", "mlp"))
+        out_BTD = Linear(c, "btf,fd->btd", (F, D), ("mlp", "embed"), (D,), ("embed",), name="c_proj")(h_BTF)
+        return nn.Dropout(c.resid_dropout)(out_BTD, deterministic=deterministic)
+
+
+class Block(nn.Module):
+    """Post-LN: n = LN1(x + attn(x)); h = LN2(n + mlp(n)). The (carry, None) signature suits nn.scan."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x_BTD, deterministic: bool):
+        c = self.config
+        n_BTD = layer_norm(c, "ln_1")(x_BTD + CausalSelfAttention(c, name="attn")(x_BTD, deterministic))
+        h_BTD = layer_norm(c, "ln_2")(n_BTD + MLP(c, name="mlp")(n_BTD, deterministic))
+        return nn.with_logical_constraint(h_BTD, ("batch", "length", "embed")), None
+
+
+_REMAT_POLICIES = {
+    "full": None,  # save nothing inside a block, recompute all of it
+    "dots": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+class GPT1(nn.Module):
+    """The shared transformer. `__call__` gives final hidden states; `logits` the tied LM head."""
+
+    config: ModelConfig
+
+    def setup(self):
+        c = self.config
+        self.tokens_embed = nn.Embed(
+            c.vocab_size, c.d_model, dtype=c.dtype, param_dtype=c.param_dtype,
+            embedding_init=_normal(c, ("vocab", "embed")),
+        )
+        self.positions_embed = nn.Embed(
+            c.n_positions, c.d_model, dtype=c.dtype, param_dtype=c.param_dtype,
+            embedding_init=_normal(c, ("positions", "embed")),
+        )
+        self.embd_dropout = nn.Dropout(c.embd_dropout)
+        block = Block
+        if c.remat != "none":
+            # argument 2 (self counts as 0) is `deterministic`, a Python bool
+            block = nn.remat(Block, policy=_REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers, static_argnums=(2,))
+        if c.scan_layers:
+            stack = nn.scan(
+                block,
+                variable_axes={"params": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=nn.broadcast,
+                length=c.n_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )
+            self.blocks = [stack(c, name="h")]
+        else:
+            self.blocks = [block(c, name=f"h_{i}") for i in range(c.n_layers)]
+
+    def __call__(self, tokens_BT: jax.Array, *, deterministic: bool = True) -> jax.Array:
+        c = self.config
+        T = tokens_BT.shape[-1]
+        if T > c.n_positions:
+            raise ValueError(f"sequence of {T} tokens is longer than the model's n_positions={c.n_positions}")
+        x_BTD = self.tokens_embed(tokens_BT) + self.positions_embed(jnp.arange(T))[None]
+        x_BTD = self.embd_dropout(x_BTD, deterministic=deterministic)
+        x_BTD = nn.with_logical_constraint(x_BTD, ("batch", "length", "embed"))
+        for block in self.blocks:
+            x_BTD, _ = block(x_BTD, deterministic)
+        return x_BTD
+
+    def logits(self, h_BTD: jax.Array) -> jax.Array:
+        """Tied LM head over the token rows (specials included once appended), in float32 for the loss."""
+        return self.tokens_embed.attend(h_BTD).astype(jnp.float32)
+
+
+def init_params(config: ModelConfig, rng: jax.Array | int = 0, seq_len: int | None = None):
+    """Fresh N(0, 0.02) parameters, still wrapped in their logical-axis boxes (nn.Partitioned)."""
+    if isinstance(rng, int):
+        rng = jax.random.key(rng)
+    tokens = jnp.zeros((1, seq_len or min(config.n_positions, 8)), jnp.int32)
+    return GPT1(config).init(rng, tokens)["params"]
+
+
+def _lm_logits(config: ModelConfig, params, tokens_BT):
+    model = GPT1(config)
+    return model.apply({"params": params}, model.apply({"params": params}, tokens_BT), method=GPT1.logits)
+
+
+_lm_logits_jit = jax.jit(_lm_logits, static_argnums=0)
+
+
+def lm_logits(config: ModelConfig, params, tokens) -> jax.Array:
+    """LM logits [batch, time, vocab] for int tokens [batch, time]; deterministic (no dropout)."""
+    tokens = jnp.asarray(tokens)
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(f"tokens must be an int array [batch, time], got {tokens.dtype}{list(tokens.shape)}")
+    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= config.vocab_size):
+        raise ValueError(f"token ids must lie in [0, {config.vocab_size}), got [{int(tokens.min())}, {int(tokens.max())}]")
+    return _lm_logits_jit(config, nn.meta.unbox(params), tokens)

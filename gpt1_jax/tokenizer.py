@@ -1,0 +1,360 @@
+"""GPT-1 byte-pair-encoding tokenizer on top of Hugging Face `tokenizers` (Rust).
+
+Two pre-tokenisation modes share one BPE model (lowercase, `</w>` end-of-word suffix):
+
+* ``"hf"`` (default): exactly the pipeline of transformers' ``OpenAIGPTTokenizer``
+  (BERT normaliser: clean text, lowercase, strip accents; BERT pre-tokeniser: split on
+  whitespace and every punctuation character). Runs fully in Rust.
+* ``"original"``: the pipeline of OpenAI's finetune-transformer-lm (``ftfy.fix_text`` ->
+  ``text_standardize`` -> spaCy English tokenizer -> lowercase) done in Python, the BPE
+  step in Rust. Needs the ``original`` extra (ftfy, spacy).
+
+Vocabulary layout (OpenAI's files): 0 ``<unk>``, base symbols, the same with ``</w>``, one
+token per merge, ``\\n</w>``; then the fine-tuning markers ``_start_``, ``_delimiter_``,
+``_classify_`` appended (40478, 40479, 40480 for the released vocabulary).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Callable
+
+from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
+from tokenizers.models import BPE
+from tokenizers.trainers import BpeTrainer
+
+__all__ = ["GPT1Tokenizer", "SPECIAL_TOKENS", "UNK_TOKEN", "EOW_SUFFIX", "MODES", "text_standardize"]
+
+UNK_TOKEN = "<unk>"
+EOW_SUFFIX = "</w>"
+SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")
+MODES = ("hf", "original")
+_META_KEY = "gpt1_jax"  # lives inside the JSON's "model" section, which tokenizers ignores on load
+_INSTALL_HINT = "pip install gpt1-jax[original]"
+
+# The original's punctuation padding (finetune-transformer-lm/text_utils.py); it exists because
+# spaCy glued runs such as "--" or "?!" to neighbouring words in BooksCorpus.
+_PUNCT_RUNS = re.compile(r"""(-+|~+|!+|"+|;+|\?+|\++|,+|\)+|\(+|\\+|\/+|\*+|\[+|\]+|}+|{+|\|+|_+)""")
+_NEWLINES = re.compile(r"\s*\n\s*")
+_SPACES = re.compile(r"[^\S\n]+")
+
+
+def text_standardize(text: str) -> str:
+    """The original's text_standardize: unify dashes/ellipsis/acute, pad punctuation, squash spaces."""
+    text = text.replace("—", "-").replace("–", "-").replace("―", "-")
+    text = text.replace("…", "...").replace("´", "'")
+    text = _PUNCT_RUNS.sub(r" \1 ", text)
+    text = _NEWLINES.sub(" \n ", text)
+    text = _SPACES.sub(" ", text)
+    return text.strip()
+
+
+def _load_original_pipeline() -> tuple[Callable[[str], str], Any]:
+    """Import ftfy and spaCy only when the original mode is used: they are heavy optional deps."""
+    try:
+        import ftfy
+        import spacy
+    except ImportError as e:
+        raise ImportError(f'mode="original" needs ftfy and spacy ({e.name} is missing): {_INSTALL_HINT}') from None
+    # A blank English pipeline carries the same tokenizer rules as the 'en' model OpenAI loaded,
+    # without a model download.
+    return ftfy.fix_text, spacy.blank("en").tokenizer
+
+
+def _check_file(path: str | Path, what: str) -> Path:
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: {what} not found")
+    return p
+
+
+def _read_encoder(path: str | Path) -> dict[str, int]:
+    p = _check_file(path, "encoder JSON (token -> id)")
+    try:
+        enc = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{p}: not valid UTF-8 JSON ({e})") from None
+    if not isinstance(enc, dict) or not enc or not all(
+        isinstance(k, str) and type(v) is int for k, v in enc.items()
+    ):
+        raise ValueError(f"{p}: expected a non-empty JSON object mapping token strings to integer ids")
+    if sorted(enc.values()) != list(range(len(enc))):
+        raise ValueError(f"{p}: token ids must be exactly 0..{len(enc) - 1}, each used once")
+    if enc.get(UNK_TOKEN) != 0:
+        raise ValueError(f"{p}: {UNK_TOKEN!r} must have id 0")
+    return enc
+
+
+def _read_merges(path: str | Path) -> list[tuple[str, str]]:
+    p = _check_file(path, "BPE merges file")
+    try:
+        lines = p.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p}: not valid UTF-8 ({e})") from None
+    merges: list[tuple[str, str]] = []
+    for lineno, line in enumerate(lines, 1):
+        if (lineno == 1 and line.startswith("#version")) or not line.strip():
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            raise ValueError(f"{p}:{lineno}: expected 'left right' merge, got {line!r}")
+        merges.append((parts[0], parts[1]))
+    if not merges:
+        raise ValueError(f"{p}: contains no merges")
+    return merges
+
+
+def _build_backend(vocab: dict[str, int], merges: list[tuple[str, str]], mode: str) -> Tokenizer:
+    """The Rust tokenizer: HF's OpenAIGPTTokenizer setup plus the three markers in the vocab."""
+    vocab = dict(vocab)
+    clash = [s for s in SPECIAL_TOKENS if s in vocab]
+    if clash:
+        raise ValueError(f"vocabulary already contains {clash}; specials are appended by GPT1Tokenizer")
+    base = len(vocab)
+    for i, tok in enumerate(SPECIAL_TOKENS):
+        # Plain vocab entries, not added tokens: BPE can never produce them (no merge builds them),
+        # so text like "_start_" is tokenised as text, as in both the original and HF.
+        vocab[tok] = base + i
+    backend = Tokenizer(
+        BPE(
+            vocab=vocab,
+            merges=merges,
+            unk_token=UNK_TOKEN,
+            continuing_subword_prefix="",
+            end_of_word_suffix=EOW_SUFFIX,
+            fuse_unk=False,  # one <unk> per unknown symbol, like the original's encoder.get(t, 0)
+            dropout=None,
+        )
+    )
+    backend.add_special_tokens([UNK_TOKEN])  # as HF does (it makes a literal "<unk>" in text id 0)
+    if mode == "hf":
+        backend.normalizer = normalizers.BertNormalizer(lowercase=True)
+        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    # In "original" mode words arrive pre-split and lowercased from Python (spaCy), so the Rust
+    # side must not split again: a whitespace splitter would drop the "\n" word (id of "\n</w>").
+    backend.decoder = decoders.BPEDecoder(suffix=EOW_SUFFIX)
+    return backend
+
+
+def _iter_texts(source: str | Path | Sequence[str | Path] | Iterable[str]) -> Iterator[str]:
+    """Lines of text files (plain or .gz) or items of an iterator of strings."""
+    if isinstance(source, (str, Path)):
+        source = [source]
+    for item in source:
+        if isinstance(item, Path) or (isinstance(item, str) and Path(item).is_file()):
+            p = Path(item)
+            opener = gzip.open if p.suffix == ".gz" else open
+            with opener(p, "rt", encoding="utf-8") as f:
+                yield from f
+        else:
+            yield item
+
+
+class GPT1Tokenizer:
+    """GPT-1 BPE tokenizer; see the module docstring for the modes and the vocabulary layout."""
+
+    def __init__(self, backend: Tokenizer, mode: str = "hf") -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        ids = [backend.token_to_id(s) for s in SPECIAL_TOKENS]
+        if None in ids or backend.token_to_id(UNK_TOKEN) != 0:
+            raise ValueError(f"tokenizer lacks {UNK_TOKEN!r} at id 0 or one of {SPECIAL_TOKENS}")
+        self._backend = backend
+        self._mode = mode
+        self._special_ids = tuple(ids)
+        # "original" never treats "<unk>" in text as the unk token; HF does. The flag is not
+        # serialised by tokenizers, hence set here.
+        backend.encode_special_tokens = mode == "original"
+        # Fail at construction, not at the first encode, when ftfy/spacy are missing.
+        self._words = self._original_words_fn() if mode == "original" else None
+
+    # construction ---------------------------------------------------------------------------------
+    @classmethod
+    def from_original(
+        cls, encoder_json: str | Path, bpe_merges: str | Path, mode: str = "hf"
+    ) -> GPT1Tokenizer:
+        """Load OpenAI's ``encoder_bpe_40000.json`` and ``vocab_40000.bpe``."""
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        vocab, merges = _read_encoder(encoder_json), _read_merges(bpe_merges)
+        try:
+            backend = _build_backend(vocab, merges, mode)
+        except Exception as e:  # tokenizers raises a bare Exception for merges outside the vocab
+            raise ValueError(f"{bpe_merges}: merges do not fit {encoder_json}: {e}") from None
+        return cls(backend, mode)
+
+    @classmethod
+    def train(
+        cls,
+        files_or_iterator: str | Path | Sequence[str | Path] | Iterable[str],
+        vocab_size: int = 40478,
+        min_frequency: int = 2,
+        mode: str = "hf",
+        limit_alphabet: int | None = None,
+        show_progress: bool = False,
+    ) -> GPT1Tokenizer:
+        """Train a GPT-1-style BPE on text files (lines; ``.gz`` ok) or an iterator of texts.
+
+        ``vocab_size`` counts ``<unk>``, the alphabet (with and without ``</w>``) and the merges,
+        not the three markers appended afterwards (so 40478 gives GPT-1's sizes).
+        """
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        trainer = BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=[UNK_TOKEN],  # first, so <unk> gets id 0
+            limit_alphabet=limit_alphabet,
+            end_of_word_suffix=EOW_SUFFIX,
+            show_progress=show_progress,
+        )
+        scratch = Tokenizer(BPE(unk_token=UNK_TOKEN, end_of_word_suffix=EOW_SUFFIX))
+        texts = _iter_texts(files_or_iterator)
+        if mode == "hf":
+            scratch.normalizer = normalizers.BertNormalizer(lowercase=True)
+            scratch.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+            scratch.train_from_iterator(texts, trainer=trainer)
+        else:
+            # Without a Rust pre-tokeniser each string of a yielded list is one word.
+            words_of = cls._original_words_fn()
+            scratch.train_from_iterator((words_of(t) for t in texts), trainer=trainer)
+        model = json.loads(scratch.to_str())["model"]
+        merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+        return cls(_build_backend(model["vocab"], merges, mode), mode)
+
+    def save(self, path: str | Path) -> None:
+        """Write one tokenizers JSON file; plain ``tokenizers.Tokenizer.from_file`` can read it too."""
+        data = json.loads(self._backend.to_str())
+        data["model"][_META_KEY] = {"mode": self._mode, "special_tokens": list(SPECIAL_TOKENS)}
+        Path(path).write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> GPT1Tokenizer:
+        p = _check_file(path, "tokenizer JSON")
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+            meta = data["model"].pop(_META_KEY)
+            backend = Tokenizer.from_str(json.dumps(data))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            raise ValueError(f"{p}: not a tokenizer saved by GPT1Tokenizer.save") from None
+        except Exception as e:  # tokenizers' own parse errors
+            raise ValueError(f"{p}: tokenizers cannot read it: {e}") from None
+        return cls(backend, meta["mode"])
+
+    # properties -----------------------------------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @property
+    def backend(self) -> Tokenizer:
+        """The underlying ``tokenizers.Tokenizer`` (in "original" mode it expects pre-split words)."""
+        return self._backend
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids including the three markers (size of the embedding table)."""
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def base_vocab_size(self) -> int:
+        """Number of BPE ids without the markers (40478 for OpenAI's vocabulary)."""
+        return self.vocab_size - len(SPECIAL_TOKENS)
+
+    @property
+    def unk_id(self) -> int:
+        return 0
+
+    @property
+    def start_id(self) -> int:
+        return self._special_ids[0]
+
+    @property
+    def delimiter_id(self) -> int:
+        return self._special_ids[1]
+
+    @property
+    def classify_id(self) -> int:
+        return self._special_ids[2]
+
+    @property
+    def special_ids(self) -> tuple[int, int, int]:
+        return self._special_ids  # type: ignore[return-value]
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._backend.token_to_id(token)
+
+    def id_to_token(self, i: int) -> str | None:
+        return self._backend.id_to_token(i)
+
+    # encoding -------------------------------------------------------------------------------------
+    @staticmethod
+    def _original_words_fn() -> Callable[[str], list[str]]:
+        fix_text, spacy_tok = _load_original_pipeline()
+
+        def words(text: str) -> list[str]:
+            out = []
+            for tok in spacy_tok(text_standardize(fix_text(text))):
+                w = tok.text
+                if w.isspace():
+                    # spaCy yields "\n " for the " \n " that text_standardize leaves; the original
+                    # maps it to "\n</w>". Other space tokens cannot survive text_standardize.
+                    if "\n" in w:
+                        out.append("\n")
+                    continue
+                out.append(w.lower())
+            return out
+
+        return words
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; no markers are added."""
+        if self._mode == "hf":
+            return self._backend.encode(text, add_special_tokens=False).ids
+        return self._backend.encode(self._words(text), is_pretokenized=True, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Like ``encode`` over many texts, parallel in Rust (the Python spaCy step is serial)."""
+        if self._mode == "hf":
+            encs = self._backend.encode_batch(list(texts), add_special_tokens=False)
+        else:
+            words = [self._words(t) for t in texts]
+            encs = self._backend.encode_batch(words, is_pretokenized=True, add_special_tokens=False)
+        return [e.ids for e in encs]
+
+    def tokenize(self, text: str) -> list[str]:
+        """BPE pieces of ``text`` (for inspection)."""
+        return [self._backend.id_to_token(i) for i in self.encode(text)]
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """Join BPE pieces back into lowercase text (words separated by single spaces).
+
+        The markers decode as stand-alone words (``_start_`` ...) or are dropped with
+        ``skip_special_tokens``; ``<unk>`` is always kept.
+        """
+        specials = set(self._special_ids)
+        parts: list[str] = []
+        run: list[int] = []
+        for i in map(int, ids):
+            if i in specials:
+                # BPEDecoder would glue a marker (it has no </w>) onto the next word.
+                if run:
+                    parts.append(self._backend.decode(run, skip_special_tokens=False))
+                    run = []
+                if not skip_special_tokens:
+                    parts.append(self._backend.id_to_token(i))
+            else:
+                run.append(i)
+        if run:
+            parts.append(self._backend.decode(run, skip_special_tokens=False))
+        return " ".join(p for p in parts if p)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def __repr__(self) -> str:
+        return f"GPT1Tokenizer(mode={self._mode!r}, vocab_size={self.vocab_size})"
