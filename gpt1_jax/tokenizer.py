@@ -140,18 +140,48 @@ def _build_backend(vocab: dict[str, int], merges: list[tuple[str, str]], mode: s
     return backend
 
 
-def _iter_texts(source: str | Path | Sequence[str | Path] | Iterable[str]) -> Iterator[str]:
-    """Lines of text files (plain or .gz) or items of an iterator of strings."""
+def _gpt1_layout(
+    trained: dict[str, int], merges: list[tuple[str, str]], vocab_size: int
+) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Re-number a trained vocabulary like OpenAI's: <unk>, symbols, symbols+</w>, merges in order.
+
+    The trainer only adds "c</w>" for symbols it saw word-finally; GPT-1's vocabulary has both forms
+    of every symbol, so a known character is never <unk> whatever its position. Trailing merges are
+    dropped if the extra symbols would push the vocabulary past ``vocab_size``.
+    """
+    stems = (t.removesuffix(EOW_SUFFIX) for t in trained if t != UNK_TOKEN)
+    symbols = sorted({s for s in stems if len(s) == 1})  # the trainer's alphabet
+    base = [UNK_TOKEN, *symbols, *(c + EOW_SUFFIX for c in symbols)]
+    merges = merges[: max(0, vocab_size - len(base))]
+    tokens = base + [a + b for a, b in merges]
+    return {t: i for i, t in enumerate(dict.fromkeys(tokens))}, merges
+
+
+def _iter_texts(source: str | Path | Iterable[str | Path]) -> Iterator[str]:
+    """Lines of text files (plain or .gz), or the texts of an iterable.
+
+    A str/Path, or a list/tuple holding a Path or a str naming an existing file, means files (all
+    must exist: a mistyped path must not silently become training text); anything else is texts.
+    """
     if isinstance(source, (str, Path)):
-        source = [source]
-    for item in source:
-        if isinstance(item, Path) or (isinstance(item, str) and Path(item).is_file()):
-            p = Path(item)
-            opener = gzip.open if p.suffix == ".gz" else open
-            with opener(p, "rt", encoding="utf-8") as f:
-                yield from f
-        else:
-            yield item
+        files: Sequence[str | Path] | None = [source]
+    elif isinstance(source, (list, tuple)) and any(
+        isinstance(x, Path) or (isinstance(x, str) and len(x) < 4096 and Path(x).is_file()) for x in source
+    ):
+        files = source
+    else:
+        files = None
+    if files is None:
+        return (str(text) for text in source)
+    paths = [_check_file(name, "training text file") for name in files]  # fail before training
+    return _read_lines(paths)
+
+
+def _read_lines(paths: list[Path]) -> Iterator[str]:
+    for p in paths:
+        opener = gzip.open if p.suffix == ".gz" else open
+        with opener(p, "rt", encoding="utf-8") as f:
+            yield from f
 
 
 class GPT1Tokenizer:
@@ -204,13 +234,14 @@ class GPT1Tokenizer:
         """
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        options: dict[str, Any] = {} if limit_alphabet is None else {"limit_alphabet": limit_alphabet}
         trainer = BpeTrainer(
             vocab_size=vocab_size,
             min_frequency=min_frequency,
             special_tokens=[UNK_TOKEN],  # first, so <unk> gets id 0
-            limit_alphabet=limit_alphabet,
             end_of_word_suffix=EOW_SUFFIX,
             show_progress=show_progress,
+            **options,
         )
         scratch = Tokenizer(BPE(unk_token=UNK_TOKEN, end_of_word_suffix=EOW_SUFFIX))
         texts = _iter_texts(files_or_iterator)
@@ -224,7 +255,8 @@ class GPT1Tokenizer:
             scratch.train_from_iterator((words_of(t) for t in texts), trainer=trainer)
         model = json.loads(scratch.to_str())["model"]
         merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-        return cls(_build_backend(model["vocab"], merges, mode), mode)
+        vocab, merges = _gpt1_layout(model["vocab"], merges, vocab_size)
+        return cls(_build_backend(vocab, merges, mode), mode)
 
     def save(self, path: str | Path) -> None:
         """Write one tokenizers JSON file; plain ``tokenizers.Tokenizer.from_file`` can read it too."""

@@ -1,0 +1,160 @@
+"""Text sources for pre-training: each yields documents (``str``) in a fixed order.
+
+Source specs understood by :func:`open_source`:
+
+* ``"default"`` / ``"pydoc"``: the demo corpus embedded in every CPython install, the English help
+  topics of ``pydoc_data.topics.topics`` (one document per topic). On CPython 3.11 that is 79
+  documents, ~465,000 characters, ~100,000 tokens with a GPT-1 BPE: enough to smoke-test training
+  and overfit a tiny model offline; far too small for a useful language model. Its exact content
+  changes with the Python patch release, which changes the fingerprint (and hence the token cache).
+* a file, directory or glob (``data/*.txt.gz``, ``books/**/*.txt``): UTF-8 text, gzip-compressed when
+  the name ends in ``.gz``. A document is a block of lines separated by one or more blank lines,
+  the layout of ``shared/data/corpus/english_mixed.txt.gz``. A directory means every ``*.txt`` and
+  ``*.txt.gz`` below it. Files are read in sorted path order so the document order is stable.
+* ``tfds:NAME[/CONFIG][:SPLIT][?feature=F&data_dir=D]``: a tensorflow-datasets dataset prepared in
+  the ``array_record`` format, read without TensorFlow (see :mod:`gpt1_jax.data.tfds_text`).
+
+Every source has a ``fingerprint()`` that changes when its content may have changed (paths, sizes,
+mtimes, dataset versions): the token cache is keyed on it, so it must be cheap (no full read).
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+__all__ = ["TextSource", "PydocSource", "FileSource", "open_source", "read_blocks"]
+
+DEFAULT_SPECS = ("default", "pydoc")
+TFDS_PREFIX = "tfds:"
+_TEXT_SUFFIXES = (".txt", ".txt.gz")
+
+
+@runtime_checkable
+class TextSource(Protocol):
+    """What the pipeline needs from a source."""
+
+    spec: str
+
+    def documents(self) -> Iterator[str]:
+        """Documents in a deterministic order; may be called more than once."""
+        ...
+
+    def fingerprint(self) -> str:
+        """A string that changes whenever ``documents()`` may yield something else."""
+        ...
+
+
+def _digest(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class PydocSource:
+    """CPython's own help topics: a corpus that exists on every machine, with no download."""
+
+    spec: str = "default"
+
+    def documents(self) -> Iterator[str]:
+        from pydoc_data.topics import topics
+
+        # Sorted by topic name: dict order is an implementation detail of the generated module.
+        for name in sorted(topics):
+            text = topics[name].strip()
+            if text:
+                yield text
+
+    def fingerprint(self) -> str:
+        import sys
+
+        from pydoc_data import topics
+
+        # Hash of the content itself: it is small (0.5 MB) and the module mtime is meaningless in
+        # relocated or zipped installs.
+        content = hashlib.sha256(json.dumps(topics.topics, sort_keys=True).encode()).hexdigest()
+        return _digest({"kind": "pydoc", "python": sys.version_info[:3], "content": content})
+
+
+def read_blocks(path: str | Path) -> Iterator[str]:
+    """Blank-line separated blocks of a text file (``.gz`` decompressed), trailing newline removed."""
+    p = Path(path)
+    opener = gzip.open if p.name.endswith(".gz") else open
+    block: list[str] = []
+    # newline="" would keep "\r\n"; universal newlines make Windows files split the same way.
+    with opener(p, "rt", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                block.append(line)
+            elif block:
+                yield "".join(block).rstrip("\n")
+                block = []
+    if block:
+        yield "".join(block).rstrip("\n")
+
+
+def _expand(spec: str) -> list[Path]:
+    """Files named by a path, a directory or a glob; sorted, so the order is reproducible."""
+    expanded = os.path.expanduser(spec)
+    p = Path(expanded)
+    if p.is_file():
+        return [p]
+    if p.is_dir():
+        files = [q for q in p.rglob("*") if q.is_file() and q.name.endswith(_TEXT_SUFFIXES)]
+        if not files:
+            raise FileNotFoundError(f"text source {spec!r}: directory has no *.txt or *.txt.gz files")
+        return sorted(files)
+    if glob.has_magic(expanded):
+        files = [Path(q) for q in glob.glob(expanded, recursive=True) if Path(q).is_file()]
+        if not files:
+            raise FileNotFoundError(f"text source {spec!r}: glob matches no files")
+        return sorted(files)
+    raise FileNotFoundError(f"text source {spec!r}: no such file or directory")
+
+
+@dataclass(frozen=True)
+class FileSource:
+    """Local text files; one document per blank-line separated block."""
+
+    spec: str
+    paths: tuple[Path, ...] = field(default=())
+
+    @classmethod
+    def open(cls, spec: str) -> FileSource:
+        return cls(spec=spec, paths=tuple(_expand(spec)))
+
+    def documents(self) -> Iterator[str]:
+        for p in self.paths:
+            yield from read_blocks(p)
+
+    def fingerprint(self) -> str:
+        # Size + mtime rather than a content hash: hashing a multi-GB corpus on every start would
+        # cost as much as a good part of tokenising it.
+        stats = []
+        for p in self.paths:
+            st = p.stat()
+            stats.append([str(p.resolve()), st.st_size, st.st_mtime_ns])
+        return _digest({"kind": "files", "files": stats})
+
+    def total_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.paths)
+
+
+def open_source(spec: str) -> TextSource:
+    """Parse a source spec (see the module docstring); fails with one line naming the bad spec."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"text source spec must be a non-empty string, got {spec!r}")
+    spec = spec.strip()
+    if spec in DEFAULT_SPECS:
+        return PydocSource(spec)
+    if spec.startswith(TFDS_PREFIX):
+        from gpt1_jax.data.tfds_text import TfdsSource
+
+        return TfdsSource.open(spec)
+    return FileSource.open(spec)

@@ -1,0 +1,251 @@
+"""Tokenizer choice and the on-disk token cache (one flat ``.npy`` token stream per source+tokenizer).
+
+End-of-document separator (:func:`eod_id`): every document is followed by one separator id.
+
+* With OpenAI's vocabulary it is ``"\\n</w>"`` (id 40477), the token the original pipeline emits for
+  a newline; our documents are paragraphs (blank-line blocks), so this reproduces what GPT-1 saw
+  between paragraphs. The "hf" pre-tokeniser turns newlines in text into spaces, so the id never
+  occurs inside a document and marks boundaries unambiguously.
+* A vocabulary trained with ``GPT1Tokenizer.train`` has no ``"\\n</w>"`` (the normaliser removes
+  newlines before training), so the ``_delimiter_`` marker is used instead: like ``\\n</w>`` it is
+  never produced by BPE from text, and "separator" is already its meaning in fine-tuning.
+
+Cache: ``cache_dir/tokens-<key>/{tokens.npy, meta.json}`` where ``key`` hashes the source spec, the
+source fingerprint (file sizes/mtimes, dataset versions), the tokenizer's serialised form, the
+separator id and the dtype. The directory is built under a temporary name and renamed into place,
+so a crash never leaves a half-written cache that looks complete; concurrent writers (several
+hosts on a shared disk) each build their own and the first rename wins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gpt1_jax.data.sources import TextSource
+from gpt1_jax.tokenizer import GPT1Tokenizer
+
+__all__ = [
+    "TokenStream",
+    "eod_id",
+    "token_dtype",
+    "tokenizer_hash",
+    "tokenizer_for",
+    "tokenize_to_cache",
+    "encode_documents",
+]
+
+log = logging.getLogger(__name__)
+
+CACHE_FORMAT = 1  # bump when the layout or the packing of the stream changes
+_CHUNK_CHARS = 1 << 20  # text per encode_batch call: big enough to keep both Rust threads busy
+_ORIGINAL_FILES = ("encoder_bpe_40000.json", "vocab_40000.bpe")
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def eod_id(tokenizer: GPT1Tokenizer) -> int:
+    """The id appended after every document (see the module docstring for why this one)."""
+    newline = tokenizer.token_to_id("\n</w>")
+    return newline if newline is not None else tokenizer.delimiter_id
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    # uint16 halves the cache and the page-cache footprint for GPT-1's 40k vocabulary.
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+def tokenizer_hash(tokenizer: GPT1Tokenizer) -> str:
+    """Hash of the serialised tokenizer: identical vocab/merges/normaliser give the same key."""
+    h = hashlib.sha256(tokenizer.mode.encode())
+    h.update(tokenizer.backend.to_str().encode())
+    return h.hexdigest()
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def tokenizer_for(
+    source: TextSource,
+    workdir: str | Path,
+    vocab_size: int = 40478,
+    tokenizer: str = "train",
+    progress: bool = False,
+) -> GPT1Tokenizer:
+    """The tokenizer for a run.
+
+    ``tokenizer`` is ``"train"`` (train a BPE on ``source`` once and keep it as
+    ``workdir/tokenizer.json``; later calls load that file), a path to a tokenizer JSON saved by
+    ``GPT1Tokenizer.save``, or a directory holding OpenAI's ``encoder_bpe_40000.json`` and
+    ``vocab_40000.bpe``.
+    """
+    if tokenizer != "train":
+        p = Path(tokenizer).expanduser()
+        if p.is_dir():
+            enc, merges = (p / f for f in _ORIGINAL_FILES)
+            if not enc.is_file() or not merges.is_file():
+                raise FileNotFoundError(f"tokenizer directory {p} lacks {' and '.join(_ORIGINAL_FILES)}")
+            return GPT1Tokenizer.from_original(enc, merges)
+        if p.is_file():
+            return GPT1Tokenizer.load(p)
+        raise FileNotFoundError(f"tokenizer {tokenizer!r}: expected 'train', a tokenizer .json or a vocab directory")
+
+    workdir = Path(workdir)
+    path = workdir / TOKENIZER_FILE
+    meta_path = workdir / "tokenizer.meta.json"
+    if path.is_file():
+        if meta_path.is_file():
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            if meta.get("vocab_size") != vocab_size:
+                raise ValueError(
+                    f"{path} was trained with vocab_size={meta.get('vocab_size')}, not {vocab_size}: "
+                    "use another workdir or delete the file to retrain"
+                )
+            if meta.get("source") != source.spec:
+                # Reusing is what resuming with a new corpus wants; say so rather than fail.
+                log.warning("reusing %s trained on %r for source %r", path, meta.get("source"), source.spec)
+        return GPT1Tokenizer.load(path)
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    log.info("training a %d-token BPE on %s", vocab_size, source.spec)
+    tok = GPT1Tokenizer.train(source.documents(), vocab_size=vocab_size, show_progress=progress)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tok.save(tmp)
+    _atomic_write_text(meta_path, json.dumps({"source": source.spec, "vocab_size": vocab_size}))
+    os.replace(tmp, path)  # last: the tokenizer file's presence means "training finished"
+    return tok
+
+
+def _chunks(docs: Iterable[str], max_chars: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    size = 0
+    for d in docs:
+        chunk.append(d)
+        size += len(d)
+        if size >= max_chars:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def encode_documents(
+    docs: Iterable[str], tokenizer: GPT1Tokenizer, dtype: np.dtype, sep: int, chunk_chars: int = _CHUNK_CHARS
+) -> Iterator[tuple[np.ndarray, int]]:
+    """(token array, number of documents) per chunk: each document's ids followed by ``sep``."""
+    for chunk in _chunks(docs, chunk_chars):
+        ids = tokenizer.encode_batch(chunk)
+        total = 0
+        for row in ids:
+            row.append(sep)
+            total += len(row)
+        # fromiter over a flat chain: one C-level pass, no per-document arrays.
+        yield np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=total), len(chunk)
+
+
+@dataclass(frozen=True)
+class TokenStream:
+    """The cached token stream of one source under one tokenizer."""
+
+    tokens: np.ndarray  # read-only memmap, 1-D
+    path: Path
+    meta: dict
+    from_cache: bool  # False when this call tokenised the source
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def _cache_key(source: TextSource, tokenizer: GPT1Tokenizer, sep: int, dtype: np.dtype) -> str:
+    blob = {
+        "format": CACHE_FORMAT,
+        "spec": source.spec,
+        "source": source.fingerprint(),
+        "tokenizer": tokenizer_hash(tokenizer),
+        "sep": sep,
+        "dtype": dtype.str,
+    }
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _open(path: Path, from_cache: bool) -> TokenStream:
+    meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+    tokens = np.load(path / "tokens.npy", mmap_mode="r")
+    return TokenStream(tokens=tokens, path=path, meta=meta, from_cache=from_cache)
+
+
+def tokenize_to_cache(
+    source: TextSource,
+    tokenizer: GPT1Tokenizer,
+    cache_dir: str | Path,
+    progress: bool = True,
+) -> TokenStream:
+    """Tokenise ``source`` into ``cache_dir`` unless an up-to-date cache exists; memory-map it."""
+    cache_dir = Path(cache_dir)
+    sep = eod_id(tokenizer)
+    dtype = token_dtype(tokenizer.vocab_size)
+    key = _cache_key(source, tokenizer, sep, dtype)
+    final = cache_dir / f"tokens-{key}"
+    if (final / "tokens.npy").is_file():
+        return _open(final, from_cache=True)
+
+    from tqdm.auto import tqdm
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = cache_dir / f".tmp-tokens-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        n_tokens = n_docs = 0
+        # The length is unknown until the end, so stream raw ids first and prepend the .npy
+        # header afterwards (one sequential copy, cheap next to tokenising).
+        raw = tmp / "tokens.bin"
+        with open(raw, "wb") as f, tqdm(
+            unit="tok", unit_scale=True, desc=f"tokenizing {source.spec}", disable=not progress
+        ) as bar:
+            for arr, docs in encode_documents(source.documents(), tokenizer, dtype, sep):
+                arr.tofile(f)
+                n_tokens += arr.size
+                n_docs += docs
+                bar.update(arr.size)
+        if n_tokens == 0:
+            raise ValueError(f"text source {source.spec!r} has no documents")
+        with open(tmp / "tokens.npy", "wb") as out, open(raw, "rb") as f:
+            header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n_tokens,)}
+            np.lib.format.write_array_header_1_0(out, header)
+            shutil.copyfileobj(f, out, 16 << 20)
+        raw.unlink()
+        meta = {
+            "format": CACHE_FORMAT,
+            "spec": source.spec,
+            "n_tokens": n_tokens,
+            "n_docs": n_docs,
+            "eod_id": sep,
+            "dtype": dtype.str,
+            "vocab_size": tokenizer.vocab_size,
+            "tokenizer_sha256": tokenizer_hash(tokenizer),
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "tokens.npy").is_file():
+                raise
+            # Another process finished first with identical content: use theirs.
+        else:
+            return _open(final, from_cache=False)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return _open(final, from_cache=False)

@@ -1,0 +1,228 @@
+"""The device mesh and the one table that maps the model's logical axis names onto it.
+
+Parallelism is chosen by mesh shape alone; the model never names a mesh axis:
+  data=N            pure data parallelism (params replicated, batch split)
+  fsdp=N            ZeRO-3 style: batch split *and* params + optimizer state split along `embed`
+  tensor=N          Megatron style: heads, MLP hidden and vocab split; activations exchanged per block
+  any product       e.g. data=2,fsdp=2,tensor=2 on 8 devices
+The batch is always split over data x fsdp.
+
+Multi-slice (ICI within a slice, DCN between slices) is planned for: `MeshConfig.dcn_*` give each axis's
+split across slices and `make_mesh` then builds a hybrid mesh (jax.experimental.mesh_utils); with all
+dcn_* = 1 (the default) the mesh is a plain one over the local devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Sequence
+
+from gpt1_jax.config import ConfigError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+MeshAxes = str | tuple[str, ...] | None
+Rules = tuple[tuple[str, MeshAxes], ...]
+
+# Order matters: flax assigns rules first to last and never reuses a mesh axis within one array. So an
+# activation [batch, length, embed] takes fsdp for `batch` and leaves `embed` whole, while a parameter
+# [vocab, embed] (no batch axis) gets `embed` split over fsdp: FSDP falls out of one table.
+DEFAULT_RULES: Rules = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("embed", "fsdp"),
+    ("positions", None),
+    ("length", None),
+    ("qkv", None),
+    ("kv", None),
+    ("layers", None),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Mesh axis sizes; -1 means "all remaining devices" (at most one axis may say so)."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+    # Hook for multi-slice: how many slices each axis spans over DCN (1 = within one slice).
+    dcn_data: int = 1
+    dcn_fsdp: int = 1
+    dcn_tensor: int = 1
+    # Logical name -> mesh axes ("fsdp", "data,fsdp", or "" / None for replicated); replaces that
+    # name's entry in DEFAULT_RULES. A mapping in YAML: `rules: {vocab: null, embed: fsdp}`.
+    rules: tuple[tuple[str, MeshAxes], ...] = ()
+
+    def __post_init__(self):
+        sizes = [self.data, self.fsdp, self.tensor]
+        if any(s == 0 or s < -1 for s in sizes):
+            raise ConfigError(f"mesh sizes must be positive or -1, got data={self.data}, fsdp={self.fsdp}, tensor={self.tensor}")
+        if sizes.count(-1) > 1:
+            raise ConfigError("at most one mesh axis may be -1 (the rest of the devices)")
+        if any(d < 1 for d in (self.dcn_data, self.dcn_fsdp, self.dcn_tensor)):
+            raise ConfigError("mesh dcn_* sizes must be >= 1")
+        if isinstance(self.rules, Mapping):  # from YAML: normalise to a hashable tuple
+            object.__setattr__(self, "rules", tuple(self.rules.items()))
+        for name, _ in self.rules:
+            if name not in dict(DEFAULT_RULES):
+                raise ConfigError(f"mesh.rules: unknown logical axis {name!r}; known: {', '.join(dict(DEFAULT_RULES))}")
+
+    def axis_sizes(self, n_devices: int) -> dict[str, int]:
+        """{'data': .., 'fsdp': .., 'tensor': ..} resolving -1, checked against the device count."""
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        known = math.prod(s for s in sizes.values() if s != -1)
+        for axis, s in sizes.items():
+            if s == -1:
+                if n_devices % known:
+                    raise ConfigError(f"mesh {self.spec()} does not divide {n_devices} devices")
+                sizes[axis] = n_devices // known
+        if math.prod(sizes.values()) != n_devices:
+            raise ConfigError(f"mesh {self.spec()} needs {math.prod(sizes.values())} devices, have {n_devices}")
+        return sizes
+
+    def spec(self) -> str:
+        return f"data={self.data},fsdp={self.fsdp},tensor={self.tensor}"
+
+
+def parse_mesh(text: str) -> MeshConfig:
+    """`"data=2,fsdp=2,tensor=2"` -> MeshConfig; unnamed axes keep their defaults (data=-1 takes the rest)."""
+    values: dict[str, int] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or key not in MESH_AXES + ("dcn_data", "dcn_fsdp", "dcn_tensor"):
+            raise ConfigError(f"--mesh item {item!r} is not AXIS=SIZE with AXIS one of {', '.join(MESH_AXES)}")
+        try:
+            values[key] = int(raw)
+        except ValueError:
+            raise ConfigError(f"--mesh size {raw!r} for {key} is not an integer") from None
+    if values and "data" not in values and -1 not in values.values():
+        values["data"] = 1  # `--mesh fsdp=8` means exactly that, not fsdp=8 x data=rest
+    return MeshConfig(**values)
+
+
+def _parse_axes(value: Any) -> MeshAxes:
+    if value in (None, "", "none", "None"):
+        return None
+    if isinstance(value, str):
+        parts = tuple(p.strip() for p in value.split(",") if p.strip())
+    else:
+        parts = tuple(value)
+    for p in parts:
+        if p not in MESH_AXES:
+            raise ConfigError(f"mesh.rules: unknown mesh axis {p!r}; known: {', '.join(MESH_AXES)}")
+    return parts[0] if len(parts) == 1 else parts
+
+
+def logical_rules(overrides: Sequence[tuple[str, Any]] | Mapping[str, Any] = ()) -> Rules:
+    """DEFAULT_RULES with some entries replaced; the single place rules are built."""
+    items = overrides.items() if isinstance(overrides, Mapping) else overrides
+    replaced = {name: _parse_axes(axes) for name, axes in items}
+    return tuple((name, replaced.get(name, axes)) for name, axes in DEFAULT_RULES)
+
+
+def make_mesh(config: MeshConfig, devices: Sequence[Any] | None = None):
+    """A jax.sharding.Mesh over `devices` (default all) with axes (data, fsdp, tensor), Auto axis types.
+
+    Auto, not Explicit: flax's logical constraints are hints for GSPMD and fail under Explicit axes
+    (STACK.md). `tensor` is the innermost (fastest-varying) axis so its all-reduces stay between
+    neighbouring devices.
+    """
+    import jax
+    import numpy as np
+    from jax.experimental import mesh_utils
+
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = config.axis_sizes(len(devices))
+    shape = tuple(sizes[a] for a in MESH_AXES)
+    dcn = (config.dcn_data, config.dcn_fsdp, config.dcn_tensor)
+    if math.prod(dcn) > 1:
+        if any(s % d for s, d in zip(shape, dcn)):
+            raise ConfigError(f"mesh dcn sizes {dcn} must divide the axis sizes {shape}")
+        ici = tuple(s // d for s, d in zip(shape, dcn))
+        grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices)
+    elif len(devices) == len(jax.devices()) and jax.default_backend() != "cpu":
+        grid = mesh_utils.create_device_mesh(shape, devices=devices)  # topology-aware on TPU/GPU
+    else:
+        grid = np.asarray(devices, dtype=object).reshape(shape)
+    return jax.sharding.Mesh(grid, MESH_AXES)
+
+
+def _fit_spec(spec, shape: tuple[int, ...], mesh):
+    """Drops mesh axes from dimensions they do not divide (e.g. vocab 40478 over tensor=4): replicated
+    along that dimension instead of an error at jit time. Everything else is kept as the rules say."""
+    from jax.sharding import PartitionSpec
+
+    fitted = []
+    for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+        names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        kept = []
+        for name in names:
+            if dim % (math.prod(mesh.shape[n] for n in kept) * mesh.shape[name]) == 0:
+                kept.append(name)
+        fitted.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
+    return PartitionSpec(*fitted)
+
+
+def logical_shardings(boxed_tree, mesh, rules: Rules):
+    """NamedShardings for a tree of nn.Partitioned boxes (concrete or from jax.eval_shape)."""
+    import flax.linen as nn
+    import jax
+
+    specs = nn.get_partition_spec(boxed_tree)
+    mesh_specs = nn.logical_to_mesh(specs, rules)
+    values = nn.meta.unbox(boxed_tree)
+    return jax.tree.map(
+        lambda v, s: jax.sharding.NamedSharding(mesh, _fit_spec(s, tuple(v.shape), mesh)),
+        values,
+        mesh_specs,
+        is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec),
+    )
+
+
+def replicated(mesh):
+    import jax
+
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+def batch_sharding(mesh, ndim: int = 2):
+    """Leading (batch) dimension over data x fsdp, the rest whole."""
+    import jax
+
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
+
+
+def batch_divisor(mesh) -> int:
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def like_params_shardings(abstract_tree, abstract_params, param_shardings, mesh):
+    """Shardings for a tree holding copies of the params (optimizer moments): a leaf whose path ends
+    with a parameter's path and has that parameter's shape takes its sharding; the rest (step counts,
+    factored statistics) are replicated. Works for any optax state without knowing its classes."""
+    import jax
+
+    flat_params = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
+    flat_shardings = jax.tree.leaves(param_shardings)
+    by_path = {_dict_keys(path): (tuple(p.shape), s) for (path, p), s in zip(flat_params, flat_shardings)}
+
+    def pick(path, leaf):
+        keys = _dict_keys(path)
+        for start in range(len(keys)):
+            shape, sharding = by_path.get(keys[start:], (None, None))
+            if sharding is not None and shape == tuple(leaf.shape):
+                return sharding
+        return replicated(mesh)
+
+    return jax.tree_util.tree_map_with_path(pick, abstract_tree)
+
+
+def _dict_keys(path) -> tuple[str, ...]:
+    import jax
+
+    return tuple(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))

@@ -1,0 +1,247 @@
+"""The train step as a pure function, and its sharded, compiled form.
+
+`train_step(state, batch)` = LM loss -> gradients (accumulated over micro-batches) -> optax update ->
+metrics. It is pure: the dropout key is `fold_in(fold_in(key(seed), step), micro_batch)`, so a resumed
+run replays the same masks. `Trainer` wraps it in `jax.jit` with in/out shardings from
+`gpt1_jax.sharding` and donates the old state.
+
+Mixed precision comes from ModelConfig: `dtype` is the compute dtype (activations, matmul inputs),
+`param_dtype` the storage dtype of params, and so of gradients and the optimizer state. The LM logits
+and the loss are always float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from gpt1_jax import sharding as shd
+from gpt1_jax.config import ConfigError, ModelConfig
+from gpt1_jax.model import GPT1, init_params
+from gpt1_jax.optim import OptimConfig, make_optimizer, make_schedule
+
+Batch = dict[str, jax.Array]  # "tokens" [B, T] int32; optional "weights" [B, T] float (per target token)
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array  # int32 scalar: number of updates applied
+    params: Any  # unboxed arrays in param_dtype
+    opt_state: Any
+
+
+# ---- loss -----------------------------------------------------------------------------------------
+
+def lm_loss_sums(logits_BTV: jax.Array, tokens_BT: jax.Array, weights_BT: jax.Array | None = None):
+    """(sum of weighted next-token cross-entropies, sum of weights).
+
+    Position t predicts token t+1; `weights_BT[:, t]` weighs the loss of *predicting* token t (so
+    weights[:, 0] is never used), which lets a head mask prompts or padding. Sums, not means, so
+    micro-batches add up to exactly the large batch's loss.
+    """
+    logits_BSV = logits_BTV[:, :-1].astype(jnp.float32)
+    targets_BS = tokens_BT[:, 1:]
+    losses_BS = optax.softmax_cross_entropy_with_integer_labels(logits_BSV, targets_BS)
+    weights_BS = jnp.ones_like(losses_BS) if weights_BT is None else weights_BT[:, 1:].astype(jnp.float32)
+    return jnp.sum(losses_BS * weights_BS), jnp.sum(weights_BS)
+
+
+def _loss_sums(params, tokens_BT, weights_BT, rng, config: ModelConfig):
+    model = GPT1(config)
+    variables = {"params": params}
+    h_BTD = model.apply(variables, tokens_BT, deterministic=False, rngs={"dropout": rng})
+    logits_BTV = model.apply(variables, h_BTD, method=GPT1.logits)
+    return lm_loss_sums(logits_BTV, tokens_BT, weights_BT)
+
+
+# ---- gradients ------------------------------------------------------------------------------------
+
+def _split_micro(x_B, accum_steps: int):
+    """[B, ...] -> [k, B/k, ...] taking rows j, j+k, j+2k, ... for micro-batch j: each micro-batch then
+    draws rows from every data shard, so no device idles while another holds a whole micro-batch."""
+    B = x_B.shape[0]
+    return jnp.swapaxes(x_B.reshape(B // accum_steps, accum_steps, *x_B.shape[1:]), 0, 1)
+
+
+def loss_and_grads(params, batch: Batch, rng: jax.Array, *, config: ModelConfig, accum_steps: int = 1):
+    """(mean loss, gradients of the mean loss, total weight) over the batch; with accum_steps=k the batch
+    runs as k sequential micro-batches whose summed gradients equal the whole batch's."""
+    tokens_BT = batch["tokens"]
+    weights_BT = batch.get("weights")
+    if weights_BT is None:
+        weights_BT = jnp.ones(tokens_BT.shape, jnp.float32)
+    grad_fn = jax.value_and_grad(_loss_sums, has_aux=True)
+
+    if accum_steps == 1:
+        (loss_sum, weight_sum), grads = grad_fn(params, tokens_BT, weights_BT, rng, config)
+    else:
+        tokens_KBT = _split_micro(tokens_BT, accum_steps)
+        weights_KBT = _split_micro(weights_BT, accum_steps)
+
+        def body(carry, xs):
+            loss_acc, weight_acc, grads_acc = carry
+            i, tok_BT, w_BT = xs
+            tok_BT = nn.with_logical_constraint(tok_BT, ("batch", "length"))
+            (loss_sum, weight_sum), grads = grad_fn(params, tok_BT, w_BT, jax.random.fold_in(rng, i), config)
+            grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
+            return (loss_acc + loss_sum, weight_acc + weight_sum, grads_acc), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        init = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros)
+        (loss_sum, weight_sum, grads), _ = jax.lax.scan(
+            body, init, (jnp.arange(accum_steps), tokens_KBT, weights_KBT)
+        )
+    denom = jnp.maximum(weight_sum, 1.0)
+    grads = jax.tree.map(lambda g: (g / denom).astype(g.dtype), grads)
+    return loss_sum / denom, grads, weight_sum
+
+
+def dropout_rng(seed: int, step: jax.Array) -> jax.Array:
+    return jax.random.fold_in(jax.random.key(seed), step)
+
+
+def train_step(
+    state: TrainState,
+    batch: Batch,
+    *,
+    config: ModelConfig,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    accum_steps: int = 1,
+    seed: int = 0,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One update. Metrics: loss (before the update), grad_norm (before clipping), lr (used here)."""
+    loss, grads, n_tokens = loss_and_grads(
+        state.params, batch, dropout_rng(seed, state.step), config=config, accum_steps=accum_steps
+    )
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {
+        "loss": loss,
+        "grad_norm": optax.global_norm(grads),
+        "lr": jnp.asarray(schedule(state.step), jnp.float32),
+        "tokens": n_tokens,
+    }
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+# ---- sharded and compiled ------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Trainer:
+    """Everything needed to run the step on a mesh: shardings, the compiled step, state init."""
+
+    config: ModelConfig
+    optim: OptimConfig
+    mesh: Any
+    rules: shd.Rules = shd.DEFAULT_RULES
+    accum_steps: int = 1
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.accum_steps < 1:
+            raise ConfigError(f"accum_steps must be >= 1, got {self.accum_steps}")
+        key = jax.random.key(0)
+        self._boxed_params = jax.eval_shape(functools.partial(init_params, self.config), key)
+        self.abstract_params = nn.meta.unbox(self._boxed_params)
+        self.tx = make_optimizer(self.optim, self.abstract_params)
+        self.schedule = make_schedule(self.optim)
+        self.param_shardings = shd.logical_shardings(self._boxed_params, self.mesh, self.rules)
+        abstract_opt = jax.eval_shape(self.tx.init, self.abstract_params)
+        opt_shardings = shd.like_params_shardings(abstract_opt, self.abstract_params, self.param_shardings, self.mesh)
+        self.state_shardings = TrainState(
+            step=shd.replicated(self.mesh), params=self.param_shardings, opt_state=opt_shardings
+        )
+        self.abstract_state = TrainState(
+            step=jax.ShapeDtypeStruct((), jnp.int32), params=self.abstract_params, opt_state=abstract_opt
+        )
+        self.batch_sharding = shd.batch_sharding(self.mesh)
+        self.metrics_sharding = shd.replicated(self.mesh)
+        step_fn = functools.partial(
+            train_step, config=self.config, tx=self.tx, schedule=self.schedule,
+            accum_steps=self.accum_steps, seed=self.seed,
+        )
+        self._step = jax.jit(
+            step_fn,
+            in_shardings=(self.state_shardings, self.batch_sharding),
+            out_shardings=(self.state_shardings, self.metrics_sharding),
+            donate_argnums=(0,),
+        )
+        grads_fn = functools.partial(loss_and_grads, config=self.config, accum_steps=self.accum_steps)
+        self._grads = jax.jit(
+            lambda params, batch, step: grads_fn(params, batch, dropout_rng(self.seed, step)),
+            in_shardings=(self.param_shardings, self.batch_sharding, shd.replicated(self.mesh)),
+            out_shardings=(self.metrics_sharding, self.param_shardings, self.metrics_sharding),
+        )
+        self._init = jax.jit(self._init_state, out_shardings=self.state_shardings)
+
+    # Flax's logical constraints only bind under an active mesh + rules (STACK.md), at trace time.
+    def _context(self):
+        import contextlib
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(jax.set_mesh(self.mesh))
+        stack.enter_context(nn.logical_axis_rules(self.rules))
+        return stack
+
+    def _init_state(self, key):
+        params = nn.meta.unbox(init_params(self.config, key))
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params))
+
+    def init(self, seed: int | None = None) -> TrainState:
+        """Fresh state, created already sharded (FSDP params never exist whole on one device)."""
+        with self._context():
+            return self._init(jax.random.key(self.seed if seed is None else seed))
+
+    def state_from_params(self, params) -> TrainState:
+        params = jax.device_put(nn.meta.unbox(params), self.param_shardings)
+        with self._context():
+            opt_state = jax.jit(self.tx.init, out_shardings=self.state_shardings.opt_state)(params)
+        return TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), shd.replicated(self.mesh)),
+                          params=params, opt_state=opt_state)
+
+    def put_batch(self, batch: Batch) -> Batch:
+        B = batch["tokens"].shape[0]
+        divisor = shd.batch_divisor(self.mesh) * self.accum_steps
+        if B % divisor:
+            raise ConfigError(
+                f"batch {B} is not divisible by data x fsdp x accum_steps = {divisor} (mesh {dict(self.mesh.shape)})"
+            )
+        return {k: jax.device_put(v, self.batch_sharding) for k, v in batch.items()}
+
+    def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+        with self._context():
+            return self._step(state, batch)
+
+    def grads(self, params, batch: Batch, step: int = 0):
+        """(loss, grads, weight) without an update: for tests and diagnostics."""
+        with self._context():
+            return self._grads(params, batch, jnp.asarray(step, jnp.int32))
+
+    def lower(self, batch_shape: tuple[int, int]):
+        """The step lowered for abstract inputs: `.compile()` it to time compilation alone."""
+        B, T = batch_shape
+        tokens = jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=self.batch_sharding)
+        state = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), self.abstract_state, self.state_shardings
+        )
+        with self._context():
+            return self._step.lower(state, {"tokens": tokens})
+
+
+def state_bytes(state: TrainState) -> tuple[int, int]:
+    """(bytes of the whole state, most bytes held by any one device)."""
+    total = 0
+    per_device: dict[Any, int] = {}
+    for leaf in jax.tree.leaves(state):
+        total += leaf.nbytes
+        for shard in leaf.addressable_shards:
+            per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
+    return total, max(per_device.values())

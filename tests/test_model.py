@@ -1,0 +1,148 @@
+"""The Flax model against HF transformers' PyTorch OpenAIGPT on identical random weights, and its invariants."""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gpt1_jax
+from gpt1_jax.config import ConfigError, ModelConfig, apply_overrides, model_preset
+from gpt1_jax.model import GPT1, init_params
+from gpt1_jax.weights import hf_state_to_params, params_to_hf_state
+
+torch = pytest.importorskip("torch", reason="parity tests need the dev extra: pip install -e .[dev]")
+transformers = pytest.importorskip("transformers", reason="parity tests need the dev extra: pip install -e .[dev]")
+
+# Two shapes: a 2-layer toy and one with >= 4 layers and >= 128 positions, as the issue asks.
+PARITY_CONFIGS = [
+    ModelConfig(vocab_size=97, n_positions=32, d_model=48, n_layers=2, n_heads=3, d_mlp=192),
+    ModelConfig(vocab_size=301, n_positions=160, d_model=128, n_layers=4, n_heads=8, d_mlp=512),
+]
+
+
+def random_hf_model(config: ModelConfig, seed: int, cls=None):
+    """An HF model whose every weight is random and large enough to matter (LayerNorm gains too)."""
+    cls = cls or transformers.OpenAIGPTLMHeadModel
+    hf_config = transformers.OpenAIGPTConfig(
+        vocab_size=config.vocab_size, n_positions=config.n_positions, n_embd=config.d_model,
+        n_layer=config.n_layers, n_head=config.n_heads, num_labels=1,
+    )
+    torch.manual_seed(seed)
+    model = cls(hf_config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "ln_" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            else:
+                p.copy_(0.1 * torch.randn_like(p))
+    state = {k: v.detach().numpy().copy() for k, v in model.transformer.state_dict().items()}
+    return model, state
+
+
+@pytest.mark.parametrize("config", PARITY_CONFIGS, ids=["2x48", "4x128"])
+@pytest.mark.parametrize("scan_layers", [True, False], ids=["scan", "loop"])
+def test_lm_logits_match_hf(config, scan_layers):
+    config = dataclasses.replace(config, scan_layers=scan_layers)
+    model, state = random_hf_model(config, seed=1)
+    params = hf_state_to_params(config, state)
+    tokens = np.random.default_rng(0).integers(0, config.vocab_size, (3, config.n_positions))
+    with torch.no_grad():
+        expected = model(torch.tensor(tokens)).logits.numpy()
+    got = np.asarray(gpt1_jax.lm_logits(config, params, tokens))
+    assert got.shape == (3, config.n_positions, config.vocab_size)
+    assert np.abs(expected).max() > 1.0  # the comparison is not between two near-zero arrays
+    delta = np.abs(got - expected).max()
+    print(f"max |dlogits| {config.n_layers}x{config.d_model} scan={scan_layers}: {delta:.3g} (max |logit| {np.abs(expected).max():.3g})")
+    assert delta <= 1e-4
+
+
+def test_classify_hidden_state_matches_hf_double_heads():
+    """The hidden state a task head reads at the _classify_ position equals HF's double-heads model's."""
+    config = PARITY_CONFIGS[1]
+    model, state = random_hf_model(config, seed=2, cls=transformers.OpenAIGPTDoubleHeadsModel)
+    params = hf_state_to_params(config, state)
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, config.vocab_size, (2, 3, 40))  # batch, choices, time
+    cls_pos = rng.integers(5, 40, (2, 3))
+    with torch.no_grad():
+        out = model(torch.tensor(tokens), mc_token_ids=torch.tensor(cls_pos), output_hidden_states=True)
+        hf_hidden = out.hidden_states[-1].numpy()
+        hf_mc = out.mc_logits.numpy()
+    hidden = np.asarray(GPT1(config).apply({"params": params}, tokens.reshape(6, 40))).reshape(2, 3, 40, -1)
+    assert np.abs(hidden - hf_hidden).max() <= 1e-4
+    at_cls = np.take_along_axis(hidden, cls_pos[..., None, None], axis=2)[:, :, 0]
+    summary = model.multiple_choice_head.summary
+    w, b = summary.weight.detach().numpy(), summary.bias.detach().numpy()
+    assert np.abs(at_cls @ w.T + b - hf_mc[..., None]).max() <= 1e-4
+
+
+def test_param_count_of_the_release():
+    config = model_preset("gpt1")
+    shapes = jax.eval_shape(lambda: init_params(config, 0))
+    n = sum(int(np.prod(x.value.shape)) for x in jax.tree_util.tree_leaves(shapes, is_leaf=lambda x: isinstance(x, nn.Partitioned)))
+    assert n == config.num_params() == 116_534_784
+
+
+def test_every_parameter_has_logical_axes():
+    params = init_params(model_preset("tiny"), 0)
+    leaves = jax.tree_util.tree_leaves(params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+    assert leaves and all(isinstance(x, nn.Partitioned) and len(x.names) == x.value.ndim for x in leaves)
+
+
+def test_init_statistics_and_structure():
+    config = model_preset("tiny")
+    p = nn.meta.unbox(init_params(config, 3))
+    emb = np.asarray(p["tokens_embed"]["embedding"])
+    assert abs(emb.std() - 0.02) < 0.002 and np.abs(emb).max() > 2.5 * 0.02  # plain, not truncated, normal
+    assert np.all(np.asarray(p["h"]["ln_1"]["scale"]) == 1) and np.all(np.asarray(p["h"]["attn"]["c_attn"]["bias"]) == 0)
+    assert p["h"]["attn"]["c_attn"]["kernel"].shape == (2, 64, 3, 4, 16)
+
+
+def test_causality_and_dropout():
+    config = model_preset("tiny")
+    params = init_params(config, 0)
+    model = GPT1(config)
+    a = jnp.array([[1, 2, 3, 4, 5, 6]])
+    b = a.at[0, 4:].set(9)
+    ha, hb = model.apply({"params": params}, a), model.apply({"params": params}, b)
+    np.testing.assert_array_equal(ha[:, :4], hb[:, :4])  # the future never leaks into the past
+    assert not np.allclose(ha[:, 4:], hb[:, 4:])
+    d1 = model.apply({"params": params}, a, deterministic=False, rngs={"dropout": jax.random.key(1)})
+    d2 = model.apply({"params": params}, a, deterministic=False, rngs={"dropout": jax.random.key(2)})
+    assert not np.allclose(d1, d2) and not np.allclose(d1, ha)
+
+
+def test_bf16_compute_close_to_fp32():
+    config = model_preset("tiny")
+    params = init_params(config, 0)
+    tokens = np.arange(32).reshape(2, 16)
+    ref = gpt1_jax.lm_logits(config, params, tokens)
+    low = gpt1_jax.lm_logits(dataclasses.replace(config, dtype="bfloat16"), params, tokens)
+    assert low.dtype == jnp.float32
+    assert np.abs(np.asarray(low) - np.asarray(ref)).max() < 0.05
+
+
+def test_bad_inputs_raise_clear_errors():
+    config = model_preset("tiny")
+    params = init_params(config, 0)
+    with pytest.raises(ValueError, match="longer than the model's n_positions=64"):
+        gpt1_jax.lm_logits(config, params, np.zeros((1, 65), int))
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 512\)"):
+        gpt1_jax.lm_logits(config, params, np.full((1, 4), 512))
+    with pytest.raises(ValueError, match="int array"):
+        gpt1_jax.lm_logits(config, params, np.zeros((4,), int))
+    with pytest.raises(ConfigError, match="not divisible"):
+        ModelConfig(d_model=10, n_heads=3)
+    with pytest.raises(ConfigError, match="unknown config key 'nope'"):
+        apply_overrides(config, ["nope=1"])
+    assert apply_overrides(config, ["d_model=128", "init_std=1e-3"]).init_std == 1e-3
+
+
+def test_hf_state_round_trip_is_exact():
+    config = model_preset("tiny")
+    params = nn.meta.unbox(init_params(config, 5))
+    again = hf_state_to_params(config, params_to_hf_state(config, params))
+    jax.tree_util.tree_map(np.testing.assert_array_equal, again, params)

@@ -1,0 +1,400 @@
+"""Tests for gpt1_jax.tokenizer.
+
+The vocabulary and GLUE tests read ../shared (beside the repo root) and skip without it; the
+training and bad-input tests need nothing outside the repo.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpt1_jax.tokenizer import EOW_SUFFIX, SPECIAL_TOKENS, GPT1Tokenizer, text_standardize
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+VOCAB_DIR = SHARED / "data" / "gpt1_vocab"
+ENCODER = VOCAB_DIR / "encoder_bpe_40000.json"
+MERGES = VOCAB_DIR / "vocab_40000.bpe"
+GLUE = SHARED / "data" / "glue"
+
+needs_vocab = pytest.mark.skipif(
+    not ENCODER.is_file(), reason=f"OpenAI's GPT-1 vocabulary not found under {VOCAB_DIR} (shared/ absent)"
+)
+needs_glue = pytest.mark.skipif(not GLUE.is_dir(), reason=f"GLUE data not found at {GLUE} (shared/ absent)")
+
+
+def _have_original_deps() -> bool:
+    try:
+        import ftfy  # noqa: F401
+        import spacy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_original = pytest.mark.skipif(
+    not _have_original_deps(), reason="ftfy/spacy not installed (pip install gpt1-jax[original])"
+)
+
+# Text columns of the GLUE files in shared/ (CoLA train/dev have no header: sentence is column 3).
+GLUE_TEXT_COLUMNS = {
+    "CoLA": ["sentence"],
+    "SST-2": ["sentence"],
+    "MRPC": ["#1 String", "#2 String"],
+    "QNLI": ["question", "sentence"],
+    "RTE": ["sentence1", "sentence2"],
+    "STS-B": ["sentence1", "sentence2"],
+}
+
+
+def glue_sentences() -> list[str]:
+    """Every text field of every train/dev/test TSV: tab-split only, no CSV quoting, BOM dropped."""
+    out: list[str] = []
+    for task, columns in GLUE_TEXT_COLUMNS.items():
+        for split in ("train", "dev", "test"):
+            path = GLUE / task / f"{split}.tsv"
+            if not path.is_file():
+                continue
+            rows = [line.split("\t") for line in path.read_text(encoding="utf-8-sig").split("\n") if line]
+            if task == "CoLA" and split != "test":
+                idx = [3]
+            else:
+                idx = [rows[0].index(c) for c in columns]
+                rows = rows[1:]
+            out.extend(row[i] for row in rows for i in idx)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tok() -> GPT1Tokenizer:
+    return GPT1Tokenizer.from_original(ENCODER, MERGES)
+
+
+@pytest.fixture(scope="module")
+def tok_original() -> GPT1Tokenizer:
+    return GPT1Tokenizer.from_original(ENCODER, MERGES, mode="original")
+
+
+# --- the released vocabulary ---------------------------------------------------------------------
+@needs_vocab
+def test_vocabulary_layout_and_special_ids(tok: GPT1Tokenizer) -> None:
+    assert tok.base_vocab_size == 40478
+    assert tok.vocab_size == len(tok) == 40481
+    assert (tok.start_id, tok.delimiter_id, tok.classify_id) == (40478, 40479, 40480)
+    assert tok.special_ids == (40478, 40479, 40480)
+    assert [tok.id_to_token(i) for i in tok.special_ids] == list(SPECIAL_TOKENS)
+    assert tok.id_to_token(0) == "<unk>" and tok.unk_id == 0
+    assert tok.id_to_token(40477) == "\n</w>"
+    assert tok.id_to_token(239) == ".</w>"  # base symbols 1-238, the same with </w> from 239
+    assert tok.token_to_id("th") == 477  # first merge "t h"
+
+
+@needs_vocab
+def test_encode_decode_round_trip(tok: GPT1Tokenizer) -> None:
+    text = "the quick brown fox jumps over the lazy dog , twice ."
+    ids = tok.encode(text)
+    assert all(isinstance(i, int) for i in ids)
+    assert tok.decode(ids) == text
+    # Normalisation is lossy by design: lowercase, punctuation split off.
+    assert tok.decode(tok.encode("Hello, World!")) == "hello , world !"
+    assert tok.tokenize("reimplementation tokenization") == [
+        "re", "imple", "mentation</w>", "to", "ken", "ization</w>"
+    ]
+    assert tok.encode("") == []
+
+
+@needs_vocab
+def test_specials_never_come_from_text(tok: GPT1Tokenizer) -> None:
+    for text in ("_start_", "a _delimiter_ b", "_classify_"):
+        assert not set(tok.encode(text)) & set(tok.special_ids)
+    ids = [tok.start_id, *tok.encode("premise"), tok.delimiter_id, *tok.encode("hypothesis"), tok.classify_id]
+    assert tok.decode(ids) == "_start_ premise _delimiter_ hypothesis _classify_"
+    assert tok.decode(ids, skip_special_tokens=True) == "premise hypothesis"
+
+
+@needs_vocab
+def test_encode_batch_matches_encode(tok: GPT1Tokenizer) -> None:
+    texts = ["First sentence.", "", "Another one, with punctuation!?", "numbers 1.5 and 10:30"]
+    assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
+
+
+@needs_vocab
+@pytest.mark.parametrize("mode", ["hf", pytest.param("original", marks=needs_original)])
+def test_save_load_gives_identical_encodings(tmp_path: Path, mode: str) -> None:
+    tok = GPT1Tokenizer.from_original(ENCODER, MERGES, mode=mode)
+    path = tmp_path / "tokenizer.json"
+    tok.save(path)
+    loaded = GPT1Tokenizer.load(path)
+    texts = ["Mr. Smith can't come — he's ill…", "Line one\nline two", "José’s café _start_ <unk>"]
+    assert loaded.mode == mode
+    assert loaded.special_ids == tok.special_ids and loaded.vocab_size == tok.vocab_size
+    assert loaded.encode_batch(texts) == tok.encode_batch(texts)
+    # One plain tokenizers JSON: the Rust library alone can read it.
+    from tokenizers import Tokenizer
+
+    assert Tokenizer.from_file(str(path)).get_vocab_size() == tok.vocab_size
+
+
+@needs_vocab
+@needs_glue
+def test_glue_parity_with_transformers(tok: GPT1Tokenizer) -> None:
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.OpenAIGPTTokenizer(vocab=str(ENCODER), merges=str(MERGES))
+    sentences = glue_sentences()
+    assert len(sentences) > 100_000  # all text fields of train/dev/test, not a sample
+    t0 = time.perf_counter()
+    ours = tok.encode_batch(sentences)
+    t_ours = time.perf_counter() - t0
+    theirs = hf(sentences, add_special_tokens=False)["input_ids"]
+    same = sum(a == b for a, b in zip(ours, theirs))
+    rate = same / len(sentences)
+    n_tokens = sum(map(len, ours))
+    print(
+        f"\nGLUE parity with transformers {transformers.__version__} OpenAIGPTTokenizer: "
+        f"{same}/{len(sentences)} sentences identical ({rate:.4%}); "
+        f"encode_batch {n_tokens / t_ours:,.0f} tokens/s"
+    )
+    assert rate >= 0.995
+
+
+# --- training --------------------------------------------------------------------------------------
+def _tiny_corpus(n_lines: int = 300, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    words = ["low", "lower", "lowest", "new", "newer", "newest", "wide", "wider", "widest", "slow"]
+    return [" ".join(rng.choice(words) for _ in range(10)) + "." for _ in range(n_lines)]
+
+
+def test_train_tiny_bpe_has_gpt1_layout_and_eow_semantics() -> None:
+    tok = GPT1Tokenizer.train(_tiny_corpus(), vocab_size=60)
+    assert tok.id_to_token(0) == "<unk>"
+    assert tok.base_vocab_size <= 60
+    assert tok.special_ids == tuple(range(tok.base_vocab_size, tok.base_vocab_size + 3))
+    symbols = [tok.id_to_token(i) for i in range(1, 13)]  # "." d e i l n o r s t w, then with </w>
+    assert symbols[:11] == sorted(".deilnorstw")
+    assert tok.id_to_token(12) == "." + EOW_SUFFIX
+    # Every known symbol has both forms, whether or not the corpus had it word-finally ("s").
+    assert tok.token_to_id("s") is not None and tok.token_to_id("s" + EOW_SUFFIX) is not None
+
+    pieces = tok.tokenize("lowest slow Lowest")
+    assert pieces[0] == pieces[2] == "lowest</w>"  # frequent word: one piece, lowercased
+    # "est" inside a word is not the word-final "est</w>": only a word's last piece has the suffix.
+    inner, final = tok.tokenize("estlow"), tok.tokenize("lowest")
+    assert inner[-1].endswith(EOW_SUFFIX) and not any(p.endswith(EOW_SUFFIX) for p in inner[:-1])
+    assert final == ["lowest</w>"] and "est</w>" not in inner
+    assert tok.decode(tok.encode("newest wider")) == "newest wider"
+    assert tok.encode("zzz") == [0, 0, 0]  # unseen symbols: one <unk> each
+
+
+def test_train_from_gz_file_matches_iterator(tmp_path: Path) -> None:
+    corpus = _tiny_corpus()
+    path = tmp_path / "corpus.txt.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write("\n".join(corpus) + "\n")
+    from_file = GPT1Tokenizer.train(path, vocab_size=50)
+    from_iter = GPT1Tokenizer.train(iter(corpus), vocab_size=50)
+    assert from_file.backend.get_vocab() == from_iter.backend.get_vocab()
+    saved = tmp_path / "trained.json"
+    from_file.save(saved)
+    assert GPT1Tokenizer.load(saved).encode("the lowest newer") == from_file.encode("the lowest newer")
+
+
+def test_train_missing_file_fails_before_training(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        GPT1Tokenizer.train(tmp_path / "nope.txt")
+
+
+# --- bad input -------------------------------------------------------------------------------------
+@pytest.fixture
+def tiny_files(tmp_path: Path) -> tuple[Path, Path]:
+    enc = {"<unk>": 0, "a": 1, "b": 2, "a</w>": 3, "b</w>": 4, "ab</w>": 5}
+    (tmp_path / "enc.json").write_text(json.dumps(enc))
+    (tmp_path / "merges.bpe").write_text("#version: 0.2\na b</w>\n")
+    return tmp_path / "enc.json", tmp_path / "merges.bpe"
+
+
+def test_tiny_files_load(tiny_files: tuple[Path, Path]) -> None:
+    tok = GPT1Tokenizer.from_original(*tiny_files)
+    assert tok.encode("ab ba") == [5, 2, 3]
+    assert tok.special_ids == (6, 7, 8)
+
+
+def test_missing_file_errors(tiny_files: tuple[Path, Path], tmp_path: Path) -> None:
+    enc, merges = tiny_files
+    with pytest.raises(FileNotFoundError, match="missing.json"):
+        GPT1Tokenizer.from_original(tmp_path / "missing.json", merges)
+    with pytest.raises(FileNotFoundError, match="missing.bpe"):
+        GPT1Tokenizer.from_original(enc, tmp_path / "missing.bpe")
+    with pytest.raises(FileNotFoundError, match="missing_tok.json"):
+        GPT1Tokenizer.load(tmp_path / "missing_tok.json")
+
+
+def test_merges_without_merges(tiny_files: tuple[Path, Path]) -> None:
+    enc, merges = tiny_files
+    merges.write_text("#version: 0.2\n\n")
+    with pytest.raises(ValueError, match=r"merges\.bpe: contains no merges"):
+        GPT1Tokenizer.from_original(enc, merges)
+
+
+def test_malformed_merge_line(tiny_files: tuple[Path, Path]) -> None:
+    enc, merges = tiny_files
+    merges.write_text("#version: 0.2\na b</w>\na b c\n")
+    with pytest.raises(ValueError, match=r"merges\.bpe:3: expected 'left right'"):
+        GPT1Tokenizer.from_original(enc, merges)
+
+
+def test_merge_outside_vocabulary(tiny_files: tuple[Path, Path]) -> None:
+    enc, merges = tiny_files
+    merges.write_text("#version: 0.2\nb a</w>\n")  # "ba</w>" is not in the encoder
+    with pytest.raises(ValueError, match="merges do not fit"):
+        GPT1Tokenizer.from_original(enc, merges)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('["a", "b"]', "mapping token strings to integer ids"),
+        ('{"<unk>": 0, "a": "1"}', "mapping token strings to integer ids"),
+        ("{}", "mapping token strings to integer ids"),
+        ("not json", "not valid UTF-8 JSON"),
+        ('{"<unk>": 0, "a": 2}', "ids must be exactly 0..1"),
+        ('{"a": 0, "<unk>": 1}', "'<unk>' must have id 0"),
+    ],
+)
+def test_bad_encoder_json(tiny_files: tuple[Path, Path], content: str, message: str) -> None:
+    enc, merges = tiny_files
+    enc.write_text(content)
+    with pytest.raises(ValueError, match=message) as info:
+        GPT1Tokenizer.from_original(enc, merges)
+    assert str(enc) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_load_rejects_foreign_json(tmp_path: Path) -> None:
+    path = tmp_path / "other.json"
+    path.write_text('{"model": {"type": "BPE"}}')
+    with pytest.raises(ValueError, match="not a tokenizer saved by GPT1Tokenizer.save"):
+        GPT1Tokenizer.load(path)
+
+
+def test_unknown_mode(tiny_files: tuple[Path, Path]) -> None:
+    with pytest.raises(ValueError, match="mode must be one of"):
+        GPT1Tokenizer.from_original(*tiny_files, mode="spacy")
+
+
+def test_original_mode_names_the_extra_when_deps_missing(
+    tiny_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "ftfy", None)  # makes `import ftfy` raise ImportError
+    with pytest.raises(ImportError, match=r"pip install gpt1-jax\[original\]"):
+        GPT1Tokenizer.from_original(*tiny_files, mode="original")
+
+
+# --- original (OpenAI-faithful) mode ---------------------------------------------------------------
+def test_text_standardize() -> None:
+    # Runs of one character are padded as a unit ("--"), mixed runs ("?!") are split.
+    assert text_standardize("Wait—what?!  He said…") == "Wait - what ? ! He said..."
+    assert text_standardize("a\n\n  b´s") == "a \n b's"
+    assert text_standardize("(x)--[y]") == "( x ) -- [ y ]"
+
+
+@needs_vocab
+@needs_original
+@pytest.mark.parametrize(
+    "text, pieces",
+    [
+        # spaCy's English contractions, where HF gives "can ' t" / "it ' s".
+        (
+            "I can't believe it's not butter!",
+            ["i</w>", "ca</w>", "n't</w>", "believe</w>", "it</w>", "'s</w>", "not</w>", "butter</w>", "!</w>"],
+        ),
+        # text_standardize maps the em dash and ellipsis, ftfy uncurls quotes; HF gives <unk> for all 4.
+        (
+            "Wait—what?! He said… “fine”.",
+            ["wait</w>", "-</w>", "what</w>", "?</w>", "!</w>", "he</w>", "said</w>", "...</w>", '"</w>', "fine</w>",
+             '"</w>', ".</w>"],
+        ),
+        # A newline is a token of its own (id 40477), which HF drops.
+        ("First line.\nSecond", ["first</w>", "line</w>", ".</w>", "\n</w>", "second</w>"]),
+        # spaCy keeps abbreviations and times together; accents are kept (HF strips them).
+        ("Mr. Smith at 5:30 p.m.", ["mr.</w>", "smith</w>", "at</w>", "5", ":30</w>", "p.m.</w>"]),
+        ("José’s café", ["jo", "s", "é</w>", "'s</w>", "café</w>"]),
+        # Literal marker/unk text stays text.
+        ("a<unk>b _start_", ["a</w>", "<</w>", "unk</w>", "></w>", "b</w>", "_</w>", "start</w>", "_</w>"]),
+    ],
+)
+def test_original_mode_hand_checked(tok_original: GPT1Tokenizer, text: str, pieces: list[str]) -> None:
+    assert tok_original.tokenize(text) == pieces
+
+
+class _OriginalTextEncoder:
+    """A direct port of finetune-transformer-lm's text_utils.TextEncoder (spacy.blank for the model)."""
+
+    def __init__(self, encoder_path: Path, bpe_path: Path) -> None:
+        import ftfy
+        import spacy
+
+        self.fix_text, self.nlp = ftfy.fix_text, spacy.blank("en")
+        self.encoder = json.loads(encoder_path.read_text(encoding="utf-8"))
+        merges = bpe_path.read_text(encoding="utf-8").split("\n")[1:-1]
+        self.bpe_ranks = {tuple(m.split()): i for i, m in enumerate(merges)}
+        self.cache: dict[str, str] = {}
+
+    def bpe(self, token: str) -> str:
+        if token in self.cache:
+            return self.cache[token]
+        word = tuple(token[:-1]) + (token[-1] + "</w>",)
+        pairs = set(zip(word[:-1], word[1:]))
+        if not pairs:
+            return token + "</w>"
+        while True:
+            bigram = min(pairs, key=lambda p: self.bpe_ranks.get(p, float("inf")))
+            if bigram not in self.bpe_ranks:
+                break
+            first, second = bigram
+            new_word: list[str] = []
+            i = 0
+            while i < len(word):
+                try:
+                    j = word.index(first, i)
+                except ValueError:
+                    new_word.extend(word[i:])
+                    break
+                new_word.extend(word[i:j])
+                i = j
+                if word[i] == first and i < len(word) - 1 and word[i + 1] == second:
+                    new_word.append(first + second)
+                    i += 2
+                else:
+                    new_word.append(word[i])
+                    i += 1
+            word = tuple(new_word)
+            if len(word) == 1:
+                break
+            pairs = set(zip(word[:-1], word[1:]))
+        out = " ".join(word)
+        if out == "\n  </w>":
+            out = "\n</w>"
+        self.cache[token] = out
+        return out
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for token in self.nlp(text_standardize(self.fix_text(text))):
+            ids.extend(self.encoder.get(t, 0) for t in self.bpe(token.text.lower()).split(" "))
+        return ids
+
+
+@needs_vocab
+@needs_glue
+@needs_original
+def test_original_mode_matches_port_of_openai_encoder(tok_original: GPT1Tokenizer) -> None:
+    # A seeded sample keeps this ~2 s; on all 142,943 GLUE sentences the agreement was 100%.
+    sentences = random.Random(0).sample(glue_sentences(), 4000)
+    sentences += ["Line one\nline two\n\n  three", "tab\tseparated  spaces", "¡Olé! naïve café — “quotes”"]
+    ref = _OriginalTextEncoder(ENCODER, MERGES)
+    assert tok_original.encode_batch(sentences) == [ref.encode(s) for s in sentences]
