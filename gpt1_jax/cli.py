@@ -14,6 +14,7 @@ import sys
 
 VERBS = {
     "convert": ("gpt1_jax.convert", "convert checkpoints between the original release, HF and gpt1-jax"),
+    "bench": ("gpt1_jax.bench", "time the sharded train step and print one JSON line"),
 }
 
 

@@ -101,13 +101,11 @@ def _leaf_name(path) -> str:
 
 
 def decay_mask(params) -> Any:
-    """True for weight matrices (`kernel`) and embeddings (`embedding`); False for biases and LayerNorm."""
+    """True for weight matrices (`kernel`) and embeddings (`embedding`); False for biases and LayerNorm.
+
+    By name, not rank: with scan_layers every bias and LayerNorm vector has a leading layer axis, so
+    the common "ndim >= 2" rule would wrongly decay them."""
     return jax.tree_util.tree_map_with_path(lambda path, _: _leaf_name(path) in DECAYED_LEAF_NAMES, params)
-
-
-def matrix_mask(params) -> Any:
-    """The common convention: decay every leaf with >= 2 dimensions (== decay_mask for GPT-1)."""
-    return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
 # ---- optimizers: (cfg, schedule, params) -> GradientTransformation ---------------------------------
@@ -117,13 +115,16 @@ def _clipped(cfg: OptimConfig, tx: optax.GradientTransformation) -> optax.Gradie
 
 
 def gpt1_adam(cfg: OptimConfig, schedule: optax.Schedule, params) -> optax.GradientTransformation:
-    return _clipped(cfg, optax.adamw(schedule, cfg.b1, cfg.b2, cfg.eps, weight_decay=cfg.weight_decay,
+    """The paper's optimizer: Adam's constants pinned (b1 0.9, b2 0.999, eps 1e-8) whatever the config
+    says; lr, schedule, weight decay and clipping still come from it."""
+    return _clipped(cfg, optax.adamw(schedule, 0.9, 0.999, 1e-8, weight_decay=cfg.weight_decay,
                                      mask=decay_mask(params)))
 
 
 def adamw(cfg: OptimConfig, schedule: optax.Schedule, params) -> optax.GradientTransformation:
+    """AdamW with every constant from the config (e.g. b2 0.95 for larger-batch pre-training)."""
     return _clipped(cfg, optax.adamw(schedule, cfg.b1, cfg.b2, cfg.eps, weight_decay=cfg.weight_decay,
-                                     mask=matrix_mask(params)))
+                                     mask=decay_mask(params)))
 
 
 def lion(cfg: OptimConfig, schedule: optax.Schedule, params) -> optax.GradientTransformation:

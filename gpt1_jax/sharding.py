@@ -89,7 +89,8 @@ class MeshConfig:
 
 
 def parse_mesh(text: str) -> MeshConfig:
-    """`"data=2,fsdp=2,tensor=2"` -> MeshConfig; unnamed axes keep their defaults (data=-1 takes the rest)."""
+    """`"data=2,fsdp=2,tensor=2"` -> MeshConfig. Unnamed axes are 1, except `data`, which takes the rest
+    of the devices unless another axis says -1: `tensor=2` on 8 devices is data=4 x tensor=2."""
     values: dict[str, int] = {}
     for item in filter(None, (s.strip() for s in text.split(","))):
         key, sep, raw = item.partition("=")
@@ -100,8 +101,8 @@ def parse_mesh(text: str) -> MeshConfig:
             values[key] = int(raw)
         except ValueError:
             raise ConfigError(f"--mesh size {raw!r} for {key} is not an integer") from None
-    if values and "data" not in values and -1 not in values.values():
-        values["data"] = 1  # `--mesh fsdp=8` means exactly that, not fsdp=8 x data=rest
+    if "data" not in values and -1 in values.values():
+        values["data"] = 1  # another axis already takes the rest
     return MeshConfig(**values)
 
 

@@ -125,7 +125,7 @@ def train_step(
     params = optax.apply_updates(state.params, updates)
     metrics = {
         "loss": loss,
-        "grad_norm": optax.global_norm(grads),
+        "grad_norm": optax.tree.norm(grads),
         "lr": jnp.asarray(schedule(state.step), jnp.float32),
         "tokens": n_tokens,
     }
@@ -133,6 +133,44 @@ def train_step(
 
 
 # ---- sharded and compiled ------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Programs:
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    init: Callable
+    step: Callable
+    grads: Callable
+
+
+@functools.lru_cache(maxsize=32)
+def _programs(config: ModelConfig, optim: OptimConfig, rules: shd.Rules, accum_steps: int, seed: int) -> _Programs:
+    """The pure functions for one setup, built once: jax caches traces and compilations by function
+    identity, so equal Trainers (tests, restarts in one process) share them instead of recompiling.
+    Each binds its logical-axis rules itself, because jax's caches cannot see flax's rules context."""
+    abstract_params = nn.meta.unbox(jax.eval_shape(functools.partial(init_params, config), jax.random.key(0)))
+    tx = make_optimizer(optim, abstract_params)
+    schedule = make_schedule(optim)
+
+    def with_rules(fn):
+        @functools.wraps(fn)
+        def wrapped(*args):
+            with nn.logical_axis_rules(rules):
+                return fn(*args)
+        return wrapped
+
+    def init(key):
+        params = nn.meta.unbox(init_params(config, key))
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+    def step(state, batch):
+        return train_step(state, batch, config=config, tx=tx, schedule=schedule, accum_steps=accum_steps, seed=seed)
+
+    def grads(params, batch, step_):
+        return loss_and_grads(params, batch, dropout_rng(seed, step_), config=config, accum_steps=accum_steps)
+
+    return _Programs(tx, schedule, with_rules(init), with_rules(step), with_rules(grads))
+
 
 @dataclasses.dataclass
 class Trainer:
@@ -148,11 +186,11 @@ class Trainer:
     def __post_init__(self):
         if self.accum_steps < 1:
             raise ConfigError(f"accum_steps must be >= 1, got {self.accum_steps}")
-        key = jax.random.key(0)
-        self._boxed_params = jax.eval_shape(functools.partial(init_params, self.config), key)
+        self.rules = tuple(self.rules)
+        programs = _programs(self.config, self.optim, self.rules, self.accum_steps, self.seed)
+        self.tx, self.schedule = programs.tx, programs.schedule
+        self._boxed_params = jax.eval_shape(functools.partial(init_params, self.config), jax.random.key(0))
         self.abstract_params = nn.meta.unbox(self._boxed_params)
-        self.tx = make_optimizer(self.optim, self.abstract_params)
-        self.schedule = make_schedule(self.optim)
         self.param_shardings = shd.logical_shardings(self._boxed_params, self.mesh, self.rules)
         abstract_opt = jax.eval_shape(self.tx.init, self.abstract_params)
         opt_shardings = shd.like_params_shardings(abstract_opt, self.abstract_params, self.param_shardings, self.mesh)
@@ -164,23 +202,18 @@ class Trainer:
         )
         self.batch_sharding = shd.batch_sharding(self.mesh)
         self.metrics_sharding = shd.replicated(self.mesh)
-        step_fn = functools.partial(
-            train_step, config=self.config, tx=self.tx, schedule=self.schedule,
-            accum_steps=self.accum_steps, seed=self.seed,
-        )
         self._step = jax.jit(
-            step_fn,
+            programs.step,
             in_shardings=(self.state_shardings, self.batch_sharding),
             out_shardings=(self.state_shardings, self.metrics_sharding),
             donate_argnums=(0,),
         )
-        grads_fn = functools.partial(loss_and_grads, config=self.config, accum_steps=self.accum_steps)
         self._grads = jax.jit(
-            lambda params, batch, step: grads_fn(params, batch, dropout_rng(self.seed, step)),
+            programs.grads,
             in_shardings=(self.param_shardings, self.batch_sharding, shd.replicated(self.mesh)),
             out_shardings=(self.metrics_sharding, self.param_shardings, self.metrics_sharding),
         )
-        self._init = jax.jit(self._init_state, out_shardings=self.state_shardings)
+        self._init = jax.jit(programs.init, out_shardings=self.state_shardings)
 
     # Flax's logical constraints only bind under an active mesh + rules (STACK.md), at trace time.
     def _context(self):
@@ -188,12 +221,8 @@ class Trainer:
 
         stack = contextlib.ExitStack()
         stack.enter_context(jax.set_mesh(self.mesh))
-        stack.enter_context(nn.logical_axis_rules(self.rules))
+        stack.enter_context(nn.logical_axis_rules(self.rules))  # for tx.init and eager callers
         return stack
-
-    def _init_state(self, key):
-        params = nn.meta.unbox(init_params(self.config, key))
-        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params))
 
     def init(self, seed: int | None = None) -> TrainState:
         """Fresh state, created already sharded (FSDP params never exist whole on one device)."""

@@ -59,15 +59,23 @@ def _load_original_pipeline() -> tuple[Callable[[str], str], Any]:
         import ftfy
         import spacy
     except ImportError as e:
-        raise ImportError(f'mode="original" needs ftfy and spacy ({e.name} is missing): {_INSTALL_HINT}') from None
+        missing = f"{e.name} is missing"
+        raise ImportError(f'mode="original" needs ftfy and spacy ({missing}): {_INSTALL_HINT}') from None
     # A blank English pipeline carries the same tokenizer rules as the 'en' model OpenAI loaded,
     # without a model download.
     return ftfy.fix_text, spacy.blank("en").tokenizer
 
 
+def _is_file(p: Path) -> bool:
+    try:
+        return p.is_file()
+    except (OSError, ValueError):  # name too long, embedded NUL: not a file either
+        return False
+
+
 def _check_file(path: str | Path, what: str) -> Path:
     p = Path(path)
-    if not p.is_file():
+    if not _is_file(p):
         raise FileNotFoundError(f"{p}: {what} not found")
     return p
 
@@ -157,24 +165,26 @@ def _gpt1_layout(
     return {t: i for i, t in enumerate(dict.fromkeys(tokens))}, merges
 
 
-def _iter_texts(source: str | Path | Iterable[str | Path]) -> Iterator[str]:
-    """Lines of text files (plain or .gz), or the texts of an iterable.
+def _training_files(source: str | Path | Iterable[str | Path]) -> list[Path] | None:
+    """The files to train on, or None when ``source`` holds the texts themselves.
 
-    A str/Path, or a list/tuple holding a Path or a str naming an existing file, means files (all
-    must exist: a mistyped path must not silently become training text); anything else is texts.
+    A str/Path, or a list/tuple whose first item is a Path or names an existing file, means files
+    (all must exist: a mistyped path must not silently become training text).
     """
     if isinstance(source, (str, Path)):
-        files: Sequence[str | Path] | None = [source]
-    elif isinstance(source, (list, tuple)) and any(
-        isinstance(x, Path) or (isinstance(x, str) and len(x) < 4096 and Path(x).is_file()) for x in source
-    ):
-        files = source
+        names: Sequence[str | Path] = [source]
+    elif isinstance(source, (list, tuple)) and source and _names_file(source[0]):
+        names = source
     else:
-        files = None
-    if files is None:
-        return (str(text) for text in source)
-    paths = [_check_file(name, "training text file") for name in files]  # fail before training
-    return _read_lines(paths)
+        return None
+    return [_check_file(name, "training text file") for name in names]
+
+
+def _names_file(x: object) -> bool:
+    # Only the first item is checked: stat-ing every text of a large list costs seconds.
+    if isinstance(x, Path):
+        return True
+    return isinstance(x, str) and "\n" not in x and len(x) < 4096 and _is_file(Path(x))
 
 
 def _read_lines(paths: list[Path]) -> Iterator[str]:
@@ -200,7 +210,9 @@ class GPT1Tokenizer:
         # serialised by tokenizers, hence set here.
         backend.encode_special_tokens = mode == "original"
         # Fail at construction, not at the first encode, when ftfy/spacy are missing.
-        self._words = self._original_words_fn() if mode == "original" else None
+        self._words: Callable[[str], list[str]] | None = None
+        if mode == "original":
+            self._words = self._original_words_fn()
 
     # construction ---------------------------------------------------------------------------------
     @classmethod
@@ -227,7 +239,10 @@ class GPT1Tokenizer:
         limit_alphabet: int | None = None,
         show_progress: bool = False,
     ) -> GPT1Tokenizer:
-        """Train a GPT-1-style BPE on text files (lines; ``.gz`` ok) or an iterator of texts.
+        """Train a GPT-1-style BPE on text files (lines; ``.gz`` ok) or an iterable of texts.
+
+        The iterable may also yield lists of texts (batches). A str, a Path, or a list whose first
+        item is a Path or an existing file's name, is read as files.
 
         ``vocab_size`` counts ``<unk>``, the alphabet (with and without ``</w>``) and the merges,
         not the three markers appended afterwards (so 40478 gives GPT-1's sizes).
@@ -244,15 +259,23 @@ class GPT1Tokenizer:
             **options,
         )
         scratch = Tokenizer(BPE(unk_token=UNK_TOKEN, end_of_word_suffix=EOW_SUFFIX))
-        texts = _iter_texts(files_or_iterator)
+        files = _training_files(files_or_iterator)
+        texts = _read_lines(files) if files is not None else files_or_iterator
         if mode == "hf":
             scratch.normalizer = normalizers.BertNormalizer(lowercase=True)
             scratch.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-            scratch.train_from_iterator(texts, trainer=trainer)
+            if files is not None and not any(p.suffix == ".gz" for p in files):
+                scratch.train([str(p) for p in files], trainer=trainer)  # Rust reads files in parallel
+            else:
+                scratch.train_from_iterator(texts, trainer=trainer)
         else:
             # Without a Rust pre-tokeniser each string of a yielded list is one word.
             words_of = cls._original_words_fn()
-            scratch.train_from_iterator((words_of(t) for t in texts), trainer=trainer)
+
+            def words(item: str | list[str]) -> list[str]:  # an item may be a batch of texts
+                return words_of(item) if isinstance(item, str) else [w for t in item for w in words_of(t)]
+
+            scratch.train_from_iterator((words(t) for t in texts), trainer=trainer)
         model = json.loads(scratch.to_str())["model"]
         merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
         vocab, merges = _gpt1_layout(model["vocab"], merges, vocab_size)
@@ -343,18 +366,22 @@ class GPT1Tokenizer:
 
         return words
 
+    def _split(self, text: str) -> list[str]:
+        assert self._words is not None, "only used in original mode"
+        return self._words(text)
+
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; no markers are added."""
         if self._mode == "hf":
             return self._backend.encode(text, add_special_tokens=False).ids
-        return self._backend.encode(self._words(text), is_pretokenized=True, add_special_tokens=False).ids
+        return self._backend.encode(self._split(text), is_pretokenized=True, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Like ``encode`` over many texts, parallel in Rust (the Python spaCy step is serial)."""
         if self._mode == "hf":
             encs = self._backend.encode_batch(list(texts), add_special_tokens=False)
         else:
-            words = [self._words(t) for t in texts]
+            words = [self._split(t) for t in texts]
             encs = self._backend.encode_batch(words, is_pretokenized=True, add_special_tokens=False)
         return [e.ids for e in encs]
 

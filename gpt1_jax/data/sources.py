@@ -3,10 +3,12 @@
 Source specs understood by :func:`open_source`:
 
 * ``"default"`` / ``"pydoc"``: the demo corpus embedded in every CPython install, the English help
-  topics of ``pydoc_data.topics.topics`` (one document per topic). On CPython 3.11 that is 79
-  documents, ~465,000 characters, ~100,000 tokens with a GPT-1 BPE: enough to smoke-test training
-  and overfit a tiny model offline; far too small for a useful language model. Its exact content
-  changes with the Python patch release, which changes the fingerprint (and hence the token cache).
+  topics of ``pydoc_data.topics.topics`` (one document per topic). A demo corpus: on CPython 3.11
+  it is 79 documents, ~465,000 characters, ~129,000 tokens with OpenAI's GPT-1 vocabulary
+  (~121,000 with the 4.4k-token BPE that training on it yields), i.e. ~250 windows of 512 tokens:
+  enough to smoke-test training and overfit a tiny model offline, far too small for a useful
+  language model. Its content changes with the Python release, and so does its fingerprint
+  (hence its token cache).
 * a file, directory or glob (``data/*.txt.gz``, ``books/**/*.txt``): UTF-8 text, gzip-compressed when
   the name ends in ``.gz``. A document is a block of lines separated by one or more blank lines,
   the layout of ``shared/data/corpus/english_mixed.txt.gz``. A directory means every ``*.txt`` and

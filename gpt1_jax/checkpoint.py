@@ -1,0 +1,96 @@
+"""Checkpoints through orbax's CheckpointManager: train state, data-iterator position and run metadata.
+
+Layout under `<workdir>/checkpoints/<step>/`: `state` (params + optimizer state + step, every process
+writing its own shards), `data` (the iterator's JSON position) and `meta` (the model config and what
+wrote it). Saves are asynchronous and land in a temporary folder renamed on completion, so a run
+killed mid-save keeps its previous checkpoint intact (STACK.md). Restoring takes the *target*
+shardings, so a checkpoint written on one mesh restores onto any other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from gpt1_jax.config import ModelConfig
+
+
+class CheckpointMismatchError(ValueError):
+    """The workdir holds a checkpoint of another model than the one asked for."""
+
+
+class Checkpointer:
+    def __init__(self, directory: str | Path, *, keep: int = 3, save_every: int = 0, async_save: bool = True):
+        self.directory = Path(directory).absolute()
+        self.save_every = save_every
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=keep,
+                create=True,
+                enable_async_checkpointing=async_save,
+                # Leftovers of a save killed mid-way are not checkpoints; sweep them on start-up.
+                cleanup_tmp_directories=True,
+            ),
+        )
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def should_save(self, step: int) -> bool:
+        return bool(self.save_every) and step % self.save_every == 0
+
+    def save(self, step: int, state: Any, data_state: dict, model_config: ModelConfig, force: bool = False) -> bool:
+        if self.manager.latest_step() == step:
+            return False  # e.g. the final save right after a periodic one
+        meta = {"model": dataclasses.asdict(model_config), "step": int(step)}
+        return self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state),
+                data=ocp.args.JsonSave(data_state),
+                meta=ocp.args.JsonSave(meta),
+            ),
+            force=force,
+        )
+
+    def read_meta(self, step: int | None = None) -> dict:
+        step = self.latest_step() if step is None else step
+        return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+    def check_model(self, model_config: ModelConfig, step: int | None = None) -> None:
+        """One clear error if the checkpoint's architecture is not the requested one (runtime fields aside)."""
+        saved = self.read_meta(step)["model"]
+        wanted = dataclasses.asdict(model_config)
+        arch = ("vocab_size", "n_positions", "d_model", "n_layers", "n_heads", "d_mlp", "scan_layers")
+        diffs = [f"{k} {saved.get(k)} (checkpoint) vs {wanted[k]} (requested)" for k in arch if saved.get(k) != wanted[k]]
+        if diffs:
+            raise CheckpointMismatchError(
+                f"{self.directory} holds a checkpoint of another model: {'; '.join(diffs)}; "
+                f"use another --workdir or the same config"
+            )
+
+    def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict, int]:
+        """-> (state placed on `abstract_state`'s shardings, data-iterator position, step)."""
+        step = self.latest_step() if step is None else step
+        restored = self.manager.restore(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()),
+        )
+        return restored["state"], restored["data"], step
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+
+def abstract_like(tree: Any) -> Any:
+    """ShapeDtypeStructs carrying each array's sharding: the restore target for a state on a given mesh."""
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)

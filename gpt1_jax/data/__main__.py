@@ -1,0 +1,3 @@
+from gpt1_jax.data.bench import main
+
+main()

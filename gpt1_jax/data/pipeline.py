@@ -1,0 +1,336 @@
+"""Packing, train/validation split and the deterministic, resumable, per-process batch iterator.
+
+Packing: the token stream (documents joined by the end-of-document id, see ``tokens.py``) is cut
+into contiguous windows of ``seq_len + 1`` tokens, as GPT-1 trained on contiguous 512-token
+sequences. Window ``w`` covers tokens ``[w*seq_len, (w+1)*seq_len]``: consecutive windows share one
+token (the last target of one is the first input of the next), so every token is an input exactly
+once and a target exactly once per epoch; only the tail shorter than a window is unused.
+
+Split: window ``w`` is held out for validation when a seeded 64-bit hash of ``w`` falls below
+``val_fraction``. A hash of the window index (rather than "the last X%") keeps validation spread
+over the whole corpus, which is ordered by source (books first, then news, ...); it is stable when
+the corpus grows at the end, and it needs neither a copy of the stream nor document offsets.
+Neighbouring train/validation windows can share a document, a mild optimism of the validation loss
+we accept for a sanity metric.
+
+Order: each epoch visits the train windows in the order of a hash of (seed, epoch, position): a
+permutation computed with integer arithmetic only, so it is identical on every process, machine
+and numpy version, and a resumed run sees exactly the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpt1_jax.data.sources import TextSource, open_source
+from gpt1_jax.data.tokens import TokenStream, tokenize_to_cache, tokenizer_for
+from gpt1_jax.tokenizer import GPT1Tokenizer
+
+__all__ = [
+    "DataConfig",
+    "PackedWindows",
+    "BatchIterator",
+    "DataPipeline",
+    "build_pipeline",
+    "split_windows",
+    "to_global_array",
+    "default_cache_dir",
+]
+
+Batch = dict[str, np.ndarray]
+
+
+def default_cache_dir() -> Path:
+    """Shared across runs so a corpus is tokenised once per machine, not once per experiment."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "gpt1_jax" / "tokens"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = "default"  # "default"/"pydoc", a path/dir/glob, or "tfds:NAME[/CONFIG][:SPLIT]"
+    seq_len: int = 512  # GPT-1's context
+    global_batch_size: int = 64  # windows per optimizer step over all processes (GPT-1: 64)
+    val_fraction: float = 0.01  # share of windows held out
+    split_seed: int = 0  # which windows are held out; separate from `seed` so reshuffling keeps val fixed
+    seed: int = 0  # order of the train windows
+    tokenizer: str = "train"  # "train" (on the source, kept in workdir), a .json, or OpenAI's vocab dir
+    vocab_size: int = 40478  # BPE size when training (without the 3 fine-tuning markers)
+    cache_dir: str | None = None  # token cache; None: $XDG_CACHE_HOME/gpt1_jax/tokens
+    progress: bool = True  # tqdm bars while training the tokenizer / tokenising
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 1:
+            raise ValueError(f"seq_len must be >= 1, got {self.seq_len}")
+        if self.global_batch_size < 1:
+            raise ValueError(f"global_batch_size must be >= 1, got {self.global_batch_size}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --- hashing ---------------------------------------------------------------------------------------
+_M1, _M2, _GOLD = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), 0x9E3779B97F4A7C15
+
+
+def _key(*parts: object) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little")
+
+
+def _hash64(values: np.ndarray, key: int) -> np.ndarray:
+    """splitmix64 of (values + key): a fixed, well-mixed uint64 per value; wraps on purpose."""
+    z = values.astype(np.uint64) + np.uint64((key * _GOLD) % (1 << 64))
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def split_windows(n_windows: int, val_fraction: float, split_seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) window indices, each ascending. Deterministic in (n_windows, fraction, seed).
+
+    With a positive fraction and at least two windows, validation gets at least one window and
+    train keeps at least one, so tiny corpora still produce both splits.
+    """
+    idx = np.arange(n_windows, dtype=np.int64)
+    if val_fraction <= 0 or n_windows < 2:
+        return idx, idx[:0]
+    u = (_hash64(idx, _key("split", split_seed)) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    is_val = u < val_fraction
+    if not is_val.any():
+        is_val[np.argmin(u)] = True
+    if is_val.all():
+        is_val[np.argmax(u)] = False
+    return idx[~is_val], idx[is_val]
+
+
+class PackedWindows:
+    """``seq_len + 1``-token windows over a 1-D token array (a memmap is read lazily)."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int) -> None:
+        if tokens.ndim != 1:
+            raise ValueError(f"token stream must be 1-D, got shape {tokens.shape}")
+        self.tokens = tokens
+        self.seq_len = seq_len
+        self.n_windows = max(0, (tokens.shape[0] - 1) // seq_len)
+        self._offsets = np.arange(seq_len + 1, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return self.n_windows
+
+    def gather(self, windows: np.ndarray) -> np.ndarray:
+        """int32 array (len(windows), seq_len + 1); one fancy-index read from the memmap."""
+        starts = np.asarray(windows, dtype=np.int64) * self.seq_len
+        # Sorted reads walk the file forwards (page cache friendly); rows are put back after.
+        order = np.argsort(starts, kind="stable")
+        rows = np.empty((starts.size, self.seq_len + 1), dtype=np.int32)
+        rows[order] = self.tokens[starts[order, None] + self._offsets]
+        return rows
+
+
+class BatchIterator:
+    """Batches ``{"inputs", "targets": int32[b, T], "weights": float32[b, T]}`` for one process.
+
+    Global batch ``i`` of an epoch holds windows ``order[i*B:(i+1)*B]``; this process gets rows
+    ``[pid*B/P, (pid+1)*B/P)`` of it, so P processes together produce exactly the batches of one.
+    ``weights`` is 1 everywhere except rows padding the last validation batch (``pad_last``).
+    The position is ``state()`` (a small JSON-able dict) and ``restore(state)`` resumes exactly.
+    """
+
+    def __init__(
+        self,
+        windows: PackedWindows,
+        indices: np.ndarray,
+        global_batch_size: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        repeat: bool = True,
+        pad_last: bool = False,
+        process_index: int | None = None,
+        process_count: int | None = None,
+    ) -> None:
+        if process_index is None or process_count is None:
+            import jax
+
+            process_index = jax.process_index() if process_index is None else process_index
+            process_count = jax.process_count() if process_count is None else process_count
+        if not 0 <= process_index < process_count:
+            raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+        if global_batch_size % process_count:
+            raise ValueError(f"global_batch_size {global_batch_size} not divisible by {process_count} processes")
+        self.windows = windows
+        self.indices = np.asarray(indices, dtype=np.int64)
+        self.global_batch_size = global_batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.repeat = repeat
+        self.pad_last = pad_last
+        self.process_index = process_index
+        self.process_count = process_count
+        self.local_batch_size = global_batch_size // process_count
+        n = self.indices.size
+        self.batches_per_epoch = -(-n // global_batch_size) if pad_last else n // global_batch_size
+        if self.batches_per_epoch == 0:
+            raise ValueError(
+                f"only {n} windows of {windows.seq_len + 1} tokens, fewer than global_batch_size "
+                f"{global_batch_size}: use a bigger corpus, a smaller batch or a shorter seq_len"
+            )
+        self._epoch = 0
+        self._index = 0
+        self._order_epoch = -1
+        self._order = self.indices
+
+    # position -------------------------------------------------------------------------------------
+    def state(self) -> dict[str, int]:
+        """Where the next batch comes from, plus what must match for a restore to be exact."""
+        return {
+            "epoch": self._epoch,
+            "index": self._index,
+            "seed": self.seed,
+            "windows": int(self.indices.size),
+            "global_batch_size": self.global_batch_size,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        for k in ("seed", "windows", "global_batch_size"):
+            if k in state and int(state[k]) != self.state()[k]:
+                raise ValueError(
+                    f"data state was saved with {k}={state[k]}, this iterator has {self.state()[k]}: "
+                    "resuming would not reproduce the batch order"
+                )
+        epoch, index = int(state["epoch"]), int(state["index"])
+        if epoch < 0 or not 0 <= index <= self.batches_per_epoch:
+            raise ValueError(f"data state out of range: epoch={epoch} index={index}")
+        self._epoch, self._index = epoch, index
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    # order ----------------------------------------------------------------------------------------
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The window indices of ``epoch`` in visiting order (the same on every process)."""
+        if not self.shuffle:
+            return self.indices
+        if self._order_epoch != epoch:
+            pos = np.arange(self.indices.size, dtype=np.int64)
+            perm = np.argsort(_hash64(pos, _key("order", self.seed, epoch)), kind="stable")
+            self._order, self._order_epoch = self.indices[perm], epoch
+        return self._order
+
+    # iteration ------------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def __next__(self) -> Batch:
+        if self._index >= self.batches_per_epoch:
+            if not self.repeat:
+                raise StopIteration
+            self._epoch += 1
+            self._index = 0
+        order = self.epoch_order(self._epoch)
+        B, b = self.global_batch_size, self.local_batch_size
+        lo = self._index * B + self.process_index * b
+        rows = order[lo : lo + b]  # short (or empty) only in a padded last batch
+        self._index += 1
+        return self._make_batch(rows, b)
+
+    def _make_batch(self, rows: np.ndarray, b: int) -> Batch:
+        T = self.windows.seq_len
+        tokens = np.zeros((b, T + 1), dtype=np.int32)
+        weights = np.zeros((b, T), dtype=np.float32)
+        if rows.size:
+            tokens[: rows.size] = self.windows.gather(rows)
+            weights[: rows.size] = 1.0
+        # Contiguous copies: device transfers of strided views would copy anyway, less predictably.
+        inputs, targets = np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])
+        return {"inputs": inputs, "targets": targets, "weights": weights}
+
+
+def to_global_array(local_batch: Any, sharding: Any) -> Any:
+    """Per-process numpy batch (pytree) -> global ``jax.Array``s sharded along the batch axis.
+
+    ``sharding`` is e.g. ``NamedSharding(mesh, PartitionSpec(("data", "fsdp")))``; each process
+    passes only its own rows, as produced by :class:`BatchIterator`. JAX places them on the
+    process's own devices; with the batch axis laid over devices in process order (as
+    ``jax.devices()`` lists them) the global batch is row for row the one a single process would
+    build; with another device order it holds the same windows, the per-process blocks permuted.
+    """
+    import jax
+
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), local_batch)
+
+
+@dataclass
+class DataPipeline:
+    """Everything between a source spec and batches; build with :func:`build_pipeline`."""
+
+    config: DataConfig
+    source: TextSource
+    tokenizer: GPT1Tokenizer
+    stream: TokenStream
+    windows: PackedWindows
+    train_indices: np.ndarray
+    val_indices: np.ndarray
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def train_iter(
+        self, process_index: int | None = None, process_count: int | None = None, global_batch_size: int | None = None
+    ) -> BatchIterator:
+        """Endless, reshuffled every epoch; restore its ``state()`` to resume."""
+        return BatchIterator(
+            self.windows,
+            self.train_indices,
+            global_batch_size or self.config.global_batch_size,
+            seed=self.config.seed,
+            process_index=process_index,
+            process_count=process_count,
+        )
+
+    def val_iter(
+        self, process_index: int | None = None, process_count: int | None = None, global_batch_size: int | None = None
+    ) -> BatchIterator:
+        """One pass over every validation window in order; the last batch padded (weights 0)."""
+        if self.val_indices.size == 0:
+            raise ValueError("no validation windows (val_fraction is 0 or the corpus has one window)")
+        return BatchIterator(
+            self.windows,
+            self.val_indices,
+            global_batch_size or self.config.global_batch_size,
+            shuffle=False,
+            repeat=False,
+            pad_last=True,
+            process_index=process_index,
+            process_count=process_count,
+        )
+
+
+def build_pipeline(config: DataConfig, workdir: str | Path) -> DataPipeline:
+    """Open the source, get the tokenizer (trained once into ``workdir``), tokenise (cached), pack."""
+    source = open_source(config.source)
+    tokenizer = tokenizer_for(source, workdir, config.vocab_size, config.tokenizer, progress=config.progress)
+    cache_dir = Path(config.cache_dir).expanduser() if config.cache_dir else default_cache_dir()
+    stream = tokenize_to_cache(source, tokenizer, cache_dir, progress=config.progress)
+    windows = PackedWindows(stream.tokens, config.seq_len)
+    train, val = split_windows(len(windows), config.val_fraction, config.split_seed)
+    info = {
+        "source": config.source,
+        "tokens": len(stream),
+        "documents": stream.meta.get("n_docs"),
+        "vocab_size": tokenizer.vocab_size,
+        "eod_id": stream.meta.get("eod_id"),
+        "windows": len(windows),
+        "train_windows": int(train.size),
+        "val_windows": int(val.size),
+        "cache": str(stream.path),
+    }
+    return DataPipeline(config, source, tokenizer, stream, windows, train, val, info)

@@ -1,0 +1,95 @@
+"""Model FLOPs per token and MFU against a stated peak.
+
+Training FLOPs per token (PaLM appendix B / Chinchilla convention):
+    6 * N  +  12 * L * d * T
+  6N: every parameter takes part in one multiply-add (2 FLOPs) forward and two backward (grad wrt input
+      and wrt weight), N counting *all* params, embeddings included (the tied LM head is a [d, V] matmul
+      per token, so the token table's 6*V*d is real work; the position table's 6*P*d is not, a <0.3%
+      overcount for GPT-1 we accept to keep the count standard).
+  12*L*d*T: attention scores q.k and probs.v, 2*T*d multiply-adds each per token per layer, x3 for
+      forward+backward; counted for the full T x T square although the causal half is masked
+      (again the standard convention).
+Rematerialisation's extra forward is *not* counted: this is model FLOPs (MFU), not hardware FLOPs.
+
+Peaks: dense bf16 tensor-core/MXU numbers per chip from the vendors' spec sheets (no sparsity). On
+CPU there is no spec-sheet number worth using, so the peak is a measured large matmul in the compute
+dtype (STACK.md: ~160 GFLOP/s fp32, ~250 GFLOP/s bf16 with fp32 accumulation on the 2-core machines).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+from gpt1_jax.config import ModelConfig
+
+# bf16 dense, FLOP/s per chip.
+ACCELERATOR_PEAK_FLOPS: dict[str, float] = {
+    "H100": 989e12,  # SXM; PCIe is 756e12
+    "H200": 989e12,
+    "A100": 312e12,
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,  # = v5e (its device_kind string)
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v5": 459e12,  # v5p reports device_kind "TPU v5"
+}
+
+
+def flops_per_token(config: ModelConfig, seq_len: int) -> float:
+    """Training (fwd + bwd) model FLOPs per token at sequence length `seq_len`."""
+    return 6.0 * config.num_params() + 12.0 * config.n_layers * config.d_model * seq_len
+
+
+def accelerator_peak(device_kind: str) -> float | None:
+    """The table's per-chip peak for a jax `device_kind` ("NVIDIA H100 80GB HBM3", "TPU v5 lite", ...)."""
+    kind = device_kind.upper()
+    # Longest names first so "TPU v5 lite" wins over "TPU v5".
+    for name in sorted(ACCELERATOR_PEAK_FLOPS, key=len, reverse=True):
+        if name.upper() in kind:
+            return ACCELERATOR_PEAK_FLOPS[name]
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def measured_matmul_peak(dtype: str = "float32", n: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of an n^3 matmul on the default device (median of `repeats`), cached per process.
+
+    bf16 inputs accumulate in fp32 (`preferred_element_type`), which is what the model's matmuls ask
+    for in spirit and the faster path on this CPU.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    device = jax.devices()[0]
+    a = jax.device_put(jnp.ones((n, n), dtype), device)
+    b = jax.device_put(jnp.ones((n, n), dtype), device)
+    mm = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
+    mm(a, b).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        mm(a, b).block_until_ready()
+        times.append(time.perf_counter() - t0)
+    return 2.0 * n**3 / float(np.median(times))
+
+
+def peak_flops(dtype: str = "float32", override: float | None = None) -> tuple[float, str]:
+    """(peak FLOP/s of the whole machine the step runs on, where the number comes from)."""
+    import jax
+
+    if override:
+        return float(override), "given"
+    devices = jax.devices()
+    if devices[0].platform == "cpu":
+        # Fake CPU devices share the same cores: the machine's peak is one measurement, not n of them.
+        return measured_matmul_peak(dtype), f"measured {dtype} 2048^3 matmul on CPU"
+    per_chip = accelerator_peak(devices[0].device_kind)
+    if per_chip is None:
+        return measured_matmul_peak("bfloat16") * len(devices), f"measured bf16 matmul x {len(devices)} ({devices[0].device_kind})"
+    return per_chip * len(devices), f"table bf16 dense {devices[0].device_kind} x {len(devices)}"
+
+
+def mfu(tokens_per_s: float, flops_per_tok: float, peak: float) -> float:
+    return tokens_per_s * flops_per_tok / peak

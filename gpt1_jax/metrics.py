@@ -1,0 +1,82 @@
+"""Run metrics: `metrics.jsonl` (one JSON object per line), TensorBoard event files, and a progress bar.
+
+Only process 0 writes (multi-host runs would otherwise write every line N times). On resume the
+JSONL file is cut back to the restored step, so it always reads as one uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/inf: they are written as strings, so a diverged step still parses."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class MetricsWriter:
+    def __init__(self, workdir: str | Path, *, enabled: bool = True, resume_step: int = 0, tensorboard: bool = True):
+        self.enabled = enabled
+        self.path = Path(workdir) / "metrics.jsonl"
+        self._tb = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            kept = [l for l in self.path.read_text().splitlines() if l.strip() and json.loads(l).get("step", 0) <= resume_step]
+            self.path.write_text("".join(l + "\n" for l in kept))
+        self._file = open(self.path, "a", buffering=1)
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(Path(workdir) / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
+
+    def write(self, step: int, **scalars: Any) -> None:
+        if not self.enabled:
+            return
+        record = {"step": int(step), **{k: _clean(v) for k, v in scalars.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key, value in scalars.items():
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self._tb.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(workdir: str | Path) -> list[dict]:
+    path = Path(workdir) / "metrics.jsonl"
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+
+
+class Progress:
+    """A progress bar with step, loss, tokens/s and MFU; tqdm supplies the ETA. Silent off process 0."""
+
+    def __init__(self, total: int, initial: int, *, enabled: bool = True, desc: str = "train"):
+        self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step", disable=not enabled,
+                        dynamic_ncols=True, file=sys.stderr, mininterval=0.5)
+        self.last = time.perf_counter()
+
+    def update(self, n: int, **fields: Any) -> None:
+        self.bar.update(n)
+        self.bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in fields.items()}, refresh=False)
+
+    def write(self, message: str) -> None:
+        self.bar.write(message, file=sys.stderr)
+
+    def close(self) -> None:
+        self.bar.close()

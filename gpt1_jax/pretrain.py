@@ -1,0 +1,247 @@
+"""`gpt1-jax pretrain`: the main job. Text -> tokens -> sharded train step -> checkpoints and metrics.
+
+The loop reads top to bottom: build (mesh, data, trainer, checkpointer), restore if the workdir has a
+checkpoint, then step / log / evaluate / save until `steps`. Resuming is exact: the train state, the
+data iterator's position and (through `fold_in(seed, step)`) the dropout masks all come back, so an
+interrupted and resumed run ends with the same parameters, bit for bit, as an uninterrupted one.
+SIGTERM (preemption) saves a checkpoint and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpt1_jax.config import ConfigError, ModelConfig, apply_overrides, from_dict, load_yaml, model_preset, save_yaml
+from gpt1_jax.data.pipeline import DataConfig
+from gpt1_jax.optim import OptimConfig
+from gpt1_jax.sharding import MeshConfig, parse_mesh
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainConfig:
+    """Everything a pre-training run needs; written to `<workdir>/config.yaml`.
+
+    Defaults are the `small` preset scaled for a 2-core CPU (a few minutes on the embedded corpus);
+    `--config gpt1` switches to the paper's numbers (batch 64 x 512, lr 2.5e-4, 2000 warmup steps).
+    `model.vocab_size` always follows the tokenizer (BPE merges + the 3 fine-tuning markers).
+    """
+
+    model: ModelConfig = model_preset("small")
+    optim: OptimConfig = OptimConfig(lr=1e-3, warmup_steps=30, total_steps=300)
+    data: DataConfig = DataConfig(source="default", seq_len=128, global_batch_size=16, val_fraction=0.05)
+    mesh: MeshConfig = MeshConfig()
+    steps: int = 300
+    seed: int = 0
+    accum_steps: int = 1
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 3
+    eval_every: int = 100
+    eval_batches: int = 16  # cap on validation batches per evaluation (0: the whole split)
+    log_every: int = 1
+
+    def __post_init__(self):
+        for name in ("steps", "accum_steps", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("checkpoint_every", "eval_every", "eval_batches", "log_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+# Per-preset training defaults: the paper's for gpt1, scaled down for the CPU presets.
+PRESET_TRAINING: dict[str, dict[str, Any]] = {
+    "gpt1": dict(optim=OptimConfig(lr=2.5e-4, warmup_steps=2000, total_steps=100_000), steps=100_000,
+                 data=DataConfig(seq_len=512, global_batch_size=64, val_fraction=0.01), eval_every=1000,
+                 checkpoint_every=1000),
+    "small": {},
+    "tiny": dict(optim=OptimConfig(lr=3e-3, warmup_steps=5, total_steps=50), steps=50,
+                 data=DataConfig(seq_len=64, global_batch_size=8, vocab_size=509, val_fraction=0.05),
+                 checkpoint_every=25, eval_every=25),
+}
+
+
+def preset_config(name: str) -> PretrainConfig:
+    model = model_preset(name)
+    base = PretrainConfig(model=model, **PRESET_TRAINING.get(name, {}))
+    # BPE merges = the model's vocabulary less the 3 markers, so the table size is what the preset says.
+    return dataclasses.replace(base, data=dataclasses.replace(base.data, vocab_size=model.vocab_size - 3))
+
+
+def resolve_config(args: argparse.Namespace, workdir: Path) -> PretrainConfig:
+    """--config (preset or YAML) < workdir's saved config (on resume) < flags < --set overrides."""
+    saved = workdir / "config.yaml"
+    if args.config is None and saved.is_file():
+        config = load_yaml(PretrainConfig, saved)
+    elif args.config is None or args.config in ("gpt1", "small", "tiny"):
+        config = preset_config(args.config or "small")
+    else:
+        config = load_yaml(PretrainConfig, args.config)
+    flags = []
+    if args.data is not None:
+        flags.append(f"data.source={args.data}")
+    if args.steps is not None:
+        flags += [f"steps={args.steps}"]
+    if args.batch_size is not None:
+        flags.append(f"data.global_batch_size={args.batch_size}")
+    if args.seq_len is not None:
+        flags.append(f"data.seq_len={args.seq_len}")
+    if args.seed is not None:
+        flags += [f"seed={args.seed}", f"data.seed={args.seed}"]
+    config = apply_overrides(config, flags + list(args.set))
+    if args.mesh:
+        config = dataclasses.replace(config, mesh=parse_mesh(args.mesh))
+    # The schedule spans the run, and warmup never outlasts it.
+    optim = dataclasses.replace(
+        config.optim, total_steps=config.steps, warmup_steps=min(config.optim.warmup_steps, config.steps)
+    )
+    return dataclasses.replace(config, optim=optim)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workdir", required=True, help="run directory: config, tokenizer, checkpoints, metrics")
+    p.add_argument("--config", default=None, help="preset (small, tiny, gpt1) or a PretrainConfig YAML (default: "
+                   "the workdir's saved config when resuming, else small)")
+    p.add_argument("--data", default=None, help="'default' (CPython's docs), a .txt/.txt.gz file or glob, or tfds:NAME")
+    p.add_argument("--steps", type=int, default=None, help="total optimizer steps")
+    p.add_argument("--batch-size", type=int, default=None, help="global batch, in sequences")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--mesh", default=None, help="e.g. data=2,fsdp=2,tensor=2 (default: data over all devices)")
+    p.add_argument("--simulate-devices", type=int, default=None, metavar="N", help="N fake CPU devices")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any config field, dotted for nested ones: checkpoint_every=10, optim.lr=3e-4, model.dtype=bfloat16")
+
+
+class _Preemption:
+    """SIGTERM/SIGINT -> a flag the loop checks between steps (a checkpoint, then exit 0)."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.requested:  # a second Ctrl-C: give up at once
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+def main(args: argparse.Namespace) -> int:
+    workdir = Path(args.workdir)
+    config = resolve_config(args, workdir)
+    return train(config, workdir)
+
+
+def train(config: PretrainConfig, workdir: Path) -> int:
+    import jax
+    import numpy as np
+
+    from gpt1_jax import flops
+    from gpt1_jax.checkpoint import Checkpointer
+    from gpt1_jax.data.pipeline import build_pipeline, to_global_array
+    from gpt1_jax.metrics import MetricsWriter, Progress
+    from gpt1_jax.sharding import logical_rules, make_mesh
+    from gpt1_jax.step import Trainer
+
+    is_main = jax.process_index() == 0
+    workdir.mkdir(parents=True, exist_ok=True)
+    preempt = _Preemption()
+
+    # --- build ---------------------------------------------------------------------------------
+    pipeline = build_pipeline(dataclasses.replace(config.data, progress=is_main), workdir)
+    model_config = dataclasses.replace(config.model, vocab_size=pipeline.tokenizer.vocab_size)
+    config = dataclasses.replace(config, model=model_config)
+    mesh = make_mesh(config.mesh)
+    trainer = Trainer(model_config, config.optim, mesh, logical_rules(config.mesh.rules),
+                      accum_steps=config.accum_steps, seed=config.seed)
+    ckpt = Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints, save_every=config.checkpoint_every)
+    train_iter = pipeline.train_iter()
+
+    # --- restore or start -----------------------------------------------------------------------
+    start = ckpt.latest_step()
+    if start is not None:
+        ckpt.check_model(model_config, start)
+        state, data_state, start = ckpt.restore(trainer.abstract_state_sharded(), start)
+        train_iter.restore(data_state)
+    else:
+        start = 0
+        state = trainer.init()
+    if is_main:
+        save_yaml(config, workdir / "config.yaml")
+        (workdir / "data_info.json").write_text(json.dumps(pipeline.info, indent=2) + "\n")
+    if start >= config.steps:
+        print(f"{workdir}: already trained to step {start} of {config.steps}; nothing to do", file=sys.stderr)
+        ckpt.close()
+        return 0
+
+    tokens_per_step = config.data.global_batch_size * config.data.seq_len
+    flops_per_token = flops.flops_per_token(model_config, config.data.seq_len)
+    peak, _ = flops.peak_flops(model_config.dtype)
+    metrics = MetricsWriter(workdir, enabled=is_main, resume_step=start)
+    progress = Progress(config.steps, start, enabled=is_main, desc="pretrain")
+    if is_main:
+        n = model_config.num_params()
+        progress.write(
+            f"{'resuming at step ' + str(start) if start else 'starting'}: {n / 1e6:.2f}M params, "
+            f"{pipeline.info['train_windows']} train windows of {config.data.seq_len} tokens, "
+            f"mesh {dict(mesh.shape)}, {len(jax.devices())} devices"
+        )
+
+    def evaluate(step: int) -> None:
+        loss = evaluate_loss(trainer, state.params, pipeline.val_iter(), config.eval_batches, to_global_array)
+        metrics.write(step, val_loss=loss, val_ppl=math.exp(min(loss, 50.0)))
+        progress.write(f"step {step}: val_loss {loss:.4f}  val_ppl {math.exp(min(loss, 50.0)):.2f}")
+
+    # --- train ----------------------------------------------------------------------------------
+    status = 0
+    t_last = time.perf_counter()
+    for step in range(start, config.steps):
+        batch = to_global_array(next(train_iter), trainer.batch_sharding)
+        state, step_metrics = trainer.step(state, batch)
+        m = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+        done = step + 1
+        if not math.isfinite(m["loss"]):
+            last = ckpt.latest_step()
+            progress.write(f"error: loss is {m['loss']} at step {done}; stopping. Last good checkpoint: "
+                           f"{'step ' + str(last) if last is not None else 'none'} in {ckpt.directory}")
+            metrics.write(done, loss=m["loss"])
+            status = 1
+            break
+        now = time.perf_counter()
+        tokens_per_s = tokens_per_step / max(now - t_last, 1e-9)
+        t_last = now
+        mfu = flops.mfu(tokens_per_s, flops_per_token, peak)
+        if config.log_every and (done % config.log_every == 0 or done == config.steps):
+            metrics.write(done, loss=m["loss"], lr=m["lr"], grad_norm=m["grad_norm"],
+                          tokens_per_s=tokens_per_s, mfu=mfu, epoch=train_iter.epoch)
+        progress.update(1, loss=m["loss"], tok_s=f"{tokens_per_s:,.0f}", mfu=f"{mfu:.1%}")
+        if ckpt.should_save(done) or done == config.steps or preempt.requested:
+            ckpt.save(done, state, train_iter.state(), model_config)
+        if config.eval_every and (done % config.eval_every == 0 or done == config.steps):
+            evaluate(done)
+        if preempt.requested:
+            progress.write(f"preempted: checkpoint saved at step {done}; run the same command to resume")
+            break
+    progress.close()
+    ckpt.close()
+    metrics.close()
+    return status
+
+
+def evaluate_loss(trainer, params, batches, max_batches: int, to_global) -> float:
+    """Token-weighted mean LM loss over (up to max_batches of) an iterator; padding rows weigh 0."""
+    total, weight = 0.0, 0.0
+    for i, batch in enumerate(batches):
+        if max_batches and i >= max_batches:
+            break
+        loss_sum, weight_sum = trainer.eval_sums(params, to_global(batch, trainer.batch_sharding))
+        total, weight = total + float(loss_sum), weight + float(weight_sum)
+    return total / max(weight, 1.0)

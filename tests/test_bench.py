@@ -1,0 +1,77 @@
+"""`gpt1-jax bench` runs the tiny model and prints one JSON line with the agreed keys; bad options end
+in one error line and exit status 2; the FLOP count matches the documented formula."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpt1_jax import cli
+from gpt1_jax.config import model_preset
+from gpt1_jax.flops import accelerator_peak, flops_per_token, mfu
+
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = {"tokens_per_s", "step_s_median", "compile_s", "flops_per_token", "mfu", "peak_flops", "losses",
+        "state_bytes_total", "state_bytes_per_device"}
+
+
+def test_bench_tiny_prints_json(capsys):
+    # In-process: this test process already has 8 fake devices (conftest).
+    rc = cli.main(["bench", "--config", "tiny", "--batch", "8", "--seq", "32", "--steps", "2",
+                   "--mesh", "data=2,fsdp=2,tensor=2", "--peak-flops", "1e11"])
+    assert rc == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1
+    result = json.loads(lines[0])
+    assert KEYS <= set(result)
+    assert len(result["losses"]) == 2 and all(4.0 < x < 8.0 for x in result["losses"])  # ~ln(512)=6.24
+    assert result["tokens_per_s"] > 0 and 0 < result["mfu"] < 1 and result["peak_flops"] == 1e11
+    assert result["flops_per_token"] == flops_per_token(model_preset("tiny"), 32)
+    assert result["state_bytes_per_device"] < result["state_bytes_total"]
+    assert result["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
+
+
+def test_bench_compile_only_with_overrides(capsys):
+    rc = cli.main(["bench", "--config", "tiny", "--batch", "8", "--seq", "16", "--compile-only",
+                   "--dtype", "bfloat16", "--set", "n_layers=1", "--mesh", "fsdp=4,data=2"])
+    assert rc == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["dtype"] == "bfloat16" and "tokens_per_s" not in result and result["compile_s"] > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mesh", "data=3"], "mesh"),
+    (["--batch", "6"], "divisible"),
+    (["--seq", "1000"], "n_positions"),
+    (["--set", "n_layerz=2"], "n_layerz"),
+    (["--config", "huge"], "huge"),
+])
+def test_bench_bad_options_are_one_line_exit_2(capsys, argv, message):
+    assert cli.main(["bench", "--config", "tiny", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpt1-jax bench: error:") and message in err[0]
+
+
+def test_bench_cli_simulate_devices_subprocess():
+    # A fresh process: --simulate-devices must take effect before jax starts.
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run(
+        [sys.executable, "-m", "gpt1_jax.cli", "bench", "--config", "tiny", "--simulate-devices", "4",
+         "--mesh", "fsdp=4", "--batch", "4", "--seq", "16", "--steps", "1", "--peak-flops", "1e11"],
+        cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["devices"] == 4 and result["mesh"]["fsdp"] == 4
+
+
+def test_flops_formula_and_peaks():
+    gpt1 = model_preset("gpt1")
+    assert flops_per_token(gpt1, 512) == 6 * 116_534_784 + 12 * 12 * 768 * 512
+    assert accelerator_peak("NVIDIA H100 80GB HBM3") == 989e12
+    assert accelerator_peak("TPU v5 lite") == 197e12 and accelerator_peak("TPU v5") == 459e12
+    assert accelerator_peak("Some CPU") is None
+    assert mfu(1000.0, 1e9, 1e13) == pytest.approx(0.1)
