@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
 
     from gpt1_jax import flops, sharding
     from gpt1_jax.optim import OptimConfig
-    from gpt1_jax.step import Trainer, state_bytes
+    from gpt1_jax.step import Trainer, lm_batch, state_bytes
 
     mesh_cfg = sharding.parse_mesh(args.mesh)
     mesh = sharding.make_mesh(mesh_cfg)
@@ -98,8 +98,8 @@ def main(args: argparse.Namespace) -> int:
     if not args.compile_only:
         rng = np.random.default_rng(args.seed)
         n = args.warmup + args.steps
-        tokens = rng.integers(0, config.vocab_size, (n, args.batch, seq), dtype=np.int32)
-        batches = [trainer.put_batch({"tokens": tokens[i]}) for i in range(n)]
+        windows = rng.integers(0, config.vocab_size, (n, args.batch, seq + 1), dtype=np.int32)
+        batches = [trainer.put_batch(lm_batch(windows[i])) for i in range(n)]
         times, losses = [], []
         for i, batch in enumerate(batches):
             t0 = time.perf_counter()

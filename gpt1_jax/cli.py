@@ -2,7 +2,8 @@
 
 Each verb lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`. Nothing
 here imports jax at module level: `--simulate-devices` must set XLA_FLAGS before jax initialises.
-User errors (bad config, bad checkpoint, bad input) end as one line on stderr and exit status 2.
+User errors (bad config, bad checkpoint, bad input) end as one line on stderr and exit status 2;
+GPT1_JAX_DEBUG=1 shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ import os
 import sys
 
 VERBS = {
+    "pretrain": ("gpt1_jax.pretrain", "pre-train GPT-1 on a text corpus (resumable; the main job)"),
+    "evaluate": ("gpt1_jax.evaluate", "LM loss and perplexity of a pre-training checkpoint on a text source"),
+    "sample": ("gpt1_jax.sample", "generate text from a pre-training checkpoint"),
     "convert": ("gpt1_jax.convert", "convert checkpoints between the original release, HF and gpt1-jax"),
     "bench": ("gpt1_jax.bench", "time the sharded train step and print one JSON line"),
+    "finetune": ("gpt1_jax.finetune", "fine-tune on a GLUE task or RACE with the auxiliary LM loss; results.json + predictions"),
 }
 
 
@@ -46,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return importlib.import_module(args._module).main(args) or 0
     except user_errors() as e:
+        if os.environ.get("GPT1_JAX_DEBUG"):
+            raise
         print(f"gpt1-jax {args.verb}: error: {e}", file=sys.stderr)
         return 2
 

@@ -142,7 +142,6 @@ def main(args: argparse.Namespace) -> int:
 
 def train(config: PretrainConfig, workdir: Path) -> int:
     import jax
-    import numpy as np
 
     from gpt1_jax import flops
     from gpt1_jax.checkpoint import Checkpointer
@@ -157,23 +156,22 @@ def train(config: PretrainConfig, workdir: Path) -> int:
 
     # --- build ---------------------------------------------------------------------------------
     pipeline = build_pipeline(dataclasses.replace(config.data, progress=is_main), workdir)
-    model_config = dataclasses.replace(config.model, vocab_size=pipeline.tokenizer.vocab_size)
-    config = dataclasses.replace(config, model=model_config)
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=pipeline.tokenizer.vocab_size))
     mesh = make_mesh(config.mesh)
-    trainer = Trainer(model_config, config.optim, mesh, logical_rules(config.mesh.rules),
+    trainer = Trainer(config.model, config.optim, mesh, logical_rules(config.mesh.rules),
                       accum_steps=config.accum_steps, seed=config.seed)
     ckpt = Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints, save_every=config.checkpoint_every)
     train_iter = pipeline.train_iter()
+    put = lambda batch: to_global_array(batch, trainer.batch_sharding)
 
     # --- restore or start -----------------------------------------------------------------------
     start = ckpt.latest_step()
     if start is not None:
-        ckpt.check_model(model_config, start)
+        ckpt.check_model(config.model, start)
         state, data_state, start = ckpt.restore(trainer.abstract_state_sharded(), start)
         train_iter.restore(data_state)
     else:
-        start = 0
-        state = trainer.init()
+        start, state = 0, trainer.init()
     if is_main:
         save_yaml(config, workdir / "config.yaml")
         (workdir / "data_info.json").write_text(json.dumps(pipeline.info, indent=2) + "\n")
@@ -183,65 +181,80 @@ def train(config: PretrainConfig, workdir: Path) -> int:
         return 0
 
     tokens_per_step = config.data.global_batch_size * config.data.seq_len
-    flops_per_token = flops.flops_per_token(model_config, config.data.seq_len)
-    peak, _ = flops.peak_flops(model_config.dtype)
+    flops_per_token = flops.flops_per_token(config.model, config.data.seq_len)
+    peak, _ = flops.peak_flops(config.model.dtype)
     metrics = MetricsWriter(workdir, enabled=is_main, resume_step=start)
     progress = Progress(config.steps, start, enabled=is_main, desc="pretrain")
-    if is_main:
-        n = model_config.num_params()
-        progress.write(
-            f"{'resuming at step ' + str(start) if start else 'starting'}: {n / 1e6:.2f}M params, "
-            f"{pipeline.info['train_windows']} train windows of {config.data.seq_len} tokens, "
-            f"mesh {dict(mesh.shape)}, {len(jax.devices())} devices"
-        )
-
-    def evaluate(step: int) -> None:
-        loss = evaluate_loss(trainer, state.params, pipeline.val_iter(), config.eval_batches, to_global_array)
-        metrics.write(step, val_loss=loss, val_ppl=math.exp(min(loss, 50.0)))
-        progress.write(f"step {step}: val_loss {loss:.4f}  val_ppl {math.exp(min(loss, 50.0)):.2f}")
+    progress.write(
+        f"{'resuming at step ' + str(start) if start else 'starting'}: {config.model.num_params() / 1e6:.2f}M params, "
+        f"{pipeline.info['train_windows']} train windows of {config.data.seq_len} tokens, "
+        f"mesh {dict(mesh.shape)} over {len(jax.devices())} devices"
+    )
 
     # --- train ----------------------------------------------------------------------------------
     status = 0
-    t_last = time.perf_counter()
-    for step in range(start, config.steps):
-        batch = to_global_array(next(train_iter), trainer.batch_sharding)
-        state, step_metrics = trainer.step(state, batch)
-        m = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
-        done = step + 1
-        if not math.isfinite(m["loss"]):
-            last = ckpt.latest_step()
-            progress.write(f"error: loss is {m['loss']} at step {done}; stopping. Last good checkpoint: "
-                           f"{'step ' + str(last) if last is not None else 'none'} in {ckpt.directory}")
-            metrics.write(done, loss=m["loss"])
-            status = 1
-            break
-        now = time.perf_counter()
-        tokens_per_s = tokens_per_step / max(now - t_last, 1e-9)
-        t_last = now
-        mfu = flops.mfu(tokens_per_s, flops_per_token, peak)
-        if config.log_every and (done % config.log_every == 0 or done == config.steps):
-            metrics.write(done, loss=m["loss"], lr=m["lr"], grad_norm=m["grad_norm"],
-                          tokens_per_s=tokens_per_s, mfu=mfu, epoch=train_iter.epoch)
-        progress.update(1, loss=m["loss"], tok_s=f"{tokens_per_s:,.0f}", mfu=f"{mfu:.1%}")
-        if ckpt.should_save(done) or done == config.steps or preempt.requested:
-            ckpt.save(done, state, train_iter.state(), model_config)
-        if config.eval_every and (done % config.eval_every == 0 or done == config.steps):
-            evaluate(done)
-        if preempt.requested:
-            progress.write(f"preempted: checkpoint saved at step {done}; run the same command to resume")
-            break
-    progress.close()
-    ckpt.close()
-    metrics.close()
+    try:
+        t_last = time.perf_counter()
+        for done in range(start + 1, config.steps + 1):
+            state, step_metrics = trainer.step(state, put(next(train_iter)))
+            m = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+            if not math.isfinite(m["loss"]):
+                last = ckpt.latest_step()
+                progress.write(f"error: loss is {m['loss']} at step {done}; stopping. Last good checkpoint: "
+                               f"{'step ' + str(last) if last is not None else 'none'} in {ckpt.directory}")
+                metrics.write(done, loss=m["loss"])
+                status = 1
+                break
+            now = time.perf_counter()
+            tokens_per_s, t_last = tokens_per_step / max(now - t_last, 1e-9), now
+            mfu = flops.mfu(tokens_per_s, flops_per_token, peak)
+            if config.log_every and (done % config.log_every == 0 or done == config.steps):
+                metrics.write(done, loss=m["loss"], lr=m["lr"], grad_norm=m["grad_norm"],
+                              tokens_per_s=tokens_per_s, mfu=mfu, epoch=train_iter.epoch)
+            progress.update(1, loss=m["loss"], tok_s=f"{tokens_per_s:,.0f}", mfu=f"{mfu:.1%}")
+            if ckpt.should_save(done) or done == config.steps or preempt.requested:
+                ckpt.save(done, state, train_iter.state(), config.model)
+            if config.eval_every and (done % config.eval_every == 0 or done == config.steps):
+                loss, _ = evaluate_loss(trainer, state.params, pipeline.val_iter(), config.eval_batches, put)
+                metrics.write(done, val_loss=loss, val_ppl=math.exp(min(loss, 50.0)))
+                progress.write(f"step {done}: val_loss {loss:.4f}  val_ppl {math.exp(min(loss, 50.0)):.2f}")
+                t_last = time.perf_counter()  # evaluation time is not training throughput
+            if preempt.requested:
+                progress.write(f"preempted: checkpoint saved at step {done}; run the same command to resume")
+                break
+    finally:  # an error still lets the save in flight finish, so the last checkpoint stays whole
+        progress.close()
+        ckpt.close()
+        metrics.close()
     return status
 
 
-def evaluate_loss(trainer, params, batches, max_batches: int, to_global) -> float:
-    """Token-weighted mean LM loss over (up to max_batches of) an iterator; padding rows weigh 0."""
+def evaluate_loss(trainer, params, batches, max_batches: int, put) -> tuple[float, float]:
+    """(token-weighted mean LM loss, tokens) over (up to max_batches of) an iterator; padding weighs 0.
+    `put` places a process-local numpy batch on the mesh."""
     total, weight = 0.0, 0.0
     for i, batch in enumerate(batches):
         if max_batches and i >= max_batches:
             break
-        loss_sum, weight_sum = trainer.eval_sums(params, to_global(batch, trainer.batch_sharding))
+        loss_sum, weight_sum = trainer.eval_sums(params, put(batch))
         total, weight = total + float(loss_sum), weight + float(weight_sum)
-    return total / max(weight, 1.0)
+    return total / max(weight, 1.0), weight
+
+
+def load_run(workdir: Path, step: int | None = None, overrides=()):
+    """A finished or running pre-training workdir -> (config, trainer, params, step) of a checkpoint."""
+    from gpt1_jax.checkpoint import Checkpointer
+    from gpt1_jax.sharding import logical_rules, make_mesh
+    from gpt1_jax.step import Trainer
+
+    if not (workdir / "config.yaml").is_file():
+        raise FileNotFoundError(f"{workdir} is not a pre-training workdir (no config.yaml)")
+    config = apply_overrides(load_yaml(PretrainConfig, workdir / "config.yaml"), list(overrides))
+    ckpt = Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints)
+    if ckpt.latest_step() is None:
+        raise FileNotFoundError(f"{workdir} has no checkpoint yet")
+    mesh = make_mesh(dataclasses.replace(config.mesh, data=-1, fsdp=1, tensor=1))
+    trainer = Trainer(config.model, config.optim, mesh, logical_rules(config.mesh.rules), seed=config.seed)
+    state, _, step = ckpt.restore(trainer.abstract_state_sharded(), step)
+    ckpt.close()
+    return config, trainer, state.params, step

@@ -27,7 +27,14 @@ from gpt1_jax.config import ConfigError, ModelConfig
 from gpt1_jax.model import GPT1, init_params
 from gpt1_jax.optim import OptimConfig, make_optimizer, make_schedule
 
-Batch = dict[str, jax.Array]  # "tokens" [B, T] int32; optional "weights" [B, T] float (per target token)
+# "inputs" [B, T] int32, "targets" [B, T] int32 (the next tokens), optional "weights" [B, T] float per
+# target (0 for padding or prompts). The data pipeline cuts (T+1)-token windows into exactly this.
+Batch = dict[str, jax.Array]
+
+
+def lm_batch(windows_BT1) -> Batch:
+    """[B, T+1] token windows -> {"inputs", "targets"}: every position predicts its next token."""
+    return {"inputs": windows_BT1[:, :-1], "targets": windows_BT1[:, 1:]}
 
 
 @flax.struct.dataclass
@@ -39,26 +46,31 @@ class TrainState:
 
 # ---- loss -----------------------------------------------------------------------------------------
 
-def lm_loss_sums(logits_BTV: jax.Array, tokens_BT: jax.Array, weights_BT: jax.Array | None = None):
-    """(sum of weighted next-token cross-entropies, sum of weights).
-
-    Position t predicts token t+1; `weights_BT[:, t]` weighs the loss of *predicting* token t (so
-    weights[:, 0] is never used), which lets a head mask prompts or padding. Sums, not means, so
-    micro-batches add up to exactly the large batch's loss.
-    """
-    logits_BSV = logits_BTV[:, :-1].astype(jnp.float32)
-    targets_BS = tokens_BT[:, 1:]
-    losses_BS = optax.softmax_cross_entropy_with_integer_labels(logits_BSV, targets_BS)
-    weights_BS = jnp.ones_like(losses_BS) if weights_BT is None else weights_BT[:, 1:].astype(jnp.float32)
-    return jnp.sum(losses_BS * weights_BS), jnp.sum(weights_BS)
+def lm_loss_sums(logits_BTV: jax.Array, targets_BT: jax.Array, weights_BT: jax.Array):
+    """(sum of weighted cross-entropies, sum of weights). Sums, not means, so micro-batches and
+    evaluation batches add up to exactly the large batch's loss."""
+    losses_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV.astype(jnp.float32), targets_BT)
+    weights_BT = weights_BT.astype(jnp.float32)
+    return jnp.sum(losses_BT * weights_BT), jnp.sum(weights_BT)
 
 
-def _loss_sums(params, tokens_BT, weights_BT, rng, config: ModelConfig):
+def _loss_sums(params, inputs_BT, targets_BT, weights_BT, rng, config: ModelConfig, deterministic: bool = False):
     model = GPT1(config)
     variables = {"params": params}
-    h_BTD = model.apply(variables, tokens_BT, deterministic=False, rngs={"dropout": rng})
+    rngs = {} if deterministic else {"dropout": rng}
+    h_BTD = model.apply(variables, inputs_BT, deterministic=deterministic, rngs=rngs)
     logits_BTV = model.apply(variables, h_BTD, method=GPT1.logits)
-    return lm_loss_sums(logits_BTV, tokens_BT, weights_BT)
+    return lm_loss_sums(logits_BTV, targets_BT, weights_BT)
+
+
+def _weights(batch: Batch) -> jax.Array:
+    weights_BT = batch.get("weights")
+    return jnp.ones(batch["targets"].shape, jnp.float32) if weights_BT is None else weights_BT
+
+
+def eval_sums(params, batch: Batch, *, config: ModelConfig):
+    """(loss sum, weight sum) without dropout: the evaluation counterpart of the train loss."""
+    return _loss_sums(params, batch["inputs"], batch["targets"], _weights(batch), None, config, deterministic=True)
 
 
 # ---- gradients ------------------------------------------------------------------------------------
@@ -73,30 +85,26 @@ def _split_micro(x_B, accum_steps: int):
 def loss_and_grads(params, batch: Batch, rng: jax.Array, *, config: ModelConfig, accum_steps: int = 1):
     """(mean loss, gradients of the mean loss, total weight) over the batch; with accum_steps=k the batch
     runs as k sequential micro-batches whose summed gradients equal the whole batch's."""
-    tokens_BT = batch["tokens"]
-    weights_BT = batch.get("weights")
-    if weights_BT is None:
-        weights_BT = jnp.ones(tokens_BT.shape, jnp.float32)
+    inputs_BT, targets_BT, weights_BT = batch["inputs"], batch["targets"], _weights(batch)
     grad_fn = jax.value_and_grad(_loss_sums, has_aux=True)
 
     if accum_steps == 1:
-        (loss_sum, weight_sum), grads = grad_fn(params, tokens_BT, weights_BT, rng, config)
+        (loss_sum, weight_sum), grads = grad_fn(params, inputs_BT, targets_BT, weights_BT, rng, config)
     else:
-        tokens_KBT = _split_micro(tokens_BT, accum_steps)
-        weights_KBT = _split_micro(weights_BT, accum_steps)
+        micro = [_split_micro(x, accum_steps) for x in (inputs_BT, targets_BT, weights_BT)]
 
         def body(carry, xs):
             loss_acc, weight_acc, grads_acc = carry
-            i, tok_BT, w_BT = xs
-            tok_BT = nn.with_logical_constraint(tok_BT, ("batch", "length"))
-            (loss_sum, weight_sum), grads = grad_fn(params, tok_BT, w_BT, jax.random.fold_in(rng, i), config)
+            i, in_BT, tgt_BT, w_BT = xs
+            in_BT = nn.with_logical_constraint(in_BT, ("batch", "length"))
+            (loss_sum, weight_sum), grads = grad_fn(params, in_BT, tgt_BT, w_BT, jax.random.fold_in(rng, i), config)
             grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
             return (loss_acc + loss_sum, weight_acc + weight_sum, grads_acc), None
 
         zeros = jax.tree.map(jnp.zeros_like, params)
         init = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros)
         (loss_sum, weight_sum, grads), _ = jax.lax.scan(
-            body, init, (jnp.arange(accum_steps), tokens_KBT, weights_KBT)
+            body, init, (jnp.arange(accum_steps), *micro)
         )
     denom = jnp.maximum(weight_sum, 1.0)
     grads = jax.tree.map(lambda g: (g / denom).astype(g.dtype), grads)
@@ -141,6 +149,7 @@ class _Programs:
     init: Callable
     step: Callable
     grads: Callable
+    eval_sums: Callable
 
 
 @functools.lru_cache(maxsize=32)
@@ -169,7 +178,10 @@ def _programs(config: ModelConfig, optim: OptimConfig, rules: shd.Rules, accum_s
     def grads(params, batch, step_):
         return loss_and_grads(params, batch, dropout_rng(seed, step_), config=config, accum_steps=accum_steps)
 
-    return _Programs(tx, schedule, with_rules(init), with_rules(step), with_rules(grads))
+    def evaluate(params, batch):
+        return eval_sums(params, batch, config=config)
+
+    return _Programs(tx, schedule, with_rules(init), with_rules(step), with_rules(grads), with_rules(evaluate))
 
 
 @dataclasses.dataclass
@@ -214,6 +226,11 @@ class Trainer:
             out_shardings=(self.metrics_sharding, self.param_shardings, self.metrics_sharding),
         )
         self._init = jax.jit(programs.init, out_shardings=self.state_shardings)
+        self._eval_sums = jax.jit(
+            programs.eval_sums,
+            in_shardings=(self.param_shardings, self.batch_sharding),
+            out_shardings=(self.metrics_sharding, self.metrics_sharding),
+        )
 
     # Flax's logical constraints only bind under an active mesh + rules (STACK.md), at trace time.
     def _context(self):
@@ -236,8 +253,14 @@ class Trainer:
         return TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), shd.replicated(self.mesh)),
                           params=params, opt_state=opt_state)
 
+    def abstract_state_sharded(self) -> TrainState:
+        """ShapeDtypeStructs with this mesh's shardings: the target for restoring a checkpoint onto it."""
+        return jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), self.abstract_state, self.state_shardings
+        )
+
     def put_batch(self, batch: Batch) -> Batch:
-        B = batch["tokens"].shape[0]
+        B = batch["inputs"].shape[0]
         divisor = shd.batch_divisor(self.mesh) * self.accum_steps
         if B % divisor:
             raise ConfigError(
@@ -249,6 +272,11 @@ class Trainer:
         with self._context():
             return self._step(state, batch)
 
+    def eval_sums(self, params, batch: Batch):
+        """(loss sum, weight sum) of a batch, no dropout, no update."""
+        with self._context():
+            return self._eval_sums(params, batch)
+
     def grads(self, params, batch: Batch, step: int = 0):
         """(loss, grads, weight) without an update: for tests and diagnostics."""
         with self._context():
@@ -258,11 +286,8 @@ class Trainer:
         """The step lowered for abstract inputs: `.compile()` it to time compilation alone."""
         B, T = batch_shape
         tokens = jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=self.batch_sharding)
-        state = jax.tree.map(
-            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), self.abstract_state, self.state_shardings
-        )
         with self._context():
-            return self._step.lower(state, {"tokens": tokens})
+            return self._step.lower(self.abstract_state_sharded(), {"inputs": tokens, "targets": tokens})
 
 
 def state_bytes(state: TrainState) -> tuple[int, int]:

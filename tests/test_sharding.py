@@ -12,12 +12,12 @@ from jax.sharding import PartitionSpec as P
 from gpt1_jax import sharding as shd
 from gpt1_jax.config import ConfigError, model_preset
 from gpt1_jax.optim import OptimConfig
-from gpt1_jax.step import Trainer, state_bytes
+from gpt1_jax.step import Trainer, lm_batch, state_bytes
 
 # Dropout off: the comparison is about partitioning, not RNG streams.
 TINY = dataclasses.replace(model_preset("tiny"), embd_dropout=0.0, attn_dropout=0.0, resid_dropout=0.0)
 OPTIM = OptimConfig(schedule="constant", warmup_steps=0)
-BATCH = {"tokens": np.random.default_rng(0).integers(0, TINY.vocab_size, (8, 32), dtype=np.int32)}
+BATCH = lm_batch(np.random.default_rng(0).integers(0, TINY.vocab_size, (8, 33), dtype=np.int32))
 
 
 def _grads_on(mesh):

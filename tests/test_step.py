@@ -11,12 +11,13 @@ import pytest
 from gpt1_jax import sharding as shd
 from gpt1_jax.config import model_preset
 from gpt1_jax.optim import OptimConfig
-from gpt1_jax.step import Trainer, lm_loss_sums
+from gpt1_jax.step import Trainer, lm_batch, lm_loss_sums
 
 TINY = model_preset("tiny")
 NO_DROPOUT = dataclasses.replace(TINY, embd_dropout=0.0, attn_dropout=0.0, resid_dropout=0.0)
 OPTIM = OptimConfig(lr=1e-3, schedule="warmup_linear", warmup_steps=2, total_steps=10)
-TOKENS = np.random.default_rng(0).integers(0, TINY.vocab_size, (16, 32), dtype=np.int32)
+WINDOWS = np.random.default_rng(0).integers(0, TINY.vocab_size, (16, 33), dtype=np.int32)
+BATCH = lm_batch(WINDOWS)
 
 
 def _mesh(spec="data=2,fsdp=2,tensor=2"):
@@ -29,27 +30,27 @@ def _rel(a, b):
 
 def test_lm_loss_is_weighted_next_token_cross_entropy():
     rng = np.random.default_rng(1)
-    logits = rng.normal(size=(2, 5, 7)).astype(np.float32)
-    tokens = rng.integers(0, 7, (2, 5))
+    logits = rng.normal(size=(2, 5, 7)).astype(np.float64)
+    targets = rng.integers(0, 7, (2, 5))
     weights = rng.integers(0, 2, (2, 5)).astype(np.float32)
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    nll = -np.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1)[..., 0]
-    s, w = lm_loss_sums(jnp.asarray(logits), jnp.asarray(tokens), jnp.asarray(weights))
-    np.testing.assert_allclose(float(s), (nll * weights[:, 1:]).sum(), rtol=1e-5)
-    assert float(w) == weights[:, 1:].sum()
-    s, w = lm_loss_sums(jnp.asarray(logits), jnp.asarray(tokens))
+    nll = -np.take_along_axis(logp, targets[..., None], -1)[..., 0]
+    s, w = lm_loss_sums(jnp.asarray(logits, jnp.float32), jnp.asarray(targets), jnp.asarray(weights))
+    np.testing.assert_allclose(float(s), (nll * weights).sum(), rtol=1e-5)
+    assert float(w) == weights.sum()
+    s, w = lm_loss_sums(jnp.asarray(logits, jnp.float32), jnp.asarray(targets), jnp.ones((2, 5)))
     np.testing.assert_allclose(float(s) / float(w), nll.mean(), rtol=1e-5)
 
 
 # Tests share one (config, optimizer, mesh, batch signature) where they can: equal Trainers reuse
 # compilations, which is most of this file's run time.
-WEIGHTS = np.random.default_rng(2).integers(0, 2, TOKENS.shape).astype(np.float32)  # uneven per micro-batch
+WEIGHTS = np.random.default_rng(2).integers(0, 2, BATCH["targets"].shape).astype(np.float32)  # uneven per micro-batch
 
 
 def _reference(config=NO_DROPOUT):
     trainer = Trainer(config, OPTIM, _mesh())
     params = trainer.init(seed=3).params
-    batch = trainer.put_batch({"tokens": TOKENS, "weights": WEIGHTS})
+    batch = trainer.put_batch({**BATCH, "weights": WEIGHTS})
     return trainer, params, batch
 
 
@@ -58,7 +59,7 @@ def test_grad_accumulation_equals_one_large_batch():
     micro = Trainer(NO_DROPOUT, OPTIM, big.mesh, accum_steps=4)
     loss_1, grads_1, w_1 = big.grads(params, batch)
     loss_k, grads_k, w_k = micro.grads(params, batch)
-    assert float(w_1) == float(w_k) == WEIGHTS[:, 1:].sum()
+    assert float(w_1) == float(w_k) == WEIGHTS.sum()
     assert abs(float(loss_k) - float(loss_1)) / float(loss_1) <= 1e-5
     errs = jax.tree.map(_rel, grads_k, grads_1)
     assert max(jax.tree.leaves(errs)) <= 1e-5, errs
@@ -67,7 +68,7 @@ def test_grad_accumulation_equals_one_large_batch():
 def test_train_step_metrics_and_resume_determinism():
     # Dropout on: the key comes from (seed, step), so two runs from the same state agree exactly.
     trainer = Trainer(TINY, OPTIM, _mesh(), seed=7)
-    batch = trainer.put_batch({"tokens": TOKENS})
+    batch = trainer.put_batch(BATCH)
     runs = []
     for _ in range(2):
         state, losses = trainer.init(seed=0), []
@@ -80,7 +81,7 @@ def test_train_step_metrics_and_resume_determinism():
         runs.append(losses)
     assert runs[0] == runs[1]
     assert runs[0][0] > runs[0][2]  # lr warms up from 0: step 0 changes nothing, then the loss drops
-    assert float(metrics["tokens"]) == TOKENS.shape[0] * (TOKENS.shape[1] - 1)
+    assert float(metrics["tokens"]) == BATCH["targets"].size
 
 
 def test_mixed_precision_keeps_fp32_params_and_state():

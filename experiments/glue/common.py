@@ -1,0 +1,95 @@
+"""Shared by the paper-table scripts: run `gpt1-jax finetune` per (ablation, task, seed) in a subprocess,
+collect results.json files, and format mean ± std tables beside the paper's numbers.
+
+Runs are resumable: a run whose results.json exists is not repeated. Each run is its own process, so
+one task's failure (e.g. a split that is not available) is recorded and the others go on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED = ROOT.parent / "shared"
+
+# Table 5 (REFERENCE.md): which finetune flags make each ablation.
+ABLATIONS = {
+    "full": [],
+    "no_pretrain": ["no-pretrain"],  # marker: --init scratch:SOURCE (or none)
+    "no_aux_lm": ["--lm-coef", "0"],
+}
+QUICK_FLAGS = ["--config", "tiny", "--epochs", "1", "--batch-size", "8", "--max-train-examples", "64",
+               "--max-eval-examples", "32"]
+
+
+@dataclasses.dataclass
+class Run:
+    ablation: str
+    task: str
+    seed: int
+    workdir: Path
+    results: dict | None = None
+    error: str | None = None
+
+
+def init_for(ablation: str, init: str) -> str:
+    if ablation != "no_pretrain" or init == "none":
+        return init
+    return f"scratch:{init}"  # the same architecture and vocabulary, random weights
+
+
+def finetune_argv(run: Run, init: str, data_dir: str, quick: bool, extra: list[str]) -> list[str]:
+    argv = [sys.executable, "-m", "gpt1_jax.cli", "finetune", "--task", run.task, "--init", init_for(run.ablation, init),
+            "--workdir", str(run.workdir), "--data-dir", data_dir, "--seed", str(run.seed), "--no-progress"]
+    argv += [a for a in ABLATIONS[run.ablation] if a != "no-pretrain"]
+    if quick:
+        argv += QUICK_FLAGS
+    return argv + extra
+
+
+def execute(runs: list[Run], init: str, data_dir: str, quick: bool, extra: list[str]) -> None:
+    for i, run in enumerate(runs, 1):
+        out = run.workdir / "results.json"
+        if out.is_file():
+            run.results = json.loads(out.read_text())
+            print(f"[{i}/{len(runs)}] {run.ablation} {run.task} seed {run.seed}: done before", file=sys.stderr)
+            continue
+        argv = finetune_argv(run, init, data_dir, quick, extra)
+        print(f"[{i}/{len(runs)}] {' '.join(argv[2:])}", file=sys.stderr)
+        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+        if proc.returncode == 0 and out.is_file():
+            run.results = json.loads(out.read_text())
+        else:
+            lines = (proc.stderr or proc.stdout).strip().splitlines()
+            run.error = lines[-1] if lines else f"exit status {proc.returncode}"
+            print(f"    failed: {run.error}", file=sys.stderr)
+
+
+def mean_std(values: list[float], scale: float = 100.0) -> str:
+    if not values:
+        return "–"
+    values = [v * scale for v in values]
+    if len(values) == 1:
+        return f"{values[0]:.1f}"
+    return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
+
+
+def metric_values(runs: list[Run], metric: str) -> list[float]:
+    return [r.results["metrics"][metric] for r in runs if r.results and metric in r.results["metrics"]]
+
+
+def errors_of(runs: list[Run]) -> str:
+    errs = sorted({r.error for r in runs if r.error})
+    return "; ".join(errs)
+
+
+def write_table(path: Path, title: str, lines: list[str]) -> str:
+    text = f"# {title}\n\n" + "\n".join(lines) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return text

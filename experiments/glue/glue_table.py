@@ -1,0 +1,103 @@
+"""The paper's GLUE results (Tables 2-4) and Table 5's ablations, for one init source and several seeds.
+
+Runs every GLUE task whose train and dev files are in --data-dir (here CoLA, SST-2, MRPC, STS-B, RTE;
+QNLI has no train split offline; MNLI, QQP, WNLI are absent), then writes OUT/table.md: each task's
+official metric, mean ± std over seeds (x100), beside the paper's number (REFERENCE.md). With
+--ablations full,no_pretrain,no_aux_lm it adds Table 5: no pre-training (`--init scratch:SOURCE`,
+or `none`) and no auxiliary LM (`--lm-coef 0`).
+
+    python experiments/glue/glue_table.py --init runs/pretrain --seeds 0 1 2 --out runs/glue
+    python experiments/glue/glue_table.py --quick --init none --out /tmp/glue-quick   # smoke test, ~minutes
+Extra arguments after `--` go to every `gpt1-jax finetune` call (e.g. `-- --set optim.lr=1e-4`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from common import ABLATIONS, SHARED, Run, errors_of, execute, mean_std, metric_values, write_table  # noqa: E402
+
+# The paper's numbers (REFERENCE.md, "The paper's results"): task -> [(metric, GPT-1)].
+PAPER = {
+    "cola": [("matthews_corr", 45.4)],
+    "sst2": [("accuracy", 91.3)],
+    "mrpc": [("f1", 82.3), ("accuracy", None)],
+    "stsb": [("pearson", 82.0), ("spearman", None)],
+    "qqp": [("f1", 70.3), ("accuracy", None)],
+    "mnli": [("validation_matched/accuracy", 82.1), ("validation_mismatched/accuracy", 81.4)],
+    "qnli": [("accuracy", 88.1)],
+    "rte": [("accuracy", 56.0)],
+    "wnli": [("accuracy", None)],
+}
+PAPER_TABLE5 = {"full": 74.7, "no_pretrain": 59.9, "no_aux_lm": 75.0}  # average over GLUE-style tasks
+NOTE = ("Paper numbers are on GLUE's test server, ours on the dev sets (x100). The paper's Table 5 averages over "
+        "its 8 GLUE-style tasks; ours over the tasks run here, so compare differences between columns, not levels.")
+
+
+def available_tasks(data_dir: str) -> tuple[list[str], list[str]]:
+    from gpt1_jax.data.glue import GLUE_TASKS, split_available
+
+    ok, missing = [], []
+    for name, task in GLUE_TASKS.items():
+        have = split_available(task, "train", data_dir) and all(split_available(task, s, data_dir) for s in task.dev_splits)
+        (ok if have else missing).append(name)
+    return ok, missing
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--init", required=True, help="pre-training workdir, HF/original checkpoint folder, or none")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--tasks", default=None, help="comma-separated (default: every task available in --data-dir)")
+    p.add_argument("--ablations", default="full", help=f"comma-separated of {', '.join(ABLATIONS)}")
+    p.add_argument("--data-dir", default=str(SHARED / "data" / "glue"))
+    p.add_argument("--out", required=True, help="folder for runs (OUT/<ablation>/<task>/seed<k>/) and table.md")
+    p.add_argument("--quick", action="store_true", help="tiny model, 64 train / 32 dev examples, 1 epoch: a smoke test")
+    args = p.parse_args(argv)
+
+    ablations = args.ablations.split(",")
+    bad = [a for a in ablations if a not in ABLATIONS]
+    if bad:
+        p.error(f"unknown ablation(s) {bad}; known: {', '.join(ABLATIONS)}")
+    available, missing = available_tasks(args.data_dir)
+    tasks = args.tasks.split(",") if args.tasks else available
+    out = Path(args.out)
+    runs = [Run(a, t, s, out / a / t / f"seed{s}") for a in ablations for t in tasks for s in args.seeds]
+    execute(runs, args.init, args.data_dir, args.quick, extra)
+
+    lines = [f"init: `{args.init}`; seeds: {args.seeds}; data: `{args.data_dir}`" + ("; **quick mode**" if args.quick else ""),
+             "", NOTE, "", "| task | metric | paper | " + " | ".join(ablations) + " |",
+             "|---|---|---|" + "---|" * len(ablations)]
+    averages: dict[str, list[float]] = {a: [] for a in ablations}
+    for task in tasks:
+        for i, (metric, paper) in enumerate(PAPER.get(task, [("accuracy", None)])):
+            cells = []
+            for a in ablations:
+                group = [r for r in runs if r.task == task and r.ablation == a]
+                values = metric_values(group, metric)
+                cells.append(mean_std(values) if values else f"failed: {errors_of(group)}" if errors_of(group) else "–")
+                if i == 0 and values:
+                    averages[a].append(sum(values) / len(values) * 100)
+            paper_cell = f"{paper:.1f}" if paper is not None else "–"
+            lines.append(f"| {task} | {metric} | {paper_cell} | " + " | ".join(cells) + " |")
+    lines.append("| **average** (first metric) | | " + (f"{PAPER_TABLE5['full']:.1f}" if "full" in ablations else "–") + " | "
+                 + " | ".join(f"{sum(v) / len(v):.1f}" if v else "–" for v in averages.values()) + " |")
+    if len(ablations) > 1:
+        lines += ["", "Table 5 (paper's averages): " + ", ".join(f"{a} {PAPER_TABLE5[a]}" for a in ablations)]
+    if missing and not args.tasks:
+        lines += ["", f"Not run (train or dev split not in {args.data_dir}): {', '.join(missing)}"]
+    text = write_table(out / "table.md", "GPT-1 fine-tuning on GLUE (dev)", lines)
+    print(text)
+    return 0 if all(r.results for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,379 @@
+"""GLUE through tensorflow-datasets, read back with `tfds.data_source` (array_record): no TensorFlow.
+
+Two builders give the same features (those of tfds' own `glue/<task>`: the text fields, `label` and
+`idx`; test labels are -1):
+  * tfds' real `glue/<task>` builder, which downloads GLUE itself. Offline its download retries for
+    minutes, so a 5 s reachability check runs first and fails with "use --data-dir".
+  * `GlueTsv`, this project's builder, which prepares the same features from GLUE's official TSV
+    distribution in a local directory (`<data_dir>/<Task>/{train,dev,test}.tsv`).
+
+The TSV reader handles the official files' quirks: fields are split on tabs only (quote characters
+are text, never CSV quoting), MRPC's byte-order mark, CoLA's header-less train/dev, test files with
+other columns and no labels, STS-B's float labels. A malformed row is an error naming file and line;
+no example is ever dropped silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+__all__ = [
+    "GLUE_TASKS", "GlueTask", "GlueDownloadError", "glue_task", "read_tsv", "load_split", "split_available",
+    "compute_metrics", "METRICS",
+]
+
+_READER_VERSION = "1"  # bump when the reader's output changes: part of the prepared cache's key
+
+
+@dataclasses.dataclass(frozen=True)
+class GlueTask:
+    name: str  # tfds config name: glue/<name>
+    dirname: str  # folder in GLUE's distribution
+    kind: str  # the head: classification | entailment | similarity
+    features: tuple[str, ...]  # text features, in input order
+    columns: tuple[str, ...]  # the TSV header name of each text feature
+    label_column: str | None
+    label_classes: tuple[str, ...] | None  # None: regression (float label)
+    metrics: tuple[str, ...]  # the first one picks the best epoch
+    files: tuple[tuple[str, str], ...]  # split -> file name
+    dev_splits: tuple[str, ...] = ("validation",)
+    test_splits: tuple[tuple[str, str], ...] = (("test", ""),)  # split -> submission file stem ("" = dirname)
+    headerless_columns: tuple[tuple[str, int], ...] = ()  # CoLA train/dev: column positions, no header
+
+    @property
+    def n_outputs(self) -> int:
+        return len(self.label_classes) if self.label_classes else 1
+
+    @property
+    def regression(self) -> bool:
+        return self.label_classes is None
+
+    def submission_name(self, split: str) -> str:
+        return dict(self.test_splits)[split] or self.dirname
+
+
+_STD_FILES = (("train", "train.tsv"), ("validation", "dev.tsv"), ("test", "test.tsv"))
+
+GLUE_TASKS: dict[str, GlueTask] = {
+    t.name: t
+    for t in (
+        GlueTask("cola", "CoLA", "classification", ("sentence",), ("sentence",), "is_acceptable",
+                 ("unacceptable", "acceptable"), ("matthews_corr",), _STD_FILES,
+                 headerless_columns=(("label", 1), ("sentence", 3))),
+        GlueTask("sst2", "SST-2", "classification", ("sentence",), ("sentence",), "label",
+                 ("negative", "positive"), ("accuracy",), _STD_FILES),
+        GlueTask("mrpc", "MRPC", "similarity", ("sentence1", "sentence2"), ("#1 String", "#2 String"), "Quality",
+                 ("not_equivalent", "equivalent"), ("f1", "accuracy"), _STD_FILES),
+        GlueTask("qqp", "QQP", "similarity", ("question1", "question2"), ("question1", "question2"), "is_duplicate",
+                 ("not_duplicate", "duplicate"), ("f1", "accuracy"), _STD_FILES),
+        GlueTask("stsb", "STS-B", "similarity", ("sentence1", "sentence2"), ("sentence1", "sentence2"), "score",
+                 None, ("pearson", "spearman"), _STD_FILES),
+        GlueTask("mnli", "MNLI", "entailment", ("premise", "hypothesis"), ("sentence1", "sentence2"), "gold_label",
+                 ("entailment", "neutral", "contradiction"), ("accuracy",),
+                 (("train", "train.tsv"), ("validation_matched", "dev_matched.tsv"),
+                  ("validation_mismatched", "dev_mismatched.tsv"), ("test_matched", "test_matched.tsv"),
+                  ("test_mismatched", "test_mismatched.tsv")),
+                 dev_splits=("validation_matched", "validation_mismatched"),
+                 test_splits=(("test_matched", "MNLI-m"), ("test_mismatched", "MNLI-mm"))),
+        GlueTask("qnli", "QNLI", "entailment", ("question", "sentence"), ("question", "sentence"), "label",
+                 ("entailment", "not_entailment"), ("accuracy",), _STD_FILES),
+        GlueTask("rte", "RTE", "entailment", ("sentence1", "sentence2"), ("sentence1", "sentence2"), "label",
+                 ("entailment", "not_entailment"), ("accuracy",), _STD_FILES),
+        GlueTask("wnli", "WNLI", "entailment", ("sentence1", "sentence2"), ("sentence1", "sentence2"), "label",
+                 ("not_entailment", "entailment"), ("accuracy",), _STD_FILES),
+    )
+}
+
+
+class GlueDownloadError(ValueError):
+    """The real GLUE builder cannot download (offline); the message says to use --data-dir."""
+
+
+def glue_task(name: str) -> GlueTask:
+    key = name.lower().replace("-", "")
+    if key not in GLUE_TASKS:
+        raise ValueError(f"unknown GLUE task {name!r}; known: {', '.join(GLUE_TASKS)}")
+    return GLUE_TASKS[key]
+
+
+# ---- the TSV reader ---------------------------------------------------------------------------------
+
+def _parse_label(task: GlueTask, raw: str, where: str) -> int | float:
+    if task.label_classes is None:
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"{where}: label {raw!r} is not a number") from None
+    if raw in task.label_classes:
+        return task.label_classes.index(raw)
+    try:
+        k = int(raw)  # CoLA, SST-2, MRPC, QQP write the class index
+    except ValueError:
+        k = -2
+    if not 0 <= k < len(task.label_classes):
+        raise ValueError(f"{where}: label {raw!r} is not one of {list(task.label_classes)} nor 0..{len(task.label_classes) - 1}")
+    return k
+
+
+def read_tsv(path: str | Path, task: GlueTask | str, split: str) -> Iterator[dict[str, Any]]:
+    """Examples of one official GLUE file as tfds' glue builder gives them: text features, label, idx."""
+    task = glue_task(task) if isinstance(task, str) else task
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: GLUE {task.dirname} {split} file not found")
+    # utf-8-sig drops MRPC's byte-order mark; split on "\n" only (splitlines would also break on
+    # \x1c, \u2028, ... which are text inside a field).
+    lines = path.read_text(encoding="utf-8-sig").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    headerless = bool(task.headerless_columns) and not split.startswith("test")
+    if headerless:
+        width = max(i for _, i in task.headerless_columns) + 1
+        positions = dict(task.headerless_columns)
+        text_idx = [positions[f] for f in task.features]
+        label_idx = positions["label"]
+        n_fields, start = 4, 0
+    else:
+        if not lines:
+            raise ValueError(f"{path}:1: empty file, expected a header row")
+        header = lines[0].rstrip("\r").split("\t")
+        missing = [c for c in task.columns if c not in header]
+        if missing:
+            raise ValueError(f"{path}:1: header lacks column(s) {missing}; got {header}")
+        text_idx = [header.index(c) for c in task.columns]
+        label_idx = header.index(task.label_column) if task.label_column in header else None
+        if split.startswith("test"):
+            label_idx = None  # labels of test files are private, whatever a column says
+        n_fields, start, width = len(header), 1, len(header)
+    for n, line in enumerate(lines[start:]):
+        lineno = n + start + 1
+        fields = line.rstrip("\r").split("\t")
+        if len(fields) != n_fields or len(fields) < width:
+            raise ValueError(f"{path}:{lineno}: expected {n_fields} tab-separated fields, got {len(fields)}")
+        example: dict[str, Any] = {f: fields[i] for f, i in zip(task.features, text_idx)}
+        if label_idx is None:
+            example["label"] = -1.0 if task.regression else -1
+        else:
+            example["label"] = _parse_label(task, fields[label_idx].strip(), f"{path}:{lineno}")
+        example["idx"] = n
+        yield example
+
+
+# ---- the tfds builder of our own: the same features from a local TSV directory ---------------------
+
+def _features(tfds: Any, task: GlueTask) -> Any:
+    import numpy as np
+
+    feats: dict[str, Any] = {f: tfds.features.Text() for f in task.features}
+    feats["label"] = (tfds.features.Scalar(np.float32) if task.regression
+                      else tfds.features.ClassLabel(names=list(task.label_classes)))
+    feats["idx"] = tfds.features.Scalar(np.int32)
+    return tfds.features.FeaturesDict(feats)
+
+
+_BUILDER_CLASS: Any = None
+
+
+def _builder_class() -> Any:
+    """GlueTsv, defined on first use so importing this module never imports tensorflow-datasets."""
+    global _BUILDER_CLASS
+    if _BUILDER_CLASS is not None:
+        return _BUILDER_CLASS
+    tfds = _import_tfds()
+
+    class GlueTsvConfig(tfds.core.BuilderConfig):
+        def __init__(self, *, task: GlueTask, **kwargs):
+            super().__init__(name=task.name, **kwargs)
+            self.task = task
+
+    class GlueTsv(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+        """GLUE from its official TSV files in `manual_dir` (`<manual_dir>/<Task>/*.tsv`)."""
+
+        VERSION = tfds.core.Version("1.0.0")
+        BUILDER_CONFIGS = [GlueTsvConfig(task=t) for t in GLUE_TASKS.values()]
+        MANUAL_DOWNLOAD_INSTRUCTIONS = "GLUE's TSV distribution: <manual_dir>/<Task>/{train,dev,test}.tsv"
+
+        def _info(self):
+            return self.dataset_info_from_configs(features=_features(tfds, self.builder_config.task))
+
+        def _split_generators(self, dl_manager):
+            task = self.builder_config.task
+            folder = Path(dl_manager.manual_dir) / task.dirname
+            # Only the files present: QNLI ships here without train.tsv, and a missing split is
+            # reported when asked for, by name.
+            return {split: self._generate_examples(folder / name, split)
+                    for split, name in task.files if (folder / name).is_file()}
+
+        def _generate_examples(self, path, split):
+            for ex in read_tsv(path, self.builder_config.task, split):
+                yield ex["idx"], ex
+
+    _BUILDER_CLASS = GlueTsv
+    return GlueTsv
+
+
+def _import_tfds() -> Any:
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError as e:
+        raise ImportError(f"GLUE needs tensorflow-datasets ({e.name} is missing): "
+                          "pip install tensorflow-datasets importlib_resources array_record") from None
+    return tfds
+
+
+def default_tfds_dir() -> Path:
+    from gpt1_jax.data.pipeline import default_cache_dir
+
+    return default_cache_dir().parent / "tfds"
+
+
+def _fingerprint(folder: Path, task: GlueTask) -> str:
+    """Names, sizes and mtimes of the task's files: edited TSVs prepare a fresh dataset."""
+    stats = []
+    for _, name in task.files:
+        p = folder / name
+        if p.is_file():
+            st = p.stat()
+            stats.append([name, st.st_size, st.st_mtime_ns])
+    blob = json.dumps([str(folder.resolve()), stats, _READER_VERSION])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def local_builder(task: GlueTask | str, data_dir: str | Path, tfds_dir: str | Path | None = None) -> Any:
+    """The GlueTsv builder for `task`, prepared (once) from `data_dir/<Task>/` in array_record."""
+    task = glue_task(task) if isinstance(task, str) else task
+    tfds = _import_tfds()
+    folder = Path(data_dir) / task.dirname
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no GLUE {task.dirname} folder in --data-dir {data_dir}")
+    root = Path(tfds_dir) if tfds_dir else default_tfds_dir()
+    builder = _builder_class()(config=task.name, data_dir=str(root / f"glue_tsv-{_fingerprint(folder, task)}"),
+                               file_format="array_record")
+    if not builder.is_prepared():
+        tfds.disable_progress_bar()  # tfds' nested bars would interleave with ours; we say "preparing" ourselves
+        builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(data_dir)))
+    return builder
+
+
+# ---- tfds' real glue builder ------------------------------------------------------------------------
+
+def _reachable(host: str, timeout: float) -> bool:
+    # DNS lookups ignore socket timeouts, so the whole attempt runs in a thread we stop waiting for.
+    ok: list[bool] = []
+
+    def attempt():
+        try:
+            socket.create_connection((host, 443), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=attempt, daemon=True)
+    t.start()
+    t.join(timeout)
+    return bool(ok)
+
+
+def remote_builder(task: GlueTask | str, tfds_dir: str | Path | None = None, timeout: float = 5.0) -> Any:
+    """tfds' own glue/<task>, downloaded and prepared on first use; quick, clear failure offline."""
+    task = glue_task(task) if isinstance(task, str) else task
+    tfds = _import_tfds()
+    import tensorflow_datasets.text  # noqa: F401  (registers glue)
+
+    root = str(Path(tfds_dir) if tfds_dir else default_tfds_dir())
+    builder = tfds.builder(f"glue/{task.name}", data_dir=root, file_format="array_record")
+    if builder.is_prepared():
+        return builder
+    host = urlparse(builder.builder_config.data_url).hostname or "dl.fbaipublicfiles.com"
+    if not _reachable(host, timeout):
+        raise GlueDownloadError(
+            f"cannot reach {host} to download glue/{task.name} (offline?): use --data-dir DIR with GLUE's "
+            f"TSV files ({task.dirname}/train.tsv, dev.tsv, test.tsv)"
+        )
+    builder.download_and_prepare()
+    return builder
+
+
+# ---- reading -----------------------------------------------------------------------------------------
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    return value
+
+
+def load_split(task: GlueTask | str, split: str, data_dir: str | Path | None = None,
+               tfds_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """All examples of one split as plain dicts (str text, int/float label, int idx), in file order.
+
+    `data_dir`: GLUE's TSV distribution (our builder); None: tfds' real glue builder (downloads)."""
+    task = glue_task(task) if isinstance(task, str) else task
+    builder = local_builder(task, data_dir, tfds_dir) if data_dir is not None else remote_builder(task, tfds_dir)
+    if split not in builder.info.splits:
+        where = Path(data_dir) / task.dirname / dict(task.files).get(split, "?") if data_dir else f"glue/{task.name}"
+        raise FileNotFoundError(f"{where}: GLUE {task.dirname} has no {split} split here")
+    source = builder.as_data_source(split=split)
+    records = source.__getitems__(list(range(len(source))))
+    examples = [{k: _decode(v) for k, v in r.items()} for r in records]
+    # array_record keeps shard order, not necessarily file order: idx restores it.
+    examples.sort(key=lambda e: e["idx"])
+    return examples
+
+
+def split_available(task: GlueTask | str, split: str, data_dir: str | Path | None) -> bool:
+    """Whether a local TSV distribution has the split's file (remote: assume yes)."""
+    task = glue_task(task) if isinstance(task, str) else task
+    if data_dir is None:
+        return True
+    name = dict(task.files).get(split)
+    return name is not None and (Path(data_dir) / task.dirname / name).is_file()
+
+
+# ---- the official metrics ----------------------------------------------------------------------------
+
+def _matthews(labels, preds) -> float:
+    from sklearn.metrics import matthews_corrcoef
+
+    return float(matthews_corrcoef(labels, preds))
+
+
+def _accuracy(labels, preds) -> float:
+    from sklearn.metrics import accuracy_score
+
+    return float(accuracy_score(labels, preds))
+
+
+def _f1(labels, preds) -> float:
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(labels, preds))  # of the positive class (1: equivalent / duplicate), as GLUE
+
+
+def _pearson(labels, preds) -> float:
+    from scipy.stats import pearsonr
+
+    return float(pearsonr(preds, labels)[0])
+
+
+def _spearman(labels, preds) -> float:
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(preds, labels)[0])
+
+
+METRICS = {"matthews_corr": _matthews, "accuracy": _accuracy, "f1": _f1, "pearson": _pearson, "spearman": _spearman}
+
+
+def compute_metrics(names: tuple[str, ...] | list[str], labels, preds) -> dict[str, float]:
+    """The official metrics as fractions (the paper's tables show them x100)."""
+    return {name: METRICS[name](labels, preds) for name in names}

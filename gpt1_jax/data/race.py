@@ -1,0 +1,77 @@
+"""RACE (Lai et al., 2017) reading comprehension from its release archive: one JSON file per passage,
+`race/{train,dev,test}/{middle,high}/*.txt` with `article`, `questions`, `options` (4 per question),
+`answers` (letters) and `id`. Each question becomes one multiple-choice example.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LEVELS", "SPLITS", "load_race"]
+
+LEVELS = ("middle", "high")
+SPLITS = {"train": "train", "validation": "dev", "test": "test"}  # our split names -> the archive's folders
+
+
+def _examples_of(doc: dict, where: str, level: str) -> list[dict[str, Any]]:
+    try:
+        questions, options, answers, article = doc["questions"], doc["options"], doc["answers"], doc["article"]
+    except KeyError as e:
+        raise ValueError(f"{where}: RACE passage lacks field {e.args[0]!r}") from None
+    if not (len(questions) == len(options) == len(answers)):
+        raise ValueError(f"{where}: {len(questions)} questions, {len(options)} option lists, {len(answers)} answers")
+    out = []
+    for q, (question, opts, ans) in enumerate(zip(questions, options, answers)):
+        if len(opts) != 4 or ans not in "ABCD" or len(ans) != 1:
+            raise ValueError(f"{where}: question {q}: expected 4 options and an answer A-D, got {len(opts)} and {ans!r}")
+        out.append({"article": article, "question": question, "options": list(opts), "label": "ABCD".index(ans),
+                    "level": level, "id": f"{doc.get('id', Path(where).name)}#{q}"})
+    return out
+
+
+def load_race(path: str | Path, split: str, levels: tuple[str, ...] | str = LEVELS) -> list[dict[str, Any]]:
+    """Questions of one split (`train`, `validation`/`dev`, `test`) from race.tar.gz or its unpacked
+    folder, sorted by passage file then question, each with `idx` (its position)."""
+    path = Path(path)
+    folder = SPLITS.get(split, split)
+    if folder not in SPLITS.values():
+        raise ValueError(f"unknown RACE split {split!r}; known: {', '.join(SPLITS)}")
+    levels = tuple(levels.split(",")) if isinstance(levels, str) else tuple(levels)
+    bad = [lv for lv in levels if lv not in LEVELS]
+    if bad:
+        raise ValueError(f"unknown RACE level(s) {bad}; known: {', '.join(LEVELS)}")
+    docs: list[tuple[str, str, dict]] = []
+    if path.is_dir():
+        root = path / "race" if (path / "race").is_dir() else path
+        for level in levels:
+            for f in sorted((root / folder / level).glob("*.txt")):
+                docs.append((str(f), level, _read_json(f.read_bytes(), str(f))))
+    elif path.is_file():
+        with tarfile.open(path) as tar:
+            for member in tar:
+                parts = member.name.split("/")
+                if member.isfile() and len(parts) >= 3 and parts[-3] == folder and parts[-2] in levels:
+                    where = f"{path}:{member.name}"
+                    docs.append((member.name, parts[-2], _read_json(tar.extractfile(member).read(), where)))
+    else:
+        raise FileNotFoundError(f"{path}: RACE archive (race.tar.gz) or folder not found")
+    if not docs:
+        raise FileNotFoundError(f"{path}: no RACE passages for split {split!r}, levels {list(levels)}")
+    docs.sort(key=lambda d: (LEVELS.index(d[1]), d[0]))
+    examples = [ex for name, level, doc in docs for ex in _examples_of(doc, name, level)]
+    for i, ex in enumerate(examples):
+        ex["idx"] = i
+    return examples
+
+
+def _read_json(raw: bytes, where: str) -> dict:
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{where}: not a RACE JSON passage ({e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{where}: not a RACE JSON passage (top level is not an object)")
+    return doc

@@ -1,0 +1,185 @@
+"""Task heads over the shared transformer: input layouts, the classifier, and the losses (REFERENCE.md).
+
+Every example becomes N sequences of one layout, so one model function serves every head:
+  classification   N=1   [_start_] text [_classify_]
+  entailment       N=1   [_start_] premise [_delimiter_] hypothesis [_classify_]
+  similarity       N=2   both orders, [_start_] a [_delimiter_] b [_classify_] and b/a; hidden states added
+  multiple_choice  N=C   [_start_] context [_delimiter_] answer_k [_classify_], one score per choice
+Each segment keeps its first `n_ctx//2 - 2` tokens (the original's rule), so a sequence never exceeds
+n_ctx and no example is ever dropped for being long. Batches are right-padded with 0 plus a mask.
+
+The classifier reads the final hidden state at the `_classify_` position (recorded per sequence as
+`clf_pos`, not searched for), applies dropout, then a linear layer W_y ~ N(0, 0.02), bias 0. For
+multiple choice one dropout mask serves all choices of an example, as in the original.
+
+Loss = task loss + lm_coef * LM loss on the same inputs; the LM loss is averaged as the original did:
+per sequence over its real tokens after `_start_` (delimiter and classify included), then over sequences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from gpt1_jax.config import ModelConfig
+from gpt1_jax.model import GPT1
+
+KINDS = ("classification", "entailment", "similarity", "multiple_choice")
+
+
+@dataclasses.dataclass(frozen=True)
+class Markers:
+    start: int
+    delimiter: int
+    classify: int
+
+    @classmethod
+    def of(cls, tokenizer) -> Markers:
+        return cls(tokenizer.start_id, tokenizer.delimiter_id, tokenizer.classify_id)
+
+
+# ---- input layouts ---------------------------------------------------------------------------------
+
+def max_segment_len(n_ctx: int) -> int:
+    """Tokens kept per segment: two segments plus 3 markers always fit in n_ctx."""
+    if n_ctx < 6:
+        raise ValueError(f"n_ctx={n_ctx} is too short for [_start_] a [_delimiter_] b [_classify_]")
+    return n_ctx // 2 - 2
+
+
+def sequence(segments: Sequence[Sequence[int]], markers: Markers, n_ctx: int) -> list[int]:
+    """[_start_] seg_1 [_delimiter_] seg_2 ... [_classify_], each segment truncated to n_ctx//2 - 2."""
+    keep = max_segment_len(n_ctx)
+    out = [markers.start]
+    for i, seg in enumerate(segments):
+        if i:
+            out.append(markers.delimiter)
+        out.extend(int(t) for t in seg[:keep])
+    out.append(markers.classify)
+    return out
+
+
+def layout(kind: str, segments: Sequence, markers: Markers, n_ctx: int) -> list[list[int]]:
+    """One example's sequences. `segments`: (text,) | (premise, hypothesis) | (a, b) | (context, [answers])."""
+    if kind == "classification":
+        (text,) = segments
+        return [sequence([text], markers, n_ctx)]
+    if kind == "entailment":
+        premise, hypothesis = segments
+        return [sequence([premise, hypothesis], markers, n_ctx)]
+    if kind == "similarity":
+        a, b = segments
+        return [sequence([a, b], markers, n_ctx), sequence([b, a], markers, n_ctx)]
+    if kind == "multiple_choice":
+        context, answers = segments
+        return [sequence([context, ans], markers, n_ctx) for ans in answers]
+    raise ValueError(f"unknown head kind {kind!r}; known: {', '.join(KINDS)}")
+
+
+def pad_sequences(examples: Sequence[Sequence[Sequence[int]]], length: int):
+    """Examples of N sequences -> tokens_BNT int32 (0-padded), mask_BNT float32, clf_pos_BN int32."""
+    B, N = len(examples), len(examples[0])
+    tokens_BNT = np.zeros((B, N, length), np.int32)
+    mask_BNT = np.zeros((B, N, length), np.float32)
+    clf_pos_BN = np.zeros((B, N), np.int32)
+    for b, seqs in enumerate(examples):
+        if len(seqs) != N:
+            raise ValueError(f"example {b} has {len(seqs)} sequences, the batch's first has {N}")
+        for n, seq in enumerate(seqs):
+            if len(seq) > length:
+                raise ValueError(f"sequence of {len(seq)} tokens does not fit length {length}")
+            tokens_BNT[b, n, : len(seq)] = seq
+            mask_BNT[b, n, : len(seq)] = 1.0
+            clf_pos_BN[b, n] = len(seq) - 1  # the _classify_ marker closes every sequence
+    return tokens_BNT, mask_BNT, clf_pos_BN
+
+
+# ---- the model ---------------------------------------------------------------------------------------
+
+class ClassifierHead(nn.Module):
+    """Dropout then W_y on the `_classify_` hidden states h_BND -> [B, n_outputs] (or [B, N] scores)."""
+
+    kind: str
+    n_outputs: int
+    dropout: float = 0.1
+    init_std: float = 0.02
+    dtype: str = "float32"
+
+    @nn.compact
+    def __call__(self, h_BND: jax.Array, deterministic: bool = True) -> jax.Array:
+        dense = nn.Dense(
+            1 if self.kind == "multiple_choice" else self.n_outputs,
+            dtype=self.dtype,
+            kernel_init=nn.with_logical_partitioning(nn.initializers.normal(self.init_std), ("embed", None)),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)),
+            name="linear",
+        )
+        if self.kind == "multiple_choice":
+            # broadcast over the choice axis: one mask per example, shared by its choices
+            x_BND = nn.Dropout(self.dropout, broadcast_dims=(1,))(h_BND, deterministic=deterministic)
+            return dense(x_BND)[..., 0].astype(jnp.float32)
+        h_BD = h_BND.sum(axis=1) if self.kind == "similarity" else h_BND[:, 0]
+        x_BD = nn.Dropout(self.dropout)(h_BD, deterministic=deterministic)
+        return dense(x_BD).astype(jnp.float32)
+
+
+class FinetuneModel(nn.Module):
+    """GPT-1 (params under `transformer`, the pre-trained tree unchanged) plus one head (`head`)."""
+
+    config: ModelConfig
+    kind: str
+    n_outputs: int
+    clf_dropout: float = 0.1
+
+    def setup(self):
+        self.transformer = GPT1(self.config)
+        self.head = ClassifierHead(self.kind, self.n_outputs, self.clf_dropout, self.config.init_std, self.config.dtype)
+
+    def __call__(self, tokens_BNT, clf_pos_BN, *, deterministic: bool = True, with_lm: bool = True):
+        """-> (head outputs [B, n_outputs] or [B, N], LM logits [B*N, T, V] float32 or None)."""
+        B, N, T = tokens_BNT.shape
+        h_STD = self.transformer(tokens_BNT.reshape(B * N, T), deterministic=deterministic)
+        idx_S11 = clf_pos_BN.reshape(B * N, 1, 1)
+        h_clf_SD = jnp.take_along_axis(h_STD, idx_S11, axis=1)[:, 0]
+        out = self.head(h_clf_SD.reshape(B, N, -1), deterministic)
+        lm_logits_STV = self.transformer.logits(h_STD) if with_lm else None
+        return out, lm_logits_STV
+
+
+def init_finetune_params(model: FinetuneModel, rng: jax.Array, n_seq: int = 1, seq_len: int = 8):
+    """Fresh boxed parameters of the whole model (transformer + head); jit it (callers choose shardings)."""
+    tokens = jnp.zeros((1, n_seq, seq_len), jnp.int32)
+    clf = jnp.zeros((1, n_seq), jnp.int32)
+    return model.init(rng, tokens, clf, with_lm=False)["params"]
+
+
+# ---- losses ------------------------------------------------------------------------------------------
+
+def lm_loss(logits_STV: jax.Array, tokens_ST: jax.Array, mask_ST: jax.Array, weights_S: jax.Array) -> jax.Array:
+    """The original's auxiliary LM loss: per sequence, the mean cross-entropy of predicting each real
+    token after `_start_` (mask[:, 1:]); then the weighted mean over sequences (weight 0: padding rows)."""
+    losses_SU = optax.softmax_cross_entropy_with_integer_labels(logits_STV[:, :-1].astype(jnp.float32), tokens_ST[:, 1:])
+    m_SU = mask_ST[:, 1:].astype(jnp.float32)
+    per_seq_S = jnp.sum(losses_SU * m_SU, axis=1) / jnp.maximum(jnp.sum(m_SU, axis=1), 1.0)
+    return jnp.sum(per_seq_S * weights_S) / jnp.maximum(jnp.sum(weights_S), 1.0)
+
+
+def task_loss(kind: str, regression: bool, out: jax.Array, labels_B: jax.Array, weights_B: jax.Array) -> jax.Array:
+    """Cross-entropy over classes (or choices), or squared error for regression; mean over real examples."""
+    if regression:
+        losses_B = jnp.square(out[:, 0] - labels_B.astype(jnp.float32))
+    else:
+        losses_B = optax.softmax_cross_entropy_with_integer_labels(out, labels_B.astype(jnp.int32))
+    return jnp.sum(losses_B * weights_B) / jnp.maximum(jnp.sum(weights_B), 1.0)
+
+
+def predictions(kind: str, regression: bool, out: np.ndarray) -> np.ndarray:
+    """Head outputs -> predicted class / choice index, or the regression value."""
+    out = np.asarray(out)
+    return out[:, 0] if regression else out.argmax(-1)

@@ -1,0 +1,184 @@
+"""GLUE: the TSV reader on the official files and on malformed ones, our tfds builder read back through
+data_source, the real builder's quick offline failure, the official metrics, and the RACE reader."""
+
+import io
+import json
+import tarfile
+import time
+
+import numpy as np
+import pytest
+
+from gpt1_jax.data import glue
+from gpt1_jax.data.race import load_race
+
+COUNTS = {  # the official row counts (README of ../shared)
+    ("cola", "train"): 8551, ("cola", "validation"): 1043, ("sst2", "train"): 67349, ("sst2", "validation"): 872,
+    ("mrpc", "train"): 3668, ("mrpc", "validation"): 408, ("stsb", "train"): 5749, ("stsb", "validation"): 1500,
+    ("rte", "train"): 2490, ("rte", "validation"): 277, ("qnli", "validation"): 5463,
+}
+
+
+def _path(shared_dir, task, split):
+    t = glue.glue_task(task)
+    return shared_dir / "data" / "glue" / t.dirname / dict(t.files)[split]
+
+
+@pytest.mark.parametrize("task,split", sorted(COUNTS))
+def test_official_files_row_counts(shared_dir, task, split):
+    examples = list(glue.read_tsv(_path(shared_dir, task, split), task, split))
+    assert len(examples) == COUNTS[task, split]
+    t = glue.glue_task(task)
+    assert [e["idx"] for e in examples] == list(range(len(examples)))
+    labels = np.asarray([e["label"] for e in examples])
+    if t.regression:
+        assert labels.dtype == np.float64 and labels.min() >= 0 and labels.max() <= 5 and len(np.unique(labels)) > 10
+    else:
+        assert set(labels.tolist()) == set(range(t.n_outputs))  # every class present, no -1 in train/dev
+    for f in t.features:
+        assert all(isinstance(e[f], str) and e[f].strip() for e in examples)
+
+
+def test_quirks(shared_dir):
+    # MRPC's BOM: the header still parses (else the label column "Quality" would be missing)
+    mrpc = list(glue.read_tsv(_path(shared_dir, "mrpc", "train"), "mrpc", "train"))
+    assert mrpc[0]["sentence1"].startswith("Amrozi accused his brother, whom he called \"the witness\"")
+    # CoLA has no header: the first row is an example
+    cola = list(glue.read_tsv(_path(shared_dir, "cola", "train"), "cola", "train"))
+    assert cola[0] == {"sentence": "Our friends won't buy this analysis, let alone the next one we propose.", "label": 1, "idx": 0}
+    # SST-2's trailing spaces are kept, as tfds keeps them
+    sst = list(glue.read_tsv(_path(shared_dir, "sst2", "validation"), "sst2", "validation"))
+    assert sst[0]["sentence"].endswith(" ")
+    # quotes are text, never CSV quoting: a field that opens with a quote stays one field
+    dev = list(glue.read_tsv(_path(shared_dir, "mrpc", "validation"), "mrpc", "validation"))
+    assert dev[0]["sentence2"].startswith('"The foodservice')
+
+
+@pytest.mark.parametrize("task,n", [("cola", 1063), ("sst2", 1821), ("mrpc", 1725), ("stsb", 1379), ("rte", 3000),
+                                    ("qnli", 5463)])
+def test_test_files_have_no_labels(shared_dir, task, n):
+    examples = list(glue.read_tsv(_path(shared_dir, task, "test"), task, "test"))
+    assert len(examples) == n
+    assert all(e["label"] == -1 for e in examples)
+
+
+def _write(tmp_path, task_dir, name, text):
+    d = tmp_path / task_dir
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_text(text, encoding="utf-8")
+    return d / name
+
+
+@pytest.mark.parametrize(
+    "task,split,text,line,what",
+    [
+        ("rte", "train", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\ta\tb\n", 3, "expected 4"),
+        ("rte", "train", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n", 2, "label 'maybe'"),
+        ("cola", "train", "x\t1\t\tok\nx\t1\tbad\n", 2, "expected 4"),
+        ("cola", "validation", "x\t7\t\tok\n", 1, "label '7'"),
+        ("stsb", "train", "index\tsentence1\tsentence2\tscore\n0\ta\tb\tfive\n", 2, "not a number"),
+        ("rte", "train", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n\n1\ta\tb\tentailment\n", 3, "expected 4"),
+    ],
+)
+def test_malformed_rows_name_file_and_line(tmp_path, task, split, text, line, what):
+    path = _write(tmp_path, "T", "f.tsv", text)
+    with pytest.raises(ValueError, match=rf"f\.tsv:{line}: .*{what}"):
+        list(glue.read_tsv(path, task, split))
+
+
+def test_missing_column_and_missing_file(tmp_path):
+    path = _write(tmp_path, "T", "f.tsv", "index\tpremise\tlabel\n")
+    with pytest.raises(ValueError, match=r"f\.tsv:1: header lacks column"):
+        list(glue.read_tsv(path, "rte", "train"))
+    with pytest.raises(FileNotFoundError, match="nope.tsv"):
+        list(glue.read_tsv(tmp_path / "nope.tsv", "rte", "train"))
+
+
+def test_quotes_and_odd_separators_stay_inside_fields(tmp_path):
+    text = 'index\tsentence1\tsentence2\tlabel\n0\t"He said "hi\tit\u2028is "quoted\tnot_entailment\n'
+    path = _write(tmp_path, "T", "f.tsv", text)
+    (ex,) = glue.read_tsv(path, "rte", "train")
+    assert ex == {"sentence1": '"He said "hi', "sentence2": 'it\u2028is "quoted', "label": 1, "idx": 0}
+
+
+def _small_glue(tmp_path):
+    root = tmp_path / "glue"
+    _write(root, "RTE", "train.tsv", "index\tsentence1\tsentence2\tlabel\n"
+           + "".join(f"{i}\tpremise {i} \"q\"\thypothesis {i}\t{['entailment', 'not_entailment'][i % 2]}\n" for i in range(7)))
+    _write(root, "RTE", "dev.tsv", "index\tsentence1\tsentence2\tlabel\n0\tp\th\tentailment\n")
+    _write(root, "RTE", "test.tsv", "index\tsentence1\tsentence2\n0\tp\th\n1\tq\tr\n")
+    _write(root, "STS-B", "train.tsv", "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+           "0\tg\tf\ty\t0\tn\tn\ta b\tc d\t3.200\n")
+    return root
+
+
+def test_tfds_builder_prepares_and_reads_back_via_data_source(tmp_path):
+    root = _small_glue(tmp_path)
+    for split, n in (("train", 7), ("validation", 1), ("test", 2)):
+        got = glue.load_split("rte", split, root, tfds_dir=tmp_path / "tfds")
+        want = list(glue.read_tsv(root / "RTE" / dict(glue.glue_task("rte").files)[split], "rte", split))
+        assert got == want and len(got) == n
+    (stsb,) = glue.load_split("stsb", "train", root, tfds_dir=tmp_path / "tfds")
+    assert stsb["label"] == pytest.approx(3.2) and stsb["sentence2"] == "c d"
+    assert list((tmp_path / "tfds").rglob("*.array_record*"))  # prepared in array_record, no TensorFlow
+    with pytest.raises(FileNotFoundError, match="no test split"):
+        glue.load_split("stsb", "test", root, tfds_dir=tmp_path / "tfds")
+    with pytest.raises(FileNotFoundError, match="no GLUE CoLA folder"):
+        glue.load_split("cola", "train", root, tfds_dir=tmp_path / "tfds")
+
+
+def test_edited_tsv_prepares_a_fresh_dataset(tmp_path):
+    root = _small_glue(tmp_path)
+    assert len(glue.load_split("rte", "validation", root, tfds_dir=tmp_path / "tfds")) == 1
+    _write(root, "RTE", "dev.tsv", "index\tsentence1\tsentence2\tlabel\n0\tp\th\tentailment\n1\tp\th\tentailment\n")
+    assert len(glue.load_split("rte", "validation", root, tfds_dir=tmp_path / "tfds")) == 2
+
+
+def test_real_glue_builder_fails_fast_offline(tmp_path):
+    if glue._reachable("dl.fbaipublicfiles.com", 3.0):
+        pytest.skip("GLUE's host is reachable here: this test is about the offline failure")
+    t0 = time.perf_counter()
+    with pytest.raises(glue.GlueDownloadError, match="use --data-dir"):
+        glue.load_split("rte", "train", None, tfds_dir=tmp_path / "tfds")
+    assert time.perf_counter() - t0 < 30
+
+
+def test_metrics_equal_scipy_and_sklearn_on_known_inputs():
+    labels = np.array([1, 1, 1, 0, 0, 0, 1, 0])
+    preds = np.array([1, 0, 1, 0, 1, 0, 1, 0])
+    tp, tn, fp, fn = 3, 3, 1, 1
+    m = glue.compute_metrics(("matthews_corr", "accuracy", "f1"), labels, preds)
+    assert m["accuracy"] == pytest.approx(6 / 8)
+    assert m["f1"] == pytest.approx(2 * tp / (2 * tp + fp + fn))
+    assert m["matthews_corr"] == pytest.approx((tp * tn - fp * fn) / np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn)))
+    y = np.array([0.0, 1.0, 2.5, 4.0, 5.0])
+    p = np.array([0.5, 0.7, 3.0, 3.5, 4.9])
+    r = glue.compute_metrics(("pearson", "spearman"), y, p)
+    assert r["pearson"] == pytest.approx(np.corrcoef(y, p)[0, 1])
+    assert r["spearman"] == pytest.approx(1.0)  # same ranks
+
+
+def _race_tar(tmp_path):
+    path = tmp_path / "race.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for split, level, name, n_q in (("dev", "middle", "1.txt", 2), ("dev", "high", "2.txt", 1), ("train", "high", "3.txt", 3)):
+            doc = {"id": name, "article": f"article {name}", "questions": [f"q{i}?" for i in range(n_q)],
+                   "options": [["a", "b", "c", "d"]] * n_q, "answers": ["ABCD"[i % 4] for i in range(n_q)]}
+            data = json.dumps(doc).encode()
+            info = tarfile.TarInfo(f"race/{split}/{level}/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_race_reader(tmp_path):
+    path = _race_tar(tmp_path)
+    dev = load_race(path, "validation")
+    assert [(e["level"], e["label"], e["idx"]) for e in dev] == [("middle", 0, 0), ("middle", 1, 1), ("high", 0, 2)]
+    assert dev[0]["options"] == ["a", "b", "c", "d"] and dev[0]["article"] == "article 1.txt"
+    assert len(load_race(path, "train", "high")) == 3
+    assert load_race(path, "dev", ("middle",))[-1]["question"] == "q1?"
+    with pytest.raises(FileNotFoundError, match="no RACE passages"):
+        load_race(path, "test")
+    with pytest.raises(ValueError, match="unknown RACE level"):
+        load_race(path, "dev", "low")
