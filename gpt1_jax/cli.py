@@ -13,6 +13,8 @@ import importlib
 import os
 import sys
 
+from gpt1_jax import distributed
+
 VERBS = {
     "pretrain": ("gpt1_jax.pretrain", "pre-train GPT-1 on a text corpus (resumable; the main job)"),
     "evaluate": ("gpt1_jax.evaluate", "LM loss and perplexity of a pre-training checkpoint on a text source"),
@@ -46,15 +48,19 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(verb, help=help_text, description=help_text)
         p.set_defaults(_module=module_name)
         importlib.import_module(module_name).add_arguments(p)
+        distributed.add_arguments(p)
     args = parser.parse_args(argv)
     simulate_devices(getattr(args, "simulate_devices", None))
     try:
-        return importlib.import_module(args._module).main(args) or 0
+        # Multi-process start-up (flags, GPT1_* env or a cluster JAX detects); nothing on a plain machine.
+        distributed.initialize(args)
+        status = importlib.import_module(args._module).main(args) or 0
     except user_errors() as e:
         if os.environ.get("GPT1_JAX_DEBUG"):
             raise
         print(f"gpt1-jax {args.verb}: error: {e}", file=sys.stderr)
-        return 2
+        status = 2
+    return distributed.exit_status(status)  # multi-process: a failing process leaves at once
 
 
 if __name__ == "__main__":

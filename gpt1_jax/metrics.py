@@ -80,3 +80,36 @@ class Progress:
 
     def close(self) -> None:
         self.bar.close()
+
+
+def plot_losses(workdir: str | Path, out: str | Path | None = None) -> Path:
+    """`loss.png` beside metrics.jsonl: train loss (raw and smoothed) and validation loss against step."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers and CI
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    records = read_metrics(workdir)
+    train = [(r["step"], r["loss"]) for r in records if isinstance(r.get("loss"), float)]
+    val = [(r["step"], r["val_loss"]) for r in records if isinstance(r.get("val_loss"), float)]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    if train:
+        steps, losses = map(np.asarray, zip(*train))
+        ax.plot(steps, losses, color="tab:blue", alpha=0.3, lw=1, label="train loss")
+        k = max(1, len(losses) // 25)
+        if k > 1:
+            smooth = np.convolve(losses, np.ones(k) / k, mode="valid")
+            ax.plot(steps[k - 1:], smooth, color="tab:blue", lw=2, label=f"train loss ({k}-step mean)")
+    if val:
+        ax.plot(*zip(*val), "o-", color="tab:orange", lw=2, label="validation loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_title(Path(workdir).name)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    out = Path(out) if out else Path(workdir) / "loss.png"
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out

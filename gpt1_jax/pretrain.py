@@ -116,17 +116,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--mesh", default=None, help="e.g. data=2,fsdp=2,tensor=2 (default: data over all devices)")
     p.add_argument("--simulate-devices", type=int, default=None, metavar="N", help="N fake CPU devices")
+    p.add_argument("--dry-run", action="store_true", help="compile the step for the mesh, print per-device memory "
+                   "and FLOPs as one JSON line; no data, no training (size a pod job with --simulate-devices)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any config field, dotted for nested ones: checkpoint_every=10, optim.lr=3e-4, model.dtype=bfloat16")
 
 
 class _Preemption:
-    """SIGTERM/SIGINT -> a flag the loop checks between steps (a checkpoint, then exit 0)."""
+    """SIGTERM/SIGINT -> a flag the loop checks between steps (a checkpoint, then exit 0).
+    Multi-process: JAX's preemption notifier owns SIGTERM and `poll` agrees on the step with the others
+    (multihost_utils.reached_preemption_sync_point), so every process saves the same step."""
 
-    def __init__(self):
+    def __init__(self, multiprocess: bool = False):
         self.requested = False
+        self.multiprocess = multiprocess
+        if multiprocess:
+            return
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
+
+    def poll(self, step: int) -> bool:
+        if self.multiprocess and not self.requested:  # call once per step, on every process
+            from jax.experimental import multihost_utils
+
+            self.requested = multihost_utils.reached_preemption_sync_point(step)
+        return self.requested
 
     def _handle(self, signum, frame):
         if self.requested:  # a second Ctrl-C: give up at once
@@ -137,6 +151,11 @@ class _Preemption:
 def main(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir)
     config = resolve_config(args, workdir)
+    if args.dry_run:
+        from gpt1_jax.distributed import dry_run
+
+        print(json.dumps(dry_run(config)), flush=True)
+        return 0
     return train(config, workdir)
 
 
@@ -146,13 +165,13 @@ def train(config: PretrainConfig, workdir: Path) -> int:
     from gpt1_jax import flops
     from gpt1_jax.checkpoint import Checkpointer
     from gpt1_jax.data.pipeline import build_pipeline, to_global_array
-    from gpt1_jax.metrics import MetricsWriter, Progress
+    from gpt1_jax.metrics import MetricsWriter, Progress, plot_losses
     from gpt1_jax.sharding import logical_rules, make_mesh
     from gpt1_jax.step import Trainer
 
     is_main = jax.process_index() == 0
     workdir.mkdir(parents=True, exist_ok=True)
-    preempt = _Preemption()
+    preempt = _Preemption(multiprocess=jax.process_count() > 1)
 
     # --- build ---------------------------------------------------------------------------------
     pipeline = build_pipeline(dataclasses.replace(config.data, progress=is_main), workdir)
@@ -212,20 +231,27 @@ def train(config: PretrainConfig, workdir: Path) -> int:
                 metrics.write(done, loss=m["loss"], lr=m["lr"], grad_norm=m["grad_norm"],
                               tokens_per_s=tokens_per_s, mfu=mfu, epoch=train_iter.epoch)
             progress.update(1, loss=m["loss"], tok_s=f"{tokens_per_s:,.0f}", mfu=f"{mfu:.1%}")
-            if ckpt.should_save(done) or done == config.steps or preempt.requested:
+            if (stop := preempt.poll(done)) or ckpt.should_save(done) or done == config.steps:
                 ckpt.save(done, state, train_iter.state(), config.model)
             if config.eval_every and (done % config.eval_every == 0 or done == config.steps):
                 loss, _ = evaluate_loss(trainer, state.params, pipeline.val_iter(), config.eval_batches, put)
                 metrics.write(done, val_loss=loss, val_ppl=math.exp(min(loss, 50.0)))
                 progress.write(f"step {done}: val_loss {loss:.4f}  val_ppl {math.exp(min(loss, 50.0)):.2f}")
                 t_last = time.perf_counter()  # evaluation time is not training throughput
-            if preempt.requested:
+            if stop:
                 progress.write(f"preempted: checkpoint saved at step {done}; run the same command to resume")
                 break
+    except BaseException as e:  # multi-process: leave now; the peers may never join the save below
+        from gpt1_jax.distributed import abort
+
+        abort(1, e)
+        raise
     finally:  # an error still lets the save in flight finish, so the last checkpoint stays whole
         progress.close()
         ckpt.close()
         metrics.close()
+    if is_main:
+        print(f"loss curve: {plot_losses(workdir)}", file=sys.stderr)
     return status
 
 

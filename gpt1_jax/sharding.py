@@ -67,6 +67,8 @@ class MeshConfig:
             raise ConfigError("mesh dcn_* sizes must be >= 1")
         if isinstance(self.rules, Mapping):  # from YAML: normalise to a hashable tuple
             object.__setattr__(self, "rules", tuple(self.rules.items()))
+        elif isinstance(self.rules, list):  # a saved config.yaml writes the tuple as a list of pairs
+            object.__setattr__(self, "rules", tuple(tuple(r) for r in self.rules))
         for name, _ in self.rules:
             if name not in dict(DEFAULT_RULES):
                 raise ConfigError(f"mesh.rules: unknown logical axis {name!r}; known: {', '.join(dict(DEFAULT_RULES))}")

@@ -72,7 +72,7 @@ def reference(tmp_path_factory, cache):
 
 def test_run_writes_everything_and_learns(reference):
     names = {p.name for p in reference.iterdir()}
-    assert {"config.yaml", "tokenizer.json", "metrics.jsonl", "checkpoints", "tensorboard"} <= names
+    assert {"config.yaml", "tokenizer.json", "metrics.jsonl", "checkpoints", "tensorboard", "loss.png"} <= names
     assert list((reference / "tensorboard").glob("events.out.tfevents.*"))
     steps = losses(reference)
     assert sorted(steps) == list(range(1, 13))
@@ -187,3 +187,12 @@ def test_bad_data_source_is_one_clear_line(tmp_path, cache):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("gpt1-jax pretrain: error:")
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_sample_verb(reference, cache):
+    done = run([sys.executable, "-m", "gpt1_jax.cli", "sample", "--workdir", str(reference), "--prompt", "the python",
+                "--max-new-tokens", "8", "--num-samples", "2"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("# ") and "step 12" in lines[0]
+    assert len(lines) == 3 and all(l.startswith("the python >> ") and len(l) > len("the python >> ") for l in lines[1:])

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Local multi-process launcher: N processes on 127.0.0.1, M CPU devices each, one coordinator.
+
+    python launch/local.py -n 2 -d 2 -- gpt1-jax pretrain --config tiny --workdir runs/mh
+    launch/local.sh 2 -- gpt1-jax pretrain ...            (the same, 1 CPU device per process)
+
+Each process gets GPT1_COORDINATOR=127.0.0.1:PORT (a free port unless --port), GPT1_NUM_PROCESSES=N,
+GPT1_PROCESS_ID=i and, with -d M, XLA_FLAGS=--xla_force_host_platform_device_count=M and
+JAX_PLATFORMS=cpu; `gpt1-jax` turns those into jax.distributed.initialize(). Output (stdout and stderr
+merged) is streamed line by line with a `[p<i>] ` prefix.
+
+Signals: SIGINT / SIGTERM / SIGHUP to the launcher -> SIGTERM to every process (a pre-emption: each
+saves a checkpoint at the same step and exits 0); a second signal -> SIGKILL. The processes run in
+their own sessions, so a terminal's Ctrl-C reaches them only through this forwarding.
+
+Failure: when a process exits non-zero, the others get --grace seconds (default 15) to fail on their
+own (they do: see gpt1_jax/distributed.py), then SIGKILL. The launcher's status is the first failing
+process's (128 + signal for a signal), 0 only if every process exited 0. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def child_env(base: dict, i: int, n: int, port: int, devices: int | None) -> dict:
+    env = dict(base)
+    env.update(GPT1_COORDINATOR=f"{LOOPBACK}:{port}", GPT1_NUM_PROCESSES=str(n), GPT1_PROCESS_ID=str(i),
+               PYTHONUNBUFFERED="1")
+    if devices:
+        flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+        env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])
+        env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL it if the launcher dies (Linux prctl PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+    except Exception:
+        pass
+
+
+def _pump(stream, prefix: bytes, out, lock: threading.Lock) -> None:
+    """Copy a child's output to `out`, prefixing every line (and every \\r-separated progress update)."""
+    pending = b""
+    for chunk in iter(lambda: stream.read1(65536), b""):
+        pending += chunk
+        *lines, pending = pending.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        with lock:
+            for line in lines:
+                if line.strip():
+                    out.write(prefix + line + b"\n")
+            out.flush()
+    if pending.strip():
+        with lock:
+            out.write(prefix + pending + b"\n")
+            out.flush()
+
+
+def status_of(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def launch(cmd: list[str], n: int, devices: int | None = None, port: int | None = None, grace: float = 15.0,
+           out=None) -> int:
+    out = out or sys.stdout.buffer
+    port = port or free_port()
+    lock = threading.Lock()
+    procs: list[subprocess.Popen] = []
+    pumps: list[threading.Thread] = []
+    signals_seen = []
+
+    def forward(signum, frame):
+        signals_seen.append(signum)
+        sig = signal.SIGTERM if len(signals_seen) == 1 else signal.SIGKILL
+        with lock:
+            out.write(f"[launcher] got signal {signum}: sending {signal.Signals(sig).name} to all processes\n".encode())
+            out.flush()
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(sig)
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, forward)
+
+    with lock:
+        out.write(f"[launcher] {n} processes, coordinator {LOOPBACK}:{port}"
+                  f"{f', {devices} CPU devices each' if devices else ''}: {' '.join(cmd)}\n".encode())
+        out.flush()
+    for i in range(n):
+        p = subprocess.Popen(cmd, env=child_env(os.environ, i, n, port, devices), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                             preexec_fn=_die_with_parent)
+        procs.append(p)
+        t = threading.Thread(target=_pump, args=(p.stdout, f"[p{i}] ".encode(), out, lock), daemon=True)
+        t.start()
+        pumps.append(t)
+
+    first_failure: tuple[int, int] | None = None  # (process, status)
+    failed_at = None
+    killed = False
+    while any(p.poll() is None for p in procs):
+        for i, p in enumerate(procs):
+            if p.returncode is not None and p.returncode != 0 and first_failure is None:
+                first_failure, failed_at = (i, status_of(p.returncode)), time.monotonic()
+                with lock:
+                    out.write(f"[launcher] process {i} failed with status {first_failure[1]}; "
+                              f"stopping the others in {grace:g}s unless they end first\n".encode())
+                    out.flush()
+        if failed_at is not None and not killed and time.monotonic() - failed_at > grace:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            killed = True
+        time.sleep(0.05)
+    for t in pumps:
+        t.join(timeout=5)
+    for i, p in enumerate(procs):
+        if p.returncode != 0 and first_failure is None:
+            first_failure = (i, status_of(p.returncode))
+    codes = [status_of(p.returncode) for p in procs]
+    with lock:
+        out.write(f"[launcher] exit statuses {codes}\n".encode())
+        out.flush()
+    return first_failure[1] if first_failure else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" in argv:
+        split = argv.index("--")
+        ours, cmd = argv[:split], argv[split + 1:]
+    else:
+        ours, cmd = argv, []
+    p = argparse.ArgumentParser(prog="launch/local.py", usage="%(prog)s -n N [-d M] [--port P] [--grace S] -- CMD ...",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("-n", "--num-processes", type=int, required=True)
+    p.add_argument("-d", "--devices-per-process", type=int, default=None, help="fake CPU devices per process")
+    p.add_argument("--port", type=int, default=None, help="coordinator port on 127.0.0.1 (default: a free one)")
+    p.add_argument("--grace", type=float, default=15.0, help="seconds the others get after a failure (default 15)")
+    args = p.parse_args(ours)
+    if not cmd:
+        p.error("no command: put it after --")
+    if args.num_processes < 1:
+        p.error("-n must be >= 1")
+    return launch(cmd, args.num_processes, args.devices_per_process, args.port, args.grace)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
