@@ -137,8 +137,9 @@ def launch(cmd: list[str], n: int, devices: int | None = None, port: int | None 
         if p.returncode != 0 and first_failure is None:
             first_failure = (i, status_of(p.returncode))
     codes = [status_of(p.returncode) for p in procs]
+    after = f" (last exit {time.monotonic() - failed_at:.1f}s after the first failure)" if failed_at else ""
     with lock:
-        out.write(f"[launcher] exit statuses {codes}\n".encode())
+        out.write(f"[launcher] exit statuses {codes}{after}\n".encode())
         out.flush()
     return first_failure[1] if first_failure else 0
 

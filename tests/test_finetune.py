@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gpt1_jax import cli, heads
-from gpt1_jax.config import ConfigError, model_preset, save_yaml
+from gpt1_jax.config import load_yaml, model_preset, save_yaml
 from gpt1_jax.finetune import FinetuneConfig, bucket_len, load_init, restore_pretrain_params, with_marker_rows
 from gpt1_jax.tokenizer import GPT1Tokenizer
 
@@ -72,7 +72,8 @@ def test_finetune_from_scratch_writes_results_predictions_and_submission(tmp_pat
     assert {line.split("\t")[1] for line in sub[1:]} <= {"0", "1"}
     metrics = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert {"loss", "task_loss", "lm_loss", "lr"} <= set(metrics[0])
-    assert (workdir / "config.yaml").is_file() and (workdir / "tokenizer.json").is_file()
+    saved = load_yaml(FinetuneConfig, workdir / "config.yaml")  # the resolved config round-trips
+    assert saved.optim.total_steps == 10 and saved.model.vocab_size == GPT1Tokenizer.load(workdir / "tokenizer.json").vocab_size
 
 
 def test_similarity_regression_without_aux_lm(tmp_path, data_dir):
@@ -171,3 +172,19 @@ def test_race_multiple_choice_end_to_end(tmp_path):
 def test_bucket_len():
     assert [bucket_len(n, 64) for n in (1, 16, 17, 40, 63, 64)] == [16, 16, 32, 64, 64, 64]
     assert heads.max_segment_len(512) == 254
+
+
+def test_glue_table_script_quick(tmp_path, data_dir):
+    """experiments/glue/glue_table.py --quick: runs, then writes the markdown table beside the paper's numbers."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "experiments" / "glue" / "glue_table.py"
+    out = tmp_path / "table"
+    proc = subprocess.run([sys.executable, str(script), "--quick", "--init", "none", "--tasks", "cola", "--seeds", "0",
+                           "--data-dir", str(data_dir), "--out", str(out), "--", "--tfds-dir", str(tmp_path / "tfds")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = (out / "table.md").read_text()
+    assert "| cola | matthews_corr | 45.4 |" in table and (out / "full" / "cola" / "seed0" / "results.json").is_file()

@@ -146,3 +146,21 @@ def test_hf_state_round_trip_is_exact():
     params = nn.meta.unbox(init_params(config, 5))
     again = hf_state_to_params(config, params_to_hf_state(config, params))
     jax.tree_util.tree_map(np.testing.assert_array_equal, again, params)
+
+
+@pytest.mark.parametrize("spec", ["btd,dqhk->btqhk", "bthk,hkd->btd", "btd,vd->btv"])
+def test_mixed_einsum_gradients_match_fp32(spec):
+    from gpt1_jax.model import mixed_einsum
+
+    x_axes, w_axes = spec.split("->")[0].split(",")
+    sizes = dict(b=2, t=5, d=8, q=3, h=2, k=4, v=11)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=[sizes[a] for a in x_axes]), jnp.float32)
+    w = jnp.asarray(rng.normal(size=[sizes[a] for a in w_axes]), jnp.float32)
+    probe = jnp.asarray(rng.normal(size=jnp.einsum(spec, x, w).shape), jnp.float32)
+    f_ref = lambda x, w: jnp.sum(jnp.einsum(spec, x, w) * probe)
+    f_mix = lambda x, w: jnp.sum(mixed_einsum(spec, x, w, jnp.bfloat16) * probe)
+    (gx, gw), (rx, rw) = jax.grad(f_mix, argnums=(0, 1))(x, w), jax.grad(f_ref, argnums=(0, 1))(x, w)
+    assert gx.dtype == gw.dtype == jnp.float32
+    for got, ref in ((gx, rx), (gw, rw)):
+        assert float(jnp.linalg.norm(got - ref) / jnp.linalg.norm(ref)) < 1e-2  # bf16 inputs: ~3 digits
