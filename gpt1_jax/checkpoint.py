@@ -10,6 +10,7 @@ shardings, so a checkpoint written on one mesh restores onto any other.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +95,30 @@ class Checkpointer:
 def abstract_like(tree: Any) -> Any:
     """ShapeDtypeStructs carrying each array's sharding: the restore target for a state on a given mesh."""
     return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def restore_params(directory: str | Path, model_config: ModelConfig, step: int | None = None):
+    """-> (params, step): only the `params` subtree of a checkpoint's `state` item (an orbax partial
+    restore, so optimizer moments are never read), on the host's first device; step None = latest."""
+    import flax.linen as nn
+
+    from gpt1_jax.model import init_params
+
+    directory = Path(directory).absolute()
+    steps = sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit()) if directory.is_dir() else []
+    if not steps:
+        raise FileNotFoundError(f"{directory}: no checkpoint")
+    step = steps[-1] if step is None else step
+    if step not in steps:
+        raise FileNotFoundError(f"{directory}: no checkpoint of step {step} (have {', '.join(map(str, steps))})")
+    abstract = nn.meta.unbox(jax.eval_shape(functools.partial(init_params, model_config), jax.random.key(0)))
+    sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), abstract)
+    restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=sharding), target)
+    with ocp.PyTreeCheckpointer() as ckptr:
+        restored = ckptr.restore(
+            directory / str(step) / "state",
+            args=ocp.args.PyTreeRestore(item={"params": target}, restore_args={"params": restore_args},
+                                        partial_restore=True),
+        )
+    return restored["params"], step

@@ -23,7 +23,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -186,38 +186,12 @@ def is_pretrain_workdir(path: Path) -> bool:
     return (path / "config.yaml").is_file() and (path / "checkpoints").is_dir()
 
 
-def restore_pretrain_params(workdir: Path, model_config: ModelConfig, step: int | None = None):
-    """The `params` subtree of a pre-training checkpoint's `state` item (orbax partial restore), onto
-    the host's first device; `step` None: the latest. Optimizer moments are never read."""
-    import flax.linen as nn
-    import jax
-    import orbax.checkpoint as ocp
-
-    from gpt1_jax.model import init_params
-
-    ckpt_dir = (workdir / "checkpoints").absolute()
-    steps = sorted(int(p.name) for p in ckpt_dir.iterdir() if p.is_dir() and p.name.isdigit())
-    if not steps:
-        raise FileNotFoundError(f"{ckpt_dir}: no checkpoint to fine-tune from")
-    step = steps[-1] if step is None else step
-    abstract = nn.meta.unbox(jax.eval_shape(functools.partial(init_params, model_config), jax.random.key(0)))
-    sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), abstract)
-    restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=sharding), target)
-    with ocp.PyTreeCheckpointer() as ckptr:
-        restored = ckptr.restore(
-            ckpt_dir / str(step) / "state",
-            args=ocp.args.PyTreeRestore(item={"params": target}, restore_args={"params": restore_args},
-                                        partial_restore=True),
-        )
-    return restored["params"], step
-
-
 def load_init(source: str, config: FinetuneConfig, tokenizer_spec: str | None, train_texts: Callable[[], list[str]]):
     """-> (model config, transformer params or None for `none`/`scratch:`, tokenizer, description of the source).
 
     The tokenizer always carries the 3 markers; a pre-trained table without them (HF, original) gets
     3 rows appended later (`with_marker_rows`)."""
+    from gpt1_jax.checkpoint import restore_params
     from gpt1_jax.tokenizer import GPT1Tokenizer
     from gpt1_jax.weights import load_pretrained
 
@@ -244,7 +218,7 @@ def load_init(source: str, config: FinetuneConfig, tokenizer_spec: str | None, t
         from gpt1_jax.config import from_dict
 
         model_config = dataclasses.replace(from_dict(ModelConfig, raw["model"]), **runtime)
-        params, step = restore_pretrain_params(path, model_config)
+        params, step = restore_params(path / "checkpoints", model_config)
         tok = find_tokenizer(tokenizer_spec, path)
         described = f"{path} (pre-training step {step})"
     else:

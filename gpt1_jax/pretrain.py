@@ -268,19 +268,17 @@ def evaluate_loss(trainer, params, batches, max_batches: int, put) -> tuple[floa
 
 
 def load_run(workdir: Path, step: int | None = None, overrides=()):
-    """A finished or running pre-training workdir -> (config, trainer, params, step) of a checkpoint."""
-    from gpt1_jax.checkpoint import Checkpointer
+    """A pre-training workdir -> (config, trainer on all local devices, params placed for it, step)."""
+    import jax
+
+    from gpt1_jax.checkpoint import restore_params
     from gpt1_jax.sharding import logical_rules, make_mesh
     from gpt1_jax.step import Trainer
 
     if not (workdir / "config.yaml").is_file():
         raise FileNotFoundError(f"{workdir} is not a pre-training workdir (no config.yaml)")
     config = apply_overrides(load_yaml(PretrainConfig, workdir / "config.yaml"), list(overrides))
-    ckpt = Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints)
-    if ckpt.latest_step() is None:
-        raise FileNotFoundError(f"{workdir} has no checkpoint yet")
-    mesh = make_mesh(dataclasses.replace(config.mesh, data=-1, fsdp=1, tensor=1))
+    params, step = restore_params(workdir / "checkpoints", config.model, step)
+    mesh = make_mesh(MeshConfig(data=-1))
     trainer = Trainer(config.model, config.optim, mesh, logical_rules(config.mesh.rules), seed=config.seed)
-    state, _, step = ckpt.restore(trainer.abstract_state_sharded(), step)
-    ckpt.close()
-    return config, trainer, state.params, step
+    return config, trainer, jax.device_put(params, trainer.param_shardings), step

@@ -117,27 +117,30 @@ def launch(cmd: list[str], n: int, devices: int | None = None, port: int | None 
     first_failure: tuple[int, int] | None = None  # (process, status)
     failed_at = None
     killed = False
-    while any(p.poll() is None for p in procs):
+    while True:
+        alive = False
         for i, p in enumerate(procs):
-            if p.returncode is not None and p.returncode != 0 and first_failure is None:
+            if p.poll() is None:
+                alive = True
+            elif p.returncode != 0 and first_failure is None:
                 first_failure, failed_at = (i, status_of(p.returncode)), time.monotonic()
                 with lock:
                     out.write(f"[launcher] process {i} failed with status {first_failure[1]}; "
                               f"stopping the others in {grace:g}s unless they end first\n".encode())
                     out.flush()
+        if not alive:
+            break
         if failed_at is not None and not killed and time.monotonic() - failed_at > grace:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
             killed = True
         time.sleep(0.05)
+    ended = time.monotonic()
     for t in pumps:
         t.join(timeout=5)
-    for i, p in enumerate(procs):
-        if p.returncode != 0 and first_failure is None:
-            first_failure = (i, status_of(p.returncode))
     codes = [status_of(p.returncode) for p in procs]
-    after = f" (last exit {time.monotonic() - failed_at:.1f}s after the first failure)" if failed_at else ""
+    after = f" (last exit {ended - failed_at:.1f}s after the first failure)" if failed_at else ""
     with lock:
         out.write(f"[launcher] exit statuses {codes}{after}\n".encode())
         out.flush()

@@ -10,7 +10,8 @@ import pytest
 
 from gpt1_jax import cli, heads
 from gpt1_jax.config import load_yaml, model_preset, save_yaml
-from gpt1_jax.finetune import FinetuneConfig, bucket_len, load_init, restore_pretrain_params, with_marker_rows
+from gpt1_jax.checkpoint import restore_params
+from gpt1_jax.finetune import FinetuneConfig, bucket_len, load_init, with_marker_rows
 from gpt1_jax.tokenizer import GPT1Tokenizer
 
 WORDS = "the a cat dog sat ran on under mat log quickly slowly big small red blue house tree".split()
@@ -139,7 +140,7 @@ def test_init_from_pretrain_workdir_restores_the_params(tmp_path, tokenizer):
     ckpt.close()
     save_yaml(FinetuneConfig(model=config), workdir / "config.yaml")  # any YAML with a `model` section
     tokenizer.save(workdir / "tokenizer.json")
-    params, step = restore_pretrain_params(workdir, config)
+    params, step = restore_params(workdir / "checkpoints", config)
     assert step == 4
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -24,10 +24,16 @@ FAIL_DEADLINE = 60  # every process must be gone this long after a failure
 STEPS, SAVE_EVERY = 12, 6
 
 
+COMPILE_CACHE: list[Path] = []  # set by the `cache` fixture: runs of the same program share compilations
+
+
 def base_env(devices: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPT1_")}
     env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
                PYTHONUNBUFFERED="1")
+    if COMPILE_CACHE:  # halves each run on 2 cores; the executables are the same either way
+        env.update(JAX_COMPILATION_CACHE_DIR=str(COMPILE_CACHE[0]), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     return env
 
 
@@ -74,7 +80,9 @@ def assert_same_losses(a: dict, b: dict, steps):
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("token-cache")
+    COMPILE_CACHE[:] = [tmp_path_factory.mktemp("xla-cache")]
+    yield tmp_path_factory.mktemp("token-cache")
+    COMPILE_CACHE.clear()
 
 
 @pytest.fixture(scope="module")
@@ -161,11 +169,16 @@ def wait_for(cond, deadline, procs=()):
 
 def assert_checkpoint_restores(workdir):
     """The newest complete checkpoint reads back whole (a save cut short stays a tmp folder)."""
+    import jax
     import orbax.checkpoint as ocp
 
     step = checkpoints(workdir)[-1]
+    path = Path(workdir).absolute() / "checkpoints" / str(step) / "state"
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])  # written by 2 processes, read here by 1
     with ocp.StandardCheckpointer() as c:
-        state = c.restore(Path(workdir).absolute() / "checkpoints" / str(step) / "state")
+        tree = c.metadata(path).item_metadata
+        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), tree)
+        state = c.restore(path, target)
     assert int(np.asarray(state["step"])) == step
     return step
 
@@ -180,7 +193,7 @@ def test_kill_9_of_one_process_ends_all_promptly(tmp_path, cache):
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"p{i}.log", "w")))
     try:
         wait_for(lambda: max(losses(workdir), default=0) >= 5, TIMEOUT, procs)
-        procs[1].send_signal(signal.SIGKILL)
+        procs[0].send_signal(signal.SIGKILL)  # process 0: the one hosting the coordinator
         t0 = time.monotonic()
         wait_for(lambda: all(p.poll() is not None for p in procs), FAIL_DEADLINE)
         elapsed = time.monotonic() - t0
@@ -189,7 +202,7 @@ def test_kill_9_of_one_process_ends_all_promptly(tmp_path, cache):
             if p.poll() is None:
                 p.kill()
     print(f"kill -9: every process gone {elapsed:.1f}s after the kill; statuses {[p.returncode for p in procs]}")
-    assert procs[0].returncode != 0 and procs[1].returncode == -signal.SIGKILL
+    assert procs[0].returncode == -signal.SIGKILL and procs[1].returncode not in (0, None)
     assert elapsed < FAIL_DEADLINE
     assert assert_checkpoint_restores(workdir) >= 2
 
@@ -210,39 +223,13 @@ def test_exception_in_one_process_ends_all_promptly_through_launcher(tmp_path, c
     # Time from the failure to the last exit, as the launcher saw it (it polls every 50 ms).
     assert proc.returncode == 1, out[-4000:]
     assert "[p1] RuntimeError: injected failure" in out
-    assert "[launcher] process 1 failed with status 1" in out
+    assert "failed with status 1; stopping the others" in out
     statuses = [l for l in out.splitlines() if l.startswith("[launcher] exit statuses")]
     assert len(statuses) == 1 and statuses[0].startswith("[launcher] exit statuses [1, 1]"), out[-3000:]  # not killed
     elapsed = float(statuses[0].split("last exit ")[1].split("s after")[0])
     print(f"raise on process 1, via the launcher: all gone {elapsed:.1f}s after the first exit")
     assert elapsed < FAIL_DEADLINE
     assert max(losses(workdir)) == 6
-    assert assert_checkpoint_restores(workdir) >= 2
-
-
-def test_exception_exit_time(tmp_path, cache):
-    """The same failure measured directly: both processes end within FAIL_DEADLINE of the raise."""
-    workdir = tmp_path / "run"
-    script = tmp_path / "faulty.py"
-    script.write_text(FAULTY)
-    port, procs = free_port(), []
-    for i in range(2):
-        env = {**base_env(2), "GPT1_COORDINATOR": f"127.0.0.1:{port}", "GPT1_NUM_PROCESSES": "2",
-               "GPT1_PROCESS_ID": str(i), "FAIL_PROCESS": "0", "FAIL_STEP": "4"}
-        argv = [sys.executable, str(script), *pretrain_args(workdir, cache, "--steps", "1000", "--set", "checkpoint_every=2")]
-        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"p{i}.log", "w")))
-    try:
-        wait_for(lambda: procs[0].poll() is not None, TIMEOUT)
-        t0 = time.monotonic()
-        wait_for(lambda: all(p.poll() is not None for p in procs), FAIL_DEADLINE)
-        elapsed = time.monotonic() - t0
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    print(f"raise on process 0 (the coordinator): all gone {elapsed:.1f}s after it exited")
-    assert [p.returncode for p in procs] == [1, 1], [(tmp_path / f"p{i}.log").read_text()[-2000:] for i in range(2)]
-    assert "injected failure" in (tmp_path / "p0.log").read_text()
     assert assert_checkpoint_restores(workdir) >= 2
 
 
