@@ -76,7 +76,8 @@ class Progress:
         self.bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in fields.items()}, refresh=False)
 
     def write(self, message: str) -> None:
-        self.bar.write(message, file=sys.stderr)
+        if not self.bar.disable:  # process 0 speaks for the run
+            self.bar.write(message, file=sys.stderr)
 
     def close(self) -> None:
         self.bar.close()

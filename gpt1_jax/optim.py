@@ -5,6 +5,19 @@ with decoupled weight decay 0.01 on weight matrices and embeddings only. optax.a
 decay by the scheduled lr, exactly as the original's `p -= lr_t * (m_hat/(sqrt(v_hat)+eps) + 0.01 p)`.
 
 Optimizers and schedules are chosen by name from registries, so adding lion/adafactor/... is one entry.
+
+Registered optimizers (all optax; each builds on the real, scanned parameter tree):
+  gpt1_adam      clip + AdamW with the paper's constants pinned
+  adamw          clip + AdamW, every constant from the config
+  lion           clip + optax.lion (b1, b2 from the config: Lion's own defaults are b1 0.9, b2 0.99)
+  adafactor      clip + optax.adafactor (factored second moments; updates scaled by parameter RMS)
+  sgd            clip + SGD with (heavy-ball) momentum, decoupled weight decay added to the gradient
+  sgd_nesterov   the same with Nesterov momentum
+  muon           clip + optax.contrib.muon on every weight matrix (`kernel`), AdamW on the rest
+                 (embeddings decayed, biases/LayerNorm not); see `muon_dimension_numbers`
+  schedule_free_adamw  clip + optax.contrib.schedule_free around RMS scaling (= schedule_free_adamw with
+                 the decay mask); evaluate at `eval_params(opt_state, params)`, not at `params`
+  lamb           clip + optax.lamb (layer-wise trust ratio), decay mask as AdamW
 """
 
 from __future__ import annotations
@@ -30,7 +43,22 @@ class OptimConfig:
     eps: float = 1e-8
     weight_decay: float = 0.01
     clip_norm: float = 1.0  # 0 disables clipping
-    momentum: float = 0.9  # sgd only
+    momentum: float = 0.9  # sgd, sgd_nesterov
+    # muon: momentum of the orthogonalised matrices, Newton-Schulz steps, update RMS matching
+    # (optax's `consistent_rms`: 0.2 ~ AdamW's update RMS, so one lr suits both halves; 0 = Keller
+    # Jordan's sqrt(max(1, fan_out/fan_in)) scaling, whose lr is ~10-50x AdamW's), and the lr of the
+    # AdamW half (embeddings, biases, LayerNorm) as a multiple of `lr`.
+    muon_beta: float = 0.95
+    muon_ns_steps: int = 5
+    muon_consistent_rms: float = 0.2
+    muon_adam_lr_ratio: float = 1.0
+    # schedule_free_adamw: b1 is the interpolation y = (1-b1) z + b1 x (the base RMS scaling uses b2, eps);
+    # weight_lr_power weighs the running average by lr^power (down-weights warmup).
+    sf_b1: float = 0.9
+    sf_weight_lr_power: float = 2.0
+    # adafactor: decay exponent of the second-moment estimate; momentum (0: none, Adafactor's default)
+    adafactor_decay_rate: float = 0.8
+    adafactor_momentum: float = 0.0
 
     def __post_init__(self):
         if self.name not in OPTIMIZERS:
@@ -41,6 +69,12 @@ class OptimConfig:
             raise ConfigError("optim.lr, weight_decay, clip_norm and eps must be >= 0")
         if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
             raise ConfigError(f"optim.b1/b2 must lie in [0, 1), got {self.b1}, {self.b2}")
+        if not (0 <= self.momentum < 1 and 0 <= self.muon_beta < 1 and 0 <= self.adafactor_momentum < 1):
+            raise ConfigError("optim.momentum, muon_beta and adafactor_momentum must lie in [0, 1)")
+        if not 0 < self.sf_b1 < 1:
+            raise ConfigError(f"optim.sf_b1 must lie in (0, 1), got {self.sf_b1}")
+        if self.muon_ns_steps < 1 or self.muon_consistent_rms < 0 or self.muon_adam_lr_ratio < 0:
+            raise ConfigError("optim.muon_ns_steps must be >= 1, muon_consistent_rms and muon_adam_lr_ratio >= 0")
         if self.warmup_steps < 0 or self.total_steps < 1:
             raise ConfigError(f"optim.warmup_steps must be >= 0 and total_steps >= 1")
         if self.schedule != "constant" and self.warmup_steps > self.total_steps:
@@ -132,7 +166,11 @@ def lion(cfg: OptimConfig, schedule: optax.Schedule, params) -> optax.GradientTr
 
 
 def adafactor(cfg: OptimConfig, schedule: optax.Schedule, params) -> optax.GradientTransformation:
-    return _clipped(cfg, optax.adafactor(schedule, weight_decay_rate=cfg.weight_decay or None,
+    """optax.adafactor with its defaults (factored second moments, updates scaled by each parameter's
+    RMS, so `lr` is relative; update clipping at 1.0), decay_rate and momentum from the config."""
+    return _clipped(cfg, optax.adafactor(schedule, decay_rate=cfg.adafactor_decay_rate,
+                                         momentum=cfg.adafactor_momentum or None,
+                                         weight_decay_rate=cfg.weight_decay or None,
                                          weight_decay_mask=decay_mask(params)))
 
 
@@ -141,12 +179,145 @@ def sgd(cfg: OptimConfig, schedule: optax.Schedule, params) -> optax.GradientTra
                                      optax.sgd(schedule, momentum=cfg.momentum or None)))
 
 
+def sgd_nesterov(cfg: OptimConfig, schedule: optax.Schedule, params) -> optax.GradientTransformation:
+    """SGD with Nesterov momentum `cfg.momentum`; weight decay added to the gradient (masked)."""
+    return _clipped(cfg, optax.chain(optax.add_decayed_weights(cfg.weight_decay, decay_mask(params)),
+                                     optax.sgd(schedule, momentum=cfg.momentum or None, nesterov=cfg.momentum > 0)))
+
+
+def lamb(cfg: OptimConfig, schedule: optax.Schedule, params) -> optax.GradientTransformation:
+    """LAMB: Adam's direction, rescaled per leaf by ||param|| / ||update|| (trust ratio)."""
+    return _clipped(cfg, optax.lamb(schedule, cfg.b1, cfg.b2, cfg.eps, weight_decay=cfg.weight_decay,
+                                    mask=decay_mask(params)))
+
+
+# ---- Muon -----------------------------------------------------------------------------------------
+
+# How each weight matrix is seen by Muon, as (reduction axes, output axes) counted from the END, so the
+# same numbers hold with and without scan_layers: every other (leading) axis is a batch axis, i.e. each
+# layer's matrix is orthogonalised on its own. c_attn [(L,) D, 3, H, K]: input D against output H*K,
+# batched over (L, qkv), so q, k and v are three separate D x D matrices per layer (as modded-nanogpt
+# splits the fused QKV); attn c_proj [(L,) H, K, D]: H*K x D; mlp c_fc [(L,) D, F], c_proj [(L,) F, D].
+_MUON_AXES: dict[tuple[str, str], tuple[tuple[int, ...], tuple[int, ...]]] = {
+    ("attn", "c_attn"): ((-4,), (-2, -1)),
+    ("attn", "c_proj"): ((-3, -2), (-1,)),
+    ("mlp", "c_fc"): ((-2,), (-1,)),
+    ("mlp", "c_proj"): ((-2,), (-1,)),
+}
+
+
+def _dict_keys(path) -> tuple[str, ...]:
+    return tuple(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+
+
+def muon_dimension_numbers(params) -> Any:
+    """A tree like `params`: optax MuonDimensionNumbers for the block kernels, None for everything else
+    (embeddings, biases, LayerNorm: those go to AdamW). A kernel not in `_MUON_AXES` is an error."""
+    from optax.contrib import MuonDimensionNumbers
+
+    def spec(path, leaf):
+        keys = _dict_keys(path)
+        if not keys or keys[-1] != "kernel":
+            return None
+        try:
+            red, out = _MUON_AXES[keys[-3:-1]]
+        except KeyError:
+            raise ConfigError(f"muon: no matrix layout for kernel {'/'.join(keys)}") from None
+        if len(red) + len(out) > leaf.ndim:
+            raise ConfigError(f"muon: kernel {'/'.join(keys)} of rank {leaf.ndim} is too small for {red}, {out}")
+        return MuonDimensionNumbers(reduction_axis=red, output_axis=out)
+
+    return jax.tree_util.tree_map_with_path(spec, params)
+
+
+def muon(cfg: OptimConfig, schedule: optax.Schedule, params) -> optax.GradientTransformation:
+    """Muon (optax.contrib.muon) on the block kernels, AdamW on the rest.
+
+    optax's muon has its own AdamW branch for the non-matrix leaves but without a decay mask (it
+    would decay biases and LayerNorm), so the tree is partitioned here instead: the kernels go to
+    optax.contrib.muon (all of its leaves are matrices, its inner Adam branch stays empty) with
+    decoupled decay `weight_decay` x lr, and the rest to optax.adamw with `decay_mask` (embeddings
+    decayed, biases and LayerNorm not) at lr x muon_adam_lr_ratio."""
+    from optax.contrib import muon as optax_muon
+
+    dims = muon_dimension_numbers(params)
+    labels = jax.tree.map(lambda d: "adam" if d is None else "muon", dims, is_leaf=lambda d: d is None or
+                          isinstance(d, tuple))
+    matrix_tx = optax_muon(
+        schedule, ns_steps=cfg.muon_ns_steps, beta=cfg.muon_beta, eps=cfg.eps, weight_decay=cfg.weight_decay,
+        nesterov=True, consistent_rms=cfg.muon_consistent_rms or None,
+        muon_weight_dimension_numbers=lambda p: muon_dimension_numbers(p),
+    )
+    ratio = cfg.muon_adam_lr_ratio
+    adam_lr = schedule if ratio == 1.0 else (lambda step: ratio * schedule(step))
+    rest_tx = optax.adamw(adam_lr, cfg.b1, cfg.b2, cfg.eps, weight_decay=cfg.weight_decay, mask=decay_mask(params))
+    return _clipped(cfg, optax.partition({"muon": matrix_tx, "adam": rest_tx}, labels))
+
+
+# ---- schedule-free --------------------------------------------------------------------------------
+
+def schedule_free_adamw(cfg: OptimConfig, schedule: optax.Schedule, params) -> optax.GradientTransformation:
+    """optax.contrib.schedule_free_adamw, built from the same parts so the decay can be masked: RMS
+    scaling (b2, eps; no first moment: the y/x/z interpolation replaces momentum), masked decoupled
+    decay, lr, wrapped in optax.contrib.schedule_free(b1=sf_b1). Use a schedule without decay
+    (`warmup_constant` or `constant`); the gradient is taken at y (= TrainState.params) and the model to
+    evaluate or keep is x = `eval_params(opt_state, params)`."""
+    from optax.contrib import schedule_free
+
+    base = optax.chain(
+        optax.scale_by_rms(decay=cfg.b2, eps=cfg.eps, eps_in_sqrt=False, bias_correction=True),
+        optax.add_decayed_weights(cfg.weight_decay, decay_mask(params)),
+        optax.scale_by_learning_rate(schedule),
+    )
+    return _clipped(cfg, schedule_free(base, learning_rate=schedule, b1=cfg.sf_b1,
+                                       weight_lr_power=cfg.sf_weight_lr_power))
+
+
+def _is_sf_state(x) -> bool:
+    from optax.contrib import ScheduleFreeState
+
+    return isinstance(x, ScheduleFreeState)
+
+
+def eval_params(opt_state, params):
+    """The parameters to evaluate and to export: `params` itself for every optimizer except the
+    schedule-free ones, whose x sequence (optax.contrib.schedule_free_eval_params) is returned.
+    Works on any nesting of the state (clipping chains, partitions); pure, so it can run under jit."""
+    from optax.contrib import schedule_free_eval_params
+
+    found = [s for s in jax.tree_util.tree_leaves(opt_state, is_leaf=_is_sf_state) if _is_sf_state(s)]
+    if not found:
+        return params
+    if len(found) > 1:
+        raise ValueError("eval_params: more than one ScheduleFreeState in the optimizer state")
+    return schedule_free_eval_params(found[0], params)
+
+
+def uses_eval_params(name: str) -> bool:
+    """True when `eval_params` differs from the training params for optimizer `name`."""
+    return name.startswith("schedule_free")
+
+
+def optimizer_state_bytes(cfg: OptimConfig, params) -> int:
+    """Bytes of `make_optimizer(cfg, params).init(params)` (abstractly evaluated: nothing allocated),
+    the number the optimizer study reports."""
+    tx = make_optimizer(cfg, params)
+    import flax.linen as nn
+
+    shapes = jax.eval_shape(tx.init, nn.meta.unbox(params))
+    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes)))
+
+
 OPTIMIZERS: dict[str, Callable[[OptimConfig, optax.Schedule, Any], optax.GradientTransformation]] = {
     "gpt1_adam": gpt1_adam,
     "adamw": adamw,
     "lion": lion,
     "adafactor": adafactor,
     "sgd": sgd,
+    "sgd_nesterov": sgd_nesterov,
+    "muon": muon,
+    "schedule_free_adamw": schedule_free_adamw,
+    "lamb": lamb,
 }
 
 

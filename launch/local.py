@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -103,7 +104,7 @@ def launch(cmd: list[str], n: int, devices: int | None = None, port: int | None 
 
     with lock:
         out.write(f"[launcher] {n} processes, coordinator {LOOPBACK}:{port}"
-                  f"{f', {devices} CPU devices each' if devices else ''}: {' '.join(cmd)}\n".encode())
+                  f"{f', {devices} CPU devices each' if devices else ''}: {shlex.join(cmd)}\n".encode())
         out.flush()
     for i in range(n):
         p = subprocess.Popen(cmd, env=child_env(os.environ, i, n, port, devices), stdout=subprocess.PIPE,
