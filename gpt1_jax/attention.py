@@ -35,8 +35,13 @@ def causal_attention(
     impl: str = "xla",
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
+    query_offset: jax.Array | int | None = None,
 ) -> jax.Array:
-    """Causal attention over one sequence per batch row; dropout applies to the attention probabilities."""
+    """Causal attention over one sequence per batch row; dropout applies to the attention probabilities.
+
+    Query t sits at position `query_offset + t` and sees keys 0..that position; by default the queries
+    are the last T of the S keys (S - T), as in training where T == S. A KV-cache decode step passes its
+    write position (xla implementation only)."""
     dropout_active = dropout_rate > 0.0 and dropout_rng is not None
     impl = resolve_impl(impl, dropout_active)
     if impl in ("dot_product", "cudnn"):
@@ -49,7 +54,8 @@ def causal_attention(
     # Softmax in float32 whatever the compute dtype: bf16 sums over 512 keys lose the small entries.
     scores_BHTS = scores_BHTS.astype(jnp.float32)
     T, S = scores_BHTS.shape[-2:]
-    causal_TS = jnp.tril(jnp.ones((T, S), dtype=bool), k=S - T)
+    offset = S - T if query_offset is None else query_offset
+    causal_TS = jnp.arange(S)[None, :] <= offset + jnp.arange(T)[:, None]
     scores_BHTS = jnp.where(causal_TS, scores_BHTS, jnp.finfo(jnp.float32).min)
     probs_BHTS = jax.nn.softmax(scores_BHTS, axis=-1)
     if dropout_active:

@@ -163,23 +163,17 @@ _RUNTIME = ("dtype", "param_dtype", "attention", "remat", "embd_dropout", "attn_
 
 
 def find_tokenizer(spec: str | None, source: Path | None):
-    """A GPT1Tokenizer from --tokenizer (a tokenizer .json, or a folder of OpenAI's or HF's vocabulary
-    files) or, failing that, from the SOURCE folder itself; None when neither has one."""
+    """A GPT1Tokenizer from --tokenizer or, failing that, from the SOURCE folder itself; None when
+    neither has one (see GPT1Tokenizer.from_path for what a folder may hold)."""
     from gpt1_jax.tokenizer import GPT1Tokenizer
 
-    candidates = [Path(spec)] if spec else ([source] if source is not None else [])
-    for p in candidates:
-        if p.is_file():
-            return GPT1Tokenizer.load(p)
-        for enc, merges in (("encoder_bpe_40000.json", "vocab_40000.bpe"), ("vocab.json", "merges.txt")):
-            if (p / enc).is_file() and (p / merges).is_file():
-                return GPT1Tokenizer.from_original(p / enc, p / merges)
-        if (p / "tokenizer.json").is_file():
-            return GPT1Tokenizer.load(p / "tokenizer.json")
     if spec:
-        raise FileNotFoundError(f"--tokenizer {spec}: not a tokenizer .json nor a folder with encoder_bpe_40000.json + "
-                                "vocab_40000.bpe or vocab.json + merges.txt")
-    return None
+        tok = GPT1Tokenizer.from_path(spec)
+        if tok is None:
+            raise FileNotFoundError(f"--tokenizer {spec}: not a tokenizer .json nor a folder with encoder_bpe_40000.json + "
+                                    "vocab_40000.bpe or vocab.json + merges.txt")
+        return tok
+    return GPT1Tokenizer.from_path(source) if source is not None else None
 
 
 def is_pretrain_workdir(path: Path) -> bool:

@@ -1,8 +1,5 @@
-"""Sampling from the LM: temperature and top-k, one compiled loop over a fixed-length token buffer.
-
-Without a KV cache each new token re-reads the whole buffer (O(T^2) per sequence): fine for looking
-at what a checkpoint learned, not for serving. Causality makes the unused tail of the buffer harmless.
-"""
+"""Sampling from the LM with a KV cache: one prefill of the prompt, then one token per step, all in one
+compiled program (a `fori_loop`). Temperature, top-k, greedy (temperature 0)."""
 
 from __future__ import annotations
 
@@ -15,25 +12,44 @@ from gpt1_jax.config import ModelConfig
 from gpt1_jax.model import GPT1
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3, 4, 6))
-def _sample_loop(config: ModelConfig, params, buffer_BL, start: int, stop: int, temperature, top_k, rng):
+def init_cache(config: ModelConfig, batch: int):
+    """Zeroed keys/values for every layer and all n_positions slots (the "cache" collection)."""
     model = GPT1(config)
+    shapes = jax.eval_shape(
+        lambda: model.init(jax.random.key(0), jnp.zeros((batch, 1), jnp.int32), decode=True)["cache"]
+    )
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
-    def body(t, carry):
-        buffer_BL, rng = carry
+
+def _choose(logits_BV, temperature, top_k: int, rng):
+    kth_B1 = jnp.sort(logits_BV, axis=-1)[:, -top_k][:, None]
+    logits_BV = jnp.where(logits_BV < kth_B1, -jnp.inf, logits_BV)
+    sampled_B = jax.random.categorical(rng, logits_BV / jnp.maximum(temperature, 1e-6), axis=-1)
+    return jnp.where(temperature > 0, sampled_B, jnp.argmax(logits_BV, axis=-1)).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 5))
+def _generate(config: ModelConfig, params, prompt_BP, total: int, temperature, top_k: int, rng):
+    model = GPT1(config)
+    B, P = prompt_BP.shape
+
+    def forward(cache, tokens_BT, start):
+        h_BTD, variables = model.apply({"params": params, "cache": cache}, tokens_BT, decode=True, start=start,
+                                       mutable=["cache"])
+        return variables["cache"], model.apply({"params": params}, h_BTD[:, -1], method=GPT1.logits)
+
+    cache, logits_BV = forward(init_cache(config, B), prompt_BP, 0)  # prefill
+    out_BL = jnp.zeros((B, total), jnp.int32).at[:, :P].set(prompt_BP)
+
+    def body(t, carry):  # choose the token at position t, then feed it to get the logits for t + 1
+        cache, logits_BV, out_BL, rng = carry
         rng, step_rng = jax.random.split(rng)
-        h_BLD = model.apply({"params": params}, buffer_BL)
-        h_BD = jax.lax.dynamic_index_in_dim(h_BLD, t - 1, axis=1, keepdims=False)
-        logits_BV = model.apply({"params": params}, h_BD, method=GPT1.logits)
-        kth_BV = jnp.sort(logits_BV, axis=-1)[:, -top_k][:, None]
-        logits_BV = jnp.where(logits_BV < kth_BV, -jnp.inf, logits_BV)
-        greedy_B = jnp.argmax(logits_BV, axis=-1)
-        sampled_B = jax.random.categorical(step_rng, logits_BV / jnp.maximum(temperature, 1e-6), axis=-1)
-        next_B = jnp.where(temperature > 0, sampled_B, greedy_B).astype(buffer_BL.dtype)
-        return buffer_BL.at[:, t].set(next_B), rng
+        next_B = _choose(logits_BV, temperature, top_k, step_rng)
+        cache, logits_BV = forward(cache, next_B[:, None], t)
+        return cache, logits_BV, out_BL.at[:, t].set(next_B), rng
 
-    buffer_BL, _ = jax.lax.fori_loop(start, stop, body, (buffer_BL, rng))
-    return buffer_BL
+    _, _, out_BL, _ = jax.lax.fori_loop(P, total, body, (cache, logits_BV, out_BL, rng))
+    return out_BL
 
 
 def sample(
@@ -52,11 +68,12 @@ def sample(
         raise ValueError("the prompt is empty: give at least one token")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     total = min(len(prompt_ids) + max_new_tokens, config.n_positions)
     if len(prompt_ids) >= total:
         raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room in the context of {config.n_positions}")
     top_k = max(1, min(top_k or config.vocab_size, config.vocab_size))
-    buffer = jnp.zeros((num_samples, total), jnp.int32).at[:, : len(prompt_ids)].set(jnp.asarray(prompt_ids))
-    out = _sample_loop(config, params, buffer, len(prompt_ids), total, jnp.float32(temperature), top_k,
-                       jax.random.key(seed))
+    prompt = jnp.tile(jnp.asarray(prompt_ids, jnp.int32)[None], (num_samples, 1))
+    out = _generate(config, params, prompt, total, jnp.float32(temperature), top_k, jax.random.key(seed))
     return [row[len(prompt_ids):] for row in jax.device_get(out).tolist()]

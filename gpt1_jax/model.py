@@ -102,7 +102,7 @@ class CausalSelfAttention(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x_BTD, deterministic: bool):
+    def __call__(self, x_BTD, deterministic: bool, decode: bool = False, start=0):
         c = self.config
         H, K, D = c.n_heads, c.head_dim, c.d_model
         qkv_BT3HK = Linear(
@@ -110,13 +110,24 @@ class CausalSelfAttention(nn.Module):
             name="c_attn",
         )(x_BTD)
         qkv_BT3HK = nn.with_logical_constraint(qkv_BT3HK, ("batch", "length", "qkv", "heads", "kv"))
-        q_BTHK, k_BTHK, v_BTHK = (qkv_BT3HK[:, :, i] for i in range(3))
+        q_BTHK, k_BSHK, v_BSHK = (qkv_BT3HK[:, :, i] for i in range(3))
+        if decode:
+            # KV cache: this call's keys/values land at positions start.., then queries attend over all
+            # n_positions slots; the causal mask (offset by start) hides the slots not yet written.
+            B, T = x_BTD.shape[:2]
+            cache_shape = (B, c.n_positions, H, K)
+            cached_k = self.variable("cache", "key", jnp.zeros, cache_shape, k_BSHK.dtype)
+            cached_v = self.variable("cache", "value", jnp.zeros, cache_shape, v_BSHK.dtype)
+            cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k_BSHK, (0, start, 0, 0))
+            cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v_BSHK, (0, start, 0, 0))
+            k_BSHK, v_BSHK = cached_k.value, cached_v.value
         training = not deterministic and c.attn_dropout > 0.0
         out_BTHK = causal_attention(
-            q_BTHK, k_BTHK, v_BTHK,
-            impl=c.attention,
+            q_BTHK, k_BSHK, v_BSHK,
+            impl="xla" if decode else c.attention,
             dropout_rate=c.attn_dropout,
             dropout_rng=self.make_rng("dropout") if training else None,
+            query_offset=start if decode else None,
         )
         out_BTD = Linear(c, "bthk,hkd->btd", (H, K, D), ("heads", "kv", "embed"), (D,), ("embed",), name="c_proj")(
             out_BTHK
@@ -143,9 +154,10 @@ class Block(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x_BTD, deterministic: bool):
+    def __call__(self, x_BTD, deterministic: bool, decode: bool = False, start=0):
         c = self.config
-        n_BTD = layer_norm(c, "ln_1")(x_BTD + CausalSelfAttention(c, name="attn")(x_BTD, deterministic))
+        attn_BTD = CausalSelfAttention(c, name="attn")(x_BTD, deterministic, decode, start)
+        n_BTD = layer_norm(c, "ln_1")(x_BTD + attn_BTD)
         h_BTD = layer_norm(c, "ln_2")(n_BTD + MLP(c, name="mlp")(n_BTD, deterministic))
         return nn.with_logical_constraint(h_BTD, ("batch", "length", "embed")), None
 
@@ -174,12 +186,13 @@ class GPT1(nn.Module):
         self.embd_dropout = nn.Dropout(c.embd_dropout)
         block = Block
         if c.remat != "none":
-            # argument 2 (self counts as 0) is `deterministic`, a Python bool
-            block = nn.remat(Block, policy=_REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers, static_argnums=(2,))
+            # arguments 2 and 3 (self counts as 0) are `deterministic` and `decode`, Python bools
+            block = nn.remat(Block, policy=_REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers,
+                             static_argnums=(2, 3))
         if c.scan_layers:
             stack = nn.scan(
                 block,
-                variable_axes={"params": 0},
+                variable_axes={"params": 0, "cache": 0},
                 split_rngs={"params": True, "dropout": True},
                 in_axes=nn.broadcast,
                 length=c.n_layers,
@@ -189,16 +202,18 @@ class GPT1(nn.Module):
         else:
             self.blocks = [block(c, name=f"h_{i}") for i in range(c.n_layers)]
 
-    def __call__(self, tokens_BT: jax.Array, *, deterministic: bool = True) -> jax.Array:
+    def __call__(self, tokens_BT: jax.Array, *, deterministic: bool = True, decode: bool = False, start=0) -> jax.Array:
+        """Final hidden states. With `decode`, tokens_BT sit at positions start.. of a sequence whose
+        earlier keys/values are in the mutable "cache" collection (see `gpt1_jax.generate`)."""
         c = self.config
         T = tokens_BT.shape[-1]
         if T > c.n_positions:
             raise ValueError(f"sequence of {T} tokens is longer than the model's n_positions={c.n_positions}")
-        x_BTD = self.tokens_embed(tokens_BT) + self.positions_embed(jnp.arange(T))[None]
+        x_BTD = self.tokens_embed(tokens_BT) + self.positions_embed(start + jnp.arange(T))[None]
         x_BTD = self.embd_dropout(x_BTD, deterministic=deterministic)
         x_BTD = nn.with_logical_constraint(x_BTD, ("batch", "length", "embed"))
         for block in self.blocks:
-            x_BTD, _ = block(x_BTD, deterministic)
+            x_BTD, _ = block(x_BTD, deterministic, decode, start)
         return x_BTD
 
     def logits(self, h_BTD: jax.Array) -> jax.Array:

@@ -54,6 +54,9 @@ class PretrainConfig:
         for name in ("checkpoint_every", "eval_every", "eval_batches", "log_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.data.seq_len > self.model.n_positions:
+            raise ConfigError(f"data.seq_len={self.data.seq_len} is longer than the model's context "
+                              f"model.n_positions={self.model.n_positions}")
 
 
 # Per-preset training defaults: the paper's for gpt1, scaled down for the CPU presets.
@@ -98,9 +101,9 @@ def resolve_config(args: argparse.Namespace, workdir: Path) -> PretrainConfig:
     config = apply_overrides(config, flags + list(args.set))
     if args.mesh:
         config = dataclasses.replace(config, mesh=parse_mesh(args.mesh))
-    # The schedule spans the run, and warmup never outlasts it.
+    # The schedule spans the run, and warmup ends before it does (cosine needs a step left to decay over).
     optim = dataclasses.replace(
-        config.optim, total_steps=config.steps, warmup_steps=min(config.optim.warmup_steps, config.steps)
+        config.optim, total_steps=config.steps, warmup_steps=min(config.optim.warmup_steps, config.steps - 1)
     )
     return dataclasses.replace(config, optim=optim)
 

@@ -1,4 +1,5 @@
-"""`gpt1-jax sample --workdir DIR --prompt TEXT`: continuations from a pre-training run's latest checkpoint."""
+"""`gpt1-jax sample`: continuations from a pre-training run (`--workdir`) or any checkpoint folder
+`load_pretrained` reads (`--init`: HF, OpenAI's original release, ours), with a KV cache."""
 
 from __future__ import annotations
 
@@ -7,28 +8,41 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workdir", required=True, help="a pre-training run directory")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--workdir", help="a pre-training run directory (its latest checkpoint and tokenizer)")
+    where.add_argument("--init", help="a HF / original / gpt1-jax checkpoint folder")
+    p.add_argument("--tokenizer", default=None, help="tokenizer .json or vocabulary folder (default: the one in "
+                   "--workdir / --init)")
     p.add_argument("--prompt", default="the", help="text to continue")
     p.add_argument("--max-new-tokens", type=int, default=40)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=40)
     p.add_argument("--num-samples", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step of --workdir (default: the latest)")
 
 
 def main(args: argparse.Namespace) -> int:
+    from gpt1_jax.finetune import find_tokenizer
     from gpt1_jax.generate import sample
     from gpt1_jax.pretrain import load_run
-    from gpt1_jax.tokenizer import GPT1Tokenizer
+    from gpt1_jax.weights import load_pretrained
 
-    workdir = Path(args.workdir)
-    config, _, params, step = load_run(workdir, args.step)
-    tokenizer = GPT1Tokenizer.load(workdir / "tokenizer.json")
+    if args.workdir:
+        source = Path(args.workdir)
+        config, _, params, step = load_run(source, args.step)
+        model_config, described = config.model, f"{source} step {step}"
+    else:
+        source = Path(args.init)
+        model_config, params = load_pretrained(source)
+        described = str(source)
+    tokenizer = find_tokenizer(args.tokenizer, source)
+    if tokenizer is None:
+        raise FileNotFoundError(f"{source}: no tokenizer in it; pass --tokenizer")
     prompt = tokenizer.encode(args.prompt)
-    outputs = sample(config.model, params, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+    outputs = sample(model_config, params, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                      top_k=args.top_k, seed=args.seed, num_samples=args.num_samples)
-    print(f"# {workdir} step {step}, temperature {args.temperature}, top-k {args.top_k}")
+    print(f"# {described}, temperature {args.temperature}, top-k {args.top_k}")
     for ids in outputs:
         print(f"{args.prompt} >> {tokenizer.decode(ids)}")
     return 0

@@ -300,6 +300,20 @@ class GPT1Tokenizer:
             raise ValueError(f"{p}: tokenizers cannot read it: {e}") from None
         return cls(backend, meta["mode"])
 
+    @classmethod
+    def from_path(cls, path: str | Path) -> GPT1Tokenizer | None:
+        """A saved tokenizer .json, or a folder holding one of: OpenAI's `encoder_bpe_40000.json` +
+        `vocab_40000.bpe`, HF's `vocab.json` + `merges.txt`, our `tokenizer.json`. None if none is there."""
+        p = Path(path).expanduser()
+        if p.is_file():
+            return cls.load(p)
+        for enc, merges in (("encoder_bpe_40000.json", "vocab_40000.bpe"), ("vocab.json", "merges.txt")):
+            if (p / enc).is_file() and (p / merges).is_file():
+                return cls.from_original(p / enc, p / merges)
+        if (p / "tokenizer.json").is_file():
+            return cls.load(p / "tokenizer.json")
+        return None
+
     # properties -----------------------------------------------------------------------------------
     @property
     def mode(self) -> str:

@@ -189,3 +189,17 @@ def test_glue_table_script_quick(tmp_path, data_dir):
     assert proc.returncode == 0, proc.stderr[-2000:]
     table = (out / "table.md").read_text()
     assert "| cola | matthews_corr | 45.4 |" in table and (out / "full" / "cola" / "seed0" / "results.json").is_file()
+
+
+def test_short_real_finetune_beats_the_majority_class(tmp_path, shared_dir):
+    """Real SST-2 (4,000 training sentences, the whole dev set), tiny model from scratch, 250 steps."""
+    workdir = tmp_path / "sst2"
+    argv = ["finetune", "--task", "sst2", "--init", "none", "--config", "tiny", "--workdir", str(workdir),
+            "--data-dir", str(shared_dir / "data" / "glue"), "--tfds-dir", str(tmp_path / "tfds"),
+            "--max-train-examples", "4000", "--epochs", "2", "--lr", "3e-3", "--lm-coef", "0", "--no-progress"]
+    assert cli.main(argv) == 0
+    results = json.loads((workdir / "results.json").read_text())
+    labels = [line.split("\t")[2] for line in (workdir / "predictions" / "validation.tsv").read_text().splitlines()[1:]]
+    majority = max(labels.count(l) for l in set(labels)) / len(labels)
+    assert len(labels) == 872 and majority < 0.52
+    assert results["metrics"]["accuracy"] > majority + 0.05, (results["metrics"], majority)

@@ -93,3 +93,120 @@ def test_registry_and_config_errors(params):
     for bad in ({"name": "adamax_typo"}, {"schedule": "cosine"}, {"b2": 1.0}, {"warmup_steps": 10, "total_steps": 5}):
         with pytest.raises(ConfigError):
             from_dict(OptimConfig, bad)
+
+
+# ---- the optimizers of the study (issue 7) ----------------------------------------------------------
+
+from gpt1_jax.optim import eval_params, muon_dimension_numbers, optimizer_state_bytes, uses_eval_params  # noqa: E402
+
+NEW_OPTIMIZERS = ["sgd_nesterov", "muon", "schedule_free_adamw", "lamb"]
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_every_optimizer_steps_on_the_real_tree_and_state_bytes_match(params, name):
+    """Builds, takes finite steps that change the params, and optimizer_state_bytes (what the study's
+    table reports) is exactly the size of the state it builds."""
+    cfg = OptimConfig(name=name, lr=1e-3, schedule="warmup_constant", warmup_steps=1, total_steps=10)
+    tx = make_optimizer(cfg, params)
+    state = tx.init(params)
+    assert optimizer_state_bytes(cfg, params) == sum(x.nbytes for x in jax.tree.leaves(state))
+    grads = jax.tree.map(lambda p: 0.01 * jnp.ones_like(p) + 0.01 * p, params)
+    update = jax.jit(tx.update)
+    p = params
+    for _ in range(2):
+        u, state = update(grads, state, p)
+        p = optax.apply_updates(p, u)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(p))
+    assert float(optax.tree.norm(jax.tree.map(jnp.subtract, p, params))) > 0
+    jax.tree.map(lambda a, b: None if a.shape == b.shape else pytest.fail("shape"), eval_params(state, p), p)
+
+
+@pytest.mark.parametrize("name", NEW_OPTIMIZERS)
+def test_new_optimizers_decay_only_intended_leaves(params, name):
+    # Zero gradients: the only movement is weight decay, on kernels and embeddings only.
+    cfg = OptimConfig(name=name, lr=0.1, schedule="constant", weight_decay=0.01)
+    tx = make_optimizer(cfg, params)
+    params = jax.tree.map(lambda p: p + 1.0, params)
+    updates, _ = jax.jit(tx.update)(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+    for (path, u), m in zip(jax.tree_util.tree_flatten_with_path(updates)[0], jax.tree.leaves(decay_mask(params))):
+        if m:
+            assert np.any(np.asarray(u)), path
+        else:
+            assert not np.any(np.asarray(u)), path
+
+
+def test_sgd_nesterov_is_optax_nesterov(params):
+    cfg = OptimConfig(name="sgd_nesterov", lr=0.1, schedule="constant", weight_decay=0.0, clip_norm=0.0)
+    tx, ref = make_optimizer(cfg, params), optax.sgd(0.1, momentum=0.9, nesterov=True)
+    grads = jax.tree.map(jnp.ones_like, params)
+    u, _ = tx.update(grads, tx.init(params), params)
+    u_ref, _ = ref.update(grads, ref.init(params), params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), u, u_ref)
+
+
+def test_muon_dimension_numbers_on_the_scanned_tree(params):
+    dims = muon_dimension_numbers(params)
+    flat = {"/".join(str(k.key) for k in path): d for path, d in
+            jax.tree_util.tree_flatten_with_path(dims, is_leaf=lambda d: d is None or isinstance(d, tuple))[0]}
+    assert {k for k, d in flat.items() if d is not None} == {
+        "h/attn/c_attn/kernel", "h/attn/c_proj/kernel", "h/mlp/c_fc/kernel", "h/mlp/c_proj/kernel"}
+    assert flat["h/attn/c_attn/kernel"].reduction_axis == (-4,)  # [L, D, 3, H, K]: D in, H*K out, per (L, qkv)
+
+
+def test_muon_orthogonalises_each_layer_and_each_of_q_k_v(params):
+    """Muon's update of c_attn [L, D, 3, H, K] is, per layer and per q/k/v, an (approximately) orthogonal
+    D x (H*K) matrix, and a layer's update depends on that layer's gradient only."""
+    cfg = OptimConfig(name="muon", lr=1.0, schedule="constant", weight_decay=0.0, clip_norm=0.0,
+                      muon_consistent_rms=0.0)
+    tx = make_optimizer(cfg, params)
+    rng = np.random.default_rng(0)
+    grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), p.dtype), params)
+    u, _ = tx.update(grads, tx.init(params), params)
+    k = np.asarray(u["h"]["attn"]["c_attn"]["kernel"])  # [L, D, 3, H, K]
+    L, D, _, H, K = k.shape
+    for layer in range(L):
+        for i in range(3):
+            s = np.linalg.svd(k[layer, :, i].reshape(D, H * K), compute_uv=False)
+            # Newton-Schulz (5 steps, Jordan's coefficients) pushes singular values into ~[0.7, 1.2];
+            # only the very smallest of a random square matrix stays lower.
+            assert 0.6 < np.median(s) < 1.2 and s.max() < 1.5 and np.mean(s > 0.6) > 0.9, (layer, i, s)
+    g2 = jax.tree.map(lambda g: g, grads)
+    g2["h"]["attn"]["c_attn"]["kernel"] = grads["h"]["attn"]["c_attn"]["kernel"].at[1].multiply(-3.0)
+    u2, _ = tx.update(g2, tx.init(params), params)
+    np.testing.assert_allclose(u2["h"]["attn"]["c_attn"]["kernel"][0], k[0], rtol=1e-5, atol=1e-6)
+
+
+def test_muon_works_without_scan_layers():
+    import dataclasses
+
+    p = nn.meta.unbox(init_params(dataclasses.replace(model_preset("tiny"), scan_layers=False), 0))
+    tx = make_optimizer(OptimConfig(name="muon", schedule="constant"), p)
+    u, _ = jax.jit(tx.update)(jax.tree.map(jnp.ones_like, p), tx.init(p), p)
+    assert u["h_0"]["attn"]["c_attn"]["kernel"].shape == p["h_0"]["attn"]["c_attn"]["kernel"].shape
+
+
+def test_schedule_free_eval_params_is_optax_x(params):
+    from optax.contrib import ScheduleFreeState, schedule_free_eval_params
+
+    cfg = OptimConfig(name="schedule_free_adamw", lr=1e-2, schedule="constant")
+    assert uses_eval_params(cfg.name) and not uses_eval_params("adamw")
+    tx = make_optimizer(cfg, params)
+    state, p = tx.init(params), params
+    for i in range(3):
+        grads = jax.tree.map(lambda q: jnp.sin(q + i), p)
+        u, state = tx.update(grads, state, p)
+        p = optax.apply_updates(p, u)
+    sf = [s for s in jax.tree_util.tree_leaves(state, is_leaf=lambda s: isinstance(s, ScheduleFreeState))
+          if isinstance(s, ScheduleFreeState)]
+    x = eval_params(state, p)
+    jax.tree.map(np.testing.assert_array_equal, x, schedule_free_eval_params(sf[0], p))
+    assert float(optax.tree.norm(jax.tree.map(jnp.subtract, x, p))) > 0  # x differs from y
+    adam = make_optimizer(OptimConfig(), params)
+    assert eval_params(adam.init(params), params) is params
+
+
+def test_new_config_fields_validate():
+    assert from_dict(OptimConfig, {"name": "muon", "muon_beta": "0.9"}).muon_beta == 0.9
+    for bad in ({"sf_b1": 0.0}, {"muon_ns_steps": 0}, {"momentum": 1.0}):
+        with pytest.raises(ConfigError):
+            from_dict(OptimConfig, bad)

@@ -90,13 +90,22 @@ def read_blocks(path: str | Path) -> Iterator[str]:
     opener = gzip.open if p.name.endswith(".gz") else open
     block: list[str] = []
     # newline="" would keep "\r\n"; universal newlines make Windows files split the same way.
+    # Bytes that are not UTF-8 are an error, not a silent U+FFFD: a corpus in another encoding would
+    # otherwise train a tokenizer on replacement characters.
     with opener(p, "rt", encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                block.append(line)
-            elif block:
-                yield "".join(block).rstrip("\n")
-                block = []
+        lineno = 0
+        try:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    block.append(line)
+                elif block:
+                    yield "".join(block).rstrip("\n")
+                    block = []
+        except UnicodeDecodeError as e:
+            raise ValueError(
+                f"{p}: not UTF-8 text (byte 0x{e.object[e.start]:02x} near line {lineno + 1}); "
+                f"convert it first, e.g. iconv -f latin1 -t utf-8"
+            ) from None
     if block:
         yield "".join(block).rstrip("\n")
 

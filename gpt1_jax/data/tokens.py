@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1  # bump when the layout or the packing of the stream changes
 _CHUNK_CHARS = 1 << 20  # text per encode_batch call: big enough to keep both Rust threads busy
-_ORIGINAL_FILES = ("encoder_bpe_40000.json", "vocab_40000.bpe")
 TOKENIZER_FILE = "tokenizer.json"
 
 
@@ -92,15 +91,10 @@ def tokenizer_for(
     ``vocab_40000.bpe``.
     """
     if tokenizer != "train":
-        p = Path(tokenizer).expanduser()
-        if p.is_dir():
-            enc, merges = (p / f for f in _ORIGINAL_FILES)
-            if not enc.is_file() or not merges.is_file():
-                raise FileNotFoundError(f"tokenizer directory {p} lacks {' and '.join(_ORIGINAL_FILES)}")
-            return GPT1Tokenizer.from_original(enc, merges)
-        if p.is_file():
-            return GPT1Tokenizer.load(p)
-        raise FileNotFoundError(f"tokenizer {tokenizer!r}: expected 'train', a tokenizer .json or a vocab directory")
+        tok = GPT1Tokenizer.from_path(tokenizer)
+        if tok is None:
+            raise FileNotFoundError(f"tokenizer {tokenizer!r}: expected 'train', a tokenizer .json or a vocab directory")
+        return tok
 
     workdir = Path(workdir)
     path = workdir / TOKENIZER_FILE
