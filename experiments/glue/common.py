@@ -37,6 +37,15 @@ class Run:
     error: str | None = None
 
 
+def split_passthrough(argv: list[str] | None) -> tuple[list[str], list[str]]:
+    """(the script's own arguments, those after `--`, which go to every `gpt1-jax finetune` call)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        return argv, []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1:]
+
+
 def init_for(ablation: str, init: str) -> str:
     if ablation != "no_pretrain" or init == "none":
         return init

@@ -15,15 +15,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from common import ABLATIONS, SHARED, Run, errors_of, execute, mean_std, metric_values, write_table  # noqa: E402
+from common import split_passthrough, ABLATIONS, SHARED, Run, errors_of, execute, mean_std, metric_values, write_table  # noqa: E402
 
 PAPER = [("accuracy_middle", "RACE-m", 62.9), ("accuracy_high", "RACE-h", 57.4), ("accuracy", "RACE", 59.0)]
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[: argv.index("--")] if "--" in argv else argv
+    argv, extra = split_passthrough(argv)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--init", required=True, help="pre-training workdir, HF/original checkpoint folder, or none")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
