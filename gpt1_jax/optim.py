@@ -13,7 +13,7 @@ Registered optimizers (all optax; each builds on the real, scanned parameter tre
   adafactor      clip + optax.adafactor (factored second moments; updates scaled by parameter RMS)
   sgd            clip + SGD with (heavy-ball) momentum, decoupled weight decay added to the gradient
   sgd_nesterov   the same with Nesterov momentum
-  muon           clip + optax.contrib.muon on every weight matrix (`kernel`), AdamW on the rest
+  muon           clip + optax.contrib.muon on the blocks' weight matrices, AdamW on the rest
                  (embeddings decayed, biases/LayerNorm not); see `muon_dimension_numbers`
   schedule_free_adamw  clip + optax.contrib.schedule_free around RMS scaling (= schedule_free_adamw with
                  the decay mask); evaluate at `eval_params(opt_state, params)`, not at `params`
@@ -211,18 +211,17 @@ def _dict_keys(path) -> tuple[str, ...]:
 
 
 def muon_dimension_numbers(params) -> Any:
-    """A tree like `params`: optax MuonDimensionNumbers for the block kernels, None for everything else
-    (embeddings, biases, LayerNorm: those go to AdamW). A kernel not in `_MUON_AXES` is an error."""
+    """A tree like `params`: optax MuonDimensionNumbers for the transformer blocks' kernels, None for
+    everything else (embeddings, biases, LayerNorm, task heads: those go to AdamW)."""
     from optax.contrib import MuonDimensionNumbers
 
     def spec(path, leaf):
         keys = _dict_keys(path)
         if not keys or keys[-1] != "kernel":
             return None
-        try:
-            red, out = _MUON_AXES[keys[-3:-1]]
-        except KeyError:
-            raise ConfigError(f"muon: no matrix layout for kernel {'/'.join(keys)}") from None
+        if keys[-3:-1] not in _MUON_AXES:
+            return None  # e.g. a fine-tuning head [D, n_outputs]: AdamW, as the embeddings
+        red, out = _MUON_AXES[keys[-3:-1]]
         if len(red) + len(out) > leaf.ndim:
             raise ConfigError(f"muon: kernel {'/'.join(keys)} of rank {leaf.ndim} is too small for {red}, {out}")
         return MuonDimensionNumbers(reduction_axis=red, output_axis=out)
@@ -231,7 +230,8 @@ def muon_dimension_numbers(params) -> Any:
 
 
 def muon(cfg: OptimConfig, schedule: optax.Schedule, params) -> optax.GradientTransformation:
-    """Muon (optax.contrib.muon) on the block kernels, AdamW on the rest.
+    """Muon (optax.contrib.muon) on the blocks' kernels, AdamW on the rest (embeddings, biases,
+    LayerNorm, a fine-tuning head).
 
     optax's muon has its own AdamW branch for the non-matrix leaves but without a decay mask (it
     would decay biases and LayerNorm), so the tree is partitioned here instead: the kernels go to

@@ -169,6 +169,7 @@ def train(config: PretrainConfig, workdir: Path) -> int:
     from gpt1_jax.checkpoint import Checkpointer
     from gpt1_jax.data.pipeline import build_pipeline, to_global_array
     from gpt1_jax.metrics import MetricsWriter, Progress, plot_losses
+    from gpt1_jax.optim import eval_params
     from gpt1_jax.sharding import logical_rules, make_mesh
     from gpt1_jax.step import Trainer
 
@@ -237,7 +238,9 @@ def train(config: PretrainConfig, workdir: Path) -> int:
             if (stop := preempt.poll(done)) or ckpt.should_save(done) or done == config.steps:
                 ckpt.save(done, state, train_iter.state(), config.model)
             if config.eval_every and (done % config.eval_every == 0 or done == config.steps):
-                loss, _ = evaluate_loss(trainer, state.params, pipeline.val_iter(), config.eval_batches, put)
+                # Schedule-free optimizers are evaluated at their x sequence; for the others this is params.
+                params = eval_params(state.opt_state, state.params)
+                loss, _ = evaluate_loss(trainer, params, pipeline.val_iter(), config.eval_batches, put)
                 metrics.write(done, val_loss=loss, val_ppl=math.exp(min(loss, 50.0)))
                 progress.write(f"step {done}: val_loss {loss:.4f}  val_ppl {math.exp(min(loss, 50.0)):.2f}")
                 t_last = time.perf_counter()  # evaluation time is not training throughput

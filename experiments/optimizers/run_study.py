@@ -235,6 +235,8 @@ def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tok
     except Exception as e:  # a crash of one run is recorded; the study goes on
         status, error = 1, f"{type(e).__name__}: {e}"
     wall = time.perf_counter() - t0
+    if Path(tokenizer).is_file() and not (workdir / "tokenizer.json").exists():  # finetune --init reads it there
+        shutil.copy(tokenizer, workdir / "tokenizer.json")
     records = read_metrics(workdir)
     last_step = max((r["step"] for r in records if "loss" in r), default=0)
     diverged = status != 0 or any(isinstance(r.get("loss"), str) for r in records)
@@ -322,11 +324,14 @@ def finetune_run(study: Path, budget: dict, name: str, lr: float, seed: int, ini
             f"optim.name={name}", f"optim.lr={lr}"]
     sets += [f"optim.{k}={v}" for k, v in SPECS[name]["overrides"].items()]
     config = apply_overrides(FinetuneConfig(model=model), sets)
+    tokenizer = None  # runs of an older study have no tokenizer.json: use the one their config names
+    if not (init / "tokenizer.json").is_file():
+        tokenizer = load_yaml(PretrainConfig, init / "config.yaml").data.tokenizer
     print(f"== finetune {name} lr={lr:.3g} seed={seed} -> {workdir}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     error, results = None, None
     try:
-        results = run(config, workdir, init=str(init), data_dir=data_dir, progress=True)
+        results = run(config, workdir, init=str(init), data_dir=data_dir, tokenizer=tokenizer, progress=True)
     except (ValueError, FloatingPointError) as e:
         error = f"{type(e).__name__}: {e}"
         if "loss is" not in str(e):
@@ -461,9 +466,11 @@ def results_md(kind: str, rows: list[dict], runs: list[dict], args) -> str:
               "(`gpt1_jax.optim.optimizer_state_bytes`, clipping and schedule counters included). "
               "Train time = summed step times (compilation and evaluation excluded); wall time includes both.", ""]
     if any(r["optimizer"].startswith("schedule_free") for r in runs):
-        lines.append("schedule_free_adamw is evaluated at x (`optax.contrib.schedule_free_eval_params`)"
-                     + (" in pre-training." if kind == "pretrain" else
-                        "? No: finetune.py predicts at the training params y (see the report)."))
+        lines.append("schedule_free_adamw: pre-training validation losses are at x "
+                     "(`gpt1_jax.optim.eval_params` = `optax.contrib.schedule_free_eval_params`), re-evaluated from "
+                     "checkpoints." if kind == "pretrain" else
+                     "schedule_free_adamw: finetune.py predicts at the training params y, not at x "
+                     "(`gpt1_jax.optim.eval_params`), so its dev metric here understates it.")
         lines.append("")
     return "\n".join(lines)
 
@@ -546,7 +553,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="minutes: tiny model, embedded corpus / a small GLUE subset")
     p.add_argument("--optimizers", default=None, help=f"comma-separated subset of {','.join(SPECS)}")
     p.add_argument("--seeds", default="0,1", help="first: the lr sweep; others: repeats at the best lr")
-    p.add_argument("--lr-points", type=int, default=3, help="lrs per optimizer (log grid, sqrt(10) apart)")
+    p.add_argument("--lr-points", type=int, default=3, help="lrs per optimizer (the 1-3-10 log ladder around each centre)")
     p.add_argument("--lr-scale", type=float, default=1.0, help="multiplies every centre lr")
     p.add_argument("--extend-edges", action="store_true", help="one more lr past a best lr on the grid's edge")
     p.add_argument("--steps", type=int, default=None, help="pre-training steps (overrides the budget)")
@@ -558,8 +565,8 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", default="/work/shared/data/glue", help="finetune: GLUE TSVs")
     p.add_argument("--task", default=None, help="finetune: GLUE task (default sst2)")
     args = p.parse_args(argv)
-    if args.lr_points < 3 and not args.quick:
-        p.error("--lr-points must be >= 3 (a log grid of at least 3 values)")
+    if args.lr_points < (2 if args.quick else 3):
+        p.error("--lr-points must be >= 3 (a log grid of at least 3 values; --quick allows 2, for tests)")
 
     if args.compile_cache != "none":
         import jax
@@ -573,7 +580,7 @@ def main(argv=None) -> int:
         if args.steps:
             budget["steps"] = args.steps
             budget["warmup"] = min(budget["warmup"], max(1, args.steps // 10))
-            budget["eval_every"] = max(1, min(budget["eval_every"], args.steps // 4 or 1))
+            budget["eval_every"] = max(1, min(budget["eval_every"], args.steps // 2))
         study = Path(args.out) / "pretrain"
         study.mkdir(parents=True, exist_ok=True)
         tokenizer = prepare_tokenizer(study, budget)

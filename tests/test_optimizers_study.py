@@ -1,0 +1,125 @@
+"""experiments/optimizers/run_study.py: the --quick pre-training study on `tiny` produces results.json,
+results.md and the PNGs with a row per optimizer; a rerun skips finished runs; a diverged run is recorded
+as diverged; the state bytes in the table are `optimizer_state_bytes` of the real tree.
+
+For time, the end-to-end test restricts --optimizers to 3 (gpt1_adam, muon, schedule_free_adamw: the plain
+one, the partitioned one and the one evaluated at x), --steps to 6 and --lr-points to 2, with 2 seeds (9 runs;
+the study itself sweeps >= 3 lrs): every run compiles its own train step (the lr is a constant in it), and
+compilation, not training, is what costs here."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "experiments" / "optimizers" / "run_study.py"
+ENV = {**os.environ, "XLA_FLAGS": ""}  # one real CPU device, as a user runs it (conftest fakes 8 here)
+OPTS = ["gpt1_adam", "muon", "schedule_free_adamw"]
+
+
+def _study_module():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import run_study
+    finally:
+        sys.path.pop(0)
+    return run_study
+
+
+@pytest.fixture(scope="module")
+def quick_study(tmp_path_factory):
+    out = tmp_path_factory.mktemp("opt-study")
+    argv = [sys.executable, str(SCRIPT), "pretrain", "--quick", "--out", str(out), "--optimizers", ",".join(OPTS),
+            "--steps", "6", "--lr-points", "2", "--cache-dir", str(out / "token-cache")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=ENV)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out / "pretrain", argv
+
+
+def test_quick_study_writes_all_outputs(quick_study):
+    study, _ = quick_study
+    for name in ("results.json", "results.md", "val_vs_step.png", "val_vs_time.png", "loss_vs_lr.png"):
+        assert (study / name).is_file() and (study / name).stat().st_size > 0, name
+    results = json.loads((study / "results.json").read_text())
+    runs = results["runs"]
+    assert len(runs) == 3 * 2 + 3  # 2 lrs at seed 0, then seed 1 at the best lr
+    for name in OPTS:
+        mine = [r for r in runs if r["optimizer"] == name]
+        assert len({r["lr"] for r in mine if r["seed"] == 0}) == 2
+        assert {r["seed"] for r in mine} == {0, 1}
+        for r in mine:
+            assert set(r) >= {"optimizer", "lr", "seed", "final_val_loss", "best_val_loss", "tokens_per_s",
+                              "optimizer_state_bytes", "diverged", "wall_seconds"}
+            assert r["diverged"] or r["final_val_loss"] > 0
+    sf = [r for r in runs if r["optimizer"] == "schedule_free_adamw" and not r["diverged"]]
+    assert sf and all(r["eval_at"].startswith("x") for r in sf)
+    assert (Path(sf[0]["workdir"]) / "x_export" / "config.yaml").is_file()
+    md = (study / "results.md").read_text()
+    rows = [l for l in md.splitlines() if l.startswith("| ") and not l.startswith("| optimizer")]
+    assert [l.split("|")[1].strip() for l in rows] == OPTS
+    assert "1.00×" in rows[0]  # gpt1_adam is the memory reference
+
+
+def test_table_state_bytes_are_optimizer_state_bytes(quick_study):
+    import functools
+
+    import flax.linen as nn
+    import jax
+
+    from gpt1_jax.config import load_yaml
+    from gpt1_jax.model import init_params
+    from gpt1_jax.optim import make_optimizer, optimizer_state_bytes
+    from gpt1_jax.pretrain import PretrainConfig
+
+    study, _ = quick_study
+    summary = {r["optimizer"]: r for r in json.loads((study / "results.json").read_text())["summary"]}
+    for name in OPTS:
+        run = next(r for r in json.loads((study / "results.json").read_text())["runs"] if r["optimizer"] == name)
+        config = load_yaml(PretrainConfig, Path(run["workdir"]) / "config.yaml")
+        params = nn.meta.unbox(jax.eval_shape(functools.partial(init_params, config.model), jax.random.key(0)))
+        state = jax.eval_shape(make_optimizer(config.optim, params).init, params)
+        expected = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+        assert optimizer_state_bytes(config.optim, params) == expected == summary[name]["state_bytes"]
+
+
+def test_rerun_skips_finished_runs(quick_study):
+    study, argv = quick_study
+    before = {p: p.stat().st_mtime for p in study.glob("runs/*/*/metrics.jsonl")}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "==" not in done.stderr  # no run started
+    assert {p: p.stat().st_mtime for p in study.glob("runs/*/*/metrics.jsonl")} == before
+
+
+def test_diverged_run_is_recorded_not_raised(tmp_path, monkeypatch):
+    """train() returning 1 after a NaN loss -> diverged: True, no val loss, and the study goes on."""
+    import gpt1_jax.pretrain
+
+    rs = _study_module()
+
+    def fake_train(config, workdir):
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0, "tokens_per_s": 100.0}) + "\n"
+                                               + json.dumps({"step": 2, "loss": "nan"}) + "\n")
+        return 1
+
+    monkeypatch.setattr(gpt1_jax.pretrain, "train", fake_train)
+    budget = dict(rs.PRETRAIN["quick"], steps=4)
+    rec = rs.pretrain_run(tmp_path, budget, "sgd_nesterov", 1.0, 0, "train", None)
+    assert rec["diverged"] and rec["final_val_loss"] is None and rec["error"] is None
+    assert json.loads((tmp_path / "runs" / "sgd_nesterov" / "lr1_s0" / "record.json").read_text())["diverged"]
+    assert rs.score(rec) is None and rs.best_lr([rec], "sgd_nesterov", 0) is None
+
+
+def test_lr_grid_is_a_log_grid_around_the_centre():
+    rs = _study_module()
+    assert rs.lr_grid(3e-3) == [1e-3, 3e-3, 1e-2]
+    assert rs.lr_grid(1e-2, 5) == [1e-3, 3e-3, 1e-2, 3e-2, 0.1]
+    assert all(len(rs.lr_grid(s["pretrain_lr"])) == 3 for s in rs.SPECS.values())
+    from gpt1_jax.optim import OPTIMIZERS
+
+    assert set(rs.SPECS) <= set(OPTIMIZERS) and len(rs.SPECS) >= 8
