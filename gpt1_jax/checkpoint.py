@@ -92,11 +92,6 @@ class Checkpointer:
         self.manager.close()
 
 
-def abstract_like(tree: Any) -> Any:
-    """ShapeDtypeStructs carrying each array's sharding: the restore target for a state on a given mesh."""
-    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
-
-
 def restore_params(directory: str | Path, model_config: ModelConfig, step: int | None = None):
     """-> (params, step): only the `params` subtree of a checkpoint's `state` item (an orbax partial
     restore, so optimizer moments are never read), on the host's first device; step None = latest."""

@@ -23,8 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from gpt1_jax.config import apply_overrides
-    from gpt1_jax.data.pipeline import BatchIterator, build_pipeline, to_global_array
+    from gpt1_jax.data.pipeline import BatchIterator, build_pipeline
     from gpt1_jax.pretrain import evaluate_loss, load_run
 
     workdir = Path(args.workdir)
@@ -43,8 +42,7 @@ def main(args: argparse.Namespace) -> int:
         batches = BatchIterator(pipeline.windows, every, data.global_batch_size, shuffle=False, repeat=False,
                                 pad_last=True)
         split = "all windows"
-    put = lambda batch: to_global_array(batch, trainer.batch_sharding)
-    loss, n_tokens = evaluate_loss(trainer, params, batches, args.max_batches, put)
+    loss, n_tokens = evaluate_loss(trainer, params, batches, args.max_batches)
     print(json.dumps({"workdir": str(workdir), "step": step, "data": args.data or config.data.source, "split": split,
                       "tokens": int(n_tokens), "loss": loss, "perplexity": math.exp(min(loss, 50.0))}))
     return 0

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpt1_jax.config import ConfigError, ModelConfig, apply_overrides, from_dict, load_yaml, model_preset, save_yaml
+from gpt1_jax.config import ConfigError, ModelConfig, apply_overrides, load_yaml, model_preset, save_yaml
 from gpt1_jax.data.pipeline import DataConfig
 from gpt1_jax.optim import OptimConfig
 from gpt1_jax.sharding import MeshConfig, parse_mesh
@@ -167,7 +167,7 @@ def train(config: PretrainConfig, workdir: Path) -> int:
 
     from gpt1_jax import flops
     from gpt1_jax.checkpoint import Checkpointer
-    from gpt1_jax.data.pipeline import build_pipeline, to_global_array
+    from gpt1_jax.data.pipeline import build_pipeline
     from gpt1_jax.metrics import MetricsWriter, Progress, plot_losses
     from gpt1_jax.optim import eval_params
     from gpt1_jax.sharding import logical_rules, make_mesh
@@ -185,7 +185,6 @@ def train(config: PretrainConfig, workdir: Path) -> int:
                       accum_steps=config.accum_steps, seed=config.seed)
     ckpt = Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints, save_every=config.checkpoint_every)
     train_iter = pipeline.train_iter()
-    put = lambda batch: to_global_array(batch, trainer.batch_sharding)
 
     # --- restore or start -----------------------------------------------------------------------
     start = ckpt.latest_step()
@@ -219,7 +218,7 @@ def train(config: PretrainConfig, workdir: Path) -> int:
     try:
         t_last = time.perf_counter()
         for done in range(start + 1, config.steps + 1):
-            state, step_metrics = trainer.step(state, put(next(train_iter)))
+            state, step_metrics = trainer.step(state, trainer.put_batch(next(train_iter)))
             m = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
             if not math.isfinite(m["loss"]):
                 last = ckpt.latest_step()
@@ -240,7 +239,7 @@ def train(config: PretrainConfig, workdir: Path) -> int:
             if config.eval_every and (done % config.eval_every == 0 or done == config.steps):
                 # Schedule-free optimizers are evaluated at their x sequence; for the others this is params.
                 params = eval_params(state.opt_state, state.params)
-                loss, _ = evaluate_loss(trainer, params, pipeline.val_iter(), config.eval_batches, put)
+                loss, _ = evaluate_loss(trainer, params, pipeline.val_iter(), config.eval_batches)
                 metrics.write(done, val_loss=loss, val_ppl=math.exp(min(loss, 50.0)))
                 progress.write(f"step {done}: val_loss {loss:.4f}  val_ppl {math.exp(min(loss, 50.0)):.2f}")
                 t_last = time.perf_counter()  # evaluation time is not training throughput
@@ -261,14 +260,13 @@ def train(config: PretrainConfig, workdir: Path) -> int:
     return status
 
 
-def evaluate_loss(trainer, params, batches, max_batches: int, put) -> tuple[float, float]:
-    """(token-weighted mean LM loss, tokens) over (up to max_batches of) an iterator; padding weighs 0.
-    `put` places a process-local numpy batch on the mesh."""
+def evaluate_loss(trainer, params, batches, max_batches: int) -> tuple[float, float]:
+    """(token-weighted mean LM loss, tokens) over (up to max_batches of) an iterator; padding weighs 0."""
     total, weight = 0.0, 0.0
     for i, batch in enumerate(batches):
         if max_batches and i >= max_batches:
             break
-        loss_sum, weight_sum = trainer.eval_sums(params, put(batch))
+        loss_sum, weight_sum = trainer.eval_sums(params, trainer.put_batch(batch))
         total, weight = total + float(loss_sum), weight + float(weight_sum)
     return total / max(weight, 1.0), weight
 

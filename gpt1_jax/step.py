@@ -144,6 +144,7 @@ def train_step(
 
 @dataclasses.dataclass(frozen=True)
 class _Programs:
+    boxed_params: Any  # abstract (eval_shape) parameters in their logical-axis boxes
     tx: optax.GradientTransformation
     schedule: optax.Schedule
     init: Callable
@@ -157,8 +158,8 @@ def _programs(config: ModelConfig, optim: OptimConfig, rules: shd.Rules, accum_s
     """The pure functions for one setup, built once: jax caches traces and compilations by function
     identity, so equal Trainers (tests, restarts in one process) share them instead of recompiling.
     Each binds its logical-axis rules itself, because jax's caches cannot see flax's rules context."""
-    abstract_params = nn.meta.unbox(jax.eval_shape(functools.partial(init_params, config), jax.random.key(0)))
-    tx = make_optimizer(optim, abstract_params)
+    boxed_params = jax.eval_shape(functools.partial(init_params, config), jax.random.key(0))
+    tx = make_optimizer(optim, nn.meta.unbox(boxed_params))
     schedule = make_schedule(optim)
 
     def with_rules(fn):
@@ -181,7 +182,7 @@ def _programs(config: ModelConfig, optim: OptimConfig, rules: shd.Rules, accum_s
     def evaluate(params, batch):
         return eval_sums(params, batch, config=config)
 
-    return _Programs(tx, schedule, with_rules(init), with_rules(step), with_rules(grads), with_rules(evaluate))
+    return _Programs(boxed_params, tx, schedule, with_rules(init), with_rules(step), with_rules(grads), with_rules(evaluate))
 
 
 @dataclasses.dataclass
@@ -201,9 +202,8 @@ class Trainer:
         self.rules = tuple(self.rules)
         programs = _programs(self.config, self.optim, self.rules, self.accum_steps, self.seed)
         self.tx, self.schedule = programs.tx, programs.schedule
-        self._boxed_params = jax.eval_shape(functools.partial(init_params, self.config), jax.random.key(0))
-        self.abstract_params = nn.meta.unbox(self._boxed_params)
-        self.param_shardings = shd.logical_shardings(self._boxed_params, self.mesh, self.rules)
+        self.abstract_params = nn.meta.unbox(programs.boxed_params)
+        self.param_shardings = shd.logical_shardings(programs.boxed_params, self.mesh, self.rules)
         abstract_opt = jax.eval_shape(self.tx.init, self.abstract_params)
         opt_shardings = shd.like_params_shardings(abstract_opt, self.abstract_params, self.param_shardings, self.mesh)
         self.state_shardings = TrainState(
@@ -260,13 +260,14 @@ class Trainer:
         )
 
     def put_batch(self, batch: Batch) -> Batch:
-        B = batch["inputs"].shape[0]
+        """This process's rows of a global batch (numpy) -> global arrays sharded over data x fsdp."""
+        B = batch["inputs"].shape[0] * jax.process_count()
         divisor = shd.batch_divisor(self.mesh) * self.accum_steps
         if B % divisor:
             raise ConfigError(
                 f"batch {B} is not divisible by data x fsdp x accum_steps = {divisor} (mesh {dict(self.mesh.shape)})"
             )
-        return {k: jax.device_put(v, self.batch_sharding) for k, v in batch.items()}
+        return {k: jax.make_array_from_process_local_data(self.batch_sharding, v) for k, v in batch.items()}
 
     def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
         with self._context():

@@ -169,7 +169,7 @@ def x_evaluate(config, workdir: Path) -> list[tuple[int, float]]:
     import jax
 
     from gpt1_jax.checkpoint import Checkpointer
-    from gpt1_jax.data.pipeline import build_pipeline, to_global_array
+    from gpt1_jax.data.pipeline import build_pipeline
     from gpt1_jax.optim import eval_params
     from gpt1_jax.pretrain import evaluate_loss
     from gpt1_jax.sharding import logical_rules, make_mesh
@@ -179,7 +179,6 @@ def x_evaluate(config, workdir: Path) -> list[tuple[int, float]]:
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=pipeline.tokenizer.vocab_size))
     mesh = make_mesh(config.mesh)
     trainer = Trainer(config.model, config.optim, mesh, logical_rules(config.mesh.rules), seed=config.seed)
-    put = lambda batch: to_global_array(batch, trainer.batch_sharding)
     ckpt = Checkpointer(workdir / "checkpoints", keep=10**6)
     out = []
     x_fn = jax.jit(eval_params)
@@ -189,7 +188,7 @@ def x_evaluate(config, workdir: Path) -> list[tuple[int, float]]:
                 continue
             state, _, _ = ckpt.restore(trainer.abstract_state_sharded(), step)
             x = x_fn(state.opt_state, state.params)
-            loss, _ = evaluate_loss(trainer, x, pipeline.val_iter(), config.eval_batches, put)
+            loss, _ = evaluate_loss(trainer, x, pipeline.val_iter(), config.eval_batches)
             out.append((step, loss))
             if step == config.steps:
                 export_params(workdir / "x_export", workdir, config, x, step)
