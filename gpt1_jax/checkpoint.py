@@ -18,10 +18,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from gpt1_jax.config import ModelConfig
-
-
-class CheckpointMismatchError(ValueError):
-    """The workdir holds a checkpoint of another model than the one asked for."""
+from gpt1_jax.errors import CheckpointMismatchError
 
 
 class Checkpointer:

@@ -1,32 +1,44 @@
-"""Typed configuration: the model's dataclass, its named presets, YAML files and `key=value` overrides.
+"""Every typed config of the project, its named presets, YAML files and `key=value` overrides.
 
 Every config is a frozen dataclass, so a config is a value: it can be hashed, passed to `jax.jit` as a
 static argument and written to a workdir as YAML. Bad values fail here, with one line naming the
 field, instead of as a shape error deep inside a compiled program.
+
+  ModelConfig      GPT-1's architecture and how it runs (dtype, attention, scan, remat)
+  OptimConfig      optimizer and schedule by name (gpt1_jax/optim.py builds them)
+  MeshConfig       mesh axis sizes and logical-rule overrides (gpt1_jax/sharding.py builds the mesh)
+  DataConfig       the pre-training text pipeline (gpt1_jax/data/pipeline.py)
+  PretrainConfig   one pre-training run (`gpt1-jax pretrain`), presets `small`, `tiny`, `gpt1`
+  FinetuneConfig   one fine-tuning run (`gpt1-jax finetune`)
+`resolve` is the one place a run's config is assembled: preset or YAML < saved config < flags < `--set`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Mapping, TypeVar
 
 import yaml
+
+from gpt1_jax.errors import ConfigError
 
 T = TypeVar("T")
 
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_IMPLS = ("auto", "xla", "dot_product", "cudnn")
 
-
-class ConfigError(ValueError):
-    """A config value that cannot work; the message is one line meant for the user."""
+# How a model runs, not which weights it has: free to differ between a checkpoint and the run using it.
+# (`scan_layers` changes the parameter tree's layout; weights.py converts between the two layouts.)
+RUNTIME_FIELDS = ("dtype", "param_dtype", "attention", "scan_layers", "remat", "embd_dropout", "attn_dropout",
+                  "resid_dropout")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """GPT-1's hyper-parameters (REFERENCE.md). Field names follow the paper, not HF's `n_*` names."""
+    """GPT-1's hyper-parameters (docs/gpt1.md). Field names follow the paper, not HF's `n_*` names."""
 
     vocab_size: int = 40478
     n_positions: int = 512
@@ -63,6 +75,14 @@ class ModelConfig:
         if self.remat not in ("none", "full", "dots"):
             raise ConfigError(f"model.remat={self.remat!r} is not one of none, full, dots")
 
+    def architecture(self) -> dict[str, Any]:
+        """The fields that define the weights (everything but RUNTIME_FIELDS)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in RUNTIME_FIELDS}
+
+    def with_runtime_of(self, other: ModelConfig) -> ModelConfig:
+        """This architecture, run as `other` runs (its dtype, dropout, attention, scan, remat)."""
+        return dataclasses.replace(self, **{n: getattr(other, n) for n in RUNTIME_FIELDS})
+
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
@@ -89,6 +109,271 @@ def model_preset(name: str) -> ModelConfig:
         return MODEL_PRESETS[name]
     except KeyError:
         raise ConfigError(f"unknown model preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    name: str = "gpt1_adam"
+    lr: float = 2.5e-4  # peak lr (pre-training value; fine-tuning used 6.25e-5)
+    schedule: str = "warmup_cosine"
+    warmup_steps: int = 2000
+    total_steps: int = 100_000
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0  # 0 disables clipping
+    momentum: float = 0.9  # sgd, sgd_nesterov
+    # muon: momentum of the orthogonalised matrices, Newton-Schulz steps, update RMS matching
+    # (optax's `consistent_rms`: 0.2 ~ AdamW's update RMS, so one lr suits both halves; 0 = Keller
+    # Jordan's sqrt(max(1, fan_out/fan_in)) scaling, whose lr is ~10-50x AdamW's), and the lr of the
+    # AdamW half (embeddings, biases, LayerNorm) as a multiple of `lr`.
+    muon_beta: float = 0.95
+    muon_ns_steps: int = 5
+    muon_consistent_rms: float = 0.2
+    muon_adam_lr_ratio: float = 1.0
+    # schedule_free_adamw: b1 is the interpolation y = (1-b1) z + b1 x (the base RMS scaling uses b2, eps);
+    # weight_lr_power weighs the running average by lr^power (down-weights warmup).
+    sf_b1: float = 0.9
+    sf_weight_lr_power: float = 2.0
+    # adafactor: decay exponent of the second-moment estimate; momentum (0: none, Adafactor's default)
+    adafactor_decay_rate: float = 0.8
+    adafactor_momentum: float = 0.0
+
+    def __post_init__(self):
+        from gpt1_jax.optim import OPTIMIZERS, SCHEDULES  # the registries live beside the code
+
+        if self.name not in OPTIMIZERS:
+            raise ConfigError(f"optim.name={self.name!r} is not one of {', '.join(OPTIMIZERS)}")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"optim.schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}")
+        if self.lr < 0 or self.weight_decay < 0 or self.clip_norm < 0 or self.eps < 0:
+            raise ConfigError("optim.lr, weight_decay, clip_norm and eps must be >= 0")
+        if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
+            raise ConfigError(f"optim.b1/b2 must lie in [0, 1), got {self.b1}, {self.b2}")
+        if not (0 <= self.momentum < 1 and 0 <= self.muon_beta < 1 and 0 <= self.adafactor_momentum < 1):
+            raise ConfigError("optim.momentum, muon_beta and adafactor_momentum must lie in [0, 1)")
+        if not 0 < self.sf_b1 < 1:
+            raise ConfigError(f"optim.sf_b1 must lie in (0, 1), got {self.sf_b1}")
+        if self.muon_ns_steps < 1 or self.muon_consistent_rms < 0 or self.muon_adam_lr_ratio < 0:
+            raise ConfigError("optim.muon_ns_steps must be >= 1, muon_consistent_rms and muon_adam_lr_ratio >= 0")
+        if self.warmup_steps < 0 or self.total_steps < 1:
+            raise ConfigError(f"optim.warmup_steps must be >= 0 and total_steps >= 1")
+        if self.schedule != "constant" and self.warmup_steps > self.total_steps:
+            raise ConfigError(f"optim.warmup_steps={self.warmup_steps} exceeds total_steps={self.total_steps}")
+
+
+MESH_AXES = ("data", "fsdp", "tensor")
+MeshAxes = str | tuple[str, ...] | None  # one logical axis -> mesh axes (None: replicated)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Mesh axis sizes; -1 means "all remaining devices" (at most one axis may say so)."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+    # Hook for multi-slice: how many slices each axis spans over DCN (1 = within one slice).
+    dcn_data: int = 1
+    dcn_fsdp: int = 1
+    dcn_tensor: int = 1
+    # Logical name -> mesh axes ("fsdp", "data,fsdp", or "" / None for replicated); replaces that
+    # name's entry in DEFAULT_RULES. A mapping in YAML: `rules: {vocab: null, embed: fsdp}`.
+    rules: tuple[tuple[str, MeshAxes], ...] = ()
+
+    def __post_init__(self):
+        sizes = [self.data, self.fsdp, self.tensor]
+        if any(s == 0 or s < -1 for s in sizes):
+            raise ConfigError(f"mesh sizes must be positive or -1, got data={self.data}, fsdp={self.fsdp}, tensor={self.tensor}")
+        if sizes.count(-1) > 1:
+            raise ConfigError("at most one mesh axis may be -1 (the rest of the devices)")
+        if any(d < 1 for d in (self.dcn_data, self.dcn_fsdp, self.dcn_tensor)):
+            raise ConfigError("mesh dcn_* sizes must be >= 1")
+        if isinstance(self.rules, Mapping):  # from YAML: normalise to a hashable tuple
+            object.__setattr__(self, "rules", tuple(self.rules.items()))
+        elif isinstance(self.rules, list):  # a saved config.yaml writes the tuple as a list of pairs
+            object.__setattr__(self, "rules", tuple(tuple(r) for r in self.rules))
+        from gpt1_jax.sharding import DEFAULT_RULES  # the one rules table
+
+        for name, _ in self.rules:
+            if name not in dict(DEFAULT_RULES):
+                raise ConfigError(f"mesh.rules: unknown logical axis {name!r}; known: {', '.join(dict(DEFAULT_RULES))}")
+
+    def axis_sizes(self, n_devices: int) -> dict[str, int]:
+        """{'data': .., 'fsdp': .., 'tensor': ..} resolving -1, checked against the device count."""
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        known = math.prod(s for s in sizes.values() if s != -1)
+        for axis, s in sizes.items():
+            if s == -1:
+                if n_devices % known:
+                    raise ConfigError(f"mesh {self.spec()} does not divide {n_devices} devices")
+                sizes[axis] = n_devices // known
+        if math.prod(sizes.values()) != n_devices:
+            raise ConfigError(f"mesh {self.spec()} needs {math.prod(sizes.values())} devices, have {n_devices}")
+        return sizes
+
+    def spec(self) -> str:
+        return f"data={self.data},fsdp={self.fsdp},tensor={self.tensor}"
+
+
+def parse_mesh(text: str) -> MeshConfig:
+    """`"data=2,fsdp=2,tensor=2"` -> MeshConfig. Unnamed axes are 1, except `data`, which takes the rest
+    of the devices unless another axis says -1: `tensor=2` on 8 devices is data=4 x tensor=2."""
+    values: dict[str, int] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or key not in MESH_AXES + ("dcn_data", "dcn_fsdp", "dcn_tensor"):
+            raise ConfigError(f"--mesh item {item!r} is not AXIS=SIZE with AXIS one of {', '.join(MESH_AXES)}")
+        try:
+            values[key] = int(raw)
+        except ValueError:
+            raise ConfigError(f"--mesh size {raw!r} for {key} is not an integer") from None
+    if "data" not in values and -1 in values.values():
+        values["data"] = 1  # another axis already takes the rest
+    return MeshConfig(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """The pre-training text pipeline (gpt1_jax/data/pipeline.py)."""
+
+    source: str = "default"  # "default"/"pydoc", a path/dir/glob, or "tfds:NAME[/CONFIG][:SPLIT]"
+    seq_len: int = 512  # GPT-1's context
+    global_batch_size: int = 64  # windows per optimizer step over all processes (GPT-1: 64)
+    val_fraction: float = 0.01  # share of windows held out
+    split_seed: int = 0  # which windows are held out; separate from `seed` so reshuffling keeps val fixed
+    seed: int = 0  # order of the train windows
+    tokenizer: str = "train"  # "train" (on the source, kept in workdir), a .json, or OpenAI's vocab dir
+    vocab_size: int = 40478  # BPE size when training (without the 3 fine-tuning markers)
+    cache_dir: str | None = None  # token cache; None: $XDG_CACHE_HOME/gpt1_jax/tokens
+    progress: bool = True  # tqdm bars while training the tokenizer / tokenising
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 1:
+            raise ConfigError(f"data.seq_len must be >= 1, got {self.seq_len}")
+        if self.global_batch_size < 1:
+            raise ConfigError(f"data.global_batch_size must be >= 1, got {self.global_batch_size}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ConfigError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainConfig:
+    """Everything a pre-training run needs; written to `<workdir>/config.yaml`.
+
+    Defaults are the `small` preset scaled for a 2-core CPU (a few minutes on the embedded corpus);
+    `--config gpt1` switches to the paper's numbers (batch 64 x 512, lr 2.5e-4, 2000 warmup steps).
+    `model.vocab_size` always follows the tokenizer (BPE merges + the 3 fine-tuning markers).
+    """
+
+    model: ModelConfig = MODEL_PRESETS["small"]
+    optim: OptimConfig = OptimConfig(lr=1e-3, warmup_steps=30, total_steps=300)
+    data: DataConfig = DataConfig(source="default", seq_len=128, global_batch_size=16, val_fraction=0.05)
+    mesh: MeshConfig = MeshConfig()
+    steps: int = 300
+    seed: int = 0
+    accum_steps: int = 1
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 3
+    keep_steps: tuple[int, ...] = ()  # checkpoints kept for good besides the last `keep_checkpoints`
+    eval_every: int = 100
+    eval_batches: int = 16  # cap on validation batches per evaluation (0: the whole split)
+    log_every: int = 1
+
+    def __post_init__(self):
+        if isinstance(self.keep_steps, list):  # from YAML
+            object.__setattr__(self, "keep_steps", tuple(int(s) for s in self.keep_steps))
+        for name in ("steps", "accum_steps", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("checkpoint_every", "eval_every", "eval_batches", "log_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.data.seq_len > self.model.n_positions:
+            raise ConfigError(f"data.seq_len={self.data.seq_len} is longer than the model's context "
+                              f"model.n_positions={self.model.n_positions}")
+
+
+# Per-preset training defaults: the paper's for gpt1, scaled down for the CPU presets.
+_PRETRAIN_PRESETS: dict[str, dict[str, Any]] = {
+    "gpt1": dict(optim=OptimConfig(lr=2.5e-4, warmup_steps=2000, total_steps=100_000), steps=100_000,
+                 data=DataConfig(seq_len=512, global_batch_size=64, val_fraction=0.01), eval_every=1000,
+                 checkpoint_every=1000),
+    "small": {},
+    "tiny": dict(optim=OptimConfig(lr=3e-3, warmup_steps=5, total_steps=50), steps=50,
+                 data=DataConfig(seq_len=64, global_batch_size=8, vocab_size=509, val_fraction=0.05),
+                 checkpoint_every=25, eval_every=25),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneConfig:
+    """One fine-tuning run; written to `<workdir>/config.yaml`.
+
+    With a pre-trained SOURCE the architecture comes from the checkpoint; `model`'s RUNTIME_FIELDS
+    (dropout, dtype, attention, scan, remat) still apply. `optim.total_steps` and `optim.warmup_steps`
+    are derived from the data (epochs x batches, `warmup_fraction`). Defaults are the paper's: lr 6.25e-5,
+    batch 32, 3 epochs, warmup 0.2% then linear decay to 0, lm_coef 0.5, dropout 0.1 (classifier too).
+    """
+
+    task: str = "cola"
+    model: ModelConfig = MODEL_PRESETS["gpt1"]
+    optim: OptimConfig = OptimConfig(lr=6.25e-5, schedule="warmup_linear", warmup_steps=0, total_steps=1)
+    mesh: MeshConfig = MeshConfig()
+    epochs: int = 3
+    batch_size: int = 32
+    eval_batch_size: int = 0  # 0: batch_size
+    accum_steps: int = 1
+    warmup_fraction: float = 0.002
+    lm_coef: float = 0.5  # λ of the auxiliary LM loss; 0 disables it (Table 5's "no aux LM")
+    clf_dropout: float = 0.1
+    seed: int = 0
+    n_ctx: int = 0  # 0: the model's n_positions; each segment keeps n_ctx//2 - 2 tokens
+    max_train_examples: int = 0  # 0: all; else a fixed random subset (quick runs)
+    max_eval_examples: int = 0  # 0: all; else a fixed random subset of each dev/test split (same for every seed)
+    race_levels: str = "middle,high"
+    init_layers: int = -1  # pre-trained blocks kept (Figure 2 left); -1: all; the rest start fresh
+    checkpoint_every: int = 0  # steps between checkpoints besides each epoch's end (0: epoch ends only)
+    keep_checkpoints: int = 2
+
+    def __post_init__(self):
+        for name in ("epochs", "batch_size", "accum_steps", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("eval_batch_size", "n_ctx", "max_train_examples", "max_eval_examples", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.warmup_fraction <= 1:
+            raise ConfigError(f"warmup_fraction must lie in [0, 1], got {self.warmup_fraction}")
+        if self.lm_coef < 0:
+            raise ConfigError(f"lm_coef must be >= 0, got {self.lm_coef}")
+        if not 0 <= self.clf_dropout < 1:
+            raise ConfigError(f"clf_dropout must be in [0, 1), got {self.clf_dropout}")
+        if self.init_layers < -1:
+            raise ConfigError(f"init_layers must be >= -1 (-1: all), got {self.init_layers}")
+        task_key(self.task)  # validates
+
+
+def task_key(name: str) -> str:
+    """A fine-tuning task's canonical name (`SST-2` -> `sst2`), or one error line naming the known ones."""
+    from gpt1_jax.data.glue import GLUE_TASKS
+
+    key = name.lower().replace("-", "")
+    if key not in GLUE_TASKS and key != "race":
+        raise ConfigError(f"unknown task {name!r}; known: {', '.join(list(GLUE_TASKS) + ['race'])}")
+    return key
+
+
+def preset(cls: type[T], name: str) -> T:
+    """A run config of `cls` (PretrainConfig or FinetuneConfig) for the model preset `name`."""
+    model = model_preset(name)
+    if cls is PretrainConfig:
+        base = PretrainConfig(model=model, **_PRETRAIN_PRESETS.get(name, {}))
+        # BPE merges = the model's vocabulary less the 3 markers, so the table size is what the preset says.
+        return dataclasses.replace(base, data=dataclasses.replace(base.data, vocab_size=model.vocab_size - 3))
+    return cls(model=model)
 
 
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
@@ -171,3 +456,23 @@ def resolve_model_config(spec: str) -> ModelConfig:
     if spec.endswith((".yaml", ".yml")) or Path(spec).exists():
         return load_yaml(ModelConfig, spec)
     raise ConfigError(f"unknown model config {spec!r}: not a preset ({', '.join(MODEL_PRESETS)}) nor a YAML file")
+
+
+def resolve(cls: type[T], spec: str | None, *, saved: str | Path | None = None, overrides=(), mesh: str | None = None) -> T:
+    """The one way a run's config is assembled, each step over the one before:
+    `spec` (a preset name or a YAML file of `cls`; None: `saved` if it exists, else the default) <
+    `overrides` (`key=value`, flags first, then `--set`) < `mesh` (`--mesh data=2,fsdp=2`)."""
+    if spec is None and saved is not None and Path(saved).is_file():
+        config = load_yaml(cls, saved)
+    elif spec is None:
+        config = cls()
+    elif spec in MODEL_PRESETS:
+        config = preset(cls, spec)
+    elif spec.endswith((".yaml", ".yml")) or Path(spec).is_file():
+        config = load_yaml(cls, spec)
+    else:
+        raise ConfigError(f"--config {spec!r}: not a preset ({', '.join(MODEL_PRESETS)}) nor a YAML file")
+    config = apply_overrides(config, list(overrides))
+    if mesh:
+        config = dataclasses.replace(config, mesh=parse_mesh(mesh))
+    return config

@@ -33,6 +33,8 @@ import time
 import traceback
 from typing import Sequence
 
+from gpt1_jax.errors import DistributedConfigError
+
 ENV_COORDINATOR = "GPT1_COORDINATOR"
 ENV_NUM_PROCESSES = "GPT1_NUM_PROCESSES"
 ENV_PROCESS_ID = "GPT1_PROCESS_ID"
@@ -46,10 +48,6 @@ DEFAULT_SHUTDOWN_S = 30
 DEFAULT_INIT_TIMEOUT_S = 300  # waiting for every host of a pod to come up can take minutes
 
 _state: dict = {"initialized": False, "multi": False, "startup_s": None}
-
-
-class DistributedConfigError(ValueError):
-    """Inconsistent distributed flags/environment (a user error: one line, exit 2)."""
 
 
 @dataclasses.dataclass(frozen=True)

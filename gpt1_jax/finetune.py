@@ -27,53 +27,8 @@ from typing import Callable
 
 import numpy as np
 
-from gpt1_jax.config import ConfigError, ModelConfig, apply_overrides, load_yaml, model_preset, save_yaml, to_dict
-from gpt1_jax.optim import OptimConfig
-from gpt1_jax.sharding import MeshConfig, parse_mesh
-
-RACE_DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data" / "race.tar.gz"
-
-
-@dataclasses.dataclass(frozen=True)
-class FinetuneConfig:
-    """One fine-tuning run; written to `<workdir>/config.yaml`.
-
-    With a pre-trained SOURCE the architecture (sizes, vocab, scan_layers) comes from the checkpoint;
-    `model`'s run-time fields (dropout, dtype, attention, remat) still apply. `optim.total_steps` and
-    `optim.warmup_steps` are derived from the data (epochs x batches, `warmup_fraction`).
-    """
-
-    task: str = "cola"
-    model: ModelConfig = model_preset("gpt1")
-    optim: OptimConfig = OptimConfig(lr=6.25e-5, schedule="warmup_linear", warmup_steps=0, total_steps=1)
-    mesh: MeshConfig = MeshConfig()
-    epochs: int = 3
-    batch_size: int = 32
-    eval_batch_size: int = 0  # 0: batch_size
-    warmup_fraction: float = 0.002
-    lm_coef: float = 0.5  # λ of the auxiliary LM loss; 0 disables it (Table 5's "no aux LM")
-    clf_dropout: float = 0.1
-    seed: int = 0
-    n_ctx: int = 0  # 0: the model's n_positions; each segment keeps n_ctx//2 - 2 tokens
-    max_train_examples: int = 0  # 0: all; else a fixed random subset (quick runs)
-    max_eval_examples: int = 0  # 0: all; else a fixed random subset of each dev/test split (same for every seed)
-    race_levels: str = "middle,high"
-
-    def __post_init__(self):
-        for name in ("epochs", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("eval_batch_size", "n_ctx", "max_train_examples", "max_eval_examples"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.warmup_fraction <= 1:
-            raise ConfigError(f"warmup_fraction must lie in [0, 1], got {self.warmup_fraction}")
-        if self.lm_coef < 0:
-            raise ConfigError(f"lm_coef must be >= 0, got {self.lm_coef}")
-        if not 0 <= self.clf_dropout < 1:
-            raise ConfigError(f"clf_dropout must be in [0, 1), got {self.clf_dropout}")
-        task_names(self.task)  # validates
-
+from gpt1_jax.config import (ConfigError, FinetuneConfig, ModelConfig, OptimConfig, apply_overrides, load_yaml,
+                             model_preset, parse_mesh, save_yaml, task_key, to_dict)
 
 # ---- tasks: GLUE's and RACE behind one interface ----------------------------------------------------
 
@@ -95,19 +50,10 @@ class Task:
     submit_names: bool = False  # the GLUE server wants label names (MNLI, QNLI, RTE), not indices
 
 
-def task_names(name: str) -> str:
-    from gpt1_jax.data.glue import GLUE_TASKS
-
-    key = name.lower().replace("-", "")
-    if key not in GLUE_TASKS and key != "race":
-        raise ConfigError(f"unknown task {name!r}; known: {', '.join(list(GLUE_TASKS) + ['race'])}")
-    return key
-
-
 def make_task(config: FinetuneConfig, data_dir: str | None, tfds_dir: str | None = None) -> Task:
     from gpt1_jax.data import glue
 
-    key = task_names(config.task)
+    key = task_key(config.task)
     if key == "race":
         return _race_task(config, data_dir)
     g = glue.glue_task(key)
@@ -129,7 +75,9 @@ def make_task(config: FinetuneConfig, data_dir: str | None, tfds_dir: str | None
 def _race_task(config: FinetuneConfig, data_dir: str | None) -> Task:
     from gpt1_jax.data.race import load_race
 
-    path = Path(data_dir) if data_dir else RACE_DEFAULT
+    if not data_dir:
+        raise ConfigError("task race reads RACE from a local race.tar.gz: pass --data-dir PATH")
+    path = Path(data_dir)
     levels = tuple(config.race_levels.split(","))
 
     def segments(toks, keep):

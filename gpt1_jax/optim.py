@@ -28,57 +28,7 @@ from typing import Any, Callable
 import jax
 import optax
 
-from gpt1_jax.config import ConfigError
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimConfig:
-    name: str = "gpt1_adam"
-    lr: float = 2.5e-4  # peak lr (pre-training value; fine-tuning used 6.25e-5)
-    schedule: str = "warmup_cosine"
-    warmup_steps: int = 2000
-    total_steps: int = 100_000
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    clip_norm: float = 1.0  # 0 disables clipping
-    momentum: float = 0.9  # sgd, sgd_nesterov
-    # muon: momentum of the orthogonalised matrices, Newton-Schulz steps, update RMS matching
-    # (optax's `consistent_rms`: 0.2 ~ AdamW's update RMS, so one lr suits both halves; 0 = Keller
-    # Jordan's sqrt(max(1, fan_out/fan_in)) scaling, whose lr is ~10-50x AdamW's), and the lr of the
-    # AdamW half (embeddings, biases, LayerNorm) as a multiple of `lr`.
-    muon_beta: float = 0.95
-    muon_ns_steps: int = 5
-    muon_consistent_rms: float = 0.2
-    muon_adam_lr_ratio: float = 1.0
-    # schedule_free_adamw: b1 is the interpolation y = (1-b1) z + b1 x (the base RMS scaling uses b2, eps);
-    # weight_lr_power weighs the running average by lr^power (down-weights warmup).
-    sf_b1: float = 0.9
-    sf_weight_lr_power: float = 2.0
-    # adafactor: decay exponent of the second-moment estimate; momentum (0: none, Adafactor's default)
-    adafactor_decay_rate: float = 0.8
-    adafactor_momentum: float = 0.0
-
-    def __post_init__(self):
-        if self.name not in OPTIMIZERS:
-            raise ConfigError(f"optim.name={self.name!r} is not one of {', '.join(OPTIMIZERS)}")
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"optim.schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}")
-        if self.lr < 0 or self.weight_decay < 0 or self.clip_norm < 0 or self.eps < 0:
-            raise ConfigError("optim.lr, weight_decay, clip_norm and eps must be >= 0")
-        if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
-            raise ConfigError(f"optim.b1/b2 must lie in [0, 1), got {self.b1}, {self.b2}")
-        if not (0 <= self.momentum < 1 and 0 <= self.muon_beta < 1 and 0 <= self.adafactor_momentum < 1):
-            raise ConfigError("optim.momentum, muon_beta and adafactor_momentum must lie in [0, 1)")
-        if not 0 < self.sf_b1 < 1:
-            raise ConfigError(f"optim.sf_b1 must lie in (0, 1), got {self.sf_b1}")
-        if self.muon_ns_steps < 1 or self.muon_consistent_rms < 0 or self.muon_adam_lr_ratio < 0:
-            raise ConfigError("optim.muon_ns_steps must be >= 1, muon_consistent_rms and muon_adam_lr_ratio >= 0")
-        if self.warmup_steps < 0 or self.total_steps < 1:
-            raise ConfigError(f"optim.warmup_steps must be >= 0 and total_steps >= 1")
-        if self.schedule != "constant" and self.warmup_steps > self.total_steps:
-            raise ConfigError(f"optim.warmup_steps={self.warmup_steps} exceeds total_steps={self.total_steps}")
+from gpt1_jax.config import ConfigError, OptimConfig
 
 
 # ---- schedules: step -> lr ------------------------------------------------------------------------

@@ -19,63 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpt1_jax.config import ConfigError, ModelConfig, apply_overrides, load_yaml, model_preset, save_yaml
-from gpt1_jax.data.pipeline import DataConfig
-from gpt1_jax.optim import OptimConfig
-from gpt1_jax.sharding import MeshConfig, parse_mesh
-
-
-@dataclasses.dataclass(frozen=True)
-class PretrainConfig:
-    """Everything a pre-training run needs; written to `<workdir>/config.yaml`.
-
-    Defaults are the `small` preset scaled for a 2-core CPU (a few minutes on the embedded corpus);
-    `--config gpt1` switches to the paper's numbers (batch 64 x 512, lr 2.5e-4, 2000 warmup steps).
-    `model.vocab_size` always follows the tokenizer (BPE merges + the 3 fine-tuning markers).
-    """
-
-    model: ModelConfig = model_preset("small")
-    optim: OptimConfig = OptimConfig(lr=1e-3, warmup_steps=30, total_steps=300)
-    data: DataConfig = DataConfig(source="default", seq_len=128, global_batch_size=16, val_fraction=0.05)
-    mesh: MeshConfig = MeshConfig()
-    steps: int = 300
-    seed: int = 0
-    accum_steps: int = 1
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 3
-    eval_every: int = 100
-    eval_batches: int = 16  # cap on validation batches per evaluation (0: the whole split)
-    log_every: int = 1
-
-    def __post_init__(self):
-        for name in ("steps", "accum_steps", "keep_checkpoints"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("checkpoint_every", "eval_every", "eval_batches", "log_every"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.data.seq_len > self.model.n_positions:
-            raise ConfigError(f"data.seq_len={self.data.seq_len} is longer than the model's context "
-                              f"model.n_positions={self.model.n_positions}")
-
-
-# Per-preset training defaults: the paper's for gpt1, scaled down for the CPU presets.
-PRESET_TRAINING: dict[str, dict[str, Any]] = {
-    "gpt1": dict(optim=OptimConfig(lr=2.5e-4, warmup_steps=2000, total_steps=100_000), steps=100_000,
-                 data=DataConfig(seq_len=512, global_batch_size=64, val_fraction=0.01), eval_every=1000,
-                 checkpoint_every=1000),
-    "small": {},
-    "tiny": dict(optim=OptimConfig(lr=3e-3, warmup_steps=5, total_steps=50), steps=50,
-                 data=DataConfig(seq_len=64, global_batch_size=8, vocab_size=509, val_fraction=0.05),
-                 checkpoint_every=25, eval_every=25),
-}
-
-
-def preset_config(name: str) -> PretrainConfig:
-    model = model_preset(name)
-    base = PretrainConfig(model=model, **PRESET_TRAINING.get(name, {}))
-    # BPE merges = the model's vocabulary less the 3 markers, so the table size is what the preset says.
-    return dataclasses.replace(base, data=dataclasses.replace(base.data, vocab_size=model.vocab_size - 3))
+from gpt1_jax.config import MeshConfig, PretrainConfig, apply_overrides, load_yaml, parse_mesh, preset, save_yaml
 
 
 def resolve_config(args: argparse.Namespace, workdir: Path) -> PretrainConfig:
@@ -84,7 +28,7 @@ def resolve_config(args: argparse.Namespace, workdir: Path) -> PretrainConfig:
     if args.config is None and saved.is_file():
         config = load_yaml(PretrainConfig, saved)
     elif args.config is None or args.config in ("gpt1", "small", "tiny"):
-        config = preset_config(args.config or "small")
+        config = preset(PretrainConfig, args.config or "small")
     else:
         config = load_yaml(PretrainConfig, args.config)
     flags = []

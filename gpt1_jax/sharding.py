@@ -18,11 +18,8 @@ import dataclasses
 import math
 from typing import Any, Mapping, Sequence
 
-from gpt1_jax.config import ConfigError
+from gpt1_jax.config import MESH_AXES, ConfigError, MeshAxes, MeshConfig, parse_mesh  # noqa: F401 (re-exported)
 
-MESH_AXES = ("data", "fsdp", "tensor")
-
-MeshAxes = str | tuple[str, ...] | None
 Rules = tuple[tuple[str, MeshAxes], ...]
 
 # Order matters: flax assigns rules first to last and never reuses a mesh axis within one array. So an
@@ -40,72 +37,6 @@ DEFAULT_RULES: Rules = (
     ("kv", None),
     ("layers", None),
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-    """Mesh axis sizes; -1 means "all remaining devices" (at most one axis may say so)."""
-
-    data: int = -1
-    fsdp: int = 1
-    tensor: int = 1
-    # Hook for multi-slice: how many slices each axis spans over DCN (1 = within one slice).
-    dcn_data: int = 1
-    dcn_fsdp: int = 1
-    dcn_tensor: int = 1
-    # Logical name -> mesh axes ("fsdp", "data,fsdp", or "" / None for replicated); replaces that
-    # name's entry in DEFAULT_RULES. A mapping in YAML: `rules: {vocab: null, embed: fsdp}`.
-    rules: tuple[tuple[str, MeshAxes], ...] = ()
-
-    def __post_init__(self):
-        sizes = [self.data, self.fsdp, self.tensor]
-        if any(s == 0 or s < -1 for s in sizes):
-            raise ConfigError(f"mesh sizes must be positive or -1, got data={self.data}, fsdp={self.fsdp}, tensor={self.tensor}")
-        if sizes.count(-1) > 1:
-            raise ConfigError("at most one mesh axis may be -1 (the rest of the devices)")
-        if any(d < 1 for d in (self.dcn_data, self.dcn_fsdp, self.dcn_tensor)):
-            raise ConfigError("mesh dcn_* sizes must be >= 1")
-        if isinstance(self.rules, Mapping):  # from YAML: normalise to a hashable tuple
-            object.__setattr__(self, "rules", tuple(self.rules.items()))
-        elif isinstance(self.rules, list):  # a saved config.yaml writes the tuple as a list of pairs
-            object.__setattr__(self, "rules", tuple(tuple(r) for r in self.rules))
-        for name, _ in self.rules:
-            if name not in dict(DEFAULT_RULES):
-                raise ConfigError(f"mesh.rules: unknown logical axis {name!r}; known: {', '.join(dict(DEFAULT_RULES))}")
-
-    def axis_sizes(self, n_devices: int) -> dict[str, int]:
-        """{'data': .., 'fsdp': .., 'tensor': ..} resolving -1, checked against the device count."""
-        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
-        known = math.prod(s for s in sizes.values() if s != -1)
-        for axis, s in sizes.items():
-            if s == -1:
-                if n_devices % known:
-                    raise ConfigError(f"mesh {self.spec()} does not divide {n_devices} devices")
-                sizes[axis] = n_devices // known
-        if math.prod(sizes.values()) != n_devices:
-            raise ConfigError(f"mesh {self.spec()} needs {math.prod(sizes.values())} devices, have {n_devices}")
-        return sizes
-
-    def spec(self) -> str:
-        return f"data={self.data},fsdp={self.fsdp},tensor={self.tensor}"
-
-
-def parse_mesh(text: str) -> MeshConfig:
-    """`"data=2,fsdp=2,tensor=2"` -> MeshConfig. Unnamed axes are 1, except `data`, which takes the rest
-    of the devices unless another axis says -1: `tensor=2` on 8 devices is data=4 x tensor=2."""
-    values: dict[str, int] = {}
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or key not in MESH_AXES + ("dcn_data", "dcn_fsdp", "dcn_tensor"):
-            raise ConfigError(f"--mesh item {item!r} is not AXIS=SIZE with AXIS one of {', '.join(MESH_AXES)}")
-        try:
-            values[key] = int(raw)
-        except ValueError:
-            raise ConfigError(f"--mesh size {raw!r} for {key} is not an integer") from None
-    if "data" not in values and -1 in values.values():
-        values["data"] = 1  # another axis already takes the rest
-    return MeshConfig(**values)
 
 
 def _parse_axes(value: Any) -> MeshAxes:

@@ -23,16 +23,13 @@ import jax
 import numpy as np
 
 from gpt1_jax.config import ConfigError, ModelConfig, load_yaml, save_yaml
+from gpt1_jax.errors import CheckpointFormatError
 
 HF_BLOCK_KEYS = (
     "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
     "ln_1.weight", "ln_1.bias", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias",
     "ln_2.weight", "ln_2.bias",
 )  # also the order of a block's arrays in the original release
-
-
-class CheckpointFormatError(ValueError):
-    """A checkpoint directory that cannot be read as claimed; the message is one line for the user."""
 
 
 # ---------------------------------------------------------------------------------------------------

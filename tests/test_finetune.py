@@ -11,7 +11,8 @@ import pytest
 from gpt1_jax import cli, heads
 from gpt1_jax.config import load_yaml, model_preset, save_yaml
 from gpt1_jax.checkpoint import restore_params
-from gpt1_jax.finetune import FinetuneConfig, bucket_len, load_init, with_marker_rows
+from gpt1_jax.config import FinetuneConfig
+from gpt1_jax.finetune import bucket_len, load_init, with_marker_rows
 from gpt1_jax.tokenizer import GPT1Tokenizer
 
 WORDS = "the a cat dog sat ran on under mat log quickly slowly big small red blue house tree".split()

@@ -73,7 +73,7 @@ def test_table_state_bytes_are_optimizer_state_bytes(quick_study):
     from gpt1_jax.config import load_yaml
     from gpt1_jax.model import init_params
     from gpt1_jax.optim import make_optimizer, optimizer_state_bytes
-    from gpt1_jax.pretrain import PretrainConfig
+    from gpt1_jax.config import PretrainConfig
 
     study, _ = quick_study
     summary = {r["optimizer"]: r for r in json.loads((study / "results.json").read_text())["summary"]}

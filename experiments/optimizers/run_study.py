@@ -132,7 +132,7 @@ def curve_with_time(val: list[tuple[int, float]], times: dict[int, float]) -> li
 def pretrain_config(budget: dict, name: str, lr: float, seed: int, tokenizer: str, cache_dir: str | None,
                     keep_evals: bool):
     from gpt1_jax.config import apply_overrides
-    from gpt1_jax.pretrain import preset_config
+    from gpt1_jax.config import PretrainConfig, preset
 
     b = budget
     spec = SPECS[name]
@@ -148,7 +148,7 @@ def pretrain_config(budget: dict, name: str, lr: float, seed: int, tokenizer: st
     if cache_dir:
         sets.append(f"data.cache_dir={cache_dir}")
     sets += [f"optim.{k}={v}" for k, v in spec["overrides"].items()]
-    return apply_overrides(preset_config(b["preset"]), sets)
+    return apply_overrides(preset(PretrainConfig, b["preset"]), sets)
 
 
 def prepare_tokenizer(study: Path, budget: dict) -> str:
@@ -156,9 +156,9 @@ def prepare_tokenizer(study: Path, budget: dict) -> str:
     keyed by the tokenizer, is shared)."""
     from gpt1_jax.data.sources import open_source
     from gpt1_jax.data.tokens import tokenizer_for
-    from gpt1_jax.pretrain import preset_config
+    from gpt1_jax.config import PretrainConfig, preset
 
-    vocab = preset_config(budget["preset"]).data.vocab_size
+    vocab = preset(PretrainConfig, budget["preset"]).data.vocab_size
     tokdir = study / "tokenizer"
     tokenizer_for(open_source(budget["source"]), tokdir, vocab_size=vocab, tokenizer="train")
     return str((tokdir / "tokenizer.json").absolute())
@@ -249,7 +249,7 @@ def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tok
     tokens_per_step = config.data.global_batch_size * config.data.seq_len
     times = step_times(records, tokens_per_step)
     from gpt1_jax.config import load_yaml
-    from gpt1_jax.pretrain import PretrainConfig
+    from gpt1_jax.config import PretrainConfig
 
     saved = workdir / "config.yaml"  # train() writes it with the tokenizer's real vocabulary size
     model = load_yaml(PretrainConfig, saved).model if saved.is_file() else config.model
@@ -308,9 +308,10 @@ def best_pretrain_workdir(init: Path) -> Path:
 def finetune_run(study: Path, budget: dict, name: str, lr: float, seed: int, init: Path, data_dir: str | None,
                  preset: str) -> dict:
     from gpt1_jax.config import apply_overrides, load_yaml
-    from gpt1_jax.finetune import FinetuneConfig, run
+    from gpt1_jax.config import FinetuneConfig
+    from gpt1_jax.finetune import run
     from gpt1_jax.optim import optimizer_state_bytes
-    from gpt1_jax.pretrain import PretrainConfig
+    from gpt1_jax.config import PretrainConfig
 
     workdir = study / "runs" / name / run_name(lr, seed)
     done = workdir / "record.json"

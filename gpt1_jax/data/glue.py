@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from gpt1_jax.errors import DataError
+
 __all__ = [
     "GLUE_TASKS", "GlueTask", "GlueDownloadError", "glue_task", "read_tsv", "load_split", "split_available",
     "compute_metrics", "METRICS",
@@ -93,7 +95,7 @@ GLUE_TASKS: dict[str, GlueTask] = {
 }
 
 
-class GlueDownloadError(ValueError):
+class GlueDownloadError(DataError):
     """The real GLUE builder cannot download (offline); the message says to use --data-dir."""
 
 

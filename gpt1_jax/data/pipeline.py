@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from gpt1_jax.config import DataConfig
 from gpt1_jax.data.sources import TextSource, open_source
 from gpt1_jax.data.tokens import TokenStream, tokenize_to_cache, tokenizer_for
 from gpt1_jax.tokenizer import GPT1Tokenizer
@@ -51,31 +52,6 @@ def default_cache_dir() -> Path:
     """Shared across runs so a corpus is tokenised once per machine, not once per experiment."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "gpt1_jax" / "tokens"
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    source: str = "default"  # "default"/"pydoc", a path/dir/glob, or "tfds:NAME[/CONFIG][:SPLIT]"
-    seq_len: int = 512  # GPT-1's context
-    global_batch_size: int = 64  # windows per optimizer step over all processes (GPT-1: 64)
-    val_fraction: float = 0.01  # share of windows held out
-    split_seed: int = 0  # which windows are held out; separate from `seed` so reshuffling keeps val fixed
-    seed: int = 0  # order of the train windows
-    tokenizer: str = "train"  # "train" (on the source, kept in workdir), a .json, or OpenAI's vocab dir
-    vocab_size: int = 40478  # BPE size when training (without the 3 fine-tuning markers)
-    cache_dir: str | None = None  # token cache; None: $XDG_CACHE_HOME/gpt1_jax/tokens
-    progress: bool = True  # tqdm bars while training the tokenizer / tokenising
-
-    def __post_init__(self) -> None:
-        if self.seq_len < 1:
-            raise ValueError(f"seq_len must be >= 1, got {self.seq_len}")
-        if self.global_batch_size < 1:
-            raise ValueError(f"global_batch_size must be >= 1, got {self.global_batch_size}")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # --- hashing ---------------------------------------------------------------------------------------

@@ -1,0 +1,39 @@
+"""The project's own error classes: the ones `gpt1-jax` turns into one line and exit status 2.
+
+Anything else that escapes a verb is a bug and keeps its traceback. Each class also derives from the
+built-in it refines (ValueError, RuntimeError), so library callers can catch either.
+"""
+
+from __future__ import annotations
+
+
+class GPT1JaxError(Exception):
+    """Base of every error whose message is one line meant for the user."""
+
+
+class ConfigError(GPT1JaxError, ValueError):
+    """A config value, flag or override that cannot work."""
+
+
+class DataError(GPT1JaxError, ValueError):
+    """Input data that cannot be read as claimed: corpus files, GLUE/RACE files, token ids."""
+
+
+class CheckpointFormatError(GPT1JaxError, ValueError):
+    """A checkpoint or weights folder that cannot be read as claimed (missing, truncated, corrupt)."""
+
+
+class CheckpointMismatchError(GPT1JaxError, ValueError):
+    """A workdir holding a checkpoint of another model than the one asked for."""
+
+
+class DivergenceError(GPT1JaxError, FloatingPointError):
+    """The training loss became NaN or infinite. The run stops (exit 1) keeping its last good checkpoint."""
+
+    def __init__(self, message: str, step: int, loss: float, last_good: int | None = None):
+        super().__init__(message)
+        self.step, self.loss, self.last_good = step, loss, last_good
+
+
+class DistributedConfigError(ConfigError):
+    """Inconsistent multi-process flags or environment."""
