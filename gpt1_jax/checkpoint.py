@@ -1,9 +1,9 @@
 """Checkpoints through orbax's CheckpointManager: train state, data-iterator position and run metadata.
 
 Layout under `<workdir>/checkpoints/<step>/`: `state` (params + optimizer state + step, every process
-writing its own shards), `data` (the iterator's JSON position) and `meta` (the model config and what
+writing its own shards), `data` (JSON: the batch source's position and the loop hooks' state) and `meta` (the model config and what
 wrote it). Saves are asynchronous and land in a temporary folder renamed on completion, so a run
-killed mid-save keeps its previous checkpoint intact (STACK.md). Restoring takes the *target*
+killed mid-save keeps its previous checkpoint intact (docs/stack.md). Restoring takes the *target*
 shardings, so a checkpoint written on one mesh restores onto any other.
 """
 
@@ -22,13 +22,22 @@ from gpt1_jax.errors import CheckpointMismatchError
 
 
 class Checkpointer:
-    def __init__(self, directory: str | Path, *, keep: int = 3, save_every: int = 0, async_save: bool = True):
+    """Saves every `save_every` steps (and at the steps in `keep_steps`), keeps the newest `keep` plus
+    every step in `keep_steps` for good (e.g. log-spaced snapshots for curves over training)."""
+
+    def __init__(self, directory: str | Path, *, keep: int = 3, save_every: int = 0, keep_steps=(), async_save: bool = True):
+        from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
+
         self.directory = Path(directory).absolute()
         self.save_every = save_every
+        self.keep_steps = frozenset(int(s) for s in keep_steps)
+        policy = pp.LatestN(keep)
+        if self.keep_steps:
+            policy = pp.AnyPreservationPolicy([policy, pp.CustomSteps(sorted(self.keep_steps))])
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep,
+                preservation_policy=policy,
                 create=True,
                 enable_async_checkpointing=async_save,
                 # Leftovers of a save killed mid-way are not checkpoints; sweep them on start-up.
@@ -40,9 +49,10 @@ class Checkpointer:
         return self.manager.latest_step()
 
     def should_save(self, step: int) -> bool:
-        return bool(self.save_every) and step % self.save_every == 0
+        return (bool(self.save_every) and step % self.save_every == 0) or step in self.keep_steps
 
-    def save(self, step: int, state: Any, data_state: dict, model_config: ModelConfig, force: bool = False) -> bool:
+    def save(self, step: int, state: Any, position: dict, model_config: ModelConfig, force: bool = False) -> bool:
+        """Train state + `position` (JSON: where the data and the hooks were) + the model's config."""
         if self.manager.latest_step() == step:
             return False  # e.g. the final save right after a periodic one
         meta = {"model": dataclasses.asdict(model_config), "step": int(step)}
@@ -50,7 +60,7 @@ class Checkpointer:
             step,
             args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state),
-                data=ocp.args.JsonSave(data_state),
+                data=ocp.args.JsonSave(position),
                 meta=ocp.args.JsonSave(meta),
             ),
             force=force,
@@ -63,9 +73,8 @@ class Checkpointer:
     def check_model(self, model_config: ModelConfig, step: int | None = None) -> None:
         """One clear error if the checkpoint's architecture is not the requested one (runtime fields aside)."""
         saved = self.read_meta(step)["model"]
-        wanted = dataclasses.asdict(model_config)
-        arch = ("vocab_size", "n_positions", "d_model", "n_layers", "n_heads", "d_mlp", "scan_layers")
-        diffs = [f"{k} {saved.get(k)} (checkpoint) vs {wanted[k]} (requested)" for k in arch if saved.get(k) != wanted[k]]
+        wanted = {**model_config.architecture(), "scan_layers": model_config.scan_layers}  # scan: the state's layout
+        diffs = [f"{k} {saved.get(k)} (checkpoint) vs {v} (requested)" for k, v in wanted.items() if saved.get(k) != v]
         if diffs:
             raise CheckpointMismatchError(
                 f"{self.directory} holds a checkpoint of another model: {'; '.join(diffs)}; "
@@ -73,16 +82,13 @@ class Checkpointer:
             )
 
     def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict, int]:
-        """-> (state placed on `abstract_state`'s shardings, data-iterator position, step)."""
+        """-> (state placed on `abstract_state`'s shardings, the position saved with it, step)."""
         step = self.latest_step() if step is None else step
         restored = self.manager.restore(
             step,
             args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()),
         )
         return restored["state"], restored["data"], step
-
-    def wait(self) -> None:
-        self.manager.wait_until_finished()
 
     def close(self) -> None:
         self.manager.wait_until_finished()

@@ -38,7 +38,9 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from gpt1_jax.config import ConfigError
     from gpt1_jax.weights import CheckpointFormatError
 
-    return (ConfigError, CheckpointFormatError, FileNotFoundError, FileExistsError, ValueError)
+    from gpt1_jax.errors import GPT1JaxError
+
+    return (GPT1JaxError, ConfigError, CheckpointFormatError, FileNotFoundError, FileExistsError, ValueError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("GPT1_JAX_DEBUG"):
             raise
         print(f"gpt1-jax {args.verb}: error: {e}", file=sys.stderr)
-        status = 2
+        from gpt1_jax.errors import DivergenceError
+
+        status = 1 if isinstance(e, DivergenceError) else 2
     return distributed.exit_status(status)  # multi-process: a failing process leaves at once
 
 

@@ -270,7 +270,8 @@ class PretrainConfig:
 
     model: ModelConfig = MODEL_PRESETS["small"]
     optim: OptimConfig = OptimConfig(lr=1e-3, warmup_steps=30, total_steps=300)
-    data: DataConfig = DataConfig(source="default", seq_len=128, global_batch_size=16, val_fraction=0.05)
+    data: DataConfig = DataConfig(source="default", seq_len=128, global_batch_size=16, val_fraction=0.05,
+                                  vocab_size=MODEL_PRESETS["small"].vocab_size - 3)
     mesh: MeshConfig = MeshConfig()
     steps: int = 300
     seed: int = 0

@@ -1,48 +1,70 @@
-"""`gpt1-jax evaluate --workdir DIR --data SOURCE`: LM loss and perplexity of a run's latest checkpoint on
-every window of any text source (tokenised with the run's own tokenizer). Prints one JSON line."""
+"""LM loss and perplexity: the evaluation used during pre-training and by `gpt1-jax evaluate`."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import math
 from pathlib import Path
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workdir", required=True, help="a pre-training run directory")
-    p.add_argument("--data", default=None, help="text source (default: the run's own validation split)")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
-    p.add_argument("--batch-size", type=int, default=None, help="sequences per batch (default: the run's)")
-    p.add_argument("--max-batches", type=int, default=0, help="stop after this many batches (0: all)")
-    p.add_argument("--simulate-devices", type=int, default=None, metavar="N", help="N fake CPU devices")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides (e.g. data.cache_dir=...)")
+def lm_loss(trainer, params, batches, max_batches: int = 0) -> tuple[float, float]:
+    """(token-weighted mean LM loss, tokens) over (up to max_batches of) an iterator; padding weighs 0."""
+    total, weight = 0.0, 0.0
+    for i, batch in enumerate(batches):
+        if max_batches and i >= max_batches:
+            break
+        loss_sum, weight_sum, _ = trainer.eval_sums(params, trainer.put_batch(batch, train=False))
+        total, weight = total + float(loss_sum), weight + float(weight_sum)
+    return total / max(weight, 1.0), weight
 
 
-def main(args: argparse.Namespace) -> int:
+def evaluate_workdir(workdir: str | Path, *, data: str | None = None, step: int | None = None,
+                     batch_size: int | None = None, max_batches: int = 0, overrides=()) -> dict:
+    """A pre-training run's checkpoint (latest, or `step`) on its own validation split or on every window
+    of another text source `data`, tokenised with the run's tokenizer."""
     import numpy as np
 
+    from gpt1_jax.config import PretrainConfig, load_yaml, apply_overrides
     from gpt1_jax.data.pipeline import BatchIterator, build_pipeline
-    from gpt1_jax.pretrain import evaluate_loss, load_run
+    from gpt1_jax.step import lm_trainer
+    from gpt1_jax.weights import load_pretrained
 
-    workdir = Path(args.workdir)
-    config, trainer, params, step = load_run(workdir, args.step, overrides=args.set)
-    data = config.data
-    if args.batch_size:
-        data = dataclasses.replace(data, global_batch_size=args.batch_size)
-    if args.data is None:  # the run's held-out windows
-        pipeline = build_pipeline(dataclasses.replace(data, progress=False), workdir)
-        batches, split = pipeline.val_iter(), "validation split"
+    workdir = Path(workdir)
+    if not (workdir / "config.yaml").is_file():
+        raise FileNotFoundError(f"{workdir} is not a pre-training workdir (no config.yaml)")
+    config = apply_overrides(load_yaml(PretrainConfig, workdir / "config.yaml"), list(overrides))
+    model_config, params = load_pretrained(workdir, config.model, step=step)
+    trainer = lm_trainer(model_config, config.optim, config.mesh)
+    params = trainer.place_params(params)
+    data_config = dataclasses.replace(config.data, progress=False,
+                                      global_batch_size=batch_size or config.data.global_batch_size)
+    if data is None:  # the run's held-out windows
+        batches, split = build_pipeline(data_config, workdir).val_iter(), "validation split"
     else:
-        tokenizer_file = str(workdir / "tokenizer.json")
-        pipeline = build_pipeline(dataclasses.replace(data, source=args.data, tokenizer=tokenizer_file,
+        pipeline = build_pipeline(dataclasses.replace(data_config, source=data, tokenizer=str(workdir / "tokenizer.json"),
                                                       val_fraction=0.0), workdir)
-        every = np.arange(len(pipeline.windows))
-        batches = BatchIterator(pipeline.windows, every, data.global_batch_size, shuffle=False, repeat=False,
-                                pad_last=True)
+        batches = BatchIterator(pipeline.windows, np.arange(len(pipeline.windows)), data_config.global_batch_size,
+                                shuffle=False, repeat=False, pad_last=True)
         split = "all windows"
-    loss, n_tokens = evaluate_loss(trainer, params, batches, args.max_batches)
-    print(json.dumps({"workdir": str(workdir), "step": step, "data": args.data or config.data.source, "split": split,
-                      "tokens": int(n_tokens), "loss": loss, "perplexity": math.exp(min(loss, 50.0))}))
+    loss, n_tokens = lm_loss(trainer, params, batches, max_batches)
+    return {"workdir": str(workdir), "step": step if step is not None else "latest", "data": data or config.data.source,
+            "split": split, "tokens": int(n_tokens), "loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+
+
+# ---- TEMPORARY command line (moves into cli.py at the merge) ----
+def add_arguments(p) -> None:
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--data", default=None)
+    p.add_argument("--step", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--max-batches", type=int, default=0)
+    p.add_argument("--simulate-devices", type=int, default=None)
+    p.add_argument("--set", action="append", default=[])
+
+
+def main(args) -> int:
+    import json
+
+    print(json.dumps(evaluate_workdir(args.workdir, data=args.data, step=args.step, batch_size=args.batch_size,
+                                      max_batches=args.max_batches, overrides=args.set)))
     return 0

@@ -1,4 +1,4 @@
-"""Task heads over the shared transformer: input layouts, the classifier, and the losses (REFERENCE.md).
+"""Task heads over the shared transformer: input layouts, the classifier, and the losses (docs/gpt1.md).
 
 Every example becomes N sequences of one layout, so one model function serves every head:
   classification   N=1   [_start_] text [_classify_]
@@ -19,6 +19,7 @@ per sequence over its real tokens after `_start_` (delimiter and classify includ
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Sequence
 
 import flax.linen as nn
@@ -159,27 +160,72 @@ def init_finetune_params(model: FinetuneModel, rng: jax.Array, n_seq: int = 1, s
     return model.init(rng, tokens, clf, with_lm=False)["params"]
 
 
-# ---- losses ------------------------------------------------------------------------------------------
+# ---- losses ----------------------------------------------------------------------------------------
 
-def lm_loss(logits_STV: jax.Array, tokens_ST: jax.Array, mask_ST: jax.Array, weights_S: jax.Array) -> jax.Array:
-    """The original's auxiliary LM loss: per sequence, the mean cross-entropy of predicting each real
-    token after `_start_` (mask[:, 1:]); then the weighted mean over sequences (weight 0: padding rows)."""
+def lm_losses(logits_STV: jax.Array, tokens_ST: jax.Array, mask_ST: jax.Array) -> jax.Array:
+    """The original's auxiliary LM loss per sequence [S]: the mean cross-entropy of predicting each real
+    token after `_start_` (mask[:, 1:])."""
     losses_SU = optax.softmax_cross_entropy_with_integer_labels(logits_STV[:, :-1].astype(jnp.float32), tokens_ST[:, 1:])
     m_SU = mask_ST[:, 1:].astype(jnp.float32)
-    per_seq_S = jnp.sum(losses_SU * m_SU, axis=1) / jnp.maximum(jnp.sum(m_SU, axis=1), 1.0)
-    return jnp.sum(per_seq_S * weights_S) / jnp.maximum(jnp.sum(weights_S), 1.0)
+    return jnp.sum(losses_SU * m_SU, axis=1) / jnp.maximum(jnp.sum(m_SU, axis=1), 1.0)
+
+
+def task_losses(regression: bool, out: jax.Array, labels_B: jax.Array) -> jax.Array:
+    """Per example [B]: cross-entropy over classes (or choices), or squared error for regression."""
+    if regression:
+        return jnp.square(out[:, 0] - labels_B.astype(jnp.float32))
+    return optax.softmax_cross_entropy_with_integer_labels(out, labels_B.astype(jnp.int32))
+
+
+def _weighted_mean(x_B: jax.Array, weights_B: jax.Array) -> jax.Array:
+    return jnp.sum(x_B * weights_B) / jnp.maximum(jnp.sum(weights_B), 1.0)
+
+
+def lm_loss(logits_STV: jax.Array, tokens_ST: jax.Array, mask_ST: jax.Array, weights_S: jax.Array) -> jax.Array:
+    """`lm_losses` averaged over sequences (weight 0: padding rows), as the original reports it."""
+    return _weighted_mean(lm_losses(logits_STV, tokens_ST, mask_ST), weights_S)
 
 
 def task_loss(kind: str, regression: bool, out: jax.Array, labels_B: jax.Array, weights_B: jax.Array) -> jax.Array:
-    """Cross-entropy over classes (or choices), or squared error for regression; mean over real examples."""
-    if regression:
-        losses_B = jnp.square(out[:, 0] - labels_B.astype(jnp.float32))
-    else:
-        losses_B = optax.softmax_cross_entropy_with_integer_labels(out, labels_B.astype(jnp.int32))
-    return jnp.sum(losses_B * weights_B) / jnp.maximum(jnp.sum(weights_B), 1.0)
+    """`task_losses` averaged over real examples."""
+    return _weighted_mean(task_losses(regression, out, labels_B), weights_B)
 
 
 def predictions(kind: str, regression: bool, out: np.ndarray) -> np.ndarray:
     """Head outputs -> predicted class / choice index, or the regression value."""
     out = np.asarray(out)
     return out[:, 0] if regression else out.argmax(-1)
+
+
+# ---- the fine-tuning objective ------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=64)
+def finetune_functions(config: ModelConfig, kind: str, n_outputs: int, regression: bool, clf_dropout: float,
+                       lm_coef: float, n_seq: int):
+    """(init_fn, loss_fn, predict_fn) for gpt1_jax.step.Trainer: the head's loss plus lm_coef x the
+    auxiliary LM loss, as per-example sums (each example's LM part is the mean over its sequences).
+    Cached, so equal setups share compilations."""
+    model = FinetuneModel(config, kind, n_outputs, clf_dropout)
+
+    def init_fn(rng):
+        return init_finetune_params(model, rng, n_seq=n_seq)
+
+    def loss_fn(params, batch, rng, deterministic):
+        tokens_BNT = batch["tokens"]
+        B, N, T = tokens_BNT.shape
+        out, logits_STV = model.apply({"params": params}, tokens_BNT, batch["clf_pos"], deterministic=deterministic,
+                                      with_lm=lm_coef > 0, rngs={} if deterministic else {"dropout": rng})
+        w_B = batch["weights"]
+        task_B = task_losses(regression, out, batch["labels"])
+        if lm_coef > 0:
+            lm_B = lm_losses(logits_STV, tokens_BNT.reshape(B * N, T), batch["mask"].reshape(B * N, T)).reshape(B, N).mean(1)
+        else:
+            lm_B = jnp.zeros_like(task_B)
+        return (jnp.sum(w_B * (task_B + lm_coef * lm_B)), jnp.sum(w_B),
+                {"task_loss": jnp.sum(w_B * task_B), "lm_loss": jnp.sum(w_B * lm_B)})
+
+    def predict_fn(params, batch):
+        out, _ = model.apply({"params": params}, batch["tokens"], batch["clf_pos"], deterministic=True, with_lm=False)
+        return out
+
+    return init_fn, loss_fn, predict_fn

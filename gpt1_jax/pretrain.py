@@ -1,143 +1,55 @@
-"""`gpt1-jax pretrain`: the main job. Text -> tokens -> sharded train step -> checkpoints and metrics.
+"""The pre-training job: text -> tokens -> the training loop -> checkpoints, metrics and a loss plot.
 
-The loop reads top to bottom: build (mesh, data, trainer, checkpointer), restore if the workdir has a
-checkpoint, then step / log / evaluate / save until `steps`. Resuming is exact: the train state, the
-data iterator's position and (through `fold_in(seed, step)`) the dropout masks all come back, so an
-interrupted and resumed run ends with the same parameters, bit for bit, as an uninterrupted one.
-SIGTERM (preemption) saves a checkpoint and exits 0.
+Build (data pipeline, LM trainer, checkpointer, loop with an evaluation hook), restore if the workdir
+has a checkpoint, then run the loop to `steps`. Resuming is exact: the train state, the data iterator's
+position and (through `fold_in(seed, step)`) the dropout masks all come back, so an interrupted and
+resumed run ends with the same parameters, bit for bit, as an uninterrupted one. SIGTERM saves a
+checkpoint and returns 0; a NaN/inf loss raises DivergenceError (gpt1_jax/loop.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
-import signal
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
-from gpt1_jax.config import MeshConfig, PretrainConfig, apply_overrides, load_yaml, parse_mesh, preset, save_yaml
+from gpt1_jax.config import PretrainConfig, save_yaml
 
 
-def resolve_config(args: argparse.Namespace, workdir: Path) -> PretrainConfig:
-    """--config (preset or YAML) < workdir's saved config (on resume) < flags < --set overrides."""
-    saved = workdir / "config.yaml"
-    if args.config is None and saved.is_file():
-        config = load_yaml(PretrainConfig, saved)
-    elif args.config is None or args.config in ("gpt1", "small", "tiny"):
-        config = preset(PretrainConfig, args.config or "small")
-    else:
-        config = load_yaml(PretrainConfig, args.config)
-    flags = []
-    if args.data is not None:
-        flags.append(f"data.source={args.data}")
-    if args.steps is not None:
-        flags += [f"steps={args.steps}"]
-    if args.batch_size is not None:
-        flags.append(f"data.global_batch_size={args.batch_size}")
-    if args.seq_len is not None:
-        flags.append(f"data.seq_len={args.seq_len}")
-    if args.seed is not None:
-        flags += [f"seed={args.seed}", f"data.seed={args.seed}"]
-    config = apply_overrides(config, flags + list(args.set))
-    if args.mesh:
-        config = dataclasses.replace(config, mesh=parse_mesh(args.mesh))
-    # The schedule spans the run, and warmup ends before it does (cosine needs a step left to decay over).
-    optim = dataclasses.replace(
-        config.optim, total_steps=config.steps, warmup_steps=min(config.optim.warmup_steps, config.steps - 1)
-    )
+def with_schedule_span(config: PretrainConfig) -> PretrainConfig:
+    """The schedule spans the run, and warmup ends before it does (cosine needs a step left to decay over)."""
+    optim = dataclasses.replace(config.optim, total_steps=config.steps,
+                                warmup_steps=min(config.optim.warmup_steps, config.steps - 1))
     return dataclasses.replace(config, optim=optim)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workdir", required=True, help="run directory: config, tokenizer, checkpoints, metrics")
-    p.add_argument("--config", default=None, help="preset (small, tiny, gpt1) or a PretrainConfig YAML (default: "
-                   "the workdir's saved config when resuming, else small)")
-    p.add_argument("--data", default=None, help="'default' (CPython's docs), a .txt/.txt.gz file or glob, or tfds:NAME")
-    p.add_argument("--steps", type=int, default=None, help="total optimizer steps")
-    p.add_argument("--batch-size", type=int, default=None, help="global batch, in sequences")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--mesh", default=None, help="e.g. data=2,fsdp=2,tensor=2 (default: data over all devices)")
-    p.add_argument("--simulate-devices", type=int, default=None, metavar="N", help="N fake CPU devices")
-    p.add_argument("--dry-run", action="store_true", help="compile the step for the mesh, print per-device memory "
-                   "and FLOPs as one JSON line; no data, no training (size a pod job with --simulate-devices)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any config field, dotted for nested ones: checkpoint_every=10, optim.lr=3e-4, model.dtype=bfloat16")
-
-
-class _Preemption:
-    """SIGTERM/SIGINT -> a flag the loop checks between steps (a checkpoint, then exit 0).
-    Multi-process: JAX's preemption notifier owns SIGTERM and `poll` agrees on the step with the others
-    (multihost_utils.reached_preemption_sync_point), so every process saves the same step."""
-
-    def __init__(self, multiprocess: bool = False):
-        self.requested = False
-        self.multiprocess = multiprocess
-        if multiprocess:
-            return
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
-
-    def poll(self, step: int) -> bool:
-        if self.multiprocess and not self.requested:  # call once per step, on every process
-            from jax.experimental import multihost_utils
-
-            self.requested = multihost_utils.reached_preemption_sync_point(step)
-        return self.requested
-
-    def _handle(self, signum, frame):
-        if self.requested:  # a second Ctrl-C: give up at once
-            raise KeyboardInterrupt
-        self.requested = True
-
-
-def main(args: argparse.Namespace) -> int:
-    workdir = Path(args.workdir)
-    config = resolve_config(args, workdir)
-    if args.dry_run:
-        from gpt1_jax.distributed import dry_run
-
-        print(json.dumps(dry_run(config)), flush=True)
-        return 0
-    return train(config, workdir)
-
-
-def train(config: PretrainConfig, workdir: Path) -> int:
+def run(config: PretrainConfig, workdir: Path) -> int:
     import jax
 
     from gpt1_jax import flops
     from gpt1_jax.checkpoint import Checkpointer
     from gpt1_jax.data.pipeline import build_pipeline
+    from gpt1_jax.evaluate import lm_loss
+    from gpt1_jax.loop import Hook, Loop
     from gpt1_jax.metrics import MetricsWriter, Progress, plot_losses
     from gpt1_jax.optim import eval_params
-    from gpt1_jax.sharding import logical_rules, make_mesh
-    from gpt1_jax.step import Trainer
+    from gpt1_jax.step import lm_trainer
 
+    workdir = Path(workdir)
     is_main = jax.process_index() == 0
     workdir.mkdir(parents=True, exist_ok=True)
-    preempt = _Preemption(multiprocess=jax.process_count() > 1)
-
-    # --- build ---------------------------------------------------------------------------------
+    config = with_schedule_span(config)
     pipeline = build_pipeline(dataclasses.replace(config.data, progress=is_main), workdir)
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=pipeline.tokenizer.vocab_size))
-    mesh = make_mesh(config.mesh)
-    trainer = Trainer(config.model, config.optim, mesh, logical_rules(config.mesh.rules),
-                      accum_steps=config.accum_steps, seed=config.seed)
-    ckpt = Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints, save_every=config.checkpoint_every)
-    train_iter = pipeline.train_iter()
-
-    # --- restore or start -----------------------------------------------------------------------
-    start = ckpt.latest_step()
-    if start is not None:
+    trainer = lm_trainer(config.model, config.optim, config.mesh, accum_steps=config.accum_steps, seed=config.seed)
+    trainer.check_batch_size(config.data.global_batch_size)
+    ckpt = Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints, save_every=config.checkpoint_every,
+                        keep_steps=config.keep_steps)
+    start = ckpt.latest_step() or 0
+    if start:
         ckpt.check_model(config.model, start)
-        state, data_state, start = ckpt.restore(trainer.abstract_state_sharded(), start)
-        train_iter.restore(data_state)
-    else:
-        start, state = 0, trainer.init()
     if is_main:
         save_yaml(config, workdir / "config.yaml")
         (workdir / "data_info.json").write_text(json.dumps(pipeline.info, indent=2) + "\n")
@@ -146,87 +58,62 @@ def train(config: PretrainConfig, workdir: Path) -> int:
         ckpt.close()
         return 0
 
-    tokens_per_step = config.data.global_batch_size * config.data.seq_len
-    flops_per_token = flops.flops_per_token(config.model, config.data.seq_len)
-    peak, _ = flops.peak_flops(config.model.dtype)
+    def evaluate(step, state, train_loss):
+        # Schedule-free optimizers are evaluated at their x sequence; for the others this is params.
+        loss, _ = lm_loss(trainer, eval_params(state.opt_state, state.params), pipeline.val_iter(), config.eval_batches)
+        ppl = math.exp(min(loss, 50.0))
+        progress.write(f"step {step}: val_loss {loss:.4f}  val_ppl {ppl:.2f}")
+        return {"val_loss": loss, "val_ppl": ppl}
+
     metrics = MetricsWriter(workdir, enabled=is_main, resume_step=start)
     progress = Progress(config.steps, start, enabled=is_main, desc="pretrain")
+    hooks = [Hook("eval", evaluate, every=config.eval_every)] if config.eval_every else []
+    loop = Loop(trainer, config.steps, ckpt, config.model, metrics, progress, hooks, log_every=config.log_every,
+                tokens_per_step=config.data.global_batch_size * config.data.seq_len,
+                flops_per_token=flops.flops_per_token(config.model, config.data.seq_len),
+                peak_flops=flops.peak_flops(config.model.dtype)[0])
+    batches = pipeline.train_iter()
+    if start:
+        state, position, _ = ckpt.restore(trainer.abstract_state_sharded(), start)
+        loop.restore_position(position, batches)
+    else:
+        state = trainer.init()
     progress.write(
         f"{'resuming at step ' + str(start) if start else 'starting'}: {config.model.num_params() / 1e6:.2f}M params, "
         f"{pipeline.info['train_windows']} train windows of {config.data.seq_len} tokens, "
-        f"mesh {dict(mesh.shape)} over {len(jax.devices())} devices"
+        f"mesh {dict(trainer.mesh.shape)} over {len(jax.devices())} devices"
     )
-
-    # --- train ----------------------------------------------------------------------------------
-    status = 0
-    try:
-        t_last = time.perf_counter()
-        for done in range(start + 1, config.steps + 1):
-            state, step_metrics = trainer.step(state, trainer.put_batch(next(train_iter)))
-            m = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
-            if not math.isfinite(m["loss"]):
-                last = ckpt.latest_step()
-                progress.write(f"error: loss is {m['loss']} at step {done}; stopping. Last good checkpoint: "
-                               f"{'step ' + str(last) if last is not None else 'none'} in {ckpt.directory}")
-                metrics.write(done, loss=m["loss"])
-                status = 1
-                break
-            now = time.perf_counter()
-            tokens_per_s, t_last = tokens_per_step / max(now - t_last, 1e-9), now
-            mfu = flops.mfu(tokens_per_s, flops_per_token, peak)
-            if config.log_every and (done % config.log_every == 0 or done == config.steps):
-                metrics.write(done, loss=m["loss"], lr=m["lr"], grad_norm=m["grad_norm"],
-                              tokens_per_s=tokens_per_s, mfu=mfu, epoch=train_iter.epoch)
-            progress.update(1, loss=m["loss"], tok_s=f"{tokens_per_s:,.0f}", mfu=f"{mfu:.1%}")
-            if (stop := preempt.poll(done)) or ckpt.should_save(done) or done == config.steps:
-                ckpt.save(done, state, train_iter.state(), config.model)
-            if config.eval_every and (done % config.eval_every == 0 or done == config.steps):
-                # Schedule-free optimizers are evaluated at their x sequence; for the others this is params.
-                params = eval_params(state.opt_state, state.params)
-                loss, _ = evaluate_loss(trainer, params, pipeline.val_iter(), config.eval_batches)
-                metrics.write(done, val_loss=loss, val_ppl=math.exp(min(loss, 50.0)))
-                progress.write(f"step {done}: val_loss {loss:.4f}  val_ppl {math.exp(min(loss, 50.0)):.2f}")
-                t_last = time.perf_counter()  # evaluation time is not training throughput
-            if stop:
-                progress.write(f"preempted: checkpoint saved at step {done}; run the same command to resume")
-                break
-    except BaseException as e:  # multi-process: leave now; the peers may never join the save below
-        from gpt1_jax.distributed import abort
-
-        abort(1, e)
-        raise
-    finally:  # an error still lets the save in flight finish, so the last checkpoint stays whole
-        progress.close()
-        ckpt.close()
-        metrics.close()
+    loop.run(state, batches)
     if is_main:
         print(f"loss curve: {plot_losses(workdir)}", file=sys.stderr)
-    return status
+    return 0
 
 
-def evaluate_loss(trainer, params, batches, max_batches: int) -> tuple[float, float]:
-    """(token-weighted mean LM loss, tokens) over (up to max_batches of) an iterator; padding weighs 0."""
-    total, weight = 0.0, 0.0
-    for i, batch in enumerate(batches):
-        if max_batches and i >= max_batches:
-            break
-        loss_sum, weight_sum = trainer.eval_sums(params, trainer.put_batch(batch))
-        total, weight = total + float(loss_sum), weight + float(weight_sum)
-    return total / max(weight, 1.0), weight
+# ---- TEMPORARY command line (moves into cli.py at the merge) ----
+def add_arguments(p) -> None:
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--config", default=None)
+    p.add_argument("--data", default=None)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--seq-len", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--mesh", default=None)
+    p.add_argument("--simulate-devices", type=int, default=None)
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--set", action="append", default=[])
 
 
-def load_run(workdir: Path, step: int | None = None, overrides=()):
-    """A pre-training workdir -> (config, trainer on all local devices, params placed for it, step)."""
-    import jax
+def main(args) -> int:
+    from gpt1_jax.config import resolve
 
-    from gpt1_jax.checkpoint import restore_params
-    from gpt1_jax.sharding import logical_rules, make_mesh
-    from gpt1_jax.step import Trainer
+    workdir = Path(args.workdir)
+    flags = [f"{k}={v}" for k, v in (("data.source", args.data), ("steps", args.steps), ("data.global_batch_size", args.batch_size),
+                                      ("data.seq_len", args.seq_len), ("seed", args.seed), ("data.seed", args.seed)) if v is not None]
+    config = resolve(PretrainConfig, args.config, saved=workdir / "config.yaml", overrides=flags + list(args.set), mesh=args.mesh)
+    if args.dry_run:
+        from gpt1_jax.distributed import dry_run
 
-    if not (workdir / "config.yaml").is_file():
-        raise FileNotFoundError(f"{workdir} is not a pre-training workdir (no config.yaml)")
-    config = apply_overrides(load_yaml(PretrainConfig, workdir / "config.yaml"), list(overrides))
-    params, step = restore_params(workdir / "checkpoints", config.model, step)
-    mesh = make_mesh(MeshConfig(data=-1))
-    trainer = Trainer(config.model, config.optim, mesh, logical_rules(config.mesh.rules), seed=config.seed)
-    return config, trainer, jax.device_put(params, trainer.param_shardings), step
+        print(json.dumps(dry_run(with_schedule_span(config))), flush=True)
+        return 0
+    return run(config, workdir)

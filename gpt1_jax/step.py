@@ -1,17 +1,25 @@
-"""The train step as a pure function, and its sharded, compiled form.
+"""The one training engine: a pure step built from an init function and a loss function, compiled and
+sharded by `Trainer`.
 
-`train_step(state, batch)` = LM loss -> gradients (accumulated over micro-batches) -> optax update ->
-metrics. It is pure: the dropout key is `fold_in(fold_in(key(seed), step), micro_batch)`, so a resumed
-run replays the same masks. `Trainer` wraps it in `jax.jit` with in/out shardings from
-`gpt1_jax.sharding` and donates the old state.
+    loss_fn(params, batch, rng, deterministic) -> (loss_sum, weight_sum, aux_sums)
+
+Sums, not means: micro-batches, devices and evaluation batches then add up to exactly the large
+batch's loss, and the mean is taken once (`loss_sum / weight_sum`). `aux_sums` is a dict of further
+sums reported beside the loss (e.g. the task and LM parts of a fine-tuning loss). The LM objective
+(`lm_functions`) is one such pair; each fine-tuning head is another (gpt1_jax/heads.py).
+
+The step is pure: the dropout key is `fold_in(fold_in(key(seed), step), micro_batch)`, so a resumed run
+replays the same masks. `Trainer` wraps it in `jax.jit` with out shardings from gpt1_jax/sharding.py and
+donates the old state; inputs carry their shardings (`put_batch`, `init`, checkpoint restore).
 
 Mixed precision comes from ModelConfig: `dtype` is the compute dtype (activations, matmul inputs),
 `param_dtype` the storage dtype of params, and so of gradients and the optimizer state. The LM logits
-and the loss are always float32.
+and the losses are always float32 (docs/numerics.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any, Callable
@@ -23,18 +31,14 @@ import jax.numpy as jnp
 import optax
 
 from gpt1_jax import sharding as shd
-from gpt1_jax.config import ConfigError, ModelConfig
+from gpt1_jax.config import ConfigError, MeshConfig, ModelConfig, OptimConfig
 from gpt1_jax.model import GPT1, init_params
-from gpt1_jax.optim import OptimConfig, make_optimizer, make_schedule
+from gpt1_jax.optim import make_optimizer, make_schedule
 
-# "inputs" [B, T] int32, "targets" [B, T] int32 (the next tokens), optional "weights" [B, T] float per
-# target (0 for padding or prompts). The data pipeline cuts (T+1)-token windows into exactly this.
+# Leaves are [B, ...] arrays, the batch axis first. LM batches: "inputs" [B, T] int32, "targets" [B, T]
+# int32 (the next tokens), optional "weights" [B, T] float per target (0 for padding).
 Batch = dict[str, jax.Array]
-
-
-def lm_batch(windows_BT1) -> Batch:
-    """[B, T+1] token windows -> {"inputs", "targets"}: every position predicts its next token."""
-    return {"inputs": windows_BT1[:, :-1], "targets": windows_BT1[:, 1:]}
+LossFn = Callable[..., tuple[jax.Array, jax.Array, dict[str, jax.Array]]]
 
 
 @flax.struct.dataclass
@@ -44,36 +48,44 @@ class TrainState:
     opt_state: Any
 
 
-# ---- loss -----------------------------------------------------------------------------------------
+# ---- the LM objective ------------------------------------------------------------------------------
+
+def lm_batch(windows_BT1) -> Batch:
+    """[B, T+1] token windows -> {"inputs", "targets"}: every position predicts its next token."""
+    return {"inputs": windows_BT1[:, :-1], "targets": windows_BT1[:, 1:]}
+
 
 def lm_loss_sums(logits_BTV: jax.Array, targets_BT: jax.Array, weights_BT: jax.Array):
-    """(sum of weighted cross-entropies, sum of weights). Sums, not means, so micro-batches and
-    evaluation batches add up to exactly the large batch's loss."""
+    """(sum of weighted cross-entropies, sum of weights)."""
     losses_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV.astype(jnp.float32), targets_BT)
     weights_BT = weights_BT.astype(jnp.float32)
     return jnp.sum(losses_BT * weights_BT), jnp.sum(weights_BT)
 
 
-def _loss_sums(params, inputs_BT, targets_BT, weights_BT, rng, config: ModelConfig, deterministic: bool = False):
+@functools.lru_cache(maxsize=64)
+def lm_functions(config: ModelConfig) -> tuple[Callable, LossFn]:
+    """(init_fn, loss_fn) of next-token prediction for `config`. Cached, so equal configs give the same
+    function objects and jax's caches (keyed by identity) reuse their compilations."""
     model = GPT1(config)
-    variables = {"params": params}
-    rngs = {} if deterministic else {"dropout": rng}
-    h_BTD = model.apply(variables, inputs_BT, deterministic=deterministic, rngs=rngs)
-    logits_BTV = model.apply(variables, h_BTD, method=GPT1.logits)
-    return lm_loss_sums(logits_BTV, targets_BT, weights_BT)
+
+    def init_fn(rng):
+        return init_params(config, rng)
+
+    def loss_fn(params, batch, rng, deterministic):
+        variables = {"params": params}
+        rngs = {} if deterministic else {"dropout": rng}
+        h_BTD = model.apply(variables, batch["inputs"], deterministic=deterministic, rngs=rngs)
+        logits_BTV = model.apply(variables, h_BTD, method=GPT1.logits)
+        weights_BT = batch.get("weights")
+        if weights_BT is None:
+            weights_BT = jnp.ones(batch["targets"].shape, jnp.float32)
+        loss_sum, weight_sum = lm_loss_sums(logits_BTV, batch["targets"], weights_BT)
+        return loss_sum, weight_sum, {}
+
+    return init_fn, loss_fn
 
 
-def _weights(batch: Batch) -> jax.Array:
-    weights_BT = batch.get("weights")
-    return jnp.ones(batch["targets"].shape, jnp.float32) if weights_BT is None else weights_BT
-
-
-def eval_sums(params, batch: Batch, *, config: ModelConfig):
-    """(loss sum, weight sum) without dropout: the evaluation counterpart of the train loss."""
-    return _loss_sums(params, batch["inputs"], batch["targets"], _weights(batch), None, config, deterministic=True)
-
-
-# ---- gradients ------------------------------------------------------------------------------------
+# ---- gradients -----------------------------------------------------------------------------------
 
 def _split_micro(x_B, accum_steps: int):
     """[B, ...] -> [k, B/k, ...] taking rows j, j+k, j+2k, ... for micro-batch j: each micro-batch then
@@ -82,61 +94,59 @@ def _split_micro(x_B, accum_steps: int):
     return jnp.swapaxes(x_B.reshape(B // accum_steps, accum_steps, *x_B.shape[1:]), 0, 1)
 
 
-def loss_and_grads(params, batch: Batch, rng: jax.Array, *, config: ModelConfig, accum_steps: int = 1):
-    """(mean loss, gradients of the mean loss, total weight) over the batch; with accum_steps=k the batch
-    runs as k sequential micro-batches whose summed gradients equal the whole batch's."""
-    inputs_BT, targets_BT, weights_BT = batch["inputs"], batch["targets"], _weights(batch)
-    grad_fn = jax.value_and_grad(_loss_sums, has_aux=True)
+def accumulated(loss_fn: LossFn, accum_steps: int):
+    """`loss_fn` -> fn(params, batch, rng) -> ((loss_sum, weight_sum, aux_sums), grads of loss_sum), the
+    batch run as `accum_steps` sequential micro-batches whose summed gradients equal the whole batch's."""
+    grad_fn = jax.value_and_grad(lambda p, b, r: _as_aux(loss_fn(p, b, r, False)), has_aux=True)
+
+    def one(params, batch, rng):
+        (loss_sum, (weight_sum, aux)), grads = grad_fn(params, batch, rng)
+        return (loss_sum, weight_sum, aux), grads
 
     if accum_steps == 1:
-        (loss_sum, weight_sum), grads = grad_fn(params, inputs_BT, targets_BT, weights_BT, rng, config)
-    else:
-        micro = [_split_micro(x, accum_steps) for x in (inputs_BT, targets_BT, weights_BT)]
+        return one
+
+    def many(params, batch, rng):
+        micro = jax.tree.map(lambda x: _split_micro(x, accum_steps), batch)
 
         def body(carry, xs):
-            loss_acc, weight_acc, grads_acc = carry
-            i, in_BT, tgt_BT, w_BT = xs
-            in_BT = nn.with_logical_constraint(in_BT, ("batch", "length"))
-            (loss_sum, weight_sum), grads = grad_fn(params, in_BT, tgt_BT, w_BT, jax.random.fold_in(rng, i), config)
-            grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
-            return (loss_acc + loss_sum, weight_acc + weight_sum, grads_acc), None
+            i, mb = xs
+            mb = {k: nn.with_logical_constraint(v, ("batch",) + (None,) * (v.ndim - 1)) for k, v in mb.items()}
+            sums, grads = one(params, mb, jax.random.fold_in(rng, i))
+            return jax.tree.map(jnp.add, carry, (sums, grads)), None
 
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        init = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros)
-        (loss_sum, weight_sum, grads), _ = jax.lax.scan(
-            body, init, (jnp.arange(accum_steps), *micro)
-        )
-    denom = jnp.maximum(weight_sum, 1.0)
-    grads = jax.tree.map(lambda g: (g / denom).astype(g.dtype), grads)
-    return loss_sum / denom, grads, weight_sum
+        zero_sums, zero_grads = jax.eval_shape(one, params, jax.tree.map(lambda x: x[0], micro), rng)
+        init = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (zero_sums, zero_grads))
+        out, _ = jax.lax.scan(body, init, (jnp.arange(accum_steps), micro))
+        return out
+
+    return many
+
+
+def _as_aux(sums):
+    loss_sum, weight_sum, aux = sums
+    return loss_sum, (weight_sum, aux)
 
 
 def dropout_rng(seed: int, step: jax.Array) -> jax.Array:
     return jax.random.fold_in(jax.random.key(seed), step)
 
 
-def train_step(
-    state: TrainState,
-    batch: Batch,
-    *,
-    config: ModelConfig,
-    tx: optax.GradientTransformation,
-    schedule: optax.Schedule,
-    accum_steps: int = 1,
-    seed: int = 0,
-) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One update. Metrics: loss (before the update), grad_norm (before clipping), lr (used here)."""
-    loss, grads, n_tokens = loss_and_grads(
-        state.params, batch, dropout_rng(seed, state.step), config=config, accum_steps=accum_steps
-    )
+def _mean_metrics(loss_sum, weight_sum, aux) -> dict[str, jax.Array]:
+    denom = jnp.maximum(weight_sum, 1.0)
+    return {"loss": loss_sum / denom, **{k: v / denom for k, v in aux.items()}, "weight": weight_sum}
+
+
+def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn, tx: optax.GradientTransformation,
+               schedule: optax.Schedule, accum_steps: int = 1, seed: int = 0) -> tuple[TrainState, dict]:
+    """One update. Metrics: loss and aux means (before the update), grad_norm (before clipping), lr."""
+    (loss_sum, weight_sum, aux), grads = accumulated(loss_fn, accum_steps)(state.params, batch, dropout_rng(seed, state.step))
+    denom = jnp.maximum(weight_sum, 1.0)
+    grads = jax.tree.map(lambda g: (g / denom).astype(g.dtype), grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {
-        "loss": loss,
-        "grad_norm": optax.tree.norm(grads),
-        "lr": jnp.asarray(schedule(state.step), jnp.float32),
-        "tokens": n_tokens,
-    }
+    metrics = {**_mean_metrics(loss_sum, weight_sum, aux), "grad_norm": optax.tree.norm(grads),
+               "lr": jnp.asarray(schedule(state.step), jnp.float32)}
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
@@ -150,15 +160,17 @@ class _Programs:
     init: Callable
     step: Callable
     grads: Callable
-    eval_sums: Callable
+    eval: Callable
+    predict: Callable | None
 
 
 @functools.lru_cache(maxsize=32)
-def _programs(config: ModelConfig, optim: OptimConfig, rules: shd.Rules, accum_steps: int, seed: int) -> _Programs:
+def _programs(init_fn, loss_fn, predict_fn, optim: OptimConfig, rules: shd.Rules, accum_steps: int, seed: int) -> _Programs:
     """The pure functions for one setup, built once: jax caches traces and compilations by function
     identity, so equal Trainers (tests, restarts in one process) share them instead of recompiling.
     Each binds its logical-axis rules itself, because jax's caches cannot see flax's rules context."""
-    boxed_params = jax.eval_shape(functools.partial(init_params, config), jax.random.key(0))
+    with nn.logical_axis_rules(rules):
+        boxed_params = jax.eval_shape(init_fn, jax.random.key(0))
     tx = make_optimizer(optim, nn.meta.unbox(boxed_params))
     schedule = make_schedule(optim)
 
@@ -170,72 +182,66 @@ def _programs(config: ModelConfig, optim: OptimConfig, rules: shd.Rules, accum_s
         return wrapped
 
     def init(key):
-        params = nn.meta.unbox(init_params(config, key))
+        params = nn.meta.unbox(init_fn(key))
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
     def step(state, batch):
-        return train_step(state, batch, config=config, tx=tx, schedule=schedule, accum_steps=accum_steps, seed=seed)
+        return train_step(state, batch, loss_fn=loss_fn, tx=tx, schedule=schedule, accum_steps=accum_steps, seed=seed)
 
     def grads(params, batch, step_):
-        return loss_and_grads(params, batch, dropout_rng(seed, step_), config=config, accum_steps=accum_steps)
+        (loss_sum, weight_sum, aux), g = accumulated(loss_fn, accum_steps)(params, batch, dropout_rng(seed, step_))
+        denom = jnp.maximum(weight_sum, 1.0)
+        return loss_sum / denom, jax.tree.map(lambda x: (x / denom).astype(x.dtype), g), weight_sum
 
     def evaluate(params, batch):
-        return eval_sums(params, batch, config=config)
+        return loss_fn(params, batch, None, True)
 
-    return _Programs(boxed_params, tx, schedule, with_rules(init), with_rules(step), with_rules(grads), with_rules(evaluate))
+    return _Programs(boxed_params, tx, schedule, with_rules(init), with_rules(step), with_rules(grads),
+                     with_rules(evaluate), with_rules(predict_fn) if predict_fn is not None else None)
 
 
 @dataclasses.dataclass
 class Trainer:
-    """Everything needed to run the step on a mesh: shardings, the compiled step, state init."""
+    """A model's step, evaluation and prediction compiled for a mesh: shardings, state init, batch placement.
 
-    config: ModelConfig
+    `init_fn(rng)` returns fresh parameters in their logical-axis boxes (they give the shardings);
+    `loss_fn` is as in this module's docstring; `predict_fn(params, batch)` (optional) returns outputs.
+    """
+
+    init_fn: Callable
+    loss_fn: LossFn
     optim: OptimConfig
     mesh: Any
     rules: shd.Rules = shd.DEFAULT_RULES
     accum_steps: int = 1
     seed: int = 0
+    predict_fn: Callable | None = None
 
     def __post_init__(self):
         if self.accum_steps < 1:
             raise ConfigError(f"accum_steps must be >= 1, got {self.accum_steps}")
         self.rules = tuple(self.rules)
-        programs = _programs(self.config, self.optim, self.rules, self.accum_steps, self.seed)
+        programs = _programs(self.init_fn, self.loss_fn, self.predict_fn, self.optim, self.rules, self.accum_steps, self.seed)
         self.tx, self.schedule = programs.tx, programs.schedule
         self.abstract_params = nn.meta.unbox(programs.boxed_params)
         self.param_shardings = shd.logical_shardings(programs.boxed_params, self.mesh, self.rules)
         abstract_opt = jax.eval_shape(self.tx.init, self.abstract_params)
         opt_shardings = shd.like_params_shardings(abstract_opt, self.abstract_params, self.param_shardings, self.mesh)
-        self.state_shardings = TrainState(
-            step=shd.replicated(self.mesh), params=self.param_shardings, opt_state=opt_shardings
-        )
+        replicated = shd.replicated(self.mesh)
+        self.state_shardings = TrainState(step=replicated, params=self.param_shardings, opt_state=opt_shardings)
         self.abstract_state = TrainState(
             step=jax.ShapeDtypeStruct((), jnp.int32), params=self.abstract_params, opt_state=abstract_opt
         )
-        self.batch_sharding = shd.batch_sharding(self.mesh)
-        self.metrics_sharding = shd.replicated(self.mesh)
-        self._step = jax.jit(
-            programs.step,
-            in_shardings=(self.state_shardings, self.batch_sharding),
-            out_shardings=(self.state_shardings, self.metrics_sharding),
-            donate_argnums=(0,),
-        )
-        self._grads = jax.jit(
-            programs.grads,
-            in_shardings=(self.param_shardings, self.batch_sharding, shd.replicated(self.mesh)),
-            out_shardings=(self.metrics_sharding, self.param_shardings, self.metrics_sharding),
-        )
+        # Inputs keep the shardings they were placed with (put_batch, init, restore); outputs are pinned.
+        self._step = jax.jit(programs.step, out_shardings=(self.state_shardings, replicated), donate_argnums=(0,))
+        self._grads = jax.jit(programs.grads, out_shardings=(replicated, self.param_shardings, replicated))
         self._init = jax.jit(programs.init, out_shardings=self.state_shardings)
-        self._eval_sums = jax.jit(
-            programs.eval_sums,
-            in_shardings=(self.param_shardings, self.batch_sharding),
-            out_shardings=(self.metrics_sharding, self.metrics_sharding),
-        )
+        self._eval = jax.jit(programs.eval, out_shardings=replicated)
+        self._predict = jax.jit(programs.predict, out_shardings=replicated) if programs.predict else None
+        self._init_opt = jax.jit(self.tx.init, out_shardings=opt_shardings)
 
-    # Flax's logical constraints only bind under an active mesh + rules (STACK.md), at trace time.
+    # Flax's logical constraints only bind under an active mesh + rules (docs/stack.md), at trace time.
     def _context(self):
-        import contextlib
-
         stack = contextlib.ExitStack()
         stack.enter_context(jax.set_mesh(self.mesh))
         stack.enter_context(nn.logical_axis_rules(self.rules))  # for tx.init and eager callers
@@ -246,10 +252,16 @@ class Trainer:
         with self._context():
             return self._init(jax.random.key(self.seed if seed is None else seed))
 
+    def place_params(self, params):
+        """Any params of this model's shapes (host or device, boxed or not) -> placed on the mesh in the
+        storage dtype."""
+        params = jax.tree.map(lambda x, a: jnp.asarray(x, a.dtype), nn.meta.unbox(params), self.abstract_params)
+        return jax.device_put(params, self.param_shardings)
+
     def state_from_params(self, params) -> TrainState:
-        params = jax.device_put(nn.meta.unbox(params), self.param_shardings)
+        params = self.place_params(params)
         with self._context():
-            opt_state = jax.jit(self.tx.init, out_shardings=self.state_shardings.opt_state)(params)
+            opt_state = self._init_opt(params)
         return TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), shd.replicated(self.mesh)),
                           params=params, opt_state=opt_state)
 
@@ -259,36 +271,68 @@ class Trainer:
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), self.abstract_state, self.state_shardings
         )
 
-    def put_batch(self, batch: Batch) -> Batch:
-        """This process's rows of a global batch (numpy) -> global arrays sharded over data x fsdp."""
-        B = batch["inputs"].shape[0] * jax.process_count()
-        divisor = shd.batch_divisor(self.mesh) * self.accum_steps
-        if B % divisor:
-            raise ConfigError(
-                f"batch {B} is not divisible by data x fsdp x accum_steps = {divisor} (mesh {dict(self.mesh.shape)})"
-            )
-        return {k: jax.make_array_from_process_local_data(self.batch_sharding, v) for k, v in batch.items()}
+    def check_batch_size(self, global_batch: int, what: str = "global batch", train: bool = True) -> None:
+        """The one divisibility rule: a batch splits over data x fsdp devices and, to train, into micro-batches."""
+        accum = self.accum_steps if train else 1
+        divisor = shd.batch_divisor(self.mesh) * accum
+        if global_batch % divisor:
+            raise ConfigError(f"{what} {global_batch} is not divisible by data x fsdp" + (" x accum_steps" if train else "")
+                              + f" = {divisor} (mesh {dict(self.mesh.shape)}" + (f", accum_steps {accum})" if train else ")"))
+
+    def put_batch(self, batch, train: bool = True) -> Batch:
+        """This process's rows of a global batch (numpy) -> global arrays, the batch axis over data x fsdp;
+        `train=False` for evaluation and prediction, which do not split it into micro-batches."""
+        self.check_batch_size(next(iter(batch.values())).shape[0] * jax.process_count(), train=train)
+        return {k: jax.make_array_from_process_local_data(shd.batch_sharding(self.mesh, v.ndim), v)
+                for k, v in batch.items()}
 
     def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
         with self._context():
             return self._step(state, batch)
 
     def eval_sums(self, params, batch: Batch):
-        """(loss sum, weight sum) of a batch, no dropout, no update."""
+        """(loss sum, weight sum, aux sums) of a batch, no dropout, no update."""
         with self._context():
-            return self._eval_sums(params, batch)
+            return self._eval(params, batch)
+
+    def predict(self, params, batch: Batch):
+        with self._context():
+            return self._predict(params, batch)
 
     def grads(self, params, batch: Batch, step: int = 0):
         """(loss, grads, weight) without an update: for tests and diagnostics."""
         with self._context():
             return self._grads(params, batch, jnp.asarray(step, jnp.int32))
 
-    def lower(self, batch_shape: tuple[int, int]):
-        """The step lowered for abstract inputs: `.compile()` it to time compilation alone."""
-        B, T = batch_shape
-        tokens = jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=self.batch_sharding)
+    def lower(self, batch_spec: dict[str, jax.ShapeDtypeStruct]):
+        """The step lowered for abstract inputs (shapes of the global batch): `.compile()` it to time
+        compilation alone or to read its memory and cost analyses."""
+        batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shd.batch_sharding(self.mesh, len(v.shape)))
+                 for k, v in batch_spec.items()}
         with self._context():
-            return self._step.lower(self.abstract_state_sharded(), {"inputs": tokens, "targets": tokens})
+            return self._step.lower(self.abstract_state_sharded(), batch)
+
+
+def lm_batch_spec(batch: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+    tokens = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
+    return {"inputs": tokens, "targets": tokens}
+
+
+def make_trainer(init_fn, loss_fn, optim: OptimConfig, mesh: MeshConfig | Any, *, accum_steps: int = 1, seed: int = 0,
+                 predict_fn=None) -> Trainer:
+    """The one builder: mesh (from a MeshConfig, or one already built) + logical-axis rules + Trainer."""
+    if isinstance(mesh, MeshConfig):
+        rules = shd.logical_rules(mesh.rules)
+        mesh = shd.make_mesh(mesh)
+    else:
+        rules = shd.DEFAULT_RULES
+    return Trainer(init_fn, loss_fn, optim, mesh, rules, accum_steps, seed, predict_fn)
+
+
+def lm_trainer(config: ModelConfig, optim: OptimConfig, mesh: MeshConfig | Any, *, accum_steps: int = 1,
+               seed: int = 0) -> Trainer:
+    """A Trainer of next-token prediction: pre-training, evaluation, benchmarks."""
+    return make_trainer(*lm_functions(config), optim, mesh, accum_steps=accum_steps, seed=seed)
 
 
 def state_bytes(state: TrainState) -> tuple[int, int]:

@@ -431,3 +431,17 @@ class GPT1Tokenizer:
 
     def __repr__(self) -> str:
         return f"GPT1Tokenizer(mode={self._mode!r}, vocab_size={self.vocab_size})"
+
+
+def find_tokenizer(spec: str | None, source: Path | None):
+    """A GPT1Tokenizer from --tokenizer or, failing that, from the SOURCE folder itself; None when
+    neither has one (see GPT1Tokenizer.from_path for what a folder may hold)."""
+
+    if spec:
+        tok = GPT1Tokenizer.from_path(spec)
+        if tok is None:
+            raise FileNotFoundError(f"--tokenizer {spec}: not a tokenizer .json nor a folder with encoder_bpe_40000.json + "
+                                    "vocab_40000.bpe or vocab.json + merges.txt")
+        return tok
+    return GPT1Tokenizer.from_path(source) if source is not None else None
+

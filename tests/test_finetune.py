@@ -3,16 +3,22 @@ GLUE's submission file; init from none, from a HF directory and from a pre-train
 
 import dataclasses
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
 
 from gpt1_jax import cli, heads
-from gpt1_jax.config import load_yaml, model_preset, save_yaml
-from gpt1_jax.checkpoint import restore_params
-from gpt1_jax.config import FinetuneConfig
-from gpt1_jax.finetune import bucket_len, load_init, with_marker_rows
+from gpt1_jax.config import FinetuneConfig, load_yaml, model_preset, save_yaml
+from gpt1_jax.data.tasks import bucket_len
+from gpt1_jax.finetune import open_source, transplant, with_marker_rows
 from gpt1_jax.tokenizer import GPT1Tokenizer
 
 WORDS = "the a cat dog sat ran on under mat log quickly slowly big small red blue house tree".split()
@@ -97,17 +103,18 @@ def test_init_from_hf_dir_appends_the_marker_rows(tmp_path, data_dir, tokenizer)
     tokenizer.save(tok_path)
     hf, config, params = _hf_dir(tmp_path, tokenizer)
     fcfg = FinetuneConfig(model=model_preset("tiny"))
-    model_config, loaded, tok, _ = load_init(str(hf), fcfg, str(tok_path), lambda: [])
-    model_config, loaded = with_marker_rows(model_config, loaded, tok, seed=0)
+    source = open_source(str(hf), fcfg, str(tok_path))
+    model_config, loaded = with_marker_rows(source.model_config, source.params, source.tokenizer, seed=0)
     table = np.asarray(loaded["tokens_embed"]["embedding"])
-    assert model_config.vocab_size == tok.vocab_size == table.shape[0] == config.vocab_size + 3
+    assert model_config.vocab_size == source.tokenizer.vocab_size == table.shape[0] == config.vocab_size + 3
     np.testing.assert_array_equal(table[:-3], np.asarray(params["tokens_embed"]["embedding"].value))
     assert 0.005 < table[-3:].std() < 0.05  # N(0, 0.02)
     _, results = _finetune(tmp_path, data_dir, "--init", str(hf), "--tokenizer", str(tok_path), "--epochs", "1")
     assert results["init"] == str(hf)
     # scratch:DIR = the same architecture and vocabulary, random weights (Table 5's no pre-training)
-    scratch_config, none, _, described = load_init(f"scratch:{hf}", fcfg, str(tok_path), lambda: [])
-    assert none is None and scratch_config.vocab_size == tok.vocab_size and described.startswith("scratch")
+    scratch = open_source(f"scratch:{hf}", fcfg, str(tok_path))
+    assert scratch.params is None and scratch.model_config == source.model_config
+    assert scratch.described.startswith("scratch")
 
 
 def test_init_errors(tmp_path, data_dir, tokenizer, capsys):
@@ -127,27 +134,37 @@ def test_init_errors(tmp_path, data_dir, tokenizer, capsys):
 
 def test_init_from_pretrain_workdir_restores_the_params(tmp_path, tokenizer):
     from gpt1_jax.checkpoint import Checkpointer
-    from gpt1_jax.optim import OptimConfig
-    from gpt1_jax.sharding import MeshConfig, make_mesh
-    from gpt1_jax.step import Trainer
+    from gpt1_jax.config import MeshConfig, OptimConfig, PretrainConfig
+    from gpt1_jax.step import lm_trainer
 
     config = dataclasses.replace(model_preset("tiny"), vocab_size=tokenizer.vocab_size)
     workdir = tmp_path / "pre"
     workdir.mkdir()
-    trainer = Trainer(config, OptimConfig(total_steps=10, warmup_steps=1), make_mesh(MeshConfig()))
-    state = trainer.init(seed=5)
+    state = lm_trainer(config, OptimConfig(total_steps=10, warmup_steps=1), MeshConfig()).init(seed=5)
     ckpt = Checkpointer(workdir / "checkpoints")
-    ckpt.save(4, state, {"position": 0}, config)
+    ckpt.save(4, state, {"batches": {}}, config)
     ckpt.close()
-    save_yaml(FinetuneConfig(model=config), workdir / "config.yaml")  # any YAML with a `model` section
+    save_yaml(PretrainConfig(model=config), workdir / "config.yaml")
     tokenizer.save(workdir / "tokenizer.json")
-    params, step = restore_params(workdir / "checkpoints", config)
-    assert step == 4
-    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state.params)):
+    source = open_source(str(workdir), FinetuneConfig(), None)
+    assert source.model_config.vocab_size == source.tokenizer.vocab_size
+    assert source.model_config.embd_dropout == 0.1  # run-time fields from the fine-tuning config
+    for a, b in zip(jax.tree.leaves(source.params), jax.tree.leaves(state.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    model_config, loaded, tok, described = load_init(str(workdir), FinetuneConfig(), None, lambda: [])
-    assert model_config.vocab_size == tok.vocab_size and "step 4" in described
-    assert model_config.embd_dropout == 0.1  # run-time fields from the fine-tuning config
+
+
+def test_transplant_keeps_embeddings_and_the_first_layers():
+    from gpt1_jax.model import init_params
+
+    config = dataclasses.replace(model_preset("tiny"), n_layers=3)
+    fresh, pre = (jax.tree.map(np.asarray, nn.meta.unbox(init_params(config, s))) for s in (0, 1))
+    out = transplant(fresh, pre, config, 1)
+    np.testing.assert_array_equal(out["tokens_embed"]["embedding"], pre["tokens_embed"]["embedding"])
+    np.testing.assert_array_equal(out["positions_embed"]["embedding"], pre["positions_embed"]["embedding"])
+    for got, p, f in zip(jax.tree.leaves(out["h"]), jax.tree.leaves(pre["h"]), jax.tree.leaves(fresh["h"])):
+        np.testing.assert_array_equal(got[:1], p[:1])
+        np.testing.assert_array_equal(got[1:], f[1:])
+    assert transplant(fresh, pre, config, -1) is pre and transplant(fresh, pre, config, 3) is pre
 
 
 def test_race_multiple_choice_end_to_end(tmp_path):
@@ -204,3 +221,114 @@ def test_short_real_finetune_beats_the_majority_class(tmp_path, shared_dir):
     majority = max(labels.count(l) for l in set(labels)) / len(labels)
     assert len(labels) == 872 and majority < 0.52
     assert results["metrics"]["accuracy"] > majority + 0.05, (results["metrics"], majority)
+
+
+# ---- the engine fine-tuning shares with pre-training: resume, preemption, accumulation, processes ----------
+
+def _argv(workdir, data_dir, tmp_path, *extra):
+    """A tiny CoLA run in a real subprocess: 40 examples, batch 8, 3 epochs of 5 steps, a checkpoint every step."""
+    return [sys.executable, "-m", "gpt1_jax.cli", "finetune", "--task", "cola", "--init", "none", "--config", "tiny",
+            "--workdir", str(workdir), "--data-dir", str(data_dir), "--tfds-dir", str(tmp_path / "tfds"),
+            "--batch-size", "8", "--epochs", "3", "--predict-test", "--no-progress", "--set", "checkpoint_every=1", *extra]
+
+
+ENV = {**os.environ, "XLA_FLAGS": ""}  # one CPU device
+
+
+def _outputs(workdir):
+    """What an interrupted run must reproduce: dev scores per epoch, best epoch, prediction files' bytes."""
+    results = json.loads((workdir / "results.json").read_text())
+    files = {p.name: p.read_bytes() for p in [*(workdir / "predictions").iterdir(), workdir / "CoLA.tsv"]}
+    return [{k: v for k, v in h.items()} for h in results["history"]], results["epoch"], files
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, data_dir):
+    tmp = tmp_path_factory.mktemp("ft-ref")
+    done = subprocess.run(_argv(tmp / "run", data_dir, tmp), capture_output=True, text=True, timeout=300, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return tmp / "run"
+
+
+def _start_and_wait(argv, workdir, log, step):
+    proc = subprocess.Popen(argv, stderr=open(log, "w"), stdout=subprocess.DEVNULL, env=ENV)
+    t0 = time.time()
+    while time.time() - t0 < 300:
+        path = workdir / "metrics.jsonl"
+        if path.exists() and any(json.loads(l).get("step", 0) >= step for l in path.read_text().splitlines() if l.strip()):
+            return proc
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early: {open(log).read()[-2000:]}")
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("timed out")
+
+
+@pytest.mark.parametrize("kill_after", [4, 7], ids=["first-epoch", "after-an-epoch-end"])
+def test_finetune_kill_9_then_rerun_equals_an_uninterrupted_run(uninterrupted, tmp_path, data_dir, kill_after):
+    workdir = tmp_path / "run"
+    argv = _argv(workdir, data_dir, tmp_path)
+    proc = _start_and_wait(argv, workdir, tmp_path / "log", kill_after)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not (workdir / "results.json").exists()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming at" in done.stderr
+    assert _outputs(workdir) == _outputs(uninterrupted)
+
+
+def test_finetune_sigterm_saves_exits_0_and_resumes(uninterrupted, tmp_path, data_dir):
+    workdir = tmp_path / "run"
+    argv = _argv(workdir, data_dir, tmp_path, "--set", "checkpoint_every=0")  # epoch ends and the preemption only
+    proc = _start_and_wait(argv, workdir, tmp_path / "log", 2)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    assert proc.returncode == 0 and "preempted: checkpoint saved at step" in open(tmp_path / "log").read()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _outputs(workdir) == _outputs(uninterrupted)
+
+
+def test_accumulated_steps_train_like_the_whole_batch(tmp_path, data_dir):
+    """--accum-steps 2 runs each batch of 8 as two micro-batches of 4: the same first loss (no dropout, so the
+    masks' different streams cannot matter) and an equally good run."""
+    runs = {}
+    for k in (1, 2):
+        workdir, results = _finetune(tmp_path / f"k{k}", data_dir, "--epochs", "1", "--accum-steps", str(k),
+                                     "--set", "model.embd_dropout=0", "--set", "model.attn_dropout=0",
+                                     "--set", "model.resid_dropout=0", "--set", "clf_dropout=0")
+        runs[k] = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    first = [next(r for r in runs[k] if "loss" in r) for k in (1, 2)]
+    assert first[0]["loss"] == pytest.approx(first[1]["loss"], rel=1e-5)
+    assert first[0]["grad_norm"] == pytest.approx(first[1]["grad_norm"], rel=1e-4)
+
+
+def test_schedule_free_is_scored_at_x(tmp_path, data_dir, monkeypatch):
+    """The dev hook evaluates schedule-free runs at their x sequence (optim.eval_params), not at y."""
+    from gpt1_jax import optim
+
+    seen = []
+    real = optim.eval_params
+    monkeypatch.setattr(optim, "eval_params", lambda opt_state, params: seen.append(real(opt_state, params) is not params) or real(opt_state, params))
+    _finetune(tmp_path, data_dir, "--epochs", "1", "--set", "optim.name=schedule_free_adamw")
+    assert seen and all(seen)
+
+
+def test_two_processes_give_the_one_process_metrics(tmp_path, data_dir):
+    """launch/local.py -n 2 -d 2 against one process with 4 devices: same dev scores, same prediction files."""
+    repo = Path(__file__).resolve().parents[1]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GPT1_")}
+    args = _argv(tmp_path / "one", data_dir, tmp_path, "--epochs", "2", "--set", "checkpoint_every=0")[1:]
+    one = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300,
+                         env={**base, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"})
+    assert one.returncode == 0, one.stderr[-3000:]
+    args = _argv(tmp_path / "two", data_dir, tmp_path, "--epochs", "2", "--set", "checkpoint_every=0")[1:]
+    two = subprocess.run([sys.executable, str(repo / "launch" / "local.py"), "-n", "2", "-d", "2", "--grace", "20", "--",
+                          sys.executable, *args], capture_output=True, text=True, timeout=300,
+                         env={**base, "JAX_PLATFORMS": "cpu"})
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-2000:]
+    (h1, e1, f1), (h2, e2, f2) = _outputs(tmp_path / "one"), _outputs(tmp_path / "two")
+    assert e1 == e2 and f1 == f2
+    for a, b in zip(h1, h2):
+        assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6) for k in a)

@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 from gpt1_jax import sharding as shd
 from gpt1_jax.config import ConfigError, model_preset
 from gpt1_jax.optim import OptimConfig
-from gpt1_jax.step import Trainer, lm_batch, state_bytes
+from gpt1_jax.step import lm_batch, lm_trainer, state_bytes
 
 # Dropout off: the comparison is about partitioning, not RNG streams.
 TINY = dataclasses.replace(model_preset("tiny"), embd_dropout=0.0, attn_dropout=0.0, resid_dropout=0.0)
@@ -21,7 +21,7 @@ BATCH = lm_batch(np.random.default_rng(0).integers(0, TINY.vocab_size, (8, 33), 
 
 
 def _grads_on(mesh):
-    trainer = Trainer(TINY, OPTIM, mesh)
+    trainer = lm_trainer(TINY, OPTIM, mesh)
     params = trainer.state_from_params(_reference()["params"]).params
     loss, grads, _ = trainer.grads(params, trainer.put_batch(BATCH))
     return float(loss), jax.tree.map(np.asarray, grads), params
@@ -30,7 +30,7 @@ def _grads_on(mesh):
 @functools.lru_cache(maxsize=1)
 def _reference():
     mesh = shd.make_mesh(shd.MeshConfig(data=1), jax.devices()[:1])
-    trainer = Trainer(TINY, OPTIM, mesh)
+    trainer = lm_trainer(TINY, OPTIM, mesh)
     state = trainer.init(seed=1)
     loss, grads, _ = trainer.grads(state.params, trainer.put_batch(BATCH))
     return {"params": jax.tree.map(np.asarray, state.params), "loss": float(loss),
@@ -62,7 +62,7 @@ def test_sharded_loss_and_grads_match_single_device(reference, spec):
 def test_fsdp_spreads_params_and_optimizer_state():
     # Shapes divisible by 8 everywhere it matters; only small biases stay replicated.
     config = dataclasses.replace(TINY, vocab_size=1024, d_model=128, d_mlp=512)
-    trainer = Trainer(config, OPTIM, shd.make_mesh(shd.parse_mesh("fsdp=8")))
+    trainer = lm_trainer(config, OPTIM, shd.make_mesh(shd.parse_mesh("fsdp=8")))
     state = trainer.init()
     total, per_device = state_bytes(state)
     assert per_device <= total / 8 * 1.05, (per_device, total / 8)
@@ -71,7 +71,7 @@ def test_fsdp_spreads_params_and_optimizer_state():
 
 
 def test_pure_data_parallel_replicates_params():
-    trainer = Trainer(TINY, OPTIM, shd.make_mesh(shd.parse_mesh("data=8")))
+    trainer = lm_trainer(TINY, OPTIM, shd.make_mesh(shd.parse_mesh("data=8")))
     total, per_device = state_bytes(trainer.init())
     assert per_device == total
 

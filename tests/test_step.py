@@ -11,7 +11,7 @@ import pytest
 from gpt1_jax import sharding as shd
 from gpt1_jax.config import model_preset
 from gpt1_jax.optim import OptimConfig
-from gpt1_jax.step import Trainer, lm_batch, lm_loss_sums
+from gpt1_jax.step import lm_batch, lm_loss_sums, lm_trainer
 
 TINY = model_preset("tiny")
 NO_DROPOUT = dataclasses.replace(TINY, embd_dropout=0.0, attn_dropout=0.0, resid_dropout=0.0)
@@ -48,7 +48,7 @@ WEIGHTS = np.random.default_rng(2).integers(0, 2, BATCH["targets"].shape).astype
 
 
 def _reference(config=NO_DROPOUT):
-    trainer = Trainer(config, OPTIM, _mesh())
+    trainer = lm_trainer(config, OPTIM, _mesh())
     params = trainer.init(seed=3).params
     batch = trainer.put_batch({**BATCH, "weights": WEIGHTS})
     return trainer, params, batch
@@ -56,7 +56,7 @@ def _reference(config=NO_DROPOUT):
 
 def test_grad_accumulation_equals_one_large_batch():
     big, params, batch = _reference()
-    micro = Trainer(NO_DROPOUT, OPTIM, big.mesh, accum_steps=4)
+    micro = lm_trainer(NO_DROPOUT, OPTIM, big.mesh, accum_steps=4)
     loss_1, grads_1, w_1 = big.grads(params, batch)
     loss_k, grads_k, w_k = micro.grads(params, batch)
     assert float(w_1) == float(w_k) == WEIGHTS.sum()
@@ -67,7 +67,7 @@ def test_grad_accumulation_equals_one_large_batch():
 
 def test_train_step_metrics_and_resume_determinism():
     # Dropout on: the key comes from (seed, step), so two runs from the same state agree exactly.
-    trainer = Trainer(TINY, OPTIM, _mesh(), seed=7)
+    trainer = lm_trainer(TINY, OPTIM, _mesh(), seed=7)
     batch = trainer.put_batch(BATCH)
     runs = []
     for _ in range(2):
@@ -81,13 +81,13 @@ def test_train_step_metrics_and_resume_determinism():
         runs.append(losses)
     assert runs[0] == runs[1]
     assert runs[0][0] > runs[0][2]  # lr warms up from 0: step 0 changes nothing, then the loss drops
-    assert float(metrics["tokens"]) == BATCH["targets"].size
+    assert float(metrics["weight"]) == BATCH["targets"].size  # the summed weights: tokens, for the LM loss
 
 
 def test_mixed_precision_keeps_fp32_params_and_state():
     ref, params, batch = _reference()
     loss_ref, _, _ = ref.grads(params, batch)
-    trainer = Trainer(dataclasses.replace(NO_DROPOUT, dtype="bfloat16"), OPTIM, ref.mesh)
+    trainer = lm_trainer(dataclasses.replace(NO_DROPOUT, dtype="bfloat16"), OPTIM, ref.mesh)
     loss, grads, _ = trainer.grads(params, batch)
     assert {g.dtype for g in jax.tree.leaves(grads)} == {jnp.dtype("float32")}  # grads in param_dtype
     assert abs(float(loss) - float(loss_ref)) < 2e-2
@@ -100,5 +100,5 @@ def test_mixed_precision_keeps_fp32_params_and_state():
 def test_remat_does_not_change_gradients(remat):
     ref, params, batch = _reference()
     _, grads_ref, _ = ref.grads(params, batch)
-    _, grads, _ = Trainer(dataclasses.replace(NO_DROPOUT, remat=remat), OPTIM, ref.mesh).grads(params, batch)
+    _, grads, _ = lm_trainer(dataclasses.replace(NO_DROPOUT, remat=remat), OPTIM, ref.mesh).grads(params, batch)
     assert max(jax.tree.leaves(jax.tree.map(_rel, grads, grads_ref))) <= 1e-5

@@ -1,0 +1,146 @@
+"""Fine-tuning tasks (GLUE's and RACE) behind one interface, and their examples as padded batches.
+
+A `Task` knows how to load a split, which strings of an example to tokenise, how those tokens become the
+head's input layout (gpt1_jax/heads.py), and how predictions are scored with the official metrics.
+`encode_split` tokenises a split once; `make_batch` pads rows of it to fixed shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from gpt1_jax.config import ConfigError, FinetuneConfig, task_key
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    name: str
+    kind: str  # a gpt1_jax.heads kind
+    n_outputs: int
+    regression: bool
+    metrics: tuple[str, ...]  # the first picks the best epoch
+    dev_splits: tuple[str, ...]
+    test_splits: tuple[str, ...]
+    label_names: tuple[str, ...] | None
+    load: Callable[[str], list[dict]]  # split -> examples (text fields, label, idx)
+    texts: Callable[[dict], list[str]]  # the strings of one example, to tokenise
+    segments: Callable[[list[list[int]], int], tuple]  # their tokens, segment length -> heads.layout input
+    score: Callable[[list[dict], np.ndarray], dict[str, float]]  # examples, predictions -> metrics
+    submission: Callable[[str], str] | None = None  # test split -> GLUE file stem
+    submit_names: bool = False  # the GLUE server wants label names (MNLI, QNLI, RTE), not indices
+
+
+def make_task(config: FinetuneConfig, data_dir: str | None, tfds_dir: str | None = None) -> Task:
+    from gpt1_jax.data import glue
+
+    key = task_key(config.task)
+    if key == "race":
+        return _race_task(config, data_dir)
+    g = glue.glue_task(key)
+
+    def score(examples, preds):
+        labels = np.asarray([e["label"] for e in examples])
+        return glue.compute_metrics(g.metrics, labels, preds)
+
+    return Task(
+        name=g.name, kind=g.kind, n_outputs=g.n_outputs, regression=g.regression, metrics=g.metrics,
+        dev_splits=g.dev_splits, test_splits=tuple(s for s, _ in g.test_splits), label_names=g.label_classes,
+        load=lambda split: glue.load_split(g, split, data_dir, tfds_dir),
+        texts=lambda ex: [ex[f] for f in g.features],
+        segments=lambda toks, keep: tuple(toks),
+        score=score, submission=g.submission_name, submit_names=g.name in ("mnli", "qnli", "rte"),
+    )
+
+
+def _race_task(config: FinetuneConfig, data_dir: str | None) -> Task:
+    from gpt1_jax.data.race import load_race
+
+    if not data_dir:
+        raise ConfigError("task race reads RACE from a local race.tar.gz: pass --data-dir PATH")
+    path = Path(data_dir)
+    levels = tuple(config.race_levels.split(","))
+
+    def segments(toks, keep):
+        # Context = article then question ([z; q] in the paper); the article gives way so the
+        # question survives the n_ctx//2 - 2 cut. Answers are the options.
+        article, question, *options = toks
+        question = question[:keep]
+        return article[: keep - len(question)] + question, options
+
+    def score(examples, preds):
+        labels = np.asarray([e["label"] for e in examples])
+        out = {"accuracy": float(np.mean(labels == preds))}
+        for level in levels:
+            sel = np.asarray([e["level"] == level for e in examples])
+            if sel.any() and len(levels) > 1:
+                out[f"accuracy_{level}"] = float(np.mean(labels[sel] == preds[sel]))
+        return out
+
+    return Task(
+        name="race", kind="multiple_choice", n_outputs=1, regression=False, metrics=("accuracy",),
+        dev_splits=("validation",), test_splits=("test",), label_names=None,
+        load=lambda split: load_race(path, split, levels),
+        texts=lambda ex: [ex["article"], ex["question"], *ex["options"]],
+        segments=segments, score=score,
+    )
+
+
+@dataclasses.dataclass
+class Encoded:
+    """One split ready for batching: each example's N token sequences, labels, original examples."""
+
+    seqs: list[list[list[int]]]
+    labels: np.ndarray
+    examples: list[dict]
+
+
+def encode_split(task: Task, examples: list[dict], tok, n_ctx: int) -> Encoded:
+    from gpt1_jax import heads
+
+    markers = heads.Markers.of(tok)
+    keep = heads.max_segment_len(n_ctx)
+    texts = [task.texts(ex) for ex in examples]
+    flat = [t for ts in texts for t in ts]
+    ids = tok.encode_batch(flat) if flat else []
+    seqs, i = [], 0
+    for ts in texts:
+        toks = ids[i: i + len(ts)]
+        i += len(ts)
+        seqs.append(heads.layout(task.kind, task.segments(toks, keep), markers, n_ctx))
+    dtype = np.float32 if task.regression else np.int32
+    labels = np.asarray([ex["label"] for ex in examples], dtype)
+    return Encoded(seqs, labels, examples)
+
+
+def bucket_len(n: int, n_ctx: int) -> int:
+    """Next power of two (>= 16), capped at n_ctx: few distinct shapes, so few compilations."""
+    return min(n_ctx, max(16, 1 << (max(n, 1) - 1).bit_length()))
+
+
+def make_batch(enc: Encoded, rows: np.ndarray, batch_size: int, n_ctx: int, markers) -> dict[str, np.ndarray]:
+    """Rows of `enc` padded to `batch_size` with weight-0 filler examples (shapes stay fixed)."""
+    from gpt1_jax import heads
+
+    seqs = [enc.seqs[r] for r in rows]
+    n_seq = len(seqs[0])
+    filler = [[markers.start, markers.classify]] * n_seq
+    seqs = seqs + [filler] * (batch_size - len(seqs))
+    length = bucket_len(max(len(s) for ex in seqs for s in ex), n_ctx)
+    tokens, mask, clf_pos = heads.pad_sequences(seqs, length)
+    labels = np.zeros((batch_size,), enc.labels.dtype)
+    labels[: len(rows)] = enc.labels[rows]
+    labels = np.where(labels < 0, 0, labels) if labels.dtype != np.float32 else labels  # test rows: -1
+    weights = np.zeros((batch_size,), np.float32)
+    weights[: len(rows)] = 1.0
+    return {"tokens": tokens, "mask": mask, "clf_pos": clf_pos, "labels": labels, "weights": weights}
+
+
+def subset(n: int, k: int, seed: int) -> np.ndarray:
+    """A fixed random subset of k of n indices, in order (all of them when k is 0 or >= n)."""
+    if not k or k >= n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).permutation(n)[:k])
