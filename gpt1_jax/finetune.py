@@ -15,7 +15,6 @@ lm_coef 0.5, dropout 0.1 (classifier too), decoupled weight decay 0.01, clipping
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
@@ -27,8 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from gpt1_jax.config import (ConfigError, FinetuneConfig, ModelConfig, OptimConfig, apply_overrides, load_yaml,
-                             model_preset, parse_mesh, save_yaml, task_key, to_dict)
+from gpt1_jax.config import ConfigError, FinetuneConfig, ModelConfig, OptimConfig, save_yaml, task_key, to_dict
 
 # ---- tasks: GLUE's and RACE behind one interface ----------------------------------------------------
 
@@ -531,61 +529,3 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
     say(f"best epoch {best['epoch']}: " + "  ".join(f"{k} {v:.4f}" for k, v in best["scores"].items())
         + f"  -> {workdir / 'results.json'}")
     return results
-
-
-# ---- command line -----------------------------------------------------------------------------------
-
-def resolve_config(args: argparse.Namespace) -> FinetuneConfig:
-    """--config (a model preset or a FinetuneConfig YAML) < flags < --set overrides."""
-    if args.config is None:
-        config = FinetuneConfig()
-    elif args.config in ("gpt1", "small", "tiny"):
-        config = FinetuneConfig(model=model_preset(args.config))
-    else:
-        config = load_yaml(FinetuneConfig, args.config)
-    flags = [f"task={args.task}"]
-    for flag, key in (("epochs", "epochs"), ("batch_size", "batch_size"), ("seed", "seed"), ("lr", "optim.lr"),
-                      ("lm_coef", "lm_coef"), ("max_train_examples", "max_train_examples"),
-                      ("max_eval_examples", "max_eval_examples")):
-        if getattr(args, flag, None) is not None:
-            flags.append(f"{key}={getattr(args, flag)}")
-    config = apply_overrides(config, flags + list(args.set))
-    if args.mesh:
-        config = dataclasses.replace(config, mesh=parse_mesh(args.mesh))
-    return config
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--task", required=True, help="cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli or race")
-    p.add_argument("--init", required=True, metavar="SOURCE",
-                   help="a pre-training workdir, a HF / original / gpt1-jax checkpoint folder, none (random init), "
-                        "or scratch:DIR (random init with DIR's architecture and tokenizer)")
-    p.add_argument("--workdir", required=True, help="where config, results.json and predictions go")
-    p.add_argument("--data-dir", default=None,
-                   help="GLUE's TSV distribution (<dir>/<Task>/{train,dev,test}.tsv) or, for race, race.tar.gz; "
-                        "default: download through tensorflow-datasets")
-    p.add_argument("--tokenizer", default=None,
-                   help="tokenizer .json or vocabulary folder (default: the one in SOURCE; for --init none, a BPE "
-                        "trained on the task's training text)")
-    p.add_argument("--config", default=None, help="model preset (gpt1, small, tiny; for --init none) or a FinetuneConfig YAML")
-    p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--lm-coef", type=float, default=None, help="weight of the auxiliary LM loss (0: off)")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--max-train-examples", type=int, default=None, help="a random subset of this size (quick runs)")
-    p.add_argument("--max-eval-examples", type=int, default=None, help="a fixed random subset of N of each dev/test split")
-    p.add_argument("--predict-test", action="store_true", help="also write GLUE's submission file DIR/<Task>.tsv")
-    p.add_argument("--tfds-dir", default=None, help="where tensorflow-datasets prepares GLUE (default: ~/.cache/gpt1_jax/tfds)")
-    p.add_argument("--mesh", default=None, help="e.g. data=2,fsdp=2 (default: data over all devices)")
-    p.add_argument("--simulate-devices", type=int, default=None, metavar="N", help="N fake CPU devices")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar or status lines")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any FinetuneConfig field, dotted for nested ones: clf_dropout=0, optim.lr=1e-4, model.dtype=bfloat16")
-
-
-def main(args: argparse.Namespace) -> int:
-    config = resolve_config(args)
-    run(config, Path(args.workdir), init=args.init, data_dir=args.data_dir, tokenizer=args.tokenizer,
-        predict_test=args.predict_test, progress=not args.no_progress, tfds_dir=args.tfds_dir)
-    return 0

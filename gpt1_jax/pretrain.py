@@ -9,7 +9,6 @@ SIGTERM (preemption) saves a checkpoint and exits 0.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -19,54 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpt1_jax.config import MeshConfig, PretrainConfig, apply_overrides, load_yaml, parse_mesh, preset, save_yaml
-
-
-def resolve_config(args: argparse.Namespace, workdir: Path) -> PretrainConfig:
-    """--config (preset or YAML) < workdir's saved config (on resume) < flags < --set overrides."""
-    saved = workdir / "config.yaml"
-    if args.config is None and saved.is_file():
-        config = load_yaml(PretrainConfig, saved)
-    elif args.config is None or args.config in ("gpt1", "small", "tiny"):
-        config = preset(PretrainConfig, args.config or "small")
-    else:
-        config = load_yaml(PretrainConfig, args.config)
-    flags = []
-    if args.data is not None:
-        flags.append(f"data.source={args.data}")
-    if args.steps is not None:
-        flags += [f"steps={args.steps}"]
-    if args.batch_size is not None:
-        flags.append(f"data.global_batch_size={args.batch_size}")
-    if args.seq_len is not None:
-        flags.append(f"data.seq_len={args.seq_len}")
-    if args.seed is not None:
-        flags += [f"seed={args.seed}", f"data.seed={args.seed}"]
-    config = apply_overrides(config, flags + list(args.set))
-    if args.mesh:
-        config = dataclasses.replace(config, mesh=parse_mesh(args.mesh))
-    # The schedule spans the run, and warmup ends before it does (cosine needs a step left to decay over).
-    optim = dataclasses.replace(
-        config.optim, total_steps=config.steps, warmup_steps=min(config.optim.warmup_steps, config.steps - 1)
-    )
-    return dataclasses.replace(config, optim=optim)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workdir", required=True, help="run directory: config, tokenizer, checkpoints, metrics")
-    p.add_argument("--config", default=None, help="preset (small, tiny, gpt1) or a PretrainConfig YAML (default: "
-                   "the workdir's saved config when resuming, else small)")
-    p.add_argument("--data", default=None, help="'default' (CPython's docs), a .txt/.txt.gz file or glob, or tfds:NAME")
-    p.add_argument("--steps", type=int, default=None, help="total optimizer steps")
-    p.add_argument("--batch-size", type=int, default=None, help="global batch, in sequences")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--mesh", default=None, help="e.g. data=2,fsdp=2,tensor=2 (default: data over all devices)")
-    p.add_argument("--simulate-devices", type=int, default=None, metavar="N", help="N fake CPU devices")
-    p.add_argument("--dry-run", action="store_true", help="compile the step for the mesh, print per-device memory "
-                   "and FLOPs as one JSON line; no data, no training (size a pod job with --simulate-devices)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any config field, dotted for nested ones: checkpoint_every=10, optim.lr=3e-4, model.dtype=bfloat16")
+from gpt1_jax.config import MeshConfig, PretrainConfig, apply_overrides, load_yaml, save_yaml
 
 
 class _Preemption:
@@ -93,17 +45,6 @@ class _Preemption:
         if self.requested:  # a second Ctrl-C: give up at once
             raise KeyboardInterrupt
         self.requested = True
-
-
-def main(args: argparse.Namespace) -> int:
-    workdir = Path(args.workdir)
-    config = resolve_config(args, workdir)
-    if args.dry_run:
-        from gpt1_jax.distributed import dry_run
-
-        print(json.dumps(dry_run(config)), flush=True)
-        return 0
-    return train(config, workdir)
 
 
 def train(config: PretrainConfig, workdir: Path) -> int:
