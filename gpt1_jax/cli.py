@@ -1,69 +1,361 @@
-"""`gpt1-jax VERB ...`: the command line only wires modules together.
+"""`gpt1-jax VERB ...`: the one command line. Every flag is declared here; each verb turns its flags into
+a typed config (`gpt1_jax.config.resolve`) and makes one library call. No library module parses flags.
 
-Each verb lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`. Nothing
-here imports jax at module level: `--simulate-devices` must set XLA_FLAGS before jax initialises.
-User errors (bad config, bad checkpoint, bad input) end as one line on stderr and exit status 2;
-GPT1_JAX_DEBUG=1 shows the traceback instead.
+The verbs that run a model (pretrain, finetune, evaluate, sample, bench) share, declared once:
+  --config PRESET|YAML   the run's config: a preset name or a YAML file of the verb's config class
+  --set KEY=VALUE        any field of that config, dotted for nested ones (repeatable; wins over flags)
+  --mesh AXIS=N,...      device mesh, e.g. data=2,fsdp=2,tensor=2
+  --seed N
+  --simulate-devices N   N fake CPU devices (to try meshes, or size a pod job, on one machine)
+Every verb also takes the multi-process flags (launch/README.md).
+
+Errors: a project error (gpt1_jax.errors.GPT1JaxError) or a missing file ends as the one line
+`gpt1-jax VERB: error: ...` on stderr and exit status 2 (a diverged run: exit status 1); anything else
+is a bug and keeps its traceback. GPT1_JAX_DEBUG=1 shows the traceback of a project error too.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import dataclasses
+import json
 import os
 import sys
+from pathlib import Path
+from typing import Callable, NamedTuple
 
 from gpt1_jax import distributed
+from gpt1_jax.errors import ConfigError, DivergenceError, GPT1JaxError
 
-VERBS = {
-    "pretrain": ("gpt1_jax.pretrain", "pre-train GPT-1 on a text corpus (resumable; the main job)"),
-    "evaluate": ("gpt1_jax.evaluate", "LM loss and perplexity of a pre-training checkpoint on a text source"),
-    "sample": ("gpt1_jax.sample", "generate text from a pre-training checkpoint"),
-    "convert": ("gpt1_jax.convert", "convert checkpoints between the original release, HF and gpt1-jax"),
-    "bench": ("gpt1_jax.bench", "time the sharded train step and print one JSON line"),
-    "finetune": ("gpt1_jax.finetune", "fine-tune on a GLUE task or RACE with the auxiliary LM loss; results.json + predictions"),
-}
+DEBUG_ENV = "GPT1_JAX_DEBUG"
+
+
+# ---- flags shared by several verbs ----------------------------------------------------------------
+
+def _add_set(parser, text: str) -> None:
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=text)
+
+
+def _model_flags() -> argparse.ArgumentParser:
+    """The flags of every verb that runs a model, as an argparse parent."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("run config (shared by every verb that runs a model)")
+    g.add_argument("--config", default=None, metavar="PRESET|YAML",
+                   help="a preset name or a YAML file of the verb's config (default: the workdir's saved config "
+                        "where there is one, else the config's defaults)")
+    _add_set(g, "any config field, dotted for nested ones: optim.lr=3e-4, model.dtype=bfloat16 (repeatable; "
+                "applied after the other flags)")
+    g.add_argument("--mesh", default=None, metavar="AXIS=N,...",
+                   help="e.g. data=2,fsdp=2,tensor=2 (default: data over all devices)")
+    g.add_argument("--seed", type=int, default=None, help="random seed (default: the config's)")
+    g.add_argument("--simulate-devices", type=int, default=None, metavar="N",
+                   help="N fake CPU devices: try a mesh, or size a pod job, on one machine")
+    return p
+
+
+def _distributed_flags() -> argparse.ArgumentParser:
+    """Multi-process start-up flags (gpt1_jax/distributed.py reads them by these names)."""
+    d = distributed
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("multi-process (see launch/README.md)")
+    g.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                   help=f"address of process 0's coordinator (env {d.ENV_COORDINATOR})")
+    g.add_argument("--num-processes", type=int, default=None, metavar="N", help=f"env {d.ENV_NUM_PROCESSES}")
+    g.add_argument("--process-id", type=int, default=None, metavar="I", help=f"0..N-1 (env {d.ENV_PROCESS_ID})")
+    g.add_argument("--distributed", choices=("auto", "on", "off"), default=None,
+                   help=f"auto: initialise only on a cluster JAX detects or with the flags above; on: always "
+                        f"(JAX fills in what is missing); off: never (env {d.ENV_MODE}; default auto)")
+    g.add_argument("--heartbeat-timeout", type=int, default=None, metavar="S",
+                   help=f"seconds before a silent process counts as dead (env {d.ENV_HEARTBEAT}; "
+                        f"default {d.DEFAULT_HEARTBEAT_S})")
+    g.add_argument("--shutdown-timeout", type=int, default=None, metavar="S",
+                   help=f"seconds a finishing process waits for the others (env {d.ENV_SHUTDOWN}; "
+                        f"default {d.DEFAULT_SHUTDOWN_S})")
+    g.add_argument("--init-timeout", type=int, default=None, metavar="S",
+                   help=f"seconds to wait for all processes to connect (env {d.ENV_INIT_TIMEOUT}; "
+                        f"default {d.DEFAULT_INIT_TIMEOUT_S})")
+    return p
+
+
+def _overrides(args: argparse.Namespace, templates: dict[str, tuple[str, ...]]) -> list[str]:
+    """`key=value` overrides for the flags in `templates` that were given ("{}" is the flag's value),
+    then `--set`'s, so that `--set` wins."""
+    given = [(flag, getattr(args, flag)) for flag in templates if getattr(args, flag) is not None]
+    return [t.format(value) for flag, value in given for t in templates[flag]] + list(args.set)
+
+
+def _refuse(args: argparse.Namespace, verb: str, reasons: dict[str, str]) -> None:
+    """A shared flag this verb cannot honour is an error, not silently ignored."""
+    for flag, reason in reasons.items():
+        if getattr(args, flag) is not None:
+            raise ConfigError(f"--{flag.replace('_', '-')} does not apply to {verb}: {reason}")
+
+
+def _print_json(result: dict) -> None:
+    print(json.dumps(result), flush=True)
 
 
 def simulate_devices(n: int | None) -> None:
-    """N fake CPU devices, for trying meshes on one machine; only possible before jax starts."""
+    """N fake CPU devices. Only possible before jax starts a backend; importing the package has already
+    imported jax, which read JAX_PLATFORMS then, so the platform is set through jax.config as well."""
     if not n:
         return
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
     os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={n}"])
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if "JAX_PLATFORMS" not in os.environ:
+        import jax
+
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        jax.config.update("jax_platforms", "cpu")
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    from gpt1_jax.config import ConfigError
-    from gpt1_jax.weights import CheckpointFormatError
+# ---- pretrain -------------------------------------------------------------------------------------
 
-    from gpt1_jax.errors import GPT1JaxError
+PRETRAIN_FLAGS = {"data": ("data.source={}",), "steps": ("steps={}",), "batch_size": ("data.global_batch_size={}",),
+                  "seq_len": ("data.seq_len={}",), "seed": ("seed={}", "data.seed={}")}
 
-    return (GPT1JaxError, ConfigError, CheckpointFormatError, FileNotFoundError, FileExistsError, ValueError)
+
+def _pretrain_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workdir", required=True, help="run directory: config, tokenizer, checkpoints, metrics "
+                   "(a saved config.yaml there is the default --config: running again resumes)")
+    p.add_argument("--data", default=None, help="'default' (CPython's docs), a .txt/.txt.gz file or glob, or tfds:NAME")
+    p.add_argument("--steps", type=int, default=None, help="total optimizer steps")
+    p.add_argument("--batch-size", type=int, default=None, help="global batch, in sequences")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence")
+    p.add_argument("--dry-run", action="store_true", help="compile the step for the mesh, print per-device memory "
+                   "and FLOPs as one JSON line; no data, no training (size a pod job with --simulate-devices)")
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    from gpt1_jax.config import PretrainConfig, resolve
+
+    workdir = Path(args.workdir)
+    config = resolve(PretrainConfig, args.config, saved=workdir / "config.yaml",
+                     overrides=_overrides(args, PRETRAIN_FLAGS), mesh=args.mesh)
+    from gpt1_jax.pretrain import run, with_schedule_span
+
+    if args.dry_run:
+        from gpt1_jax.sizing import dry_run
+
+        _print_json(dry_run(with_schedule_span(config)))
+        return 0
+    return run(config, workdir)
+
+
+# ---- finetune -------------------------------------------------------------------------------------
+
+FINETUNE_FLAGS = {"task": ("task={}",), "epochs": ("epochs={}",), "batch_size": ("batch_size={}",),
+                  "accum_steps": ("accum_steps={}",), "lr": ("optim.lr={}",), "lm_coef": ("lm_coef={}",),
+                  "seed": ("seed={}",), "max_train_examples": ("max_train_examples={}",),
+                  "max_eval_examples": ("max_eval_examples={}",)}
+
+
+def _finetune_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", required=True, help="cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli or race")
+    p.add_argument("--init", required=True, metavar="SOURCE",
+                   help="a pre-training workdir, a HF / original / gpt1-jax checkpoint folder, none (random init), "
+                        "or scratch:DIR (random init with DIR's architecture and tokenizer)")
+    p.add_argument("--workdir", required=True, help="where config, results.json and predictions go")
+    p.add_argument("--data-dir", default=None,
+                   help="GLUE's TSV distribution (<dir>/<Task>/{train,dev,test}.tsv) or, for race, race.tar.gz; "
+                        "default: download through tensorflow-datasets")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer .json or vocabulary folder (default: the one in SOURCE; for --init none, a BPE "
+                        "trained on the task's training text)")
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--accum-steps", type=int, default=None, help="micro-batches per optimizer step")
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--lm-coef", type=float, default=None, help="weight of the auxiliary LM loss (0: off)")
+    p.add_argument("--max-train-examples", type=int, default=None, help="a random subset of this size (quick runs)")
+    p.add_argument("--max-eval-examples", type=int, default=None,
+                   help="a fixed random subset of N of each dev/test split")
+    p.add_argument("--predict-test", action="store_true", help="also write GLUE's submission file DIR/<Task>.tsv")
+    p.add_argument("--tfds-dir", default=None,
+                   help="where tensorflow-datasets prepares GLUE (default: ~/.cache/gpt1_jax/tfds)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or status lines")
+
+
+def _finetune(args: argparse.Namespace) -> int:
+    from gpt1_jax.config import FinetuneConfig, resolve
+    from gpt1_jax.finetune import run
+
+    config = resolve(FinetuneConfig, args.config, overrides=_overrides(args, FINETUNE_FLAGS), mesh=args.mesh)
+    run(config, Path(args.workdir), init=args.init, data_dir=args.data_dir, tokenizer=args.tokenizer,
+        predict_test=args.predict_test, progress=not args.no_progress, tfds_dir=args.tfds_dir)
+    return 0
+
+
+# ---- evaluate -------------------------------------------------------------------------------------
+
+def _evaluate_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workdir", required=True, help="a pre-training run directory")
+    p.add_argument("--data", default=None, help="text source (default: the run's own validation split)")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    p.add_argument("--batch-size", type=int, default=None, help="sequences per batch (default: the run's)")
+    p.add_argument("--max-batches", type=int, default=0, help="stop after this many batches (0: all)")
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    _refuse(args, "evaluate", {
+        "config": "the run's saved config.yaml is used; change its fields with --set",
+        "mesh": "evaluation runs data-parallel over all devices",
+        "seed": "evaluation is deterministic",
+    })
+    from gpt1_jax.evaluate import evaluate_workdir
+
+    result = evaluate_workdir(Path(args.workdir), data=args.data, step=args.step, batch_size=args.batch_size,
+                              max_batches=args.max_batches, overrides=list(args.set))
+    _print_json(result)
+    return 0
+
+
+# ---- sample ---------------------------------------------------------------------------------------
+
+def _sample_flags(p: argparse.ArgumentParser) -> None:
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--workdir", help="a pre-training run directory (its latest checkpoint and tokenizer)")
+    where.add_argument("--init", help="a HF / original / gpt1-jax checkpoint folder or run directory")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step of a run directory (default: the latest)")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer .json or vocabulary folder (default: the one in --workdir / --init)")
+    p.add_argument("--prompt", default="the", help="text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=40)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--num-samples", type=int, default=3)
+
+
+def _sample(args: argparse.Namespace) -> int:
+    """--config / --set give how the checkpoint runs (model.dtype, model.attention, ...); for OpenAI's
+    original release, which stores no config, also its architecture (e.g. --config gpt1)."""
+    _refuse(args, "sample", {"mesh": "sampling runs on one device"})
+    from gpt1_jax.config import PretrainConfig, resolve
+    from gpt1_jax.generate import sample
+    from gpt1_jax.tokenizer import find_tokenizer
+    from gpt1_jax.weights import load_pretrained
+
+    source = Path(args.workdir or args.init)
+    run_config = None
+    if args.config is not None or args.set:
+        saved = source / "config.yaml" if args.workdir else None
+        run_config = resolve(PretrainConfig, args.config, saved=saved, overrides=args.set).model
+    model_config, params = load_pretrained(source, run_config, step=args.step)
+    tokenizer = find_tokenizer(args.tokenizer, source)
+    if tokenizer is None:
+        raise FileNotFoundError(f"{source}: no tokenizer in it; pass --tokenizer")
+    seed = 0 if args.seed is None else args.seed
+    outputs = sample(model_config, params, tokenizer.encode(args.prompt), max_new_tokens=args.max_new_tokens,
+                     temperature=args.temperature, top_k=args.top_k, seed=seed, num_samples=args.num_samples)
+    step = "" if args.step is None else f" step {args.step}"
+    print(f"# {source}{step}, temperature {args.temperature}, top-k {args.top_k}")
+    for ids in outputs:
+        print(f"{args.prompt} >> {tokenizer.decode(ids)}")
+    return 0
+
+
+# ---- convert --------------------------------------------------------------------------------------
+
+def _convert_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", help="an original release, HF or gpt1-jax checkpoint directory, or a run directory")
+    p.add_argument("dst", help="output directory (must not exist or be empty, unless --overwrite)")
+    p.add_argument("--to", choices=("hf", "jax"), default="hf", help="output format (default: hf)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty DST")
+    _add_set(p, "ModelConfig field of the source, e.g. n_heads=16 for an original release whose heads are not 64 wide")
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from gpt1_jax.weights import convert
+
+    config, out = convert(args.src, args.dst, to=args.to, overwrite=args.overwrite, overrides=args.set)
+    print(f"wrote {args.to} checkpoint of {config.num_params():,} parameters ({config.n_layers} layers x "
+          f"{config.d_model}) to {out}")
+    return 0
+
+
+# ---- bench ----------------------------------------------------------------------------------------
+
+BENCH_FLAGS = {"batch": ("data.global_batch_size={}",), "seq": ("data.seq_len={}",), "dtype": ("model.dtype={}",),
+               "accum_steps": ("accum_steps={}",), "seed": ("seed={}",),
+               "lr": ("optim.lr={}", "optim.schedule=constant", "optim.warmup_steps=0")}
+
+
+def _bench_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch", type=int, default=None, help="global batch, in sequences (default: the config's)")
+    p.add_argument("--seq", type=int, default=None, help="tokens per sequence (default: the config's)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                   help="compute dtype (params and optimizer state stay in param_dtype)")
+    p.add_argument("--accum-steps", type=int, default=None, help="micro-batches per step")
+    p.add_argument("--lr", type=float, default=None, help="a constant learning rate (default: the config's schedule)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps after compilation")
+    p.add_argument("--compile-only", action="store_true", help="compile and report time, memory and FLOPs; do not run")
+    p.add_argument("--peak-flops", type=float, default=None,
+                   help="peak FLOP/s for MFU (default: the accelerator's table entry, or a measured matmul)")
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from gpt1_jax import bench
+    from gpt1_jax.config import PretrainConfig, resolve
+
+    config = resolve(PretrainConfig, args.config, overrides=_overrides(args, BENCH_FLAGS), mesh=args.mesh)
+    _print_json(bench.run(config, steps=args.steps, warmup=args.warmup, compile_only=args.compile_only,
+                          peak_flops=args.peak_flops))
+    return 0
+
+
+# ---- the command line -----------------------------------------------------------------------------
+
+class Verb(NamedTuple):
+    help: str
+    add_flags: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    runs_model: bool = True
+
+
+VERBS: dict[str, Verb] = {
+    "pretrain": Verb("pre-train GPT-1 on a text corpus (resumable; the main job)", _pretrain_flags, _pretrain),
+    "evaluate": Verb("LM loss and perplexity of a pre-training checkpoint on a text source", _evaluate_flags,
+                     _evaluate),
+    "sample": Verb("generate text from a checkpoint", _sample_flags, _sample),
+    "convert": Verb("convert checkpoints between the original release, HF and gpt1-jax", _convert_flags, _convert,
+                    runs_model=False),
+    "bench": Verb("time the sharded train step and print one JSON line", _bench_flags, _bench),
+    "finetune": Verb("fine-tune on a GLUE task or RACE with the auxiliary LM loss; results.json + predictions",
+                     _finetune_flags, _finetune),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpt1-jax", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    model_flags, multi_process = _model_flags(), _distributed_flags()
+    for name, verb in VERBS.items():
+        parents = [model_flags, multi_process] if verb.runs_model else [multi_process]
+        p = sub.add_parser(name, help=verb.help, description=verb.help, parents=parents)
+        verb.add_flags(p)
+        p.set_defaults(run=verb.run)
+    return parser
+
+
+def _error_line(verb: str, error: BaseException, status: int) -> int:
+    if os.environ.get(DEBUG_ENV):
+        raise error
+    print(f"gpt1-jax {verb}: error: {error}", file=sys.stderr)
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpt1-jax", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
-    for verb, (module_name, help_text) in VERBS.items():
-        p = sub.add_parser(verb, help=help_text, description=help_text)
-        p.set_defaults(_module=module_name)
-        importlib.import_module(module_name).add_arguments(p)
-        distributed.add_arguments(p)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     simulate_devices(getattr(args, "simulate_devices", None))
     try:
         # Multi-process start-up (flags, GPT1_* env or a cluster JAX detects); nothing on a plain machine.
         distributed.initialize(args)
-        status = importlib.import_module(args._module).main(args) or 0
-    except user_errors() as e:
-        if os.environ.get("GPT1_JAX_DEBUG"):
-            raise
-        print(f"gpt1-jax {args.verb}: error: {e}", file=sys.stderr)
-        from gpt1_jax.errors import DivergenceError
-
-        status = 1 if isinstance(e, DivergenceError) else 2
+        status = args.run(args)
+    except DivergenceError as e:  # the run stopped itself, keeping its last good checkpoint
+        status = _error_line(args.verb, e, 1)
+    except (GPT1JaxError, FileNotFoundError) as e:
+        status = _error_line(args.verb, e, 2)
     return distributed.exit_status(status)  # multi-process: a failing process leaves at once
 
 

@@ -11,7 +11,7 @@ When is it called? In this order, the first that applies:
 `--distributed off` / GPT1_DISTRIBUTED=off never initializes.
 
 Failing fast. With N processes, one process dying must not leave the others blocked in a collective
-for minutes (STACK.md: ~100 s heartbeat, ~300 s shutdown by default). So:
+for minutes (JAX's defaults: ~100 s heartbeat, ~300 s shutdown; docs/stack.md). So:
   * the heartbeat timeout defaults to 30 s and the shutdown timeout to 30 s (flags / env below);
   * once initialised with N > 1, an uncaught exception prints its traceback and ends the process at
     once with `os._exit(1)` (no atexit shutdown barrier waiting for peers that will never come), and a
@@ -20,7 +20,8 @@ for minutes (STACK.md: ~100 s heartbeat, ~300 s shutdown by default). So:
   * a clean exit (status 0) still goes through JAX's shutdown barrier, so process 0 (which hosts the
     coordinator) never pulls the service from under processes still finishing.
 
-Nothing here imports jax at module level: the CLI must set XLA_FLAGS (`--simulate-devices`) first.
+The flags themselves are declared in gpt1_jax/cli.py; `resolve` reads them by their argparse names.
+jax is imported only inside `initialize` and `abort`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import os
 import sys
 import time
 import traceback
-from typing import Sequence
 
 from gpt1_jax.errors import DistributedConfigError
 
@@ -47,7 +47,7 @@ DEFAULT_HEARTBEAT_S = 30
 DEFAULT_SHUTDOWN_S = 30
 DEFAULT_INIT_TIMEOUT_S = 300  # waiting for every host of a pod to come up can take minutes
 
-_state: dict = {"initialized": False, "multi": False, "startup_s": None}
+_state: dict = {"initialized": False, "multi": False}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,23 +63,6 @@ class DistributedConfig:
     @property
     def explicit(self) -> bool:
         return any(v is not None for v in (self.coordinator, self.num_processes, self.process_id))
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("multi-process (see launch/README.md)")
-    g.add_argument("--coordinator", default=None, metavar="HOST:PORT",
-                   help=f"address of process 0's coordinator (env {ENV_COORDINATOR})")
-    g.add_argument("--num-processes", type=int, default=None, metavar="N", help=f"env {ENV_NUM_PROCESSES}")
-    g.add_argument("--process-id", type=int, default=None, metavar="I", help=f"0..N-1 (env {ENV_PROCESS_ID})")
-    g.add_argument("--distributed", choices=("auto", "on", "off"), default=None,
-                   help=f"auto: initialise only on a cluster JAX detects or with the flags above; on: always "
-                        f"(JAX fills in what is missing); off: never (env {ENV_MODE}; default auto)")
-    g.add_argument("--heartbeat-timeout", type=int, default=None, metavar="S",
-                   help=f"seconds before a silent process counts as dead (env {ENV_HEARTBEAT}; default {DEFAULT_HEARTBEAT_S})")
-    g.add_argument("--shutdown-timeout", type=int, default=None, metavar="S",
-                   help=f"seconds a finishing process waits for the others (env {ENV_SHUTDOWN}; default {DEFAULT_SHUTDOWN_S})")
-    g.add_argument("--init-timeout", type=int, default=None, metavar="S",
-                   help=f"seconds to wait for all processes to connect (env {ENV_INIT_TIMEOUT}; default {DEFAULT_INIT_TIMEOUT_S})")
 
 
 def _int(name: str, value) -> int | None:
@@ -196,22 +179,13 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
         kwargs["coordinator_bind_address"] = f"{host_port[0]}:{host_port[1]}"
     t0 = time.perf_counter()
     jax.distributed.initialize(**kwargs)
-    _state.update(initialized=True, multi=jax.process_count() > 1, startup_s=time.perf_counter() - t0)
+    _state.update(initialized=True, multi=jax.process_count() > 1)
     if _state["multi"]:
         sys.excepthook = _exit_on_uncaught
-    print(f"gpt1-jax: process {jax.process_index()} of {jax.process_count()} up in {_state['startup_s']:.2f} s "
+    print(f"gpt1-jax: process {jax.process_index()} of {jax.process_count()} up in {time.perf_counter() - t0:.2f} s "
           f"(coordinator {cfg.coordinator or 'auto-detected'}, {jax.local_device_count()} local / "
           f"{jax.device_count()} global devices)", file=sys.stderr, flush=True)
     return _state["multi"]
-
-
-def is_multiprocess() -> bool:
-    return _state["multi"]
-
-
-def startup_seconds() -> float | None:
-    """Seconds jax.distributed.initialize took (None if it was not called)."""
-    return _state["startup_s"]
 
 
 def _flush() -> None:
@@ -253,99 +227,3 @@ def exit_status(status: int) -> int:
     if status:
         abort(status)
     return status
-
-
-def dry_run(config) -> dict:
-    """Ahead-of-time sizing of a pre-training job: compile the train step of `config` (a PretrainConfig)
-    for its mesh over the visible devices (real or `--simulate-devices N` fake ones) and report per-device
-    memory and FLOPs, without data, tokenizer or training. The model's vocab_size is taken as configured
-    (the presets' tokenizer size); the batch is the global batch without the "weights" input."""
-    import math
-
-    import jax
-
-    from gpt1_jax import flops
-    from gpt1_jax.config import ConfigError
-    from gpt1_jax.sharding import batch_divisor, logical_rules, make_mesh
-    from gpt1_jax.step import Trainer
-
-    t0 = time.perf_counter()
-    mesh = make_mesh(config.mesh)
-    B, T = config.data.global_batch_size, config.data.seq_len
-    divisor = batch_divisor(mesh) * config.accum_steps
-    if B % divisor:
-        raise ConfigError(f"global batch {B} is not divisible by data x fsdp x accum_steps = {divisor} "
-                          f"(mesh {dict(mesh.shape)})")
-    if T > config.model.n_positions:
-        raise ConfigError(f"seq_len {T} exceeds the model's n_positions={config.model.n_positions}")
-    trainer = Trainer(config.model, config.optim, mesh, logical_rules(config.mesh.rules),
-                      accum_steps=config.accum_steps, seed=config.seed)
-    lowered = trainer.lower((B, T))
-    t_lower = time.perf_counter()
-    compiled = lowered.compile()
-    t_compile = time.perf_counter()
-
-    # Train state per device, from the shardings alone (nothing is allocated).
-    state_per_device = 0
-    for leaf in jax.tree.leaves(trainer.abstract_state_sharded()):
-        shard = leaf.sharding.shard_shape(leaf.shape)
-        state_per_device += math.prod(shard) * leaf.dtype.itemsize
-    state_total = sum(math.prod(l.shape) * l.dtype.itemsize for l in jax.tree.leaves(trainer.abstract_state))
-
-    result = {
-        "dry_run": True,
-        "num_params": config.model.num_params(),
-        "dtype": config.model.dtype,
-        "param_dtype": config.model.param_dtype,
-        "global_batch": B,
-        "seq_len": T,
-        "accum_steps": config.accum_steps,
-        "mesh": dict(mesh.shape),
-        "devices": mesh.size,
-        "platform": jax.devices()[0].platform,
-        "process_count": jax.process_count(),
-        "lower_s": round(t_lower - t0, 2),
-        "compile_s": round(t_compile - t_lower, 2),
-        "state_bytes_total": state_total,
-        "state_bytes_per_device": state_per_device,
-    }
-    mem = compiled.memory_analysis()
-    if mem is not None:
-        get = lambda name: int(getattr(mem, name, 0) or 0)
-        arg, out, alias, temp = (get(f"{n}_size_in_bytes") for n in ("argument", "output", "alias", "temp"))
-        result.update(
-            argument_bytes_per_device=arg,
-            output_bytes_per_device=out,
-            alias_bytes_per_device=alias,
-            temp_bytes_per_device=temp,
-            generated_code_bytes=get("generated_code_size_in_bytes"),
-            # live at once: inputs + outputs not donated into inputs + scratch
-            peak_bytes_per_device=arg + out - alias + temp,
-        )
-    cost = compiled.cost_analysis()
-    if isinstance(cost, (list, tuple)):
-        cost = cost[0] if cost else None
-    if cost:
-        result["flops_per_device"] = float(cost.get("flops", 0.0))  # XLA's count for one device's program
-        if "bytes accessed" in cost:
-            result["bytes_accessed_per_device"] = float(cost["bytes accessed"])
-    model_flops = flops.flops_per_token(config.model, T) * B * T
-    result["model_flops_per_step"] = model_flops  # 6N + 12·L·d·T per token, all devices
-    result["model_flops_per_device"] = model_flops / mesh.size
-    return result
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m gpt1_jax.distributed [flags]`: print what would be done here (a diagnostic)."""
-    import json
-
-    p = argparse.ArgumentParser(prog="python -m gpt1_jax.distributed", description="show the distributed set-up")
-    add_arguments(p)
-    args = p.parse_args(argv)
-    cfg = resolve(args)
-    print(json.dumps({**dataclasses.asdict(cfg), "detected_cluster": detected_cluster()}))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -50,21 +50,3 @@ def evaluate_workdir(workdir: str | Path, *, data: str | None = None, step: int 
     return {"workdir": str(workdir), "step": step if step is not None else "latest", "data": data or config.data.source,
             "split": split, "tokens": int(n_tokens), "loss": loss, "perplexity": math.exp(min(loss, 50.0))}
 
-
-# ---- TEMPORARY command line (moves into cli.py at the merge) ----
-def add_arguments(p) -> None:
-    p.add_argument("--workdir", required=True)
-    p.add_argument("--data", default=None)
-    p.add_argument("--step", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--max-batches", type=int, default=0)
-    p.add_argument("--simulate-devices", type=int, default=None)
-    p.add_argument("--set", action="append", default=[])
-
-
-def main(args) -> int:
-    import json
-
-    print(json.dumps(evaluate_workdir(args.workdir, data=args.data, step=args.step, batch_size=args.batch_size,
-                                      max_batches=args.max_batches, overrides=args.set)))
-    return 0

@@ -375,30 +375,3 @@ def summary(task: Task, source: Source, config: FinetuneConfig, splits: Splits, 
         "config": to_dict(config),
     }
 
-
-# ---- TEMPORARY command line (moves into cli.py at the merge) ----
-def add_arguments(p) -> None:
-    for flag in ("--task", "--init", "--workdir"):
-        p.add_argument(flag, required=True)
-    for flag in ("--data-dir", "--tokenizer", "--config", "--tfds-dir", "--mesh"):
-        p.add_argument(flag, default=None)
-    for flag in ("--epochs", "--batch-size", "--seed", "--max-train-examples", "--max-eval-examples", "--simulate-devices", "--accum-steps"):
-        p.add_argument(flag, type=int, default=None)
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--lm-coef", type=float, default=None)
-    p.add_argument("--predict-test", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--set", action="append", default=[])
-
-
-def main(args) -> int:
-    from gpt1_jax.config import resolve
-
-    flags = [f"task={args.task}"] + [f"{key}={getattr(args, flag)}" for flag, key in (
-        ("epochs", "epochs"), ("batch_size", "batch_size"), ("seed", "seed"), ("lr", "optim.lr"), ("lm_coef", "lm_coef"),
-        ("max_train_examples", "max_train_examples"), ("max_eval_examples", "max_eval_examples"), ("accum_steps", "accum_steps"))
-        if getattr(args, flag) is not None]
-    config = resolve(FinetuneConfig, args.config, overrides=flags + list(args.set), mesh=args.mesh)
-    run(config, Path(args.workdir), init=args.init, data_dir=args.data_dir, tokenizer=args.tokenizer,
-        predict_test=args.predict_test, progress=not args.no_progress, tfds_dir=args.tfds_dir)
-    return 0

@@ -13,8 +13,8 @@ Rematerialisation's extra forward is *not* counted: this is model FLOPs (MFU), n
 
 Peaks: dense bf16 tensor-core/MXU numbers per chip from the vendors' spec sheets (no sparsity). On
 CPU there is no spec-sheet number worth using, so the peak is a measured large matmul in the compute
-dtype, fp32 accumulation (STACK.md quotes ~160 / ~250 GFLOP/s fp32 / bf16 for its machine; the AVX-512
-EPYC this was benchmarked on measures ~400 / ~850: always print the measured number).
+dtype, fp32 accumulation. CPUs differ a lot (one 2-core machine ~160 / ~250 GFLOP/s fp32 / bf16, the
+AVX-512 EPYC this was benchmarked on ~400 / ~850), so the measured number is always printed.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Optimizers and learning-rate schedules, built only from optax's own transforms.
 
-The GPT-1 optimizer (REFERENCE.md): global-norm clipping at 1.0, then Adam (b1 0.9, b2 0.999, eps 1e-8)
+The GPT-1 optimizer (docs/gpt1.md): global-norm clipping at 1.0, then Adam (b1 0.9, b2 0.999, eps 1e-8)
 with decoupled weight decay 0.01 on weight matrices and embeddings only. optax.adamw multiplies the
 decay by the scheduled lr, exactly as the original's `p -= lr_t * (m_hat/(sqrt(v_hat)+eps) + 0.01 p)`.
 

@@ -88,32 +88,3 @@ def run(config: PretrainConfig, workdir: Path) -> int:
         print(f"loss curve: {plot_losses(workdir)}", file=sys.stderr)
     return 0
 
-
-# ---- TEMPORARY command line (moves into cli.py at the merge) ----
-def add_arguments(p) -> None:
-    p.add_argument("--workdir", required=True)
-    p.add_argument("--config", default=None)
-    p.add_argument("--data", default=None)
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--seq-len", type=int, default=None)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--mesh", default=None)
-    p.add_argument("--simulate-devices", type=int, default=None)
-    p.add_argument("--dry-run", action="store_true")
-    p.add_argument("--set", action="append", default=[])
-
-
-def main(args) -> int:
-    from gpt1_jax.config import resolve
-
-    workdir = Path(args.workdir)
-    flags = [f"{k}={v}" for k, v in (("data.source", args.data), ("steps", args.steps), ("data.global_batch_size", args.batch_size),
-                                      ("data.seq_len", args.seq_len), ("seed", args.seed), ("data.seed", args.seed)) if v is not None]
-    config = resolve(PretrainConfig, args.config, saved=workdir / "config.yaml", overrides=flags + list(args.set), mesh=args.mesh)
-    if args.dry_run:
-        from gpt1_jax.distributed import dry_run
-
-        print(json.dumps(dry_run(with_schedule_span(config))), flush=True)
-        return 0
-    return run(config, workdir)

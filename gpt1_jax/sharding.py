@@ -63,7 +63,7 @@ def make_mesh(config: MeshConfig, devices: Sequence[Any] | None = None):
     """A jax.sharding.Mesh over `devices` (default all) with axes (data, fsdp, tensor), Auto axis types.
 
     Auto, not Explicit: flax's logical constraints are hints for GSPMD and fail under Explicit axes
-    (STACK.md). `tensor` is the innermost (fastest-varying) axis so its all-reduces stay between
+    (docs/stack.md). `tensor` is the innermost (fastest-varying) axis so its all-reduces stay between
     neighbouring devices.
     """
     import jax

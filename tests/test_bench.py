@@ -1,6 +1,7 @@
 """`gpt1-jax bench` runs the tiny model and prints one JSON line with the agreed keys; bad options end
 in one error line and exit status 2; the FLOP count matches the documented formula."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -34,19 +35,47 @@ def test_bench_tiny_prints_json(capsys):
     assert result["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
 
 
-def test_bench_compile_only_with_overrides(capsys):
-    rc = cli.main(["bench", "--config", "tiny", "--batch", "8", "--seq", "16", "--compile-only",
-                   "--dtype", "bfloat16", "--set", "n_layers=1", "--mesh", "fsdp=4,data=2"])
-    assert rc == 0
-    result = json.loads(capsys.readouterr().out)
-    assert result["dtype"] == "bfloat16" and "tokens_per_s" not in result and result["compile_s"] > 0
+def test_bench_compile_only_is_the_dry_run_report(capsys, tmp_path):
+    shape = ["--config", "tiny", "--mesh", "fsdp=4,data=2", "--set", "model.n_layers=1", "--set", "model.dtype=bfloat16"]
+    assert cli.main(["bench", *shape, "--batch", "8", "--seq", "16", "--compile-only"]) == 0
+    bench = json.loads(capsys.readouterr().out)
+    assert bench["dtype"] == "bfloat16" and "tokens_per_s" not in bench and bench["compile_s"] > 0
+    assert bench["num_params"] == dataclasses.replace(model_preset("tiny"), n_layers=1).num_params()
+    # `pretrain --dry-run` sizes the same step through the same function: the same report.
+    workdir = tmp_path / "never-created"
+    assert cli.main(["pretrain", *shape, "--batch-size", "8", "--seq-len", "16", "--workdir", str(workdir),
+                     "--dry-run"]) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert dry.pop("dry_run") is True and not workdir.exists()
+    timings = ("lower_s", "compile_s")
+    assert {k: v for k, v in dry.items() if k not in timings} == {k: v for k, v in bench.items() if k not in timings}
+    assert dry["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1} and dry["global_batch"] == 8 and dry["seq_len"] == 16
+    assert 0 < dry["state_bytes_per_device"] < dry["state_bytes_total"]
+    assert dry["peak_bytes_per_device"] >= dry["temp_bytes_per_device"] > 0
+    assert dry["model_flops_per_device"] == dry["flops_per_token"] * 8 * 16 / 8
+    assert 0.3 < dry["flops_per_device"] / dry["model_flops_per_device"] < 3  # XLA counts attention etc. too
+
+
+def test_bench_lr_flag_means_a_constant_schedule(monkeypatch):
+    from gpt1_jax import bench
+
+    seen = {}
+
+    def run(config, **kw):
+        seen["optim"] = config.optim
+        return {}
+
+    monkeypatch.setattr(bench, "run", run)
+    assert cli.main(["bench", "--config", "tiny", "--lr", "1e-4"]) == 0
+    assert (seen["optim"].lr, seen["optim"].schedule, seen["optim"].warmup_steps) == (1e-4, "constant", 0)
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--mesh", "data=3"], "mesh"),
     (["--batch", "6"], "divisible"),
     (["--seq", "1000"], "n_positions"),
-    (["--set", "n_layerz=2"], "n_layerz"),
+    (["--set", "model.n_layerz=2"], "n_layerz"),
+    (["--steps", "0"], "--steps"),
     (["--config", "huge"], "huge"),
 ])
 def test_bench_bad_options_are_one_line_exit_2(capsys, argv, message):

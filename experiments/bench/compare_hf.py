@@ -29,9 +29,9 @@ def hf_worker(args: argparse.Namespace) -> None:
     from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel
 
     sys.path.insert(0, str(ROOT))
-    from gpt1_jax.config import apply_overrides, resolve_model_config
+    from gpt1_jax.config import PretrainConfig, resolve
 
-    c = apply_overrides(resolve_model_config(args.config), args.set)
+    c = resolve(PretrainConfig, args.config, overrides=args.set).model  # as `gpt1-jax bench` resolves it
     torch.manual_seed(args.seed)
     hf_config = OpenAIGPTConfig(
         vocab_size=c.vocab_size, n_positions=c.n_positions, n_embd=c.d_model, n_layer=c.n_layers, n_head=c.n_heads,
@@ -84,7 +84,7 @@ def main() -> None:
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--set", action="append", default=[], help="ModelConfig override, both sides")
+    p.add_argument("--set", action="append", default=[], help="config override, both sides (e.g. model.scan_layers=false)")
     p.add_argument("--jax-arg", action="append", default=[], help="extra argument for gpt1-jax bench")
     p.add_argument("--hf-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)

@@ -1,0 +1,109 @@
+"""Ahead-of-time sizing of the train step: compile it for a mesh and report memory and FLOPs per device.
+
+One report for `gpt1-jax pretrain --dry-run` (no data, no tokenizer, nothing written) and for
+`gpt1-jax bench` (which then also times the compiled step). Works over the visible devices, real or
+`--simulate-devices N` fake ones, so a pod job can be sized on a laptop.
+
+Memory is XLA's `memory_analysis` of the compiled program (on CPU, the CPU compiler's buffers; a
+GPU/TPU compiler lays them out somewhat differently). FLOPs come twice: XLA's count for one device's
+program (`cost_analysis`) and the model count of gpt1_jax/flops.py.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from gpt1_jax import flops
+from gpt1_jax.config import ModelConfig, PretrainConfig
+from gpt1_jax.step import lm_batch_spec
+
+
+def pretrain_trainer(config: PretrainConfig):
+    """The LM trainer of a pre-training config, on a mesh over all visible devices."""
+    from gpt1_jax.step import lm_trainer
+
+    return lm_trainer(config.model, config.optim, config.mesh, accum_steps=config.accum_steps, seed=config.seed)
+
+
+def size_step(trainer, batch_spec: dict[str, Any], model: ModelConfig) -> tuple[dict[str, Any], Any]:
+    """(JSON-able report, compiled step) for `trainer`'s train step on batches shaped like `batch_spec`.
+
+    The report: mesh and devices, lower/compile seconds, train-state bytes (total and per device, from
+    the shardings alone: nothing is allocated), XLA's memory and FLOPs per device, model FLOPs."""
+    import jax
+
+    B, T = batch_spec["inputs"].shape
+    trainer.check_batch_size(B)
+    t0 = time.perf_counter()
+    lowered = trainer.lower(batch_spec)
+    t_lower = time.perf_counter()
+    compiled = lowered.compile()
+    t_compile = time.perf_counter()
+
+    def nbytes(shape, dtype) -> int:
+        return math.prod(shape) * dtype.itemsize
+
+    sharded = jax.tree.leaves(trainer.abstract_state_sharded())
+    model_flops = flops.flops_per_token(model, T) * B * T
+    report: dict[str, Any] = {
+        "num_params": model.num_params(),
+        "dtype": model.dtype,
+        "param_dtype": model.param_dtype,
+        "global_batch": B,
+        "seq_len": T,
+        "accum_steps": trainer.accum_steps,
+        "mesh": dict(trainer.mesh.shape),
+        "devices": trainer.mesh.size,
+        "platform": jax.devices()[0].platform,
+        "process_count": jax.process_count(),
+        "lower_s": round(t_lower - t0, 3),
+        "compile_s": round(t_compile - t_lower, 3),
+        "state_bytes_total": sum(nbytes(leaf.shape, leaf.dtype) for leaf in sharded),
+        "state_bytes_per_device": sum(nbytes(leaf.sharding.shard_shape(leaf.shape), leaf.dtype) for leaf in sharded),
+        "flops_per_token": flops.flops_per_token(model, T),  # 6N + 12·L·d·T
+        "model_flops_per_step": model_flops,
+        "model_flops_per_device": model_flops / trainer.mesh.size,
+    }
+    report.update(_memory(compiled))
+    report.update(_xla_cost(compiled))
+    return report, compiled
+
+
+def _memory(compiled) -> dict[str, int]:
+    mem = compiled.memory_analysis()
+    if mem is None:  # not every backend reports it
+        return {}
+    get = lambda name: int(getattr(mem, f"{name}_size_in_bytes", 0) or 0)
+    arg, out, alias, temp = get("argument"), get("output"), get("alias"), get("temp")
+    return {
+        "argument_bytes_per_device": arg,
+        "output_bytes_per_device": out,
+        "alias_bytes_per_device": alias,
+        "temp_bytes_per_device": temp,
+        "generated_code_bytes": get("generated_code"),
+        # live at once: inputs + outputs not donated into inputs + scratch
+        "peak_bytes_per_device": arg + out - alias + temp,
+    }
+
+
+def _xla_cost(compiled) -> dict[str, float]:
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jax: one dict per program
+        cost = cost[0] if cost else None
+    if not cost:
+        return {}
+    result = {"flops_per_device": float(cost.get("flops", 0.0))}
+    if "bytes accessed" in cost:
+        result["bytes_accessed_per_device"] = float(cost["bytes accessed"])
+    return result
+
+
+def dry_run(config: PretrainConfig) -> dict[str, Any]:
+    """The sizing report of a pre-training job, without data, tokenizer or training. The model's
+    vocab_size is taken as configured (the presets' tokenizer size)."""
+    trainer = pretrain_trainer(config)
+    spec = lm_batch_spec(config.data.global_batch_size, config.data.seq_len)
+    report, _ = size_step(trainer, spec, config.model)
+    return {"dry_run": True, **report}
