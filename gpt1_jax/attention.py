@@ -2,7 +2,7 @@
 
 Shapes use nanodo's suffixes: B batch, T query time, S key time, H heads, K head dim.
 Implementations:
-  "xla"          masked softmax as two einsums; fastest on CPU (STACK.md: jax.nn.dot_product_attention's
+  "xla"          masked softmax as two einsums; fastest on CPU (docs/stack.md: jax.nn.dot_product_attention's
                  backward pass was ~1.7x slower there) and the only one with attention dropout.
   "dot_product"  jax.nn.dot_product_attention with XLA's own lowering.
   "cudnn"        jax.nn.dot_product_attention's cuDNN flash kernel (GPU, bf16/fp16).
@@ -14,6 +14,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from gpt1_jax.errors import ConfigError
+
 # The original fills masked scores with -1e9 (HF: -1e4 for fp16). Any value that underflows exp() to 0
 # gives identical probabilities; the dtype's own minimum is safe in bf16 too.
 
@@ -23,7 +25,7 @@ def resolve_impl(impl: str, dropout_active: bool) -> str:
         on_gpu = jax.default_backend() == "gpu"
         return "cudnn" if on_gpu and not dropout_active else "xla"
     if impl in ("dot_product", "cudnn") and dropout_active:
-        raise ValueError(f"attention={impl!r} has no attention dropout; set attn_dropout=0 or attention='xla'")
+        raise ConfigError(f"model.attention={impl!r} has no attention dropout; set attn_dropout=0 or attention='xla'")
     return impl
 
 

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gpt1_jax.config import ModelConfig
+from gpt1_jax.config import ConfigError, ModelConfig
 from gpt1_jax.model import GPT1
 
 KINDS = ("classification", "entailment", "similarity", "multiple_choice")
@@ -50,7 +50,7 @@ class Markers:
 def max_segment_len(n_ctx: int) -> int:
     """Tokens kept per segment: two segments plus 3 markers always fit in n_ctx."""
     if n_ctx < 6:
-        raise ValueError(f"n_ctx={n_ctx} is too short for [_start_] a [_delimiter_] b [_classify_]")
+        raise ConfigError(f"n_ctx={n_ctx} is too short for [_start_] a [_delimiter_] b [_classify_]")
     return n_ctx // 2 - 2
 
 
