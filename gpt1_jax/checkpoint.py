@@ -10,15 +10,14 @@ shardings, so a checkpoint written on one mesh restores onto any other.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import orbax.checkpoint as ocp
 
 from gpt1_jax.config import ModelConfig
-from gpt1_jax.errors import CheckpointMismatchError
+from gpt1_jax.errors import CheckpointFormatError, CheckpointMismatchError
 
 
 class Checkpointer:
@@ -95,28 +94,73 @@ class Checkpointer:
         self.manager.close()
 
 
-def restore_params(directory: str | Path, model_config: ModelConfig, step: int | None = None):
-    """-> (params, step): only the `params` subtree of a checkpoint's `state` item (an orbax partial
-    restore, so optimizer moments are never read), on the host's first device; step None = latest."""
-    import flax.linen as nn
+KeyPath = tuple[str | int, ...]  # dict keys and list indices from the `state` item's root
 
-    from gpt1_jax.model import init_params
 
-    directory = Path(directory).absolute()
-    steps = sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit()) if directory.is_dir() else []
+def _reader(directory: Path) -> ocp.CheckpointManager:
+    """A manager that creates and sweeps nothing, with a handler for each item of the layout, so that
+    orbax lists, describes and restores without complaints."""
+    handlers = {"state": ocp.PyTreeCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),
+                "meta": ocp.JsonCheckpointHandler()}
+    return ocp.CheckpointManager(directory.absolute(), item_handlers=handlers,
+                                 options=ocp.CheckpointManagerOptions(create=False))
+
+
+def _pick_step(manager: ocp.CheckpointManager, step: int | None) -> int:
+    steps = sorted(manager.all_steps())
     if not steps:
-        raise FileNotFoundError(f"{directory}: no checkpoint")
-    step = steps[-1] if step is None else step
-    if step not in steps:
-        raise FileNotFoundError(f"{directory}: no checkpoint of step {step} (have {', '.join(map(str, steps))})")
-    abstract = nn.meta.unbox(jax.eval_shape(functools.partial(init_params, model_config), jax.random.key(0)))
-    sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), abstract)
-    restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=sharding), target)
-    with ocp.PyTreeCheckpointer() as ckptr:
-        restored = ckptr.restore(
-            directory / str(step) / "state",
-            args=ocp.args.PyTreeRestore(item={"params": target}, restore_args={"params": restore_args},
-                                        partial_restore=True),
-        )
-    return restored["params"], step
+        raise FileNotFoundError(f"{manager.directory}: no checkpoint")
+    if step is not None and step not in steps:
+        raise FileNotFoundError(f"{manager.directory}: no checkpoint of step {step} (have {', '.join(map(str, steps))})")
+    return steps[-1] if step is None else step
+
+
+def state_metadata(directory: str | Path, step: int | None = None) -> Any:
+    """The tree of a checkpoint's `state` item: nested dicts/lists of orbax ArrayMetadata (shape, dtype)."""
+    with _reader(Path(directory)) as manager:
+        return manager.item_metadata(_pick_step(manager, step))["state"].tree
+
+
+def _subtree(tree: Any, path: KeyPath, where: str) -> Any:
+    for key in path:
+        try:
+            tree = tree[key]
+        except (KeyError, IndexError, TypeError):
+            raise CheckpointFormatError(f"{where}: the checkpoint has no {'/'.join(map(str, path))}") from None
+    return tree
+
+
+def _selection(metadata: Any, paths: list[KeyPath], leaf: Any) -> Any:
+    """The part of `metadata` under `paths`, each array's metadata mapped by `leaf`, in the form orbax's
+    partial restore reads: dict entries present are restored, list entries that are None are not."""
+    if () in paths:
+        return jax.tree.map(leaf, metadata)
+    keys = list(dict.fromkeys(p[0] for p in paths))
+
+    def below(key):
+        return _selection(metadata[key], [p[1:] for p in paths if p[0] == key], leaf)
+
+    if isinstance(metadata, (list, tuple)):
+        return [below(i) if i in keys else None for i in range(len(metadata))]
+    return {key: below(key) for key in keys}
+
+
+def restore_params(directory: str | Path, subtrees: Sequence[KeyPath] = (("params",),), *,
+                   step: int | None = None) -> tuple[list[Any], int]:
+    """-> ([the arrays under each key path of checkpoint `step`'s `state` item], step); step None = the latest.
+
+    One orbax partial restore reads only those arrays (optimizer moments stay on disk unless asked
+    for), at the shapes and dtypes they were saved with, onto the host's first device. The key paths
+    follow the saved tree: `("params",)` is a pre-training run's model, `("params", "transformer")` a
+    fine-tuning run's, `("opt_state", 1, "z")` a leaf of an optimizer state (tuples are lists)."""
+    with _reader(Path(directory)) as manager:
+        step = _pick_step(manager, step)
+        metadata = manager.item_metadata(step)["state"].tree
+        for path in subtrees:
+            _subtree(metadata, path, f"{manager.directory}/{step}")
+        sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        item = _selection(metadata, list(subtrees), lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding))
+        restore_args = jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=sharding), item)
+        state = ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)
+        restored = manager.restore(step, args=ocp.args.Composite(state=state))["state"]
+    return [_subtree(restored, path, str(directory)) for path in subtrees], step

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from gpt1_jax.config import ModelConfig
+from gpt1_jax.errors import ConfigError, DataError
 from gpt1_jax.model import GPT1
 
 
@@ -65,14 +66,19 @@ def sample(
 ) -> list[list[int]]:
     """Continuations (new tokens only) of `prompt_ids`; temperature 0 is greedy."""
     if not prompt_ids:
-        raise ValueError("the prompt is empty: give at least one token")
+        raise DataError("the prompt is empty: give at least one token")
+    # Out-of-range ids would not fail: a compiled embedding lookup answers them with a made-up row.
+    outside = [i for i in prompt_ids if not 0 <= i < config.vocab_size]
+    if outside:
+        raise DataError(f"prompt token id {outside[0]} is outside the model's vocabulary of {config.vocab_size} ids "
+                        f"(0..{config.vocab_size - 1}): the tokenizer does not belong to this model")
     if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+        raise ConfigError(f"temperature must be >= 0, got {temperature}")
     if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     total = min(len(prompt_ids) + max_new_tokens, config.n_positions)
     if len(prompt_ids) >= total:
-        raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room in the context of {config.n_positions}")
+        raise DataError(f"a prompt of {len(prompt_ids)} tokens leaves no room in the context of {config.n_positions}")
     top_k = max(1, min(top_k or config.vocab_size, config.vocab_size))
     prompt = jnp.tile(jnp.asarray(prompt_ids, jnp.int32)[None], (num_samples, 1))
     out = _generate(config, params, prompt, total, jnp.float32(temperature), top_k, jax.random.key(seed))

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from gpt1_jax.attention import causal_attention
 from gpt1_jax.config import ModelConfig
+from gpt1_jax.errors import DataError
 
 Axes = Sequence[str | None]
 
@@ -244,7 +245,7 @@ def lm_logits(config: ModelConfig, params, tokens) -> jax.Array:
     """LM logits [batch, time, vocab] for int tokens [batch, time]; deterministic (no dropout)."""
     tokens = jnp.asarray(tokens)
     if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
-        raise ValueError(f"tokens must be an int array [batch, time], got {tokens.dtype}{list(tokens.shape)}")
+        raise DataError(f"tokens must be an int array [batch, time], got {tokens.dtype}{list(tokens.shape)}")
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= config.vocab_size):
-        raise ValueError(f"token ids must lie in [0, {config.vocab_size}), got [{int(tokens.min())}, {int(tokens.max())}]")
+        raise DataError(f"token ids must lie in [0, {config.vocab_size}), got [{int(tokens.min())}, {int(tokens.max())}]")
     return _lm_logits_jit(config, nn.meta.unbox(params), tokens)

@@ -1,15 +1,14 @@
-"""`gpt1-jax sample`: continuations from a pre-training run (`--workdir`) or any checkpoint folder
-`load_pretrained` reads (`--init`: HF, OpenAI's original release, ours), with a KV cache."""
+"""`gpt1-jax sample`: continuations from a run (`--workdir`, pre-training or fine-tuning) or any checkpoint
+folder (`--init`: HF, OpenAI's original release, ours), with a KV cache. Both go through `load_pretrained`."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--workdir", help="a pre-training run directory (its latest checkpoint and tokenizer)")
+    where.add_argument("--workdir", help="a pre-training or fine-tuning run directory (its checkpoint and tokenizer)")
     where.add_argument("--init", help="a HF / original / gpt1-jax checkpoint folder")
     p.add_argument("--tokenizer", default=None, help="tokenizer .json or vocabulary folder (default: the one in "
                    "--workdir / --init)")
@@ -23,26 +22,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gpt1_jax.finetune import find_tokenizer
     from gpt1_jax.generate import sample
-    from gpt1_jax.pretrain import load_run
+    from gpt1_jax.tokenizer import find_tokenizer
     from gpt1_jax.weights import load_pretrained
 
-    if args.workdir:
-        source = Path(args.workdir)
-        config, _, params, step = load_run(source, args.step)
-        model_config, described = config.model, f"{source} step {step}"
-    else:
-        source = Path(args.init)
-        model_config, params = load_pretrained(source)
-        described = str(source)
-    tokenizer = find_tokenizer(args.tokenizer, source)
+    source = args.workdir or args.init
+    model_config, params = load_pretrained(source, step=args.step)
+    tokenizer = find_tokenizer(args.tokenizer, source, model_vocab_size=model_config.vocab_size)
     if tokenizer is None:
         raise FileNotFoundError(f"{source}: no tokenizer in it; pass --tokenizer")
     prompt = tokenizer.encode(args.prompt)
     outputs = sample(model_config, params, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                      top_k=args.top_k, seed=args.seed, num_samples=args.num_samples)
-    print(f"# {described}, temperature {args.temperature}, top-k {args.top_k}")
+    step = f" step {args.step}" if args.step is not None else ""
+    print(f"# {source}{step}, temperature {args.temperature}, top-k {args.top_k}")
     for ids in outputs:
         print(f"{args.prompt} >> {tokenizer.decode(ids)}")
     return 0

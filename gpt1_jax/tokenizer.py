@@ -19,6 +19,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Callable
@@ -27,7 +28,9 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
-__all__ = ["GPT1Tokenizer", "SPECIAL_TOKENS", "UNK_TOKEN", "EOW_SUFFIX", "MODES", "text_standardize"]
+from gpt1_jax.errors import ConfigError, DataError
+
+__all__ = ["GPT1Tokenizer", "SPECIAL_TOKENS", "UNK_TOKEN", "EOW_SUFFIX", "MODES", "find_tokenizer", "text_standardize"]
 
 UNK_TOKEN = "<unk>"
 EOW_SUFFIX = "</w>"
@@ -85,15 +88,15 @@ def _read_encoder(path: str | Path) -> dict[str, int]:
     try:
         enc = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{p}: not valid UTF-8 JSON ({e})") from None
+        raise DataError(f"{p}: not valid UTF-8 JSON ({e})") from None
     if not isinstance(enc, dict) or not enc or not all(
         isinstance(k, str) and type(v) is int for k, v in enc.items()
     ):
-        raise ValueError(f"{p}: expected a non-empty JSON object mapping token strings to integer ids")
+        raise DataError(f"{p}: expected a non-empty JSON object mapping token strings to integer ids")
     if sorted(enc.values()) != list(range(len(enc))):
-        raise ValueError(f"{p}: token ids must be exactly 0..{len(enc) - 1}, each used once")
+        raise DataError(f"{p}: token ids must be exactly 0..{len(enc) - 1}, each used once")
     if enc.get(UNK_TOKEN) != 0:
-        raise ValueError(f"{p}: {UNK_TOKEN!r} must have id 0")
+        raise DataError(f"{p}: {UNK_TOKEN!r} must have id 0")
     return enc
 
 
@@ -102,17 +105,17 @@ def _read_merges(path: str | Path) -> list[tuple[str, str]]:
     try:
         lines = p.read_text(encoding="utf-8").split("\n")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{p}: not valid UTF-8 ({e})") from None
+        raise DataError(f"{p}: not valid UTF-8 ({e})") from None
     merges: list[tuple[str, str]] = []
     for lineno, line in enumerate(lines, 1):
         if (lineno == 1 and line.startswith("#version")) or not line.strip():
             continue
         parts = line.split()
         if len(parts) != 2:
-            raise ValueError(f"{p}:{lineno}: expected 'left right' merge, got {line!r}")
+            raise DataError(f"{p}:{lineno}: expected 'left right' merge, got {line!r}")
         merges.append((parts[0], parts[1]))
     if not merges:
-        raise ValueError(f"{p}: contains no merges")
+        raise DataError(f"{p}: contains no merges")
     return merges
 
 
@@ -121,7 +124,7 @@ def _build_backend(vocab: dict[str, int], merges: list[tuple[str, str]], mode: s
     vocab = dict(vocab)
     clash = [s for s in SPECIAL_TOKENS if s in vocab]
     if clash:
-        raise ValueError(f"vocabulary already contains {clash}; specials are appended by GPT1Tokenizer")
+        raise DataError(f"vocabulary already contains {clash}; specials are appended by GPT1Tokenizer")
     base = len(vocab)
     for i, tok in enumerate(SPECIAL_TOKENS):
         # Plain vocab entries, not added tokens: BPE can never produce them (no merge builds them),
@@ -199,10 +202,10 @@ class GPT1Tokenizer:
 
     def __init__(self, backend: Tokenizer, mode: str = "hf") -> None:
         if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+            raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
         ids = [backend.token_to_id(s) for s in SPECIAL_TOKENS]
         if None in ids or backend.token_to_id(UNK_TOKEN) != 0:
-            raise ValueError(f"tokenizer lacks {UNK_TOKEN!r} at id 0 or one of {SPECIAL_TOKENS}")
+            raise DataError(f"tokenizer lacks {UNK_TOKEN!r} at id 0 or one of {SPECIAL_TOKENS}")
         self._backend = backend
         self._mode = mode
         self._special_ids = tuple(ids)
@@ -221,12 +224,12 @@ class GPT1Tokenizer:
     ) -> GPT1Tokenizer:
         """Load OpenAI's ``encoder_bpe_40000.json`` and ``vocab_40000.bpe``."""
         if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+            raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
         vocab, merges = _read_encoder(encoder_json), _read_merges(bpe_merges)
         try:
             backend = _build_backend(vocab, merges, mode)
         except Exception as e:  # tokenizers raises a bare Exception for merges outside the vocab
-            raise ValueError(f"{bpe_merges}: merges do not fit {encoder_json}: {e}") from None
+            raise DataError(f"{bpe_merges}: merges do not fit {encoder_json}: {e}") from None
         return cls(backend, mode)
 
     @classmethod
@@ -248,7 +251,7 @@ class GPT1Tokenizer:
         not the three markers appended afterwards (so 40478 gives GPT-1's sizes).
         """
         if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+            raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
         options: dict[str, Any] = {} if limit_alphabet is None else {"limit_alphabet": limit_alphabet}
         trainer = BpeTrainer(
             vocab_size=vocab_size,
@@ -287,6 +290,25 @@ class GPT1Tokenizer:
         data["model"][_META_KEY] = {"mode": self._mode, "special_tokens": list(SPECIAL_TOKENS)}
         Path(path).write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
 
+    def save_hf(self, folder: str | Path, model_max_length: int) -> None:
+        """Write the files transformers' tokenizers read into `folder`: vocab.json + merges.txt (the
+        layout of HF's openai-gpt: no markers), tokenizer.json and tokenizer_config.json
+        (OpenAIGPTTokenizer). transformers' AutoTokenizer then gives this tokenizer's ids. transformers
+        splits words with BERT's rules, as mode "hf" does, so an "original" tokenizer is written as its
+        "hf" twin (same vocabulary; texts where spaCy splits differently get other ids)."""
+        if self._mode != "hf":
+            warnings.warn('transformers has no spaCy word splitting: the files written reproduce mode "hf", not '
+                          f'{self._mode!r}', stacklevel=2)
+        model = json.loads(self._backend.to_str())["model"]
+        vocab = {t: i for t, i in model["vocab"].items() if i < self.base_vocab_size}
+        merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+        folder = Path(folder)
+        (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+        (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
+        GPT1Tokenizer(_build_backend(vocab, merges, "hf"), "hf").save(folder / "tokenizer.json")
+        hf_config = {"tokenizer_class": "OpenAIGPTTokenizer", "unk_token": UNK_TOKEN, "model_max_length": model_max_length}
+        (folder / "tokenizer_config.json").write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
+
     @classmethod
     def load(cls, path: str | Path) -> GPT1Tokenizer:
         p = _check_file(path, "tokenizer JSON")
@@ -295,9 +317,9 @@ class GPT1Tokenizer:
             meta = data["model"].pop(_META_KEY)
             backend = Tokenizer.from_str(json.dumps(data))
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            raise ValueError(f"{p}: not a tokenizer saved by GPT1Tokenizer.save") from None
+            raise DataError(f"{p}: not a tokenizer saved by GPT1Tokenizer.save") from None
         except Exception as e:  # tokenizers' own parse errors
-            raise ValueError(f"{p}: tokenizers cannot read it: {e}") from None
+            raise DataError(f"{p}: tokenizers cannot read it: {e}") from None
         return cls(backend, meta["mode"])
 
     @classmethod
@@ -433,15 +455,25 @@ class GPT1Tokenizer:
         return f"GPT1Tokenizer(mode={self._mode!r}, vocab_size={self.vocab_size})"
 
 
-def find_tokenizer(spec: str | None, source: Path | None):
-    """A GPT1Tokenizer from --tokenizer or, failing that, from the SOURCE folder itself; None when
-    neither has one (see GPT1Tokenizer.from_path for what a folder may hold)."""
+def find_tokenizer(spec: str | Path | None, source: str | Path | None, *,
+                   model_vocab_size: int | None = None) -> GPT1Tokenizer | None:
+    """The tokenizer `spec` names (a tokenizer .json or a vocabulary folder, see `GPT1Tokenizer.from_path`)
+    or, without `spec`, the one in the `source` folder; None when there is none to find.
 
+    With `model_vocab_size` (the rows of the model's embedding table) a tokenizer of another model is
+    one ConfigError naming both sizes: the table has a row per token, markers included or, for HF's
+    openai-gpt and OpenAI's release (which add them when fine-tuning), all but the 3 markers."""
     if spec:
         tok = GPT1Tokenizer.from_path(spec)
         if tok is None:
             raise FileNotFoundError(f"--tokenizer {spec}: not a tokenizer .json nor a folder with encoder_bpe_40000.json + "
                                     "vocab_40000.bpe or vocab.json + merges.txt")
-        return tok
-    return GPT1Tokenizer.from_path(source) if source is not None else None
-
+    elif source is not None:
+        tok = GPT1Tokenizer.from_path(source)
+    else:
+        return None
+    if tok is not None and model_vocab_size is not None and model_vocab_size not in (tok.vocab_size, tok.base_vocab_size):
+        raise ConfigError(f"{spec or source}: the tokenizer has {tok.base_vocab_size} tokens + {len(SPECIAL_TOKENS)} "
+                          f"markers but the model's embedding table has {model_vocab_size} rows: they do not belong "
+                          f"together")
+    return tok

@@ -4,26 +4,34 @@ Formats `load_pretrained` recognises by the files in the directory:
   hf        config.json + model.safetensors (or pytorch_model.bin)      - transformers' OpenAIGPT*
   original  params_shapes.json + params_0.npy ... params_{n-1}.npy      - openai/finetune-transformer-lm
   jax       config.yaml + params/ (an orbax checkpoint of the tree)     - gpt1-jax's own
-All three go through one flat, HF-named dict of [in, out] float arrays ("the HF state"), so each
-format needs only a reader or a writer of that dict, and the layout of our tree lives in two functions.
+  run       config.yaml + checkpoints/<step>/state                      - a pre-training or fine-tuning workdir
+Every format goes through one flat, HF-named dict of [in, out] float arrays ("the HF state"), so each
+needs only a reader or a writer of that dict, and the layout of our tree lives in two functions.
+`load_pretrained` is the one way into a model's weights; `convert` writes them out, tokenizer included.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
+import pickle
 import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
 import numpy as np
 
-from gpt1_jax.config import ConfigError, ModelConfig, load_yaml, save_yaml
+from gpt1_jax.config import (RUNTIME_FIELDS, ConfigError, FinetuneConfig, ModelConfig, PretrainConfig, apply_overrides,
+                             load_yaml, save_yaml)
 from gpt1_jax.errors import CheckpointFormatError
+
+HEAD_DIM = 64  # GPT-1's head size: the original release stores no head count (docs/gpt1.md)
 
 HF_BLOCK_KEYS = (
     "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
@@ -151,15 +159,22 @@ def _config_to_hf(c: ModelConfig) -> dict:
 
 def _read_hf_state(path: Path) -> dict[str, np.ndarray]:
     if (path / "model.safetensors").is_file():
+        from safetensors import SafetensorError
         from safetensors.numpy import load_file
 
-        return load_file(path / "model.safetensors")
+        try:
+            return load_file(path / "model.safetensors")
+        except SafetensorError as e:  # truncated or not a safetensors file at all
+            raise CheckpointFormatError(f"{path}/model.safetensors is unreadable ({e}): truncated or corrupt") from None
     if (path / "pytorch_model.bin").is_file():
         try:
             import torch
         except ImportError:
             raise CheckpointFormatError(f"{path}/pytorch_model.bin needs torch to read: pip install torch") from None
-        state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        except (RuntimeError, pickle.UnpicklingError, EOFError) as e:
+            raise CheckpointFormatError(f"{path}/pytorch_model.bin is unreadable ({e}): truncated or corrupt") from None
         return {k: v.float().numpy() for k, v in state.items()}
     raise CheckpointFormatError(f"{path}: has config.json but neither model.safetensors nor pytorch_model.bin")
 
@@ -201,15 +216,73 @@ def original_arrays_to_hf_state(arrays: list[np.ndarray], source: str) -> dict[s
     return state
 
 
-def _config_from_original(state: dict[str, np.ndarray], head_dim: int = 64) -> ModelConfig:
+def _config_from_original(state: dict[str, np.ndarray], overrides: Sequence[str], source: str) -> ModelConfig:
+    """The release's shapes give every size but the head count: GPT-1's head size unless `n_heads=` is given."""
     V, D = state["tokens_embed.weight"].shape
-    n_layers = sum(1 for k in state if k.endswith(".ln_2.weight"))
-    if D % head_dim:
-        raise ConfigError(f"d_model={D} is not a multiple of GPT-1's head size {head_dim}; pass config= explicitly")
-    return ModelConfig(
-        vocab_size=V, n_positions=state["positions_embed.weight"].shape[0], d_model=D, n_layers=n_layers,
-        n_heads=D // head_dim, d_mlp=state["h.0.mlp.c_fc.weight"].shape[1],
+    shapes = ModelConfig(  # one head divides any width; the real count is decided below
+        vocab_size=V, n_positions=state["positions_embed.weight"].shape[0], d_model=D,
+        n_layers=sum(1 for k in state if k.endswith(".ln_2.weight")), n_heads=1,
+        d_mlp=state["h.0.mlp.c_fc.weight"].shape[1],
     )
+    config = apply_overrides(shapes, overrides)
+    if any(_override_key(o) == "n_heads" for o in overrides):
+        return config
+    if config.d_model % HEAD_DIM:
+        raise ConfigError(f"{source}: d_model={config.d_model} is not a multiple of GPT-1's head size {HEAD_DIM} and "
+                          f"the release format stores no head count; give it (convert --n-heads N, or n_heads=N)")
+    return dataclasses.replace(config, n_heads=config.d_model // HEAD_DIM)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Run workdirs (pre-training and fine-tuning)
+
+
+def _run_config(path: Path) -> PretrainConfig | FinetuneConfig:
+    """A workdir's config.yaml: a FinetuneConfig when it names a `task`, else a PretrainConfig."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load((path / "config.yaml").read_text())
+    except yaml.YAMLError:
+        raw = None  # load_yaml reports it
+    return load_yaml(FinetuneConfig if isinstance(raw, dict) and "task" in raw else PretrainConfig, path / "config.yaml")
+
+
+def _schedule_free_path(tree: Any, path: tuple = ()) -> tuple | None:
+    """Where an optimizer state's ScheduleFreeState (b1, z, ...) sits in a checkpoint's metadata tree."""
+    from optax.contrib import ScheduleFreeState
+
+    if isinstance(tree, dict) and set(ScheduleFreeState._fields) <= set(tree):
+        return path
+    children = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, (list, tuple)) else ()
+    for key, child in children:
+        if (found := _schedule_free_path(child, path + (key,))) is not None:
+            return found
+    return None
+
+
+def _load_run(path: Path, step: int | None) -> tuple[ModelConfig, dict, int]:
+    """-> (saved model config, transformer params, step). A fine-tuning run's params are
+    {"transformer", "head"}: the transformer is returned. Schedule-free runs give their x sequence
+    (`optim.eval_params`), the point they are evaluated and exported at, not the gradient point y."""
+    from optax.contrib import ScheduleFreeState
+
+    from gpt1_jax.checkpoint import restore_params, state_metadata
+    from gpt1_jax.optim import eval_params, uses_eval_params
+
+    run = _run_config(path)
+    model_path = ("params", "transformer") if isinstance(run, FinetuneConfig) else ("params",)
+    (params,), step = restore_params(path / "checkpoints", [model_path], step=step)
+    if uses_eval_params(run.optim.name):
+        sf_path = _schedule_free_path(state_metadata(path / "checkpoints", step).get("opt_state"), ("opt_state",))
+        if sf_path is None:
+            raise CheckpointFormatError(f"{path}: optim.name={run.optim.name} but checkpoint {step} holds no "
+                                        f"schedule-free optimizer state")
+        (b1, z), _ = restore_params(path / "checkpoints", [sf_path + ("b1",), sf_path + ("z",) + model_path[1:]],
+                                    step=step)
+        sf_state = ScheduleFreeState(b1=b1, weight_sum=None, step_count=None, max_lr=None, base_optimizer_state=None, z=z)
+        params = jax.tree.map(lambda x, p: x.astype(p.dtype), eval_params(sf_state, params), params)
+    return run.model, params, step
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -223,42 +296,97 @@ def detect_format(path: Path) -> str:
         return "hf"
     if (path / "config.yaml").is_file() and (path / "params").is_dir():
         return "jax"
+    if (path / "config.yaml").is_file() and (path / "checkpoints").is_dir():
+        return "run"
     raise CheckpointFormatError(
         f"{path}: not a GPT-1 checkpoint (expected config.json + model.safetensors, "
-        f"params_shapes.json + params_*.npy, or config.yaml + params/)"
+        f"params_shapes.json + params_*.npy, config.yaml + params/, or a run's config.yaml + checkpoints/)"
     )
 
 
-def load_pretrained(path: str | os.PathLike, config: ModelConfig | None = None) -> tuple[ModelConfig, dict]:
-    """Reads any of the three formats -> (config, params). Parameters come back as plain jax arrays.
+def load_pretrained(path: str | os.PathLike, config: ModelConfig | None = None, *, step: int | None = None,
+                    overrides: Sequence[str] = ()) -> tuple[ModelConfig, dict]:
+    """Reads any of the formats above -> (config, params), params as plain (unboxed) jax arrays.
 
-    `config` overrides the architecture read from the files (needed for original releases whose head
-    count is not 12 per 768, as the release format stores no head count); run-time fields such as
-    dtype, attention and scan_layers are taken from it too.
+    The architecture is the one the files record; `config` contributes its RUNTIME_FIELDS (dtype,
+    attention, scan_layers, dropout, ...), and the tree is re-laid out for them. Original releases
+    record no head count: there `config` is taken whole, or `n_heads=` given in `overrides`.
+    `overrides` are `key=value` settings of the model config (run-time fields only, except on an
+    original release). `step` picks a run workdir's checkpoint (None: the latest).
     """
     path = Path(path)
     if not path.is_dir():
         raise CheckpointFormatError(f"{path}: no such checkpoint directory")
     fmt = detect_format(path)
-    if fmt == "jax":
-        return _load_jax(path, config)
+    if step is not None and fmt != "run":
+        raise ConfigError(f"{path}: step={step} only applies to a run workdir's checkpoints/")
+    if fmt == "original":
+        state = original_arrays_to_hf_state(read_original_arrays(path), str(path))
+        if config is None:
+            config = _config_from_original(state, overrides, str(path))
+        else:
+            config = apply_overrides(config, overrides)
+        return config, hf_state_to_params(config, state, source=str(path))
     if fmt == "hf":
         try:
-            file_config = _config_from_hf(json.loads((path / "config.json").read_text()), str(path))
+            saved = _config_from_hf(json.loads((path / "config.json").read_text()), str(path))
         except json.JSONDecodeError as e:
             raise CheckpointFormatError(f"{path}/config.json is not valid JSON: {e}") from None
-        state = _read_hf_state(path)
+        final = _runtime_config(saved, config, overrides, str(path))
+        return final, hf_state_to_params(final, _read_hf_state(path), source=str(path))
+    if fmt == "jax":
+        import orbax.checkpoint as ocp
+
+        saved = load_yaml(ModelConfig, path / "config.yaml")
+        with ocp.StandardCheckpointer() as ckptr:
+            params = ckptr.restore(path.absolute() / "params")
+        source = str(path)
     else:
-        state = original_arrays_to_hf_state(read_original_arrays(path), str(path))
-        file_config = _config_from_original(state) if config is None else config
-    config = config or file_config
-    return config, hf_state_to_params(config, state, source=str(path))
+        saved, params, step = _load_run(path, step)
+        source = f"{path} step {step}"
+    _check_tree(saved, params, source)
+    final = _runtime_config(saved, config, overrides, source)
+    if (final.scan_layers, final.param_dtype) != (saved.scan_layers, saved.param_dtype):
+        params = hf_state_to_params(final, params_to_hf_state(saved, params), source=source)
+    return final, params
+
+
+def _override_key(item: str) -> str:
+    return item.partition("=")[0].strip()
+
+
+def _runtime_config(saved: ModelConfig, config: ModelConfig | None, overrides: Sequence[str], source: str) -> ModelConfig:
+    """The recorded architecture, run as `config` runs, then run-time `key=value` overrides."""
+    fixed = [o for o in overrides if _override_key(o) not in RUNTIME_FIELDS]
+    if fixed:
+        raise ConfigError(f"{source} records its architecture; only run-time fields ({', '.join(RUNTIME_FIELDS)}) "
+                          f"can be set, not {_override_key(fixed[0])!r}")
+    return apply_overrides(saved if config is None else saved.with_runtime_of(config), overrides)
+
+
+def _check_tree(config: ModelConfig, params, source: str) -> None:
+    """One error unless `params` has exactly the names and shapes of `config`'s model."""
+    from gpt1_jax.model import init_params
+
+    def shapes(tree) -> dict[str, tuple[int, ...]]:
+        return {jax.tree_util.keystr(k): tuple(v.shape) for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+    want = shapes(nn.meta.unbox(jax.eval_shape(functools.partial(init_params, config), jax.random.key(0))))
+    have = shapes(params)
+    for key in sorted(set(want) | set(have)):
+        if want.get(key) != have.get(key):
+            raise CheckpointFormatError(f"{source}: parameter {key} has shape {have.get(key)} but the saved config "
+                                        f"expects {want.get(key)}")
+
+
+def _refuse_overwrite(path: Path, overwrite: bool) -> None:
+    if path.exists() and any(path.iterdir()) and not overwrite:
+        raise FileExistsError(f"{path} exists and is not empty; refusing to overwrite it")
 
 
 def _atomic_dir(path: Path, overwrite: bool):
     """A temporary sibling directory, renamed onto `path` by the caller once it is complete."""
-    if path.exists() and any(path.iterdir()) and not overwrite:
-        raise FileExistsError(f"{path} exists and is not empty; refusing to overwrite it")
+    _refuse_overwrite(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
 
@@ -269,8 +397,10 @@ def _commit_dir(tmp: Path, path: Path):
     tmp.rename(path)
 
 
-def save_pretrained(config: ModelConfig, params, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """Writes a HF directory (config.json + model.safetensors) that `OpenAIGPTLMHeadModel.from_pretrained` loads."""
+def save_pretrained(config: ModelConfig, params, path: str | os.PathLike, *, overwrite: bool = False,
+                    tokenizer=None) -> Path:
+    """Writes a HF directory (config.json + model.safetensors) that `OpenAIGPTLMHeadModel.from_pretrained`
+    loads, with `tokenizer` (a GPT1Tokenizer) in the files transformers' tokenizers read."""
     from safetensors.numpy import save_file
 
     path = Path(path)
@@ -280,20 +410,26 @@ def save_pretrained(config: ModelConfig, params, path: str | os.PathLike, *, ove
         state = {k: np.ascontiguousarray(v) for k, v in params_to_hf_state(config, params).items()}
         save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        if tokenizer is not None:
+            tokenizer.save_hf(tmp, model_max_length=config.n_positions)
         _commit_dir(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 
-def save_jax(config: ModelConfig, params, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """Our own format: config.yaml + an orbax checkpoint of the (unboxed) parameter tree."""
+def save_jax(config: ModelConfig, params, path: str | os.PathLike, *, overwrite: bool = False,
+             tokenizer=None) -> Path:
+    """Our own format: config.yaml + an orbax checkpoint of the (unboxed) parameter tree, and the
+    tokenizer (a GPT1Tokenizer) as tokenizer.json."""
     import orbax.checkpoint as ocp
 
     path = Path(path).absolute()
     tmp = _atomic_dir(path, overwrite)
     try:
         save_yaml(config, tmp / "config.yaml")
+        if tokenizer is not None:
+            tokenizer.save(tmp / "tokenizer.json")
         with ocp.StandardCheckpointer() as ckptr:
             ckptr.save(tmp / "params", nn.meta.unbox(params))
             ckptr.wait_until_finished()
@@ -303,21 +439,16 @@ def save_jax(config: ModelConfig, params, path: str | os.PathLike, *, overwrite:
     return path
 
 
-def _load_jax(path: Path, config: ModelConfig | None):
-    import orbax.checkpoint as ocp
+def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str = "hf", overwrite: bool = False,
+            overrides: Sequence[str] = (), step: int | None = None) -> tuple[ModelConfig, Path]:
+    """Any format `load_pretrained` reads -> a HF folder (`to="hf"`) or ours (`"jax"`), with the tokenizer
+    SRC holds, if any. `overrides` and `step` are load_pretrained's (e.g. `n_heads=N` for a release)."""
+    from gpt1_jax.tokenizer import find_tokenizer
 
-    file_config = load_yaml(ModelConfig, path / "config.yaml")
-    with ocp.StandardCheckpointer() as ckptr:
-        params = ckptr.restore(path.absolute() / "params")
-    if config is not None and dataclasses.replace(config, **_runtime_fields(file_config)) != file_config:
-        raise ConfigError(f"{path}: the checkpoint's architecture differs from the config given")
-    if config is not None and config.scan_layers != file_config.scan_layers:
-        state = params_to_hf_state(file_config, params)
-        return config, hf_state_to_params(config, state, source=str(path))
-    return config or file_config, params
-
-
-def _runtime_fields(c: ModelConfig) -> dict:
-    """Fields that change how a model runs, not which weights it has."""
-    names = ("dtype", "param_dtype", "attention", "scan_layers", "remat", "embd_dropout", "attn_dropout", "resid_dropout")
-    return {n: getattr(c, n) for n in names}
+    if to not in ("hf", "jax"):
+        raise ConfigError(f"convert: to={to!r} is not hf or jax")
+    _refuse_overwrite(Path(dst), overwrite)  # before reading the weights, which may take a while
+    config, params = load_pretrained(src, step=step, overrides=overrides)
+    tokenizer = find_tokenizer(None, Path(src), model_vocab_size=config.vocab_size)
+    save = save_pretrained if to == "hf" else save_jax
+    return config, save(config, params, dst, overwrite=overwrite, tokenizer=tokenizer)

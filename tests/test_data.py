@@ -24,6 +24,7 @@ from gpt1_jax.data import (
     tokenizer_for,
 )
 from gpt1_jax.data import tokens as tokens_mod
+from gpt1_jax.errors import ConfigError, DataError
 from gpt1_jax.tokenizer import GPT1Tokenizer
 
 DOCS_A = ["the cat sat on the mat.\nit was a sunny day.", "a second document, on two\nlines."]
@@ -82,12 +83,12 @@ def test_files_globs_and_gzip(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "spec, exc",
     [
-        ("", ValueError),
+        ("", ConfigError),
         ("/nonexistent/corpus.txt", FileNotFoundError),
         ("/nonexistent/dir/*.txt.gz", FileNotFoundError),
-        ("tfds:", ValueError),
-        ("tfds:a/b/c", ValueError),
-        ("tfds:lm1b?colour=red", ValueError),
+        ("tfds:", ConfigError),
+        ("tfds:a/b/c", ConfigError),
+        ("tfds:lm1b?colour=red", ConfigError),
     ],
 )
 def test_bad_specs_fail_clearly(spec: str, exc: type[Exception]) -> None:
@@ -102,6 +103,30 @@ def test_empty_directory_and_empty_glob(tmp_path: Path) -> None:
         open_source(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="glob matches no files"):
         open_source(str(tmp_path / "*.txt"))
+
+
+def test_gzip_that_is_not_gzip_is_one_line(tmp_path: Path) -> None:
+    """Random bytes named .txt.gz, or a gzip cut short: DataError naming the file, from the library and
+    as the CLI's last line (exit 2), with no tokenizer, token cache or checkpoint written."""
+    import subprocess
+    import sys
+
+    _, good = write_corpus(tmp_path / "c")
+    cut = tmp_path / "cut.txt.gz"
+    cut.write_bytes(good.read_bytes()[:-12])
+    noise = tmp_path / "x.txt.gz"
+    noise.write_bytes(np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8).tobytes())
+    for path in (noise, cut):
+        with pytest.raises(DataError, match=rf"{path.name}: not readable gzip data"):
+            list(open_source(str(path)).documents())
+    env = {**os.environ, "XLA_FLAGS": "", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "pretrain", "--workdir", str(tmp_path / "run"),
+                           "--config", "tiny", "--steps", "1", "--data", str(noise)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.count("\n") == 1 and "x.txt.gz: not readable gzip data" in done.stderr, done.stderr[-3000:]
+    written = [p for p in (tmp_path / "run").rglob("*")] + [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    assert not written, written
 
 
 # --- packing and split -----------------------------------------------------------------------------

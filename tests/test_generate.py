@@ -8,6 +8,7 @@ import pytest
 
 import gpt1_jax
 from gpt1_jax.config import model_preset
+from gpt1_jax.errors import DataError
 from gpt1_jax.generate import sample
 
 
@@ -33,10 +34,21 @@ def test_sampling_is_seeded_and_respects_the_context():
     b = sample(config, params, [1, 2], max_new_tokens=10, temperature=1.0, top_k=20, seed=3, num_samples=2)
     assert a == b and a[0] != a[1] and all(len(x) == 10 for x in a)
     assert len(sample(config, params, [1] * 60, max_new_tokens=50)[0]) == 4  # clipped to n_positions=64
-    with pytest.raises(ValueError, match="leaves no room"):
+    with pytest.raises(DataError, match="leaves no room"):
         sample(config, params, [1] * 64)
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(DataError, match="empty"):
         sample(config, params, [])
+
+
+def test_prompt_ids_outside_the_vocabulary_are_one_error():
+    """An id the embedding table has no row for would be looked up silently; it is refused instead."""
+    config = model_preset("tiny")
+    params = nn.meta.unbox(gpt1_jax.init_params(config, 0))
+    for bad in (512, 40478, -1):
+        with pytest.raises(DataError, match=rf"token id {bad} is outside the model's vocabulary of 512 ids"):
+            sample(config, params, [1, bad, 2], max_new_tokens=2)
+    with pytest.raises(DataError, match=r"token ids must lie in \[0, 512\), got \[1, 600\]"):
+        gpt1_jax.lm_logits(config, params, np.asarray([[1, 600]]))
 
 
 def test_sample_verb_from_an_hf_folder(tmp_path, shared_dir):

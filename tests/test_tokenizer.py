@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpt1_jax.tokenizer import EOW_SUFFIX, SPECIAL_TOKENS, GPT1Tokenizer, text_standardize
+from gpt1_jax.errors import ConfigError, DataError
+from gpt1_jax.tokenizer import EOW_SUFFIX, SPECIAL_TOKENS, GPT1Tokenizer, find_tokenizer, text_standardize
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 VOCAB_DIR = SHARED / "data" / "gpt1_vocab"
@@ -249,21 +250,21 @@ def test_missing_file_errors(tiny_files: tuple[Path, Path], tmp_path: Path) -> N
 def test_merges_without_merges(tiny_files: tuple[Path, Path]) -> None:
     enc, merges = tiny_files
     merges.write_text("#version: 0.2\n\n")
-    with pytest.raises(ValueError, match=r"merges\.bpe: contains no merges"):
+    with pytest.raises(DataError, match=r"merges\.bpe: contains no merges"):
         GPT1Tokenizer.from_original(enc, merges)
 
 
 def test_malformed_merge_line(tiny_files: tuple[Path, Path]) -> None:
     enc, merges = tiny_files
     merges.write_text("#version: 0.2\na b</w>\na b c\n")
-    with pytest.raises(ValueError, match=r"merges\.bpe:3: expected 'left right'"):
+    with pytest.raises(DataError, match=r"merges\.bpe:3: expected 'left right'"):
         GPT1Tokenizer.from_original(enc, merges)
 
 
 def test_merge_outside_vocabulary(tiny_files: tuple[Path, Path]) -> None:
     enc, merges = tiny_files
     merges.write_text("#version: 0.2\nb a</w>\n")  # "ba</w>" is not in the encoder
-    with pytest.raises(ValueError, match="merges do not fit"):
+    with pytest.raises(DataError, match="merges do not fit"):
         GPT1Tokenizer.from_original(enc, merges)
 
 
@@ -281,7 +282,7 @@ def test_merge_outside_vocabulary(tiny_files: tuple[Path, Path]) -> None:
 def test_bad_encoder_json(tiny_files: tuple[Path, Path], content: str, message: str) -> None:
     enc, merges = tiny_files
     enc.write_text(content)
-    with pytest.raises(ValueError, match=message) as info:
+    with pytest.raises(DataError, match=message) as info:
         GPT1Tokenizer.from_original(enc, merges)
     assert str(enc) in str(info.value) and "\n" not in str(info.value)
 
@@ -289,13 +290,32 @@ def test_bad_encoder_json(tiny_files: tuple[Path, Path], content: str, message: 
 def test_load_rejects_foreign_json(tmp_path: Path) -> None:
     path = tmp_path / "other.json"
     path.write_text('{"model": {"type": "BPE"}}')
-    with pytest.raises(ValueError, match="not a tokenizer saved by GPT1Tokenizer.save"):
+    with pytest.raises(DataError, match="not a tokenizer saved by GPT1Tokenizer.save"):
         GPT1Tokenizer.load(path)
 
 
 def test_unknown_mode(tiny_files: tuple[Path, Path]) -> None:
-    with pytest.raises(ValueError, match="mode must be one of"):
+    with pytest.raises(ConfigError, match="mode must be one of"):
         GPT1Tokenizer.from_original(*tiny_files, mode="spacy")
+
+
+def test_find_tokenizer_and_the_model_it_fits(tiny_files: tuple[Path, Path], tmp_path: Path) -> None:
+    """--tokenizer first, else the source folder's own, else None; a table of another size is one error."""
+    enc, merges = tiny_files
+    tok = GPT1Tokenizer.from_original(enc, merges)
+    (tmp_path / "run").mkdir()
+    tok.save(tmp_path / "run" / "tokenizer.json")
+    assert find_tokenizer(None, tmp_path / "run").vocab_size == tok.vocab_size
+    assert find_tokenizer(str(tmp_path / "run" / "tokenizer.json"), tmp_path / "nowhere").vocab_size == tok.vocab_size
+    assert find_tokenizer(None, tmp_path) is None and find_tokenizer(None, None) is None
+    with pytest.raises(FileNotFoundError, match="--tokenizer"):
+        find_tokenizer(str(tmp_path / "nothing"), tmp_path / "run")
+    # A table with the markers' rows, or without them (HF's and OpenAI's releases), fits.
+    for rows in (tok.vocab_size, tok.base_vocab_size):
+        assert find_tokenizer(None, tmp_path / "run", model_vocab_size=rows) is not None
+    with pytest.raises(ConfigError, match=rf"has {tok.base_vocab_size} tokens \+ 3 markers but the model's "
+                                          r"embedding table has 512 rows"):
+        find_tokenizer(None, tmp_path / "run", model_vocab_size=512)
 
 
 def test_original_mode_names_the_extra_when_deps_missing(

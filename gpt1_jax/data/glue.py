@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from gpt1_jax.errors import DataError
+from gpt1_jax.errors import ConfigError, DataError
 
 __all__ = [
     "GLUE_TASKS", "GlueTask", "GlueDownloadError", "glue_task", "read_tsv", "load_split", "split_available",
@@ -102,7 +102,7 @@ class GlueDownloadError(DataError):
 def glue_task(name: str) -> GlueTask:
     key = name.lower().replace("-", "")
     if key not in GLUE_TASKS:
-        raise ValueError(f"unknown GLUE task {name!r}; known: {', '.join(GLUE_TASKS)}")
+        raise ConfigError(f"unknown GLUE task {name!r}; known: {', '.join(GLUE_TASKS)}")
     return GLUE_TASKS[key]
 
 
@@ -113,7 +113,7 @@ def _parse_label(task: GlueTask, raw: str, where: str) -> int | float:
         try:
             return float(raw)
         except ValueError:
-            raise ValueError(f"{where}: label {raw!r} is not a number") from None
+            raise DataError(f"{where}: label {raw!r} is not a number") from None
     if raw in task.label_classes:
         return task.label_classes.index(raw)
     try:
@@ -121,7 +121,7 @@ def _parse_label(task: GlueTask, raw: str, where: str) -> int | float:
     except ValueError:
         k = -2
     if not 0 <= k < len(task.label_classes):
-        raise ValueError(f"{where}: label {raw!r} is not one of {list(task.label_classes)} nor 0..{len(task.label_classes) - 1}")
+        raise DataError(f"{where}: label {raw!r} is not one of {list(task.label_classes)} nor 0..{len(task.label_classes) - 1}")
     return k
 
 
@@ -145,11 +145,11 @@ def read_tsv(path: str | Path, task: GlueTask | str, split: str) -> Iterator[dic
         n_fields, start = 4, 0
     else:
         if not lines:
-            raise ValueError(f"{path}:1: empty file, expected a header row")
+            raise DataError(f"{path}:1: empty file, expected a header row")
         header = lines[0].rstrip("\r").split("\t")
         missing = [c for c in task.columns if c not in header]
         if missing:
-            raise ValueError(f"{path}:1: header lacks column(s) {missing}; got {header}")
+            raise DataError(f"{path}:1: header lacks column(s) {missing}; got {header}")
         text_idx = [header.index(c) for c in task.columns]
         label_idx = header.index(task.label_column) if task.label_column in header else None
         if split.startswith("test"):
@@ -159,7 +159,7 @@ def read_tsv(path: str | Path, task: GlueTask | str, split: str) -> Iterator[dic
         lineno = n + start + 1
         fields = line.rstrip("\r").split("\t")
         if len(fields) != n_fields or len(fields) < width:
-            raise ValueError(f"{path}:{lineno}: expected {n_fields} tab-separated fields, got {len(fields)}")
+            raise DataError(f"{path}:{lineno}: expected {n_fields} tab-separated fields, got {len(fields)}")
         example: dict[str, Any] = {f: fields[i] for f, i in zip(task.features, text_idx)}
         if label_idx is None:
             example["label"] = -1.0 if task.regression else -1

@@ -32,6 +32,7 @@ import numpy as np
 from gpt1_jax.config import DataConfig
 from gpt1_jax.data.sources import TextSource, open_source
 from gpt1_jax.data.tokens import TokenStream, tokenize_to_cache, tokenizer_for
+from gpt1_jax.errors import CheckpointFormatError, CheckpointMismatchError, ConfigError
 from gpt1_jax.tokenizer import GPT1Tokenizer
 
 __all__ = [
@@ -142,7 +143,7 @@ class BatchIterator:
         if not 0 <= process_index < process_count:
             raise ValueError(f"process_index {process_index} not in [0, {process_count})")
         if global_batch_size % process_count:
-            raise ValueError(f"global_batch_size {global_batch_size} not divisible by {process_count} processes")
+            raise ConfigError(f"global_batch_size {global_batch_size} not divisible by {process_count} processes")
         self.windows = windows
         self.indices = np.asarray(indices, dtype=np.int64)
         self.global_batch_size = global_batch_size
@@ -156,7 +157,7 @@ class BatchIterator:
         n = self.indices.size
         self.batches_per_epoch = -(-n // global_batch_size) if pad_last else n // global_batch_size
         if self.batches_per_epoch == 0:
-            raise ValueError(
+            raise ConfigError(
                 f"only {n} windows of {windows.seq_len + 1} tokens, fewer than global_batch_size "
                 f"{global_batch_size}: use a bigger corpus, a smaller batch or a shorter seq_len"
             )
@@ -179,13 +180,13 @@ class BatchIterator:
     def restore(self, state: dict[str, Any]) -> None:
         for k in ("seed", "windows", "global_batch_size"):
             if k in state and int(state[k]) != self.state()[k]:
-                raise ValueError(
+                raise CheckpointMismatchError(
                     f"data state was saved with {k}={state[k]}, this iterator has {self.state()[k]}: "
                     "resuming would not reproduce the batch order"
                 )
         epoch, index = int(state["epoch"]), int(state["index"])
         if epoch < 0 or not 0 <= index <= self.batches_per_epoch:
-            raise ValueError(f"data state out of range: epoch={epoch} index={index}")
+            raise CheckpointFormatError(f"data state out of range: epoch={epoch} index={index}")
         self._epoch, self._index = epoch, index
 
     @property
@@ -277,7 +278,7 @@ class DataPipeline:
     ) -> BatchIterator:
         """One pass over every validation window in order; the last batch padded (weights 0)."""
         if self.val_indices.size == 0:
-            raise ValueError("no validation windows (val_fraction is 0 or the corpus has one window)")
+            raise ConfigError("no validation windows (val_fraction is 0 or the corpus has one window)")
         return BatchIterator(
             self.windows,
             self.val_indices,

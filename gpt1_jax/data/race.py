@@ -10,6 +10,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from gpt1_jax.errors import ConfigError, DataError
+
 __all__ = ["LEVELS", "SPLITS", "load_race"]
 
 LEVELS = ("middle", "high")
@@ -20,13 +22,13 @@ def _examples_of(doc: dict, where: str, level: str) -> list[dict[str, Any]]:
     try:
         questions, options, answers, article = doc["questions"], doc["options"], doc["answers"], doc["article"]
     except KeyError as e:
-        raise ValueError(f"{where}: RACE passage lacks field {e.args[0]!r}") from None
+        raise DataError(f"{where}: RACE passage lacks field {e.args[0]!r}") from None
     if not (len(questions) == len(options) == len(answers)):
-        raise ValueError(f"{where}: {len(questions)} questions, {len(options)} option lists, {len(answers)} answers")
+        raise DataError(f"{where}: {len(questions)} questions, {len(options)} option lists, {len(answers)} answers")
     out = []
     for q, (question, opts, ans) in enumerate(zip(questions, options, answers)):
         if len(opts) != 4 or ans not in "ABCD" or len(ans) != 1:
-            raise ValueError(f"{where}: question {q}: expected 4 options and an answer A-D, got {len(opts)} and {ans!r}")
+            raise DataError(f"{where}: question {q}: expected 4 options and an answer A-D, got {len(opts)} and {ans!r}")
         out.append({"article": article, "question": question, "options": list(opts), "label": "ABCD".index(ans),
                     "level": level, "id": f"{doc.get('id', Path(where).name)}#{q}"})
     return out
@@ -38,11 +40,11 @@ def load_race(path: str | Path, split: str, levels: tuple[str, ...] | str = LEVE
     path = Path(path)
     folder = SPLITS.get(split, split)
     if folder not in SPLITS.values():
-        raise ValueError(f"unknown RACE split {split!r}; known: {', '.join(SPLITS)}")
+        raise ConfigError(f"unknown RACE split {split!r}; known: {', '.join(SPLITS)}")
     levels = tuple(levels.split(",")) if isinstance(levels, str) else tuple(levels)
     bad = [lv for lv in levels if lv not in LEVELS]
     if bad:
-        raise ValueError(f"unknown RACE level(s) {bad}; known: {', '.join(LEVELS)}")
+        raise ConfigError(f"unknown RACE level(s) {bad}; known: {', '.join(LEVELS)}")
     docs: list[tuple[str, str, dict]] = []
     if path.is_dir():
         root = path / "race" if (path / "race").is_dir() else path
@@ -71,7 +73,7 @@ def _read_json(raw: bytes, where: str) -> dict:
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{where}: not a RACE JSON passage ({e})") from None
+        raise DataError(f"{where}: not a RACE JSON passage ({e})") from None
     if not isinstance(doc, dict):
-        raise ValueError(f"{where}: not a RACE JSON passage (top level is not an object)")
+        raise DataError(f"{where}: not a RACE JSON passage (top level is not an object)")
     return doc

@@ -27,10 +27,13 @@ import gzip
 import hashlib
 import json
 import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+from gpt1_jax.errors import ConfigError, DataError
 
 __all__ = ["TextSource", "PydocSource", "FileSource", "open_source", "read_blocks"]
 
@@ -102,10 +105,12 @@ def read_blocks(path: str | Path) -> Iterator[str]:
                     yield "".join(block).rstrip("\n")
                     block = []
         except UnicodeDecodeError as e:
-            raise ValueError(
+            raise DataError(
                 f"{p}: not UTF-8 text (byte 0x{e.object[e.start]:02x} near line {lineno + 1}); "
                 f"convert it first, e.g. iconv -f latin1 -t utf-8"
             ) from None
+        except (gzip.BadGzipFile, EOFError, zlib.error) as e:  # not gzip, truncated, or corrupt inside
+            raise DataError(f"{p}: not readable gzip data ({e}) near line {lineno + 1}") from None
     if block:
         yield "".join(block).rstrip("\n")
 
@@ -160,7 +165,7 @@ class FileSource:
 def open_source(spec: str) -> TextSource:
     """Parse a source spec (see the module docstring); fails with one line naming the bad spec."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"text source spec must be a non-empty string, got {spec!r}")
+        raise ConfigError(f"text source spec must be a non-empty string, got {spec!r}")
     spec = spec.strip()
     if spec in DEFAULT_SPECS:
         return PydocSource(spec)

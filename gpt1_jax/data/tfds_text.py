@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+from gpt1_jax.errors import ConfigError, DataError
+
 __all__ = ["TfdsSpec", "TfdsSource", "parse_tfds_spec"]
 
 PREFIX = "tfds:"
@@ -37,16 +39,16 @@ class TfdsSpec:
 
 def parse_tfds_spec(spec: str) -> TfdsSpec:
     if not spec.startswith(PREFIX):
-        raise ValueError(f"not a tfds spec (must start with {PREFIX!r}): {spec!r}")
+        raise ConfigError(f"not a tfds spec (must start with {PREFIX!r}): {spec!r}")
     body, _, query = spec[len(PREFIX):].partition("?")
     # First ':' only: tfds split slices contain colons themselves ("train[:10%]").
     name, _, split = body.partition(":")
     if not name or name.count("/") > 1 or not all(name.split("/")):
-        raise ValueError(f"tfds source {spec!r}: expected tfds:NAME[/CONFIG][:SPLIT][?feature=F&data_dir=D]")
+        raise ConfigError(f"tfds source {spec!r}: expected tfds:NAME[/CONFIG][:SPLIT][?feature=F&data_dir=D]")
     opts = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
     unknown = set(opts) - {"feature", "data_dir"}
     if unknown:
-        raise ValueError(f"tfds source {spec!r}: unknown option(s) {sorted(unknown)}; known: feature, data_dir")
+        raise ConfigError(f"tfds source {spec!r}: unknown option(s) {sorted(unknown)}; known: feature, data_dir")
     return TfdsSpec(
         name=name,
         split=split or "train",
@@ -77,7 +79,7 @@ def _builder(tfds: Any, spec: str, parsed: TfdsSpec) -> Any:
         return tfds.builder(parsed.name, data_dir=parsed.data_dir)
     except tfds.core.DatasetNotFoundError:
         where = parsed.data_dir or "the default data_dir"
-        raise ValueError(
+        raise DataError(
             f"tfds source {spec!r}: dataset {parsed.name!r} not found (not registered, not prepared in {where})"
         ) from None
 
@@ -89,7 +91,7 @@ def _feature_path(features: Any, feature: str, spec: str) -> list[str]:
     for i, key in enumerate(path):
         keys = list(node.keys()) if hasattr(node, "keys") else []
         if key not in keys:
-            raise ValueError(
+            raise ConfigError(
                 f"tfds source {spec!r}: no feature {'/'.join(path[: i + 1])!r}; available: {keys}"
             )
         node = node[key]
@@ -109,20 +111,20 @@ class TfdsSource:
         tfds = _import_tfds()
         builder = _builder(tfds, spec, parsed)
         if not builder.is_prepared():
-            raise ValueError(
+            raise DataError(
                 f"tfds source {spec!r}: {builder.info.full_name} is not prepared in {builder.data_dir}; "
                 f"prepare it once with tfds.builder({parsed.name!r}, file_format='array_record')"
                 ".download_and_prepare()"
             )
         fmt = str(getattr(builder.info, "file_format", ""))
         if "array_record" not in fmt.lower():
-            raise ValueError(
+            raise DataError(
                 f"tfds source {spec!r}: prepared as {fmt}, random access needs file_format='array_record'"
             )
         split_names = list(builder.info.splits.keys())
         base_split = parsed.split.split("[", 1)[0]
         if base_split not in split_names:
-            raise ValueError(f"tfds source {spec!r}: no split {base_split!r}; available: {split_names}")
+            raise ConfigError(f"tfds source {spec!r}: no split {base_split!r}; available: {split_names}")
         path = _feature_path(builder.info.features, parsed.feature, spec)
         return cls(spec=spec, parsed=parsed, _builder=builder, _feature=tuple(path))
 
@@ -130,7 +132,7 @@ class TfdsSource:
         try:
             return self._builder.as_data_source(split=self.parsed.split)
         except ValueError as e:  # bad slice syntax and the like
-            raise ValueError(f"tfds source {self.spec!r}: {e}") from None
+            raise ConfigError(f"tfds source {self.spec!r}: {e}") from None
 
     def documents(self) -> Iterator[str]:
         ds = self._data_source()

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt1_jax.data.sources import TextSource
+from gpt1_jax.errors import ConfigError, DataError
 from gpt1_jax.tokenizer import GPT1Tokenizer
 
 __all__ = [
@@ -103,7 +104,7 @@ def tokenizer_for(
         if meta_path.is_file():
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
             if meta.get("vocab_size") != vocab_size:
-                raise ValueError(
+                raise ConfigError(
                     f"{path} was trained with vocab_size={meta.get('vocab_size')}, not {vocab_size}: "
                     "use another workdir or delete the file to retrain"
                 )
@@ -218,7 +219,7 @@ def tokenize_to_cache(
                 n_docs += docs
                 bar.update(arr.size)
         if n_tokens == 0:
-            raise ValueError(f"text source {source.spec!r} has no documents")
+            raise DataError(f"text source {source.spec!r} has no documents")
         with open(tmp / "tokens.npy", "wb") as out, open(raw, "rb") as f:
             header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n_tokens,)}
             np.lib.format.write_array_header_1_0(out, header)
