@@ -115,6 +115,12 @@ def _pick_step(manager: ocp.CheckpointManager, step: int | None) -> int:
     return steps[-1] if step is None else step
 
 
+def latest_step(directory: str | Path) -> int:
+    """The newest complete checkpoint's step (FileNotFoundError when there is none)."""
+    with _reader(Path(directory)) as manager:
+        return _pick_step(manager, None)
+
+
 def state_metadata(directory: str | Path, step: int | None = None) -> Any:
     """The tree of a checkpoint's `state` item: nested dicts/lists of orbax ArrayMetadata (shape, dtype)."""
     with _reader(Path(directory)) as manager:

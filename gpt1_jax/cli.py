@@ -241,7 +241,7 @@ def _sample(args: argparse.Namespace) -> int:
         saved = source / "config.yaml" if args.workdir else None
         run_config = resolve(PretrainConfig, args.config, saved=saved, overrides=args.set).model
     model_config, params = load_pretrained(source, run_config, step=args.step)
-    tokenizer = find_tokenizer(args.tokenizer, source)
+    tokenizer = find_tokenizer(args.tokenizer, source, model_vocab_size=model_config.vocab_size)
     if tokenizer is None:
         raise FileNotFoundError(f"{source}: no tokenizer in it; pass --tokenizer")
     seed = 0 if args.seed is None else args.seed
@@ -261,15 +261,20 @@ def _convert_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("dst", help="output directory (must not exist or be empty, unless --overwrite)")
     p.add_argument("--to", choices=("hf", "jax"), default="hf", help="output format (default: hf)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty DST")
-    _add_set(p, "ModelConfig field of the source, e.g. n_heads=16 for an original release whose heads are not 64 wide")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step of a run workdir (default: the latest)")
+    p.add_argument("--n-heads", type=int, default=None,
+                   help="head count of an original release (its files do not record it; default: d_model / 64)")
+    _add_set(p, "a model config field: run-time ones (dtype, scan_layers, ...) anywhere, any on an original release")
 
 
 def _convert(args: argparse.Namespace) -> int:
     from gpt1_jax.weights import convert
 
-    config, out = convert(args.src, args.dst, to=args.to, overwrite=args.overwrite, overrides=args.set)
+    overrides = ([f"n_heads={args.n_heads}"] if args.n_heads is not None else []) + list(args.set)
+    config, out = convert(args.src, args.dst, to=args.to, overwrite=args.overwrite, overrides=overrides, step=args.step)
+    tokenizer = "with its tokenizer" if (out / "tokenizer.json").is_file() else "without a tokenizer (none in SRC)"
     print(f"wrote {args.to} checkpoint of {config.num_params():,} parameters ({config.n_layers} layers x "
-          f"{config.d_model}) to {out}")
+          f"{config.d_model}) {tokenizer} to {out}")
     return 0
 
 

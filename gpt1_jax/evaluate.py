@@ -24,7 +24,8 @@ def evaluate_workdir(workdir: str | Path, *, data: str | None = None, step: int 
     of another text source `data`, tokenised with the run's tokenizer."""
     import numpy as np
 
-    from gpt1_jax.config import PretrainConfig, load_yaml, apply_overrides
+    from gpt1_jax.checkpoint import latest_step
+    from gpt1_jax.config import PretrainConfig, apply_overrides, load_yaml
     from gpt1_jax.data.pipeline import BatchIterator, build_pipeline
     from gpt1_jax.step import lm_trainer
     from gpt1_jax.weights import load_pretrained
@@ -33,6 +34,7 @@ def evaluate_workdir(workdir: str | Path, *, data: str | None = None, step: int 
     if not (workdir / "config.yaml").is_file():
         raise FileNotFoundError(f"{workdir} is not a pre-training workdir (no config.yaml)")
     config = apply_overrides(load_yaml(PretrainConfig, workdir / "config.yaml"), list(overrides))
+    step = step if step is not None else latest_step(workdir / "checkpoints")
     model_config, params = load_pretrained(workdir, config.model, step=step)
     trainer = lm_trainer(model_config, config.optim, config.mesh)
     params = trainer.place_params(params)
@@ -47,6 +49,6 @@ def evaluate_workdir(workdir: str | Path, *, data: str | None = None, step: int 
                                 shuffle=False, repeat=False, pad_last=True)
         split = "all windows"
     loss, n_tokens = lm_loss(trainer, params, batches, max_batches)
-    return {"workdir": str(workdir), "step": step if step is not None else "latest", "data": data or config.data.source,
+    return {"workdir": str(workdir), "step": step, "data": data or config.data.source,
             "split": split, "tokens": int(n_tokens), "loss": loss, "perplexity": math.exp(min(loss, 50.0))}
 

@@ -47,14 +47,11 @@ def open_source(init: str, config: FinetuneConfig, tokenizer_spec: str | None) -
     path = Path(init.removeprefix("scratch:"))
     if not path.is_dir():
         raise FileNotFoundError(f"--init {init}: no such directory (a run workdir, a checkpoint folder, or none)")
-    model_config, params = load_pretrained(path, config.model)
-    tok = find_tokenizer(tokenizer_spec, path)
+    model_config, params = load_pretrained(path, config.model)  # the files' architecture, the run's run-time fields
+    tok = find_tokenizer(tokenizer_spec, path, model_vocab_size=model_config.vocab_size)
     if tok is None:
         raise FileNotFoundError(f"--init {init}: no tokenizer in it (tokenizer.json, encoder_bpe_40000.json + "
                                 "vocab_40000.bpe, or vocab.json + merges.txt); pass --tokenizer")
-    if model_config.vocab_size not in (tok.vocab_size, tok.base_vocab_size):
-        raise ConfigError(f"--init {init}: the model's vocabulary has {model_config.vocab_size} rows but the "
-                          f"tokenizer {tok.base_vocab_size} (+3 markers); pass the matching --tokenizer")
     if scratch:  # Table 5's "no pre-training" at the source's own architecture and vocabulary
         return Source(f"scratch ({path})", model_config, None, tok)
     return Source(str(path), model_config, params, tok)
