@@ -1,4 +1,4 @@
-"""GPT-1 in Flax linen, as released (REFERENCE.md): post-LayerNorm blocks, tanh GELU, learned positions,
+"""GPT-1 in Flax linen, as released (docs/gpt1.md): post-LayerNorm blocks, tanh GELU, learned positions,
 tied LM head, no final LayerNorm.
 
 Pure functions only: `GPT1(config).init(...)` makes the parameters, `.apply(...)` runs them. Every

@@ -19,7 +19,6 @@ from gpt1_jax.data import (
     eod_id,
     open_source,
     split_windows,
-    to_global_array,
     tokenize_to_cache,
     tokenizer_for,
 )
@@ -292,7 +291,7 @@ def test_global_array_from_process_local_batch() -> None:
     sharding = NamedSharding(mesh, PartitionSpec("data"))
     w = _windows()
     batch = next(BatchIterator(w, np.arange(len(w)), 8, process_index=0, process_count=1))
-    g = to_global_array(batch, sharding)
+    g = {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}  # as Trainer.put_batch
     assert g["inputs"].shape == (8, 8) and g["inputs"].sharding == sharding
     np.testing.assert_array_equal(np.asarray(g["targets"]), batch["targets"])
 
@@ -376,13 +375,13 @@ jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid,
                            heartbeat_timeout_seconds=10, shutdown_timeout_seconds=10, initialization_timeout=60)
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from gpt1_jax.data import BatchIterator, PackedWindows, to_global_array
+from gpt1_jax.data import BatchIterator, PackedWindows
 w = PackedWindows(np.random.default_rng(0).integers(0, 300, 50 * 8 + 1).astype(np.uint16), 8)
 it = BatchIterator(w, np.arange(len(w)), 8, seed=5)  # process index/count from jax
 assert it.local_batch_size == 4
 sharding = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), PartitionSpec("data"))
 for _ in range(3):
-    g = to_global_array(next(it), sharding)
+    g = {k: jax.make_array_from_process_local_data(sharding, v) for k, v in next(it).items()}
     full = multihost_utils.process_allgather(g["inputs"], tiled=True)
     print("BATCH", hashlib.sha256(np.ascontiguousarray(full, dtype=np.int32).tobytes()).hexdigest(), flush=True)
 """

@@ -18,7 +18,6 @@ from gpt1_jax.data.pipeline import (
     build_pipeline,
     default_cache_dir,
     split_windows,
-    to_global_array,
 )
 from gpt1_jax.data.sources import FileSource, PydocSource, TextSource, open_source, read_blocks
 from gpt1_jax.data.tokens import TokenStream, eod_id, tokenize_to_cache, tokenizer_for
@@ -38,7 +37,6 @@ __all__ = [
     "open_source",
     "read_blocks",
     "split_windows",
-    "to_global_array",
     "tokenize_to_cache",
     "tokenizer_for",
 ]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,6 @@ __all__ = [
     "DataPipeline",
     "build_pipeline",
     "split_windows",
-    "to_global_array",
     "default_cache_dir",
 ]
 
@@ -231,20 +230,6 @@ class BatchIterator:
         # Contiguous copies: device transfers of strided views would copy anyway, less predictably.
         inputs, targets = np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])
         return {"inputs": inputs, "targets": targets, "weights": weights}
-
-
-def to_global_array(local_batch: Any, sharding: Any) -> Any:
-    """Per-process numpy batch (pytree) -> global ``jax.Array``s sharded along the batch axis.
-
-    ``sharding`` is e.g. ``NamedSharding(mesh, PartitionSpec(("data", "fsdp")))``; each process
-    passes only its own rows, as produced by :class:`BatchIterator`. JAX places them on the
-    process's own devices; with the batch axis laid over devices in process order (as
-    ``jax.devices()`` lists them) the global batch is row for row the one a single process would
-    build; with another device order it holds the same windows, the per-process blocks permuted.
-    """
-    import jax
-
-    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), local_batch)
 
 
 @dataclass
