@@ -1,4 +1,10 @@
-"""Every test sees 8 fake CPU devices, so sharding runs on a laptop (must happen before jax starts)."""
+"""Every test sees 8 fake CPU devices, so sharding runs on a laptop (must happen before jax starts).
+
+Data: tests read the small files in tests/fixtures/ (a fresh clone has them). The full data sets
+live in ../shared beside the repo root on this project's machines only; the few tests that need
+them take `shared_dir` and skip without it. GPT1_JAX_SHARED=DIR points there instead, and
+GPT1_JAX_SHARED=/nonexistent runs the suite as a fresh clone would.
+"""
 
 import os
 from pathlib import Path
@@ -11,12 +17,25 @@ os.environ["XLA_FLAGS"] = " ".join(
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+SHARED = Path(os.environ.get("GPT1_JAX_SHARED") or Path(__file__).resolve().parents[2] / "shared")
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
-    """../shared beside the repo (data and notes); absent on a user's fresh clone."""
+    """The full data sets (GLUE, OpenAI's vocabulary, ...): absent on a user's fresh clone."""
     if not SHARED.is_dir():
         pytest.skip(f"shared data not found at {SHARED} (only this project's machines have it)")
     return SHARED
+
+
+@pytest.fixture(scope="session")
+def glue_dir() -> Path:
+    """A few rows per file in GLUE's official layout, with its quirks (tests/fixtures/README.md)."""
+    return FIXTURES / "glue"
+
+
+@pytest.fixture(scope="session")
+def vocab_dir() -> Path:
+    """A tiny vocabulary in OpenAI's format and file names, plus the release's params_shapes.json."""
+    return FIXTURES / "gpt1_vocab"

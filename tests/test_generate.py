@@ -51,17 +51,18 @@ def test_prompt_ids_outside_the_vocabulary_are_one_error():
         gpt1_jax.lm_logits(config, params, np.asarray([[1, 600]]))
 
 
-def test_sample_verb_from_an_hf_folder(tmp_path, shared_dir):
-    """`gpt1-jax sample --init` on a folder written by save_pretrained, with OpenAI's vocabulary."""
+def test_sample_verb_from_an_hf_folder(tmp_path, vocab_dir):
+    """`gpt1-jax sample --init` on a folder written by save_pretrained, with a vocabulary in OpenAI's format."""
+    import json
     import shutil
     import subprocess
     import sys
 
-    vocab = shared_dir / "data" / "gpt1_vocab"
-    config = dataclasses.replace(model_preset("tiny"), vocab_size=40478)
+    n_tokens = len(json.loads((vocab_dir / "encoder_bpe_40000.json").read_text(encoding="utf-8")))
+    config = dataclasses.replace(model_preset("tiny"), vocab_size=n_tokens)
     gpt1_jax.save_pretrained(config, gpt1_jax.init_params(config, 0), tmp_path / "hf")
     for name in ("encoder_bpe_40000.json", "vocab_40000.bpe"):
-        shutil.copy(vocab / name, tmp_path / "hf" / name)
+        shutil.copy(vocab_dir / name, tmp_path / "hf" / name)
     done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "sample", "--init", str(tmp_path / "hf"),
                            "--prompt", "hello world", "--max-new-tokens", "5", "--num-samples", "1"],
                           capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "XLA_FLAGS": ""})

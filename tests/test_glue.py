@@ -1,4 +1,5 @@
-"""GLUE: the TSV reader on the official files and on malformed ones, our tfds builder read back through
+"""GLUE: the TSV reader on files in the official layout (tests/fixtures/glue; the full files where
+../shared has them) and on malformed ones, our tfds builder read back through
 data_source, the real builder's quick offline failure, the official metrics, and the RACE reader."""
 
 import io
@@ -17,17 +18,36 @@ COUNTS = {  # the official row counts (README of ../shared)
     ("mrpc", "train"): 3668, ("mrpc", "validation"): 408, ("stsb", "train"): 5749, ("stsb", "validation"): 1500,
     ("rte", "train"): 2490, ("rte", "validation"): 277, ("qnli", "validation"): 5463,
 }
+TEST_COUNTS = {"cola": 1063, "sst2": 1821, "mrpc": 1725, "stsb": 1379, "rte": 3000, "qnli": 5463}
+FIXTURE_COUNTS = {  # tests/fixtures/glue
+    ("cola", "train"): 6, ("cola", "validation"): 3, ("sst2", "train"): 6, ("sst2", "validation"): 3,
+    ("mrpc", "train"): 4, ("mrpc", "validation"): 3, ("stsb", "train"): 12, ("stsb", "validation"): 11,
+    ("rte", "train"): 4, ("rte", "validation"): 2, ("qnli", "validation"): 2,
+}
+FIXTURE_TEST_COUNTS = {"cola": 3, "sst2": 3, "mrpc": 2, "stsb": 3, "rte": 2, "qnli": 2}
 
 
-def _path(shared_dir, task, split):
+def _path(root, task, split):
     t = glue.glue_task(task)
-    return shared_dir / "data" / "glue" / t.dirname / dict(t.files)[split]
+    return root / t.dirname / dict(t.files)[split]
 
 
-@pytest.mark.parametrize("task,split", sorted(COUNTS))
-def test_official_files_row_counts(shared_dir, task, split):
-    examples = list(glue.read_tsv(_path(shared_dir, task, split), task, split))
-    assert len(examples) == COUNTS[task, split]
+@pytest.mark.parametrize("task,split", sorted(FIXTURE_COUNTS))
+def test_files_row_counts(glue_dir, task, split):
+    _check_labelled_file(_path(glue_dir, task, split), task, split, FIXTURE_COUNTS[task, split])
+
+
+def test_official_files_row_counts(shared_dir):
+    root = shared_dir / "data" / "glue"
+    for (task, split), n in COUNTS.items():
+        _check_labelled_file(_path(root, task, split), task, split, n)
+    for task, n in TEST_COUNTS.items():
+        _check_test_file(_path(root, task, "test"), task, n)
+
+
+def _check_labelled_file(path, task, split, n):
+    examples = list(glue.read_tsv(path, task, split))
+    assert len(examples) == n
     t = glue.glue_task(task)
     assert [e["idx"] for e in examples] == list(range(len(examples)))
     labels = np.asarray([e["label"] for e in examples])
@@ -39,25 +59,29 @@ def test_official_files_row_counts(shared_dir, task, split):
         assert all(isinstance(e[f], str) and e[f].strip() for e in examples)
 
 
-def test_quirks(shared_dir):
+def test_quirks(glue_dir):
     # MRPC's BOM: the header still parses (else the label column "Quality" would be missing)
-    mrpc = list(glue.read_tsv(_path(shared_dir, "mrpc", "train"), "mrpc", "train"))
-    assert mrpc[0]["sentence1"].startswith("Amrozi accused his brother, whom he called \"the witness\"")
+    assert _path(glue_dir, "mrpc", "train").read_bytes().startswith("\ufeffQuality".encode())
+    mrpc = list(glue.read_tsv(_path(glue_dir, "mrpc", "train"), "mrpc", "train"))
+    assert mrpc[0]["sentence1"].startswith('The mayor called the plan "a fair deal", aides')
     # CoLA has no header: the first row is an example
-    cola = list(glue.read_tsv(_path(shared_dir, "cola", "train"), "cola", "train"))
-    assert cola[0] == {"sentence": "Our friends won't buy this analysis, let alone the next one we propose.", "label": 1, "idx": 0}
+    cola = list(glue.read_tsv(_path(glue_dir, "cola", "train"), "cola", "train"))
+    assert cola[0] == {"sentence": "The cat chased a moth across the garden, didn't it?", "label": 1, "idx": 0}
     # SST-2's trailing spaces are kept, as tfds keeps them
-    sst = list(glue.read_tsv(_path(shared_dir, "sst2", "validation"), "sst2", "validation"))
+    sst = list(glue.read_tsv(_path(glue_dir, "sst2", "validation"), "sst2", "validation"))
     assert sst[0]["sentence"].endswith(" ")
     # quotes are text, never CSV quoting: a field that opens with a quote stays one field
-    dev = list(glue.read_tsv(_path(shared_dir, "mrpc", "validation"), "mrpc", "validation"))
-    assert dev[0]["sentence2"].startswith('"The foodservice')
+    dev = list(glue.read_tsv(_path(glue_dir, "mrpc", "validation"), "mrpc", "validation"))
+    assert dev[0]["sentence2"].startswith('"The team has')
 
 
-@pytest.mark.parametrize("task,n", [("cola", 1063), ("sst2", 1821), ("mrpc", 1725), ("stsb", 1379), ("rte", 3000),
-                                    ("qnli", 5463)])
-def test_test_files_have_no_labels(shared_dir, task, n):
-    examples = list(glue.read_tsv(_path(shared_dir, task, "test"), task, "test"))
+@pytest.mark.parametrize("task,n", sorted(FIXTURE_TEST_COUNTS.items()))
+def test_test_files_have_no_labels(glue_dir, task, n):
+    _check_test_file(_path(glue_dir, task, "test"), task, n)
+
+
+def _check_test_file(path, task, n):
+    examples = list(glue.read_tsv(path, task, "test"))
     assert len(examples) == n
     assert all(e["label"] == -1 for e in examples)
 

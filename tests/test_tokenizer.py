@@ -1,7 +1,7 @@
 """Tests for gpt1_jax.tokenizer.
 
-The vocabulary and GLUE tests read ../shared (beside the repo root) and skip without it; the
-training and bad-input tests need nothing outside the repo.
+Most tests use the tiny vocabulary and GLUE rows of tests/fixtures/; the few that check OpenAI's
+own vocabulary (its ids, parity over all of GLUE) read ../shared and skip without it.
 """
 
 from __future__ import annotations
@@ -18,18 +18,6 @@ import pytest
 from gpt1_jax.errors import ConfigError, DataError
 from gpt1_jax.tokenizer import EOW_SUFFIX, SPECIAL_TOKENS, GPT1Tokenizer, find_tokenizer, text_standardize
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-VOCAB_DIR = SHARED / "data" / "gpt1_vocab"
-ENCODER = VOCAB_DIR / "encoder_bpe_40000.json"
-MERGES = VOCAB_DIR / "vocab_40000.bpe"
-GLUE = SHARED / "data" / "glue"
-
-needs_vocab = pytest.mark.skipif(
-    not ENCODER.is_file(), reason=f"OpenAI's GPT-1 vocabulary not found under {VOCAB_DIR} (shared/ absent)"
-)
-needs_glue = pytest.mark.skipif(not GLUE.is_dir(), reason=f"GLUE data not found at {GLUE} (shared/ absent)")
-
-
 def _have_original_deps() -> bool:
     try:
         import ftfy  # noqa: F401
@@ -43,7 +31,7 @@ needs_original = pytest.mark.skipif(
     not _have_original_deps(), reason="ftfy/spacy not installed (pip install gpt1-jax[original])"
 )
 
-# Text columns of the GLUE files in shared/ (CoLA train/dev have no header: sentence is column 3).
+# Text columns of GLUE's files (CoLA train/dev have no header: sentence is column 3).
 GLUE_TEXT_COLUMNS = {
     "CoLA": ["sentence"],
     "SST-2": ["sentence"],
@@ -54,12 +42,12 @@ GLUE_TEXT_COLUMNS = {
 }
 
 
-def glue_sentences() -> list[str]:
+def glue_sentences(glue: Path) -> list[str]:
     """Every text field of every train/dev/test TSV: tab-split only, no CSV quoting, BOM dropped."""
     out: list[str] = []
     for task, columns in GLUE_TEXT_COLUMNS.items():
         for split in ("train", "dev", "test"):
-            path = GLUE / task / f"{split}.tsv"
+            path = glue / task / f"{split}.tsv"
             if not path.is_file():
                 continue
             rows = [line.split("\t") for line in path.read_text(encoding="utf-8-sig").split("\n") if line]
@@ -72,19 +60,34 @@ def glue_sentences() -> list[str]:
     return out
 
 
-@pytest.fixture(scope="module")
-def tok() -> GPT1Tokenizer:
-    return GPT1Tokenizer.from_original(ENCODER, MERGES)
+def vocab_files(folder: Path) -> tuple[Path, Path]:
+    return folder / "encoder_bpe_40000.json", folder / "vocab_40000.bpe"
 
 
 @pytest.fixture(scope="module")
-def tok_original() -> GPT1Tokenizer:
-    return GPT1Tokenizer.from_original(ENCODER, MERGES, mode="original")
+def vocab(vocab_dir: Path) -> tuple[Path, Path]:
+    """tests/fixtures' tiny vocabulary: it splits the words below as OpenAI's does (test_fixtures.py)."""
+    return vocab_files(vocab_dir)
+
+
+@pytest.fixture(scope="module")
+def openai_vocab(shared_dir: Path) -> tuple[Path, Path]:
+    return vocab_files(shared_dir / "data" / "gpt1_vocab")
+
+
+@pytest.fixture(scope="module")
+def tok(vocab: tuple[Path, Path]) -> GPT1Tokenizer:
+    return GPT1Tokenizer.from_original(*vocab)
+
+
+@pytest.fixture(scope="module")
+def tok_original(vocab: tuple[Path, Path]) -> GPT1Tokenizer:
+    return GPT1Tokenizer.from_original(*vocab, mode="original")
 
 
 # --- the released vocabulary ---------------------------------------------------------------------
-@needs_vocab
-def test_vocabulary_layout_and_special_ids(tok: GPT1Tokenizer) -> None:
+def test_vocabulary_layout_and_special_ids(openai_vocab: tuple[Path, Path]) -> None:
+    tok = GPT1Tokenizer.from_original(*openai_vocab)
     assert tok.base_vocab_size == 40478
     assert tok.vocab_size == len(tok) == 40481
     assert (tok.start_id, tok.delimiter_id, tok.classify_id) == (40478, 40479, 40480)
@@ -96,7 +99,6 @@ def test_vocabulary_layout_and_special_ids(tok: GPT1Tokenizer) -> None:
     assert tok.token_to_id("th") == 477  # first merge "t h"
 
 
-@needs_vocab
 def test_encode_decode_round_trip(tok: GPT1Tokenizer) -> None:
     text = "the quick brown fox jumps over the lazy dog , twice ."
     ids = tok.encode(text)
@@ -110,7 +112,6 @@ def test_encode_decode_round_trip(tok: GPT1Tokenizer) -> None:
     assert tok.encode("") == []
 
 
-@needs_vocab
 def test_specials_never_come_from_text(tok: GPT1Tokenizer) -> None:
     for text in ("_start_", "a _delimiter_ b", "_classify_"):
         assert not set(tok.encode(text)) & set(tok.special_ids)
@@ -119,16 +120,14 @@ def test_specials_never_come_from_text(tok: GPT1Tokenizer) -> None:
     assert tok.decode(ids, skip_special_tokens=True) == "premise hypothesis"
 
 
-@needs_vocab
 def test_encode_batch_matches_encode(tok: GPT1Tokenizer) -> None:
     texts = ["First sentence.", "", "Another one, with punctuation!?", "numbers 1.5 and 10:30"]
     assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
 
 
-@needs_vocab
 @pytest.mark.parametrize("mode", ["hf", pytest.param("original", marks=needs_original)])
-def test_save_load_gives_identical_encodings(tmp_path: Path, mode: str) -> None:
-    tok = GPT1Tokenizer.from_original(ENCODER, MERGES, mode=mode)
+def test_save_load_gives_identical_encodings(tmp_path: Path, vocab: tuple[Path, Path], mode: str) -> None:
+    tok = GPT1Tokenizer.from_original(*vocab, mode=mode)
     path = tmp_path / "tokenizer.json"
     tok.save(path)
     loaded = GPT1Tokenizer.load(path)
@@ -142,13 +141,11 @@ def test_save_load_gives_identical_encodings(tmp_path: Path, mode: str) -> None:
     assert Tokenizer.from_file(str(path)).get_vocab_size() == tok.vocab_size
 
 
-@needs_vocab
-@needs_glue
-def test_glue_parity_with_transformers(tok: GPT1Tokenizer) -> None:
+def parity_with_transformers(vocab: tuple[Path, Path], sentences: list[str]) -> float:
+    """The share of sentences that transformers' OpenAIGPTTokenizer encodes to our ids."""
     transformers = pytest.importorskip("transformers")
-    hf = transformers.OpenAIGPTTokenizer(vocab=str(ENCODER), merges=str(MERGES))
-    sentences = glue_sentences()
-    assert len(sentences) > 100_000  # all text fields of train/dev/test, not a sample
+    tok = GPT1Tokenizer.from_original(*vocab)
+    hf = transformers.OpenAIGPTTokenizer(vocab=str(vocab[0]), merges=str(vocab[1]))
     t0 = time.perf_counter()
     ours = tok.encode_batch(sentences)
     t_ours = time.perf_counter() - t0
@@ -161,7 +158,17 @@ def test_glue_parity_with_transformers(tok: GPT1Tokenizer) -> None:
         f"{same}/{len(sentences)} sentences identical ({rate:.4%}); "
         f"encode_batch {n_tokens / t_ours:,.0f} tokens/s"
     )
-    assert rate >= 0.995
+    return rate
+
+
+def test_parity_with_transformers(vocab: tuple[Path, Path], glue_dir: Path) -> None:
+    assert parity_with_transformers(vocab, glue_sentences(glue_dir)) == 1.0
+
+
+def test_glue_parity_with_transformers(openai_vocab: tuple[Path, Path], shared_dir: Path) -> None:
+    sentences = glue_sentences(shared_dir / "data" / "glue")
+    assert len(sentences) > 100_000  # all text fields of train/dev/test, not a sample
+    assert parity_with_transformers(openai_vocab, sentences) >= 0.995
 
 
 # --- training --------------------------------------------------------------------------------------
@@ -334,7 +341,6 @@ def test_text_standardize() -> None:
     assert text_standardize("(x)--[y]") == "( x ) -- [ y ]"
 
 
-@needs_vocab
 @needs_original
 @pytest.mark.parametrize(
     "text, pieces",
@@ -420,12 +426,19 @@ class _OriginalTextEncoder:
         return ids
 
 
-@needs_vocab
-@needs_glue
+def assert_matches_port(vocab: tuple[Path, Path], sentences: list[str]) -> None:
+    sentences = sentences + ["Line one\nline two\n\n  three", "tab\tseparated  spaces", "¡Olé! — “quotes”"]
+    ours = GPT1Tokenizer.from_original(*vocab, mode="original")
+    ref = _OriginalTextEncoder(*vocab)
+    assert ours.encode_batch(sentences) == [ref.encode(s) for s in sentences]
+
+
 @needs_original
-def test_original_mode_matches_port_of_openai_encoder(tok_original: GPT1Tokenizer) -> None:
+def test_original_mode_matches_port_of_openai_encoder(vocab: tuple[Path, Path], glue_dir: Path) -> None:
+    assert_matches_port(vocab, glue_sentences(glue_dir))
+
+
+@needs_original
+def test_original_mode_matches_port_on_glue(openai_vocab: tuple[Path, Path], shared_dir: Path) -> None:
     # A seeded sample keeps this ~2 s; on all 142,943 GLUE sentences the agreement was 100%.
-    sentences = random.Random(0).sample(glue_sentences(), 4000)
-    sentences += ["Line one\nline two\n\n  three", "tab\tseparated  spaces", "¡Olé! — “quotes”"]
-    ref = _OriginalTextEncoder(ENCODER, MERGES)
-    assert tok_original.encode_batch(sentences) == [ref.encode(s) for s in sentences]
+    assert_matches_port(openai_vocab, random.Random(0).sample(glue_sentences(shared_dir / "data" / "glue"), 4000))

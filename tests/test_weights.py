@@ -142,8 +142,8 @@ def hf_model_from_original_arrays(arrays, n_heads):
     return model
 
 
-def test_original_release_loads_every_tensor_in_place(tmp_path, shared_dir):
-    shapes = scaled_shapes(shared_dir / "data" / "gpt1_vocab" / "params_shapes.json")
+def test_original_release_loads_every_tensor_in_place(tmp_path, vocab_dir):
+    shapes = scaled_shapes(vocab_dir / "params_shapes.json")
     arrays = write_original_release(tmp_path / "release", shapes)
     config, params = load_pretrained(tmp_path / "release")
     assert (config.vocab_size, config.n_positions, config.d_model, config.n_layers, config.n_heads, config.d_mlp) == (
@@ -168,9 +168,9 @@ def test_original_release_loads_every_tensor_in_place(tmp_path, shared_dir):
 
 
 @pytest.mark.slow
-def test_full_size_original_release(tmp_path, shared_dir):
+def test_full_size_original_release(tmp_path, vocab_dir):
     """The real shapes (116,534,784 values in 10 shards), converted to HF and loaded by transformers."""
-    shapes = json.loads((shared_dir / "data" / "gpt1_vocab" / "params_shapes.json").read_text())
+    shapes = json.loads((vocab_dir / "params_shapes.json").read_text())
     arrays = write_original_release(tmp_path / "release", shapes, seed=1)
     config, params = load_pretrained(tmp_path / "release")
     assert config == ModelConfig() and config.num_params() == sum(a.size for a in arrays) == 116_534_784
@@ -198,8 +198,8 @@ def run_convert(*args):
 
 
 @pytest.fixture
-def small_release(tmp_path, shared_dir):
-    write_original_release(tmp_path / "release", scaled_shapes(shared_dir / "data" / "gpt1_vocab" / "params_shapes.json", layers=1))
+def small_release(tmp_path, vocab_dir):
+    write_original_release(tmp_path / "release", scaled_shapes(vocab_dir / "params_shapes.json", layers=1))
     return tmp_path / "release"
 
 
@@ -247,8 +247,8 @@ def test_not_a_checkpoint_and_no_overwrite(tmp_path):
     assert (out / "precious.txt").read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["empty", "out"]
 
 
-def test_block_key_order_matches_the_release(shared_dir):
-    shapes = json.loads((shared_dir / "data" / "gpt1_vocab" / "params_shapes.json").read_text())
+def test_block_key_order_matches_the_release(vocab_dir):
+    shapes = json.loads((vocab_dir / "params_shapes.json").read_text())
     assert len(shapes) == 2 + 12 * len(HF_BLOCK_KEYS)
     expected = {"attn.c_attn.weight": [1, 768, 2304], "attn.c_attn.bias": [2304], "mlp.c_fc.weight": [1, 768, 3072],
                 "mlp.c_proj.weight": [1, 3072, 768]}

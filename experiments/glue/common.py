@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = ROOT.parent / "shared"
 
-# Table 5 (REFERENCE.md): which finetune flags make each ablation.
+# Table 5 (docs/gpt1.md): which finetune flags make each ablation.
 ABLATIONS = {
     "full": [],
     "no_pretrain": ["no-pretrain"],  # marker: --init scratch:SOURCE (or none)
@@ -52,16 +51,25 @@ def init_for(ablation: str, init: str) -> str:
     return f"scratch:{init}"  # the same architecture and vocabulary, random weights
 
 
-def finetune_argv(run: Run, init: str, data_dir: str, quick: bool, extra: list[str]) -> list[str]:
+def missing_path(flag: str, path: str | None) -> str | None:
+    """The one-line error for a data path that does not exist (None: the flag was not given, or it exists)."""
+    if path is None or Path(path).exists():
+        return None
+    return f"{flag} {path}: no such file or directory"
+
+
+def finetune_argv(run: Run, init: str, data_dir: str | None, quick: bool, extra: list[str]) -> list[str]:
     argv = [sys.executable, "-m", "gpt1_jax.cli", "finetune", "--task", run.task, "--init", init_for(run.ablation, init),
-            "--workdir", str(run.workdir), "--data-dir", data_dir, "--seed", str(run.seed), "--no-progress"]
+            "--workdir", str(run.workdir), "--seed", str(run.seed), "--no-progress"]
+    if data_dir is not None:  # else gpt1-jax finetune downloads GLUE with tensorflow-datasets
+        argv += ["--data-dir", data_dir]
     argv += [a for a in ABLATIONS[run.ablation] if a != "no-pretrain"]
     if quick:
         argv += QUICK_FLAGS
     return argv + extra
 
 
-def execute(runs: list[Run], init: str, data_dir: str, quick: bool, extra: list[str]) -> None:
+def execute(runs: list[Run], init: str, data_dir: str | None, quick: bool, extra: list[str]) -> None:
     for i, run in enumerate(runs, 1):
         out = run.workdir / "results.json"
         if out.is_file():

@@ -1,8 +1,8 @@
 """The paper's GLUE results (Tables 2-4) and Table 5's ablations, for one init source and several seeds.
 
-Runs every GLUE task whose train and dev files are in --data-dir (here CoLA, SST-2, MRPC, STS-B, RTE;
-QNLI has no train split offline; MNLI, QQP, WNLI are absent), then writes OUT/table.md: each task's
-official metric, mean ± std over seeds (x100), beside the paper's number (REFERENCE.md). With
+Runs every GLUE task whose train and dev files are in --data-dir (GLUE's official TSV distribution), or
+every GLUE task without it (tensorflow-datasets downloads them), then writes OUT/table.md: each task's
+official metric, mean ± std over seeds (x100), beside the paper's number (docs/gpt1.md). With
 --ablations full,no_pretrain,no_aux_lm it adds Table 5: no pre-training (`--init scratch:SOURCE`,
 or `none`) and no auxiliary LM (`--lm-coef 0`).
 
@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from common import split_passthrough, ABLATIONS, SHARED, Run, errors_of, execute, mean_std, metric_values, write_table  # noqa: E402
+from common import split_passthrough, ABLATIONS, Run, errors_of, execute, mean_std, metric_values, missing_path, write_table  # noqa: E402
 
-# The paper's numbers (REFERENCE.md, "The paper's results"): task -> [(metric, GPT-1)].
+# The paper's numbers (docs/gpt1.md, "Results"): task -> [(metric, GPT-1)].
 PAPER = {
     "cola": [("matthews_corr", 45.4)],
     "sst2": [("accuracy", 91.3)],
@@ -39,7 +39,7 @@ NOTE = ("Paper numbers are on GLUE's test server, ours on the dev sets (x100). T
         "its 8 GLUE-style tasks; ours over the tasks run here, so compare differences between columns, not levels.")
 
 
-def available_tasks(data_dir: str) -> tuple[list[str], list[str]]:
+def available_tasks(data_dir: str | None) -> tuple[list[str], list[str]]:
     from gpt1_jax.data.glue import GLUE_TASKS, split_available
 
     ok, missing = [], []
@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--tasks", default=None, help="comma-separated (default: every task available in --data-dir)")
     p.add_argument("--ablations", default="full", help=f"comma-separated of {', '.join(ABLATIONS)}")
-    p.add_argument("--data-dir", default=str(SHARED / "data" / "glue"))
+    p.add_argument("--data-dir", default=None, help="GLUE's official TSV distribution (<dir>/<Task>/{train,dev,test}.tsv; "
+                   "default: tensorflow-datasets downloads GLUE)")
     p.add_argument("--out", required=True, help="folder for runs (OUT/<ablation>/<task>/seed<k>/) and table.md")
     p.add_argument("--quick", action="store_true", help="tiny model, 64 train / 32 dev examples, 1 epoch: a smoke test")
     args = p.parse_args(argv)
@@ -65,13 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     bad = [a for a in ablations if a not in ABLATIONS]
     if bad:
         p.error(f"unknown ablation(s) {bad}; known: {', '.join(ABLATIONS)}")
+    bad_path = missing_path("--data-dir", args.data_dir)
+    if bad_path:
+        p.exit(2, f"{p.prog}: error: {bad_path}\n")
     available, missing = available_tasks(args.data_dir)
     tasks = args.tasks.split(",") if args.tasks else available
     out = Path(args.out)
     runs = [Run(a, t, s, out / a / t / f"seed{s}") for a in ablations for t in tasks for s in args.seeds]
     execute(runs, args.init, args.data_dir, args.quick, extra)
 
-    lines = [f"init: `{args.init}`; seeds: {args.seeds}; data: `{args.data_dir}`" + ("; **quick mode**" if args.quick else ""),
+    data = f"`{args.data_dir}`" if args.data_dir else "tensorflow-datasets' GLUE download"
+    lines = [f"init: `{args.init}`; seeds: {args.seeds}; data: {data}" + ("; **quick mode**" if args.quick else ""),
              "", NOTE, "", "| task | metric | paper | " + " | ".join(ablations) + " |",
              "|---|---|---|" + "---|" * len(ablations)]
     averages: dict[str, list[float]] = {a: [] for a in ablations}

@@ -1,7 +1,7 @@
 """The paper's RACE result (Table 3: middle / high / all accuracy) for one init source and several seeds.
 
-    python experiments/glue/race_table.py --init runs/pretrain --seeds 0 1 2 --out runs/race
-    python experiments/glue/race_table.py --quick --init none --out /tmp/race-quick   # smoke test
+    python experiments/glue/race_table.py --data race.tar.gz --init runs/pretrain --seeds 0 1 2 --out runs/race
+    python experiments/glue/race_table.py --data race.tar.gz --quick --init none --out /tmp/race-quick   # smoke test
 Extra arguments after `--` go to every `gpt1-jax finetune` call. RACE has 88k training questions of
 4 x 512 tokens: a full run wants an accelerator; --quick uses a tiny model and 64 questions.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from common import split_passthrough, ABLATIONS, SHARED, Run, errors_of, execute, mean_std, metric_values, write_table  # noqa: E402
+from common import split_passthrough, ABLATIONS, Run, errors_of, execute, mean_std, metric_values, missing_path, write_table  # noqa: E402
 
 PAPER = [("accuracy_middle", "RACE-m", 62.9), ("accuracy_high", "RACE-h", 57.4), ("accuracy", "RACE", 59.0)]
 
@@ -26,10 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init", required=True, help="pre-training workdir, HF/original checkpoint folder, or none")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--ablations", default="full", help=f"comma-separated of {', '.join(ABLATIONS)}")
-    p.add_argument("--data", default=str(SHARED / "data" / "race.tar.gz"), help="race.tar.gz or its unpacked folder")
+    p.add_argument("--data", required=True, help="race.tar.gz or its unpacked folder")
     p.add_argument("--out", required=True)
     p.add_argument("--quick", action="store_true", help="tiny model, 64 train / 32 dev questions, 1 epoch")
     args = p.parse_args(argv)
+    missing = missing_path("--data", args.data)
+    if missing:
+        p.exit(2, f"{p.prog}: error: {missing}\n")
 
     ablations = args.ablations.split(",")
     out = Path(args.out)

@@ -1,11 +1,13 @@
 """Optimizer comparison (issue 7): the same model, initialisation, data order and token budget for each
 optimizer; a learning-rate sweep per optimizer; extra seeds at each one's best lr.
 
-    # pre-training: `small` on english_mixed (~1 h on 2 cores), or --quick (`tiny` on the embedded corpus)
-    python experiments/optimizers/run_study.py pretrain --out /tmp/opt-study [--quick] [--optimizers a,b,c]
-    # fine-tuning: one GLUE task from the best pre-training run of a pre-training study (or any workdir)
+    # pre-training: `small` (~1 h on 2 cores), or --quick (`tiny`); --corpus: any gpt1-jax text source
+    # (default: the demo corpus embedded in Python; the committed results used english_mixed.txt.gz)
+    python experiments/optimizers/run_study.py pretrain --out /tmp/opt-study [--corpus SOURCE] [--quick]
+    # fine-tuning: one GLUE task from the best pre-training run of a pre-training study (or any workdir);
+    # GLUE from --data-dir (the official TSV distribution) or, without it, downloaded by tensorflow-datasets
     python experiments/optimizers/run_study.py finetune --out /tmp/opt-study --init /tmp/opt-study/pretrain \
-        --data-dir /work/shared/data/glue [--task sst2] [--quick]
+        [--data-dir GLUE_DIR] [--task sst2] [--quick]
 
 Outputs under `<out>/<study>/`: results.json (every run), results.md (one row per optimizer), and PNGs
 (val loss vs step and vs training wall-clock at each optimizer's best lr; final loss vs lr). Each
@@ -38,7 +40,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-CORPUS = "/work/shared/data/corpus/english_mixed.txt.gz"
 GRID_FACTOR = 10 ** 0.5  # about the ratio of neighbouring lrs (the 1-3-10 ladder: x3, x3.33)
 
 # Per optimizer: centre lr of the pre-training sweep and of the fine-tuning sweep, and the config
@@ -59,7 +60,7 @@ REFERENCE = "gpt1_adam"  # state memory is reported relative to this one
 # Measured on this 2-core machine (shared): ~1.3 s per step plus ~15 s compile/eval per run, so
 # 8 optimizers x (3 lrs + 1 extra seed) x 80 steps is about an hour.
 PRETRAIN = {
-    "full": dict(preset="small", source=CORPUS, steps=80, warmup=8, batch=16, seq_len=128, eval_every=20,
+    "full": dict(preset="small", source="default", steps=80, warmup=8, batch=16, seq_len=128, eval_every=20,
                  eval_batches=8),
     "quick": dict(preset="tiny", source="default", steps=24, warmup=3, batch=8, seq_len=64, eval_every=8,
                   eval_batches=4),
@@ -448,7 +449,8 @@ def results_md(kind: str, rows: list[dict], runs: list[dict], args) -> str:
     budget = runs[0]["tokens"] if runs and kind == "pretrain" else None
     lines = [f"# Optimizer study: {kind}{' (quick)' if args.quick else ''}", ""]
     if kind == "pretrain":
-        lines.append(f"Same model, init, data order and budget ({budget:,} tokens, {runs[0]['steps']} steps) per run; "
+        lines.append(f"Same model, init, data order and budget ({budget:,} tokens, {runs[0]['steps']} steps of "
+                     f"`{args.corpus}`) per run; "
                      "best lr = lowest final validation loss at the first seed; mean ± std over seeds at that lr.")
     else:
         lines.append(f"Fine-tuning from `{runs[0]['init']}`; best lr = highest best-epoch dev metric at the first "
@@ -546,11 +548,28 @@ def write_outputs(study: Path, kind: str, runs: list[dict], names: list[str], se
 
 # ---- command line -------------------------------------------------------------------------------------
 
+def missing_data(args) -> str | None:
+    """What is wrong with the data flags of this study, or None."""
+    if args.study == "pretrain":
+        from gpt1_jax.data.sources import open_source
+
+        try:
+            open_source(args.corpus)  # parses the spec and checks the files exist; reads nothing
+        except (OSError, ValueError) as e:
+            return f"--corpus: {e}"
+        return None
+    if not Path(args.init).exists():
+        return f"--init {args.init}: no such directory"
+    if args.data_dir is not None and not Path(args.data_dir).is_dir():
+        return f"--data-dir {args.data_dir}: no such directory"
+    return None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("study", choices=["pretrain", "finetune"])
     p.add_argument("--out", required=True, help="study root; outputs go to <out>/<study>/")
-    p.add_argument("--quick", action="store_true", help="minutes: tiny model, embedded corpus / a small GLUE subset")
+    p.add_argument("--quick", action="store_true", help="minutes: tiny model, a short pre-training / a small GLUE subset")
     p.add_argument("--optimizers", default=None, help=f"comma-separated subset of {','.join(SPECS)}")
     p.add_argument("--seeds", default="0,1", help="first: the lr sweep; others: repeats at the best lr")
     p.add_argument("--lr-points", type=int, default=3, help="lrs per optimizer (the 1-3-10 log ladder around each centre)")
@@ -561,12 +580,20 @@ def main(argv=None) -> int:
     p.add_argument("--compile-cache", default=None, help="JAX persistent compilation cache (default: <out>/jax_cache; "
                    "'none' disables): the init and eval programs are the same for every lr, and a resumed study "
                    "recompiles nothing")
+    p.add_argument("--corpus", default="default", help="pretrain: a gpt1-jax text source (file, folder, glob or "
+                   "tfds:NAME; default: the demo corpus embedded in Python)")
     p.add_argument("--init", default=None, help="finetune: a pre-training study dir (its best run) or workdir")
-    p.add_argument("--data-dir", default="/work/shared/data/glue", help="finetune: GLUE TSVs")
+    p.add_argument("--data-dir", default=None, help="finetune: GLUE's official TSV distribution "
+                   "(<dir>/<Task>/{train,dev}.tsv; default: tensorflow-datasets downloads GLUE)")
     p.add_argument("--task", default=None, help="finetune: GLUE task (default sst2)")
     args = p.parse_args(argv)
     if args.lr_points < (2 if args.quick else 3):
         p.error("--lr-points must be >= 3 (a log grid of at least 3 values; --quick allows 2, for tests)")
+    if args.study == "finetune" and not args.init:
+        p.error("finetune needs --init (a pre-training study dir or workdir)")
+    missing = missing_data(args)
+    if missing:  # one line, before any compilation; not a usage error, so no usage text
+        p.exit(2, f"{p.prog}: error: {missing}\n")
 
     if args.compile_cache != "none":
         import jax
@@ -576,7 +603,7 @@ def main(argv=None) -> int:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     mode = "quick" if args.quick else "full"
     if args.study == "pretrain":
-        budget = dict(PRETRAIN[mode])
+        budget = dict(PRETRAIN[mode], source=args.corpus)
         if args.steps:
             budget["steps"] = args.steps
             budget["warmup"] = min(budget["warmup"], max(1, args.steps // 10))
@@ -590,8 +617,6 @@ def main(argv=None) -> int:
         budget = dict(FINETUNE[mode])
         if args.task:
             budget["task"] = args.task
-        if not args.init:
-            p.error("finetune needs --init (a pre-training study dir or workdir)")
         init = best_pretrain_workdir(Path(args.init))
         study_loop(args, "finetune", lambda st, n, lr, s: finetune_run(st, budget, n, lr, s, init, args.data_dir, mode))
     return 0
