@@ -123,7 +123,7 @@ def write_original_release(path, shapes, seed=0, n_shards=10):
 
 
 def hf_model_from_original_arrays(arrays, n_heads):
-    """The reference mapping, written from REFERENCE.md independently of gpt1_jax.weights."""
+    """The reference mapping, written from docs/gpt1.md independently of gpt1_jax.weights."""
     n_layers = (len(arrays) - 2) // 12
     V, D = arrays[1].shape
     hf_config = transformers.OpenAIGPTConfig(
