@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from gpt1_jax.metrics import read_metrics
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "optimizers" / "run_study.py"
 ENV = {**os.environ, "XLA_FLAGS": ""}  # one real CPU device, as a user runs it (conftest fakes 8 here)
@@ -57,7 +59,8 @@ def test_quick_study_writes_all_outputs(quick_study):
             assert r["diverged"] or r["final_val_loss"] > 0
     sf = [r for r in runs if r["optimizer"] == "schedule_free_adamw" and not r["diverged"]]
     assert sf and all(r["eval_at"].startswith("x") for r in sf)
-    assert (Path(sf[0]["workdir"]) / "x_export" / "config.yaml").is_file()
+    x_curve = [r for r in read_metrics(sf[0]["workdir"]) if "val_loss" in r]  # the hook's, at x
+    assert [c["val_loss"] for c in sf[0]["val_curve"]] == [r["val_loss"] for r in x_curve]
     md = (study / "results.md").read_text()
     rows = [l for l in md.splitlines() if l.startswith("| ") and not l.startswith("| optimizer")]
     assert [l.split("|")[1].strip() for l in rows] == OPTS

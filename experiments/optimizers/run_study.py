@@ -20,11 +20,9 @@ still has a row per optimizer.
 Same seed => same init and same data order: `seed` drives both the parameter init and the dropout
 masks, `data.seed` the window order; the sweep uses the first seed, the extra seeds repeat the best lr.
 
-Schedule-free AdamW trains at y (TrainState.params) but must be evaluated at x
-(`gpt1_jax.optim.eval_params`). pretrain.py evaluates `state.params`, so for schedule-free runs this
-runner keeps a checkpoint per evaluation and re-evaluates x on the same validation batches afterwards
-(`x_eval.jsonl`); those numbers are the ones reported. The x parameters of the final step are also
-exported as a pre-training workdir (`<run>/x_export`), which the fine-tuning study uses as init.
+Schedule-free AdamW trains at y (TrainState.params) but is evaluated at x (`gpt1_jax.optim.eval_params`):
+pre-training's validation hook, fine-tuning's dev hook and `load_pretrained` (a workdir as `--init`) all
+use x, so this runner reports what the runs log.
 """
 
 from __future__ import annotations
@@ -130,8 +128,7 @@ def curve_with_time(val: list[tuple[int, float]], times: dict[int, float]) -> li
 
 # ---- pre-training -------------------------------------------------------------------------------------
 
-def pretrain_config(budget: dict, name: str, lr: float, seed: int, tokenizer: str, cache_dir: str | None,
-                    keep_evals: bool):
+def pretrain_config(budget: dict, name: str, lr: float, seed: int, tokenizer: str, cache_dir: str | None):
     from gpt1_jax.config import apply_overrides
     from gpt1_jax.config import PretrainConfig, preset
 
@@ -141,9 +138,7 @@ def pretrain_config(budget: dict, name: str, lr: float, seed: int, tokenizer: st
         f"data.source={b['source']}", f"data.tokenizer={tokenizer}", f"data.global_batch_size={b['batch']}",
         f"data.seq_len={b['seq_len']}", f"steps={b['steps']}", f"seed={seed}", f"data.seed={seed}",
         f"eval_every={b['eval_every']}", f"eval_batches={b['eval_batches']}",
-        f"checkpoint_every={b['eval_every']}", "log_every=1",
-        # schedule-free runs keep one checkpoint per evaluation for the x re-evaluation
-        f"keep_checkpoints={b['steps'] // b['eval_every'] + 2 if keep_evals else 1}",
+        f"checkpoint_every={b['eval_every']}", "log_every=1", "keep_checkpoints=1",
         f"optim.name={name}", f"optim.lr={lr}", f"optim.warmup_steps={b['warmup']}", f"optim.total_steps={b['steps']}",
     ]
     if cache_dir:
@@ -165,74 +160,23 @@ def prepare_tokenizer(study: Path, budget: dict) -> str:
     return str((tokdir / "tokenizer.json").absolute())
 
 
-def x_evaluate(config, workdir: Path) -> list[tuple[int, float]]:
-    """Schedule-free: validation loss at x = eval_params(opt_state, y) for every kept checkpoint."""
-    import jax
-
-    from gpt1_jax.checkpoint import Checkpointer
-    from gpt1_jax.data.pipeline import build_pipeline
-    from gpt1_jax.optim import eval_params
-    from gpt1_jax.pretrain import evaluate_loss
-    from gpt1_jax.sharding import logical_rules, make_mesh
-    from gpt1_jax.step import Trainer
-
-    pipeline = build_pipeline(dataclasses.replace(config.data, progress=False), workdir)
-    config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=pipeline.tokenizer.vocab_size))
-    mesh = make_mesh(config.mesh)
-    trainer = Trainer(config.model, config.optim, mesh, logical_rules(config.mesh.rules), seed=config.seed)
-    ckpt = Checkpointer(workdir / "checkpoints", keep=10**6)
-    out = []
-    x_fn = jax.jit(eval_params)
-    try:
-        for step in sorted(ckpt.manager.all_steps()):
-            if config.eval_every and step % config.eval_every and step != config.steps:
-                continue
-            state, _, _ = ckpt.restore(trainer.abstract_state_sharded(), step)
-            x = x_fn(state.opt_state, state.params)
-            loss, _ = evaluate_loss(trainer, x, pipeline.val_iter(), config.eval_batches)
-            out.append((step, loss))
-            if step == config.steps:
-                export_params(workdir / "x_export", workdir, config, x, step)
-    finally:
-        ckpt.close()
-    return out
-
-
-def export_params(dest: Path, workdir: Path, config, params, step: int) -> None:
-    """A pre-training workdir holding only `params` (what `finetune --init` and `load_run` read)."""
-    from gpt1_jax.checkpoint import Checkpointer
-    from gpt1_jax.config import save_yaml
-
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    for f in ("tokenizer.json", "tokenizer.meta.json", "data_info.json"):
-        if (workdir / f).is_file():
-            shutil.copy(workdir / f, dest / f)
-    save_yaml(config, dest / "config.yaml")
-    ckpt = Checkpointer(dest / "checkpoints", keep=1, async_save=False)
-    ckpt.save(step, {"params": params}, {}, config.model, force=True)
-    ckpt.close()
-
-
 def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tokenizer: str,
                  cache_dir: str | None) -> dict:
     from gpt1_jax.metrics import read_metrics
+    from gpt1_jax.errors import DivergenceError
     from gpt1_jax.optim import optimizer_state_bytes, uses_eval_params
-    from gpt1_jax.pretrain import train
+    from gpt1_jax.pretrain import run
 
     workdir = study / "runs" / name / run_name(lr, seed)
     done = workdir / "record.json"
     if done.is_file():
         return json.loads(done.read_text())
-    sf = uses_eval_params(name)
-    config = pretrain_config(budget, name, lr, seed, tokenizer, cache_dir, keep_evals=sf)
+    config = pretrain_config(budget, name, lr, seed, tokenizer, cache_dir)
     print(f"== {name} lr={lr:.3g} seed={seed} -> {workdir}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     try:
-        status = train(config, workdir)
-        error = None
-    except Exception as e:  # a crash of one run is recorded; the study goes on
+        status, error = run(config, workdir), None
+    except DivergenceError as e:  # a diverged run is recorded; the study goes on
         status, error = 1, f"{type(e).__name__}: {e}"
     wall = time.perf_counter() - t0
     if Path(tokenizer).is_file() and not (workdir / "tokenizer.json").exists():  # finetune --init reads it there
@@ -243,16 +187,12 @@ def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tok
     if not diverged and last_step < config.steps:
         raise KeyboardInterrupt(f"{workdir} stopped at step {last_step} of {config.steps} (interrupted)")
     val = [(r["step"], r["val_loss"]) for r in records if _finite(r.get("val_loss"))]
-    eval_at = "params"
-    if sf and not diverged:
-        val, eval_at = x_evaluate(config, workdir), "x (schedule_free_eval_params)"
-        (workdir / "x_eval.jsonl").write_text("".join(json.dumps({"step": s, "val_loss": l}) + "\n" for s, l in val))
+    eval_at = "x (schedule_free_eval_params)" if uses_eval_params(name) else "params"
     tokens_per_step = config.data.global_batch_size * config.data.seq_len
     times = step_times(records, tokens_per_step)
-    from gpt1_jax.config import load_yaml
-    from gpt1_jax.config import PretrainConfig
+    from gpt1_jax.config import PretrainConfig, load_yaml
 
-    saved = workdir / "config.yaml"  # train() writes it with the tokenizer's real vocabulary size
+    saved = workdir / "config.yaml"  # run() writes it with the tokenizer's real vocabulary size
     model = load_yaml(PretrainConfig, saved).model if saved.is_file() else config.model
     finals = [l for _, l in val]
     rec = {
@@ -293,8 +233,8 @@ def _prune_checkpoints(workdir: Path) -> None:
 # ---- fine-tuning --------------------------------------------------------------------------------------
 
 def best_pretrain_workdir(init: Path) -> Path:
-    """A pre-training study dir -> the workdir of its lowest final validation loss (x export for
-    schedule-free); any other dir is taken as a pre-training workdir as is."""
+    """A pre-training study dir -> the workdir of its lowest final validation loss; any other dir is taken
+    as a pre-training workdir as is."""
     results = init / "results.json"
     if not results.is_file():
         return init
@@ -302,17 +242,15 @@ def best_pretrain_workdir(init: Path) -> Path:
     if not runs:
         raise SystemExit(f"{results}: no finished pre-training run to start from")
     best = min(runs, key=lambda r: r["final_val_loss"])
-    wd = Path(best["workdir"])
-    return wd / "x_export" if (wd / "x_export").is_dir() else wd
+    return Path(best["workdir"])
 
 
 def finetune_run(study: Path, budget: dict, name: str, lr: float, seed: int, init: Path, data_dir: str | None,
                  preset: str) -> dict:
-    from gpt1_jax.config import apply_overrides, load_yaml
-    from gpt1_jax.config import FinetuneConfig
+    from gpt1_jax.config import FinetuneConfig, PretrainConfig, apply_overrides, load_yaml
+    from gpt1_jax.errors import DivergenceError
     from gpt1_jax.finetune import run
     from gpt1_jax.optim import optimizer_state_bytes
-    from gpt1_jax.config import PretrainConfig
 
     workdir = study / "runs" / name / run_name(lr, seed)
     done = workdir / "record.json"
@@ -333,10 +271,8 @@ def finetune_run(study: Path, budget: dict, name: str, lr: float, seed: int, ini
     error, results = None, None
     try:
         results = run(config, workdir, init=str(init), data_dir=data_dir, tokenizer=tokenizer, progress=True)
-    except (ValueError, FloatingPointError) as e:
+    except DivergenceError as e:
         error = f"{type(e).__name__}: {e}"
-        if "loss is" not in str(e):
-            raise
     wall = time.perf_counter() - t0
     diverged = results is None
     metric = results["main_metric"] if results else None
@@ -348,7 +284,7 @@ def finetune_run(study: Path, budget: dict, name: str, lr: float, seed: int, ini
         "dev_final": history[-1].get(metric) if history else None,
         "dev_best": results["metrics"][metric] if results else None,
         "val_curve": [{"step": h["epoch"], "dev": h.get(metric), "train_loss": h["train_loss"]} for h in history],
-        "eval_at": "params (finetune.py predicts at state.params)",
+        "eval_at": "x (schedule_free_eval_params)" if name.startswith("schedule_free") else "params",
         "tokens_per_s": None, "train_seconds": results["train_seconds"] if results else None,
         "wall_seconds": round(wall, 2),
         "optimizer_state_bytes": optimizer_state_bytes(config.optim, _abstract_params(model)),
