@@ -17,7 +17,6 @@ is a bug and keeps its traceback. GPT1_JAX_DEBUG=1 shows the traceback of a proj
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -240,15 +239,19 @@ def _sample(args: argparse.Namespace) -> int:
     if args.config is not None or args.set:
         saved = source / "config.yaml" if args.workdir else None
         run_config = resolve(PretrainConfig, args.config, saved=saved, overrides=args.set).model
-    model_config, params = load_pretrained(source, run_config, step=args.step)
+    step = args.step
+    if step is None and (source / "checkpoints").is_dir():  # a run workdir: say which checkpoint speaks
+        from gpt1_jax.checkpoint import latest_step
+
+        step = latest_step(source / "checkpoints")
+    model_config, params = load_pretrained(source, run_config, step=step)
     tokenizer = find_tokenizer(args.tokenizer, source, model_vocab_size=model_config.vocab_size)
     if tokenizer is None:
         raise FileNotFoundError(f"{source}: no tokenizer in it; pass --tokenizer")
     seed = 0 if args.seed is None else args.seed
     outputs = sample(model_config, params, tokenizer.encode(args.prompt), max_new_tokens=args.max_new_tokens,
                      temperature=args.temperature, top_k=args.top_k, seed=seed, num_samples=args.num_samples)
-    step = "" if args.step is None else f" step {args.step}"
-    print(f"# {source}{step}, temperature {args.temperature}, top-k {args.top_k}")
+    print(f"# {source}{'' if step is None else f' step {step}'}, temperature {args.temperature}, top-k {args.top_k}")
     for ids in outputs:
         print(f"{args.prompt} >> {tokenizer.decode(ids)}")
     return 0

@@ -158,7 +158,7 @@ class OptimConfig:
         if self.muon_ns_steps < 1 or self.muon_consistent_rms < 0 or self.muon_adam_lr_ratio < 0:
             raise ConfigError("optim.muon_ns_steps must be >= 1, muon_consistent_rms and muon_adam_lr_ratio >= 0")
         if self.warmup_steps < 0 or self.total_steps < 1:
-            raise ConfigError(f"optim.warmup_steps must be >= 0 and total_steps >= 1")
+            raise ConfigError("optim.warmup_steps must be >= 0 and total_steps >= 1")
         if self.schedule != "constant" and self.warmup_steps > self.total_steps:
             raise ConfigError(f"optim.warmup_steps={self.warmup_steps} exceeds total_steps={self.total_steps}")
 

@@ -23,7 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from gpt1_jax.config import ConfigError, FinetuneConfig, ModelConfig, save_yaml, to_dict
-from gpt1_jax.data.tasks import Encoded, Task, encode_split, make_batch, make_task, subset
+from gpt1_jax.data.tasks import (EpochBatches, Encoded, Splits, Task, encode_task, make_batch, make_task, prepare_once,
+                                  process_rows, subset, write_predictions, write_submission)
+from gpt1_jax.data.tokens import atomic_write_text
 
 
 # ---- where the weights and the tokenizer come from ----------------------------------------------------
@@ -83,75 +85,7 @@ def transplant(fresh, pretrained, model_config: ModelConfig, n_layers: int):
     return out
 
 
-# ---- data ----------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class Splits:
-    train: Encoded
-    dev: dict[str, Encoded]
-    test: dict[str, Encoded]
-    n_ctx: int
-
-
-def encode_task(task: Task, config: FinetuneConfig, tok, n_ctx: int, predict_test: bool) -> Splits:
-    def load(split, k, seed):
-        examples = task.load(split)
-        return encode_split(task, [examples[i] for i in subset(len(examples), k, seed)], tok, n_ctx)
-
-    train = load("train", config.max_train_examples, config.seed)
-    if not train.seqs:
-        raise ConfigError(f"task {task.name}: the train split is empty")
-    dev = {s: load(s, config.max_eval_examples, 0) for s in task.dev_splits}
-    test = {s: load(s, config.max_eval_examples, 0) for s in task.test_splits} if predict_test else {}
-    return Splits(train, dev, test, n_ctx)
-
-
-def _prepare_once(task: Task, splits) -> None:
-    """Multi-process: process 0 prepares the splits (tensorflow-datasets writes them once) before the
-    others read them."""
-    import jax
-
-    if jax.process_count() == 1:
-        return
-    from jax.experimental import multihost_utils
-
-    if jax.process_index() == 0:
-        for split in splits:
-            task.load(split)
-    multihost_utils.sync_global_devices("finetune: task data prepared")
-
-
-class EpochBatches:
-    """One epoch after another, each in a (seed, epoch)-seeded order; the last batch of an epoch is padded
-    with weight-0 rows. Its position is the step alone. Yields this process's rows of each global batch."""
-
-    def __init__(self, enc: Encoded, batch_size: int, seed: int, n_ctx: int, markers):
-        import jax
-
-        self.enc, self.batch_size, self.seed, self.n_ctx, self.markers = enc, batch_size, seed, n_ctx, markers
-        self.steps_per_epoch = math.ceil(len(enc.seqs) / batch_size)
-        self.step = 0
-        n = batch_size // jax.process_count()
-        self.rows = slice(jax.process_index() * n, (jax.process_index() + 1) * n)
-
-    @property
-    def epoch(self) -> int:
-        return self.step // self.steps_per_epoch + 1
-
-    def __next__(self) -> dict:
-        epoch, b = divmod(self.step, self.steps_per_epoch)
-        order = np.random.default_rng([self.seed, epoch + 1]).permutation(len(self.enc.seqs))
-        self.step += 1
-        batch = make_batch(self.enc, order[b * self.batch_size: (b + 1) * self.batch_size], self.batch_size,
-                           self.n_ctx, self.markers)
-        return {k: v[self.rows] for k, v in batch.items()}
-
-    def state(self) -> dict:
-        return {"step": self.step}
-
-    def restore(self, state: dict) -> None:
-        self.step = int(state["step"])
-
+# ---- evaluation ------------------------------------------------------------------------------------------
 
 def predict_split(trainer, params, enc: Encoded, batch_size: int, n_ctx: int, markers, task: Task) -> np.ndarray:
     """Predictions for every example of `enc`, in order (the last batch padded, its filler dropped)."""
@@ -159,7 +93,7 @@ def predict_split(trainer, params, enc: Encoded, batch_size: int, n_ctx: int, ma
 
     from gpt1_jax import heads
 
-    rows_here = EpochBatches(enc, batch_size, 0, n_ctx, markers).rows
+    rows_here = process_rows(batch_size)
     outs = []
     for start in range(0, len(enc.seqs), batch_size):
         rows = np.arange(start, min(start + batch_size, len(enc.seqs)))
@@ -167,38 +101,6 @@ def predict_split(trainer, params, enc: Encoded, batch_size: int, n_ctx: int, ma
         outs.append(np.asarray(jax.device_get(trainer.predict(params, trainer.put_batch(batch, train=False))))[: len(rows)])
     out = np.concatenate(outs) if outs else np.zeros((0, task.n_outputs), np.float32)
     return heads.predictions(task.kind, task.regression, out)
-
-
-# ---- outputs ---------------------------------------------------------------------------------------------
-
-def _format_label(task: Task, value, names: bool) -> str:
-    if task.regression:
-        return f"{float(value):.6g}"
-    if names and task.label_names:
-        return task.label_names[int(value)]
-    return str(int(value))
-
-
-def write_predictions(path: Path, task: Task, enc: Encoded, preds: np.ndarray) -> None:
-    lines = ["index\tprediction\tlabel"]
-    for ex, p in zip(enc.examples, preds):
-        label = _format_label(task, ex["label"], True) if ex["label"] != -1 else ""
-        lines.append(f"{ex['idx']}\t{_format_label(task, p, True)}\t{label}")
-    _write_atomic(path, "\n".join(lines) + "\n")
-
-
-def write_submission(path: Path, task: Task, enc: Encoded, preds: np.ndarray) -> None:
-    """GLUE's server format: `index<TAB>prediction`, labels as indices or (MNLI, QNLI, RTE) names."""
-    lines = ["index\tprediction"] + [f"{ex['idx']}\t{_format_label(task, p, task.submit_names)}"
-                                     for ex, p in zip(enc.examples, preds)]
-    _write_atomic(path, "\n".join(lines) + "\n")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 class DevEvaluation:
@@ -259,7 +161,7 @@ def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, token
 
     source = open_source(init, config, tokenizer)
     task = make_task(config, data_dir, tfds_dir)
-    _prepare_once(task, ("train", *task.dev_splits, *(task.test_splits if predict_test else ())))
+    prepare_once(task, ("train", *task.dev_splits, *(task.test_splits if predict_test else ())))
     tok = source.tokenizer
     if tok is None and (workdir / "tokenizer.json").is_file() and (workdir / "checkpoints").is_dir():
         tok = GPT1Tokenizer.load(workdir / "tokenizer.json")  # resuming: the BPE this run already trained
@@ -298,9 +200,11 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
     task, source, config, splits = prepare(config, workdir, init=init, data_dir=data_dir, tokenizer=tokenizer,
                                            predict_test=predict_test, tfds_dir=tfds_dir)
     model_config, markers, is_main = config.model, heads.Markers.of(source.tokenizer), jax.process_index() == 0
-    functions = heads.finetune_functions(model_config, task.kind, task.n_outputs, task.regression, config.clf_dropout,
-                                         config.lm_coef, 2 if task.kind == "similarity" else 1)
-    trainer = make_trainer(*functions, config.optim, config.mesh, accum_steps=config.accum_steps, seed=config.seed)
+    init_fn, loss_fn, predict_fn = heads.finetune_functions(model_config, task.kind, task.n_outputs, task.regression,
+                                                            config.clf_dropout, config.lm_coef,
+                                                            2 if task.kind == "similarity" else 1)
+    trainer = make_trainer(init_fn, loss_fn, config.optim, config.mesh, accum_steps=config.accum_steps, seed=config.seed,
+                           predict_fn=predict_fn)
     eval_batch = config.eval_batch_size or config.batch_size
     trainer.check_batch_size(config.batch_size, "batch_size")
     trainer.check_batch_size(eval_batch, "eval_batch_size", train=False)
@@ -335,7 +239,7 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
         ckpt.close()
     results = summary(task, source, config, splits, dev, train_seconds=time.perf_counter() - t0)
     if is_main:
-        _write_atomic(workdir / "results.json", json.dumps(results, indent=2, default=str) + "\n")
+        atomic_write_text(workdir / "results.json", json.dumps(results, indent=2, default=str) + "\n")
     if progress and is_main:
         print(f"best epoch {dev.best['epoch']}: " + "  ".join(f"{k} {v:.4f}" for k, v in dev.best["scores"].items())
               + f"  -> {workdir / 'results.json'}", file=sys.stderr)

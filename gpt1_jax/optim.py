@@ -22,7 +22,6 @@ Registered optimizers (all optax; each builds on the real, scanned parameter tre
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable
 
 import jax

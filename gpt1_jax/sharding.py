@@ -14,7 +14,6 @@ dcn_* = 1 (the default) the mesh is a plain one over the local devices.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Mapping, Sequence
 

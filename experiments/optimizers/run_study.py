@@ -28,7 +28,6 @@ use x, so this runner reports what the runs log.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import shutil

@@ -2,18 +2,21 @@
 
 A `Task` knows how to load a split, which strings of an example to tokenise, how those tokens become the
 head's input layout (gpt1_jax/heads.py), and how predictions are scored with the official metrics.
-`encode_split` tokenises a split once; `make_batch` pads rows of it to fixed shapes.
+`encode_split` tokenises a split once; `make_batch` pads rows of it to fixed shapes; `EpochBatches` serves
+them epoch after epoch, resumably; `write_predictions` / `write_submission` write GLUE's file formats.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from gpt1_jax.config import ConfigError, FinetuneConfig, task_key
+from gpt1_jax.data.tokens import atomic_write_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,3 +147,103 @@ def subset(n: int, k: int, seed: int) -> np.ndarray:
     if not k or k >= n:
         return np.arange(n)
     return np.sort(np.random.default_rng(seed).permutation(n)[:k])
+
+
+@dataclasses.dataclass
+class Splits:
+    train: Encoded
+    dev: dict[str, Encoded]
+    test: dict[str, Encoded]
+    n_ctx: int
+
+
+def encode_task(task: Task, config: FinetuneConfig, tok, n_ctx: int, predict_test: bool) -> Splits:
+    def load(split, k, seed):
+        examples = task.load(split)
+        return encode_split(task, [examples[i] for i in subset(len(examples), k, seed)], tok, n_ctx)
+
+    train = load("train", config.max_train_examples, config.seed)
+    if not train.seqs:
+        raise ConfigError(f"task {task.name}: the train split is empty")
+    dev = {s: load(s, config.max_eval_examples, 0) for s in task.dev_splits}
+    test = {s: load(s, config.max_eval_examples, 0) for s in task.test_splits} if predict_test else {}
+    return Splits(train, dev, test, n_ctx)
+
+
+def prepare_once(task: Task, splits) -> None:
+    """Multi-process: process 0 prepares the splits (tensorflow-datasets writes them once) before the
+    others read them."""
+    import jax
+
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    if jax.process_index() == 0:
+        for split in splits:
+            task.load(split)
+    multihost_utils.sync_global_devices("finetune: task data prepared")
+
+
+def process_rows(global_batch: int) -> slice:
+    """This process's rows of a global batch (every process builds the same global batch)."""
+    import jax
+
+    n = global_batch // jax.process_count()
+    return slice(jax.process_index() * n, (jax.process_index() + 1) * n)
+
+
+class EpochBatches:
+    """One epoch after another, each in a (seed, epoch)-seeded order; the last batch of an epoch is padded
+    with weight-0 rows. Its position is the step alone. Yields this process's rows of each global batch."""
+
+    def __init__(self, enc: Encoded, batch_size: int, seed: int, n_ctx: int, markers):
+        self.enc, self.batch_size, self.seed, self.n_ctx, self.markers = enc, batch_size, seed, n_ctx, markers
+        self.steps_per_epoch = math.ceil(len(enc.seqs) / batch_size)
+        self.step = 0
+        self.rows = process_rows(batch_size)
+
+    @property
+    def epoch(self) -> int:
+        return self.step // self.steps_per_epoch + 1
+
+    def __next__(self) -> dict:
+        epoch, b = divmod(self.step, self.steps_per_epoch)
+        order = np.random.default_rng([self.seed, epoch + 1]).permutation(len(self.enc.seqs))
+        self.step += 1
+        batch = make_batch(self.enc, order[b * self.batch_size: (b + 1) * self.batch_size], self.batch_size,
+                           self.n_ctx, self.markers)
+        return {k: v[self.rows] for k, v in batch.items()}
+
+    def state(self) -> dict:
+        return {"step": self.step}
+
+    def restore(self, state: dict) -> None:
+        self.step = int(state["step"])
+
+
+# ---- outputs in GLUE's formats ----------------------------------------------------------------------
+
+def _format_label(task: Task, value, names: bool) -> str:
+    if task.regression:
+        return f"{float(value):.6g}"
+    if names and task.label_names:
+        return task.label_names[int(value)]
+    return str(int(value))
+
+
+def write_predictions(path: Path, task: Task, enc: Encoded, preds: np.ndarray) -> None:
+    lines = ["index\tprediction\tlabel"]
+    for ex, p in zip(enc.examples, preds):
+        label = _format_label(task, ex["label"], True) if ex["label"] != -1 else ""
+        lines.append(f"{ex['idx']}\t{_format_label(task, p, True)}\t{label}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+def write_submission(path: Path, task: Task, enc: Encoded, preds: np.ndarray) -> None:
+    """GLUE's server format: `index<TAB>prediction`, labels as indices or (MNLI, QNLI, RTE) names."""
+    lines = ["index\tprediction"] + [f"{ex['idx']}\t{_format_label(task, p, task.submit_names)}"
+                                     for ex, p in zip(enc.examples, preds)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, "\n".join(lines) + "\n")

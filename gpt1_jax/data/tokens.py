@@ -71,7 +71,9 @@ def tokenizer_hash(tokenizer: GPT1Tokenizer) -> str:
     return h.hexdigest()
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
+    """Readers see the old file or the new one, never half of one (a unique temporary name: safe with
+    several processes writing the same file)."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
@@ -122,7 +124,7 @@ def tokenizer_for(
     tok = GPT1Tokenizer.train(batches, vocab_size=vocab_size, show_progress=progress)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     tok.save(tmp)
-    _atomic_write_text(meta_path, json.dumps({"source": source.spec, "vocab_size": vocab_size}))
+    atomic_write_text(meta_path, json.dumps({"source": source.spec, "vocab_size": vocab_size}))
     os.replace(tmp, path)  # last: the tokenizer file's presence means "training finished"
     return tok
 
