@@ -231,12 +231,9 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
               f"{len(splits.train.seqs)} train examples, {', '.join(f'{len(e.seqs)} {s}' for s, e in splits.dev.items())}; "
               f"{config.optim.total_steps} steps{f', resuming at {start}' if start else ''}; mesh {dict(trainer.mesh.shape)}")
     t0 = time.perf_counter()
-    if start < config.optim.total_steps:
-        _, preempted = loop.run(state, batches)
-        if preempted:
-            return {}
-    else:
-        ckpt.close()
+    _, preempted = loop.run(state, batches)  # a finished run (rerun) only closes, then rewrites its results
+    if preempted:
+        return {}
     results = summary(task, source, config, splits, dev, train_seconds=time.perf_counter() - t0)
     if is_main:
         atomic_write_text(workdir / "results.json", json.dumps(results, indent=2, default=str) + "\n")

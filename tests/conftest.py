@@ -6,7 +6,10 @@ them take `shared_dir` and skip without it. GPT1_JAX_SHARED=DIR points there ins
 GPT1_JAX_SHARED=/nonexistent runs the suite as a fresh clone would.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,11 @@ os.environ["XLA_FLAGS"] = " ".join(
     + ["--xla_force_host_platform_device_count=8"]
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The many short runs in subprocesses compile the same tiny programs: JAX's persistent cache (keyed by the
+# program, jax's version and the devices) lets them share the compilations within one test session.
+_XLA_CACHE = tempfile.mkdtemp(prefix="gpt1-jax-tests-xla-")
+atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _XLA_CACHE)
 
 SHARED = Path(os.environ.get("GPT1_JAX_SHARED") or Path(__file__).resolve().parents[2] / "shared")
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
