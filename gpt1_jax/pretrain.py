@@ -39,9 +39,9 @@ def run(config: PretrainConfig, workdir: Path) -> int:
 
     workdir = Path(workdir)
     is_main = jax.process_index() == 0
-    workdir.mkdir(parents=True, exist_ok=True)
     config = with_schedule_span(config)
     pipeline = build_pipeline(dataclasses.replace(config.data, progress=is_main), workdir)
+    workdir.mkdir(parents=True, exist_ok=True)  # after the data: a corpus that cannot be read leaves nothing behind
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=pipeline.tokenizer.vocab_size))
     trainer = lm_trainer(config.model, config.optim, config.mesh, accum_steps=config.accum_steps, seed=config.seed)
     trainer.check_batch_size(config.data.global_batch_size)

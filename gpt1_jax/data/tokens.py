@@ -115,13 +115,13 @@ def tokenizer_for(
                 log.warning("reusing %s trained on %r for source %r", path, meta.get("source"), source.spec)
         return GPT1Tokenizer.load(path)
 
-    workdir.mkdir(parents=True, exist_ok=True)
     log.info("training a %d-token BPE on %s", vocab_size, source.spec)
     # Documents go in as lists (batches): GPT1Tokenizer.train treats a plain string that names an
     # existing file as a file, and Path(doc).is_file() raises on documents with a >255-character
     # line without '/'. tokenizers' trainer accepts lists of strings as batches.
     batches = _chunks(source.documents(), _CHUNK_CHARS)
     tok = GPT1Tokenizer.train(batches, vocab_size=vocab_size, show_progress=progress)
+    workdir.mkdir(parents=True, exist_ok=True)  # only now: a corpus that cannot be read leaves nothing behind
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     tok.save(tmp)
     atomic_write_text(meta_path, json.dumps({"source": source.spec, "vocab_size": vocab_size}))
