@@ -8,11 +8,11 @@ the digests written just before the rename, so a run killed mid-save keeps its p
 intact (docs/stack.md). Restoring takes the *target* shardings, so a checkpoint written on one mesh
 restores onto any other.
 
-Trust: a resumed run starts from the newest checkpoint that matches its digests; newer damaged ones
-are reported and moved to `<directory>-damaged/`, and with none intact the run stops with one error.
-A save that fails (full disk, unwritable folder) stops the run with one error, leaving the earlier
-checkpoints as they were. Reading params from a damaged checkpoint is refused, naming the newest
-intact step.
+Trust (docs/checkpoints.md): a resumed run starts from the newest checkpoint that matches its
+digests; newer damaged ones are reported and moved to `<directory>-damaged/`, and with none intact
+the run stops with one error. A save that fails (full disk, unwritable folder) stops the run with one
+error, leaving the earlier checkpoints as they were. Reading params from a damaged checkpoint is
+refused, naming the newest intact step.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class Checkpointer:
         self.async_save = async_save
         self._in_flight: int | None = None  # the step whose save may still be running
         self._failed = False  # a save failed and was reported
-        self._verified: set[int] = set()
+        self._checked: int | None = None  # verified by latest_intact_step, for restore not to hash it again
         policy = pp.LatestN(keep)
         if self.keep_steps:
             policy = pp.AnyPreservationPolicy([policy, pp.CustomSteps(sorted(self.keep_steps))])
@@ -171,12 +171,7 @@ class Checkpointer:
 
     def verify(self, step: int) -> str | None:
         """None when checkpoint `step` matches the digests recorded at its save, else what does not."""
-        if step in self._verified:
-            return None
-        problem = integrity.verify(self.folder(step))
-        if problem is None:
-            self._verified.add(step)
-        return problem
+        return integrity.verify(self.folder(step))
 
     def latest_intact_step(self) -> int | None:
         """The step to resume from: the newest checkpoint that verifies. Each newer one is reported on
@@ -197,6 +192,7 @@ class Checkpointer:
             return None
         if damaged:
             self._set_aside(damaged, resume=step)
+        self._checked = step
         return step
 
     def _set_aside(self, damaged: list[tuple[int, str]], resume: int) -> None:
@@ -231,7 +227,8 @@ class Checkpointer:
         """-> (state placed on `abstract_state`'s shardings, the position saved with it, step), after
         checking the checkpoint against its digests (CheckpointFormatError if it does not match)."""
         step = self.latest_step() if step is None else step
-        problem = self.verify(step)
+        problem = None if step == self._checked else self.verify(step)
+        self._checked = None
         if problem is not None:
             raise CheckpointFormatError(f"checkpoint {step} in {self.directory} is damaged: {problem}")
         restored = self.manager.restore(

@@ -3,7 +3,8 @@
 `record(folder)` writes `integrity.json` into a checkpoint's folder: the size and a SHA-256 digest of
 every file under it. `checkpoint.Checkpointer` calls it from orbax's post-finalisation callback, when
 the files are complete and before orbax renames the temporary folder into place, so the digests are
-committed together with the checkpoint (docs/stack.md): a finished save always has them.
+committed together with the checkpoint (docs/stack.md, docs/checkpoints.md): a finished save
+always has them.
 `verify(folder)` gives None when every recorded file is there with its size and digest, else what
 failed, in words. Files that appear later are ignored; orbax's two commit markers (the step folder's
 `_CHECKPOINT_METADATA`, which gets its commit time after the callback, and `commit_success.txt`) are
