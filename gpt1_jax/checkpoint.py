@@ -1,23 +1,61 @@
 """Checkpoints through orbax's CheckpointManager: train state, data-iterator position and run metadata.
 
 Layout under `<workdir>/checkpoints/<step>/`: `state` (params + optimizer state + step, every process
-writing its own shards), `data` (JSON: the batch source's position and the loop hooks' state) and `meta` (the model config and what
-wrote it). Saves are asynchronous and land in a temporary folder renamed on completion, so a run
-killed mid-save keeps its previous checkpoint intact (docs/stack.md). Restoring takes the *target*
-shardings, so a checkpoint written on one mesh restores onto any other.
+writing its own shards), `data` (JSON: the batch source's position and the loop hooks' state), `meta`
+(the model config and what wrote it) and `integrity.json` (every file's size and digest,
+gpt1_jax/integrity.py). Saves are asynchronous and land in a temporary folder renamed on completion,
+the digests written just before the rename, so a run killed mid-save keeps its previous checkpoint
+intact (docs/stack.md). Restoring takes the *target* shardings, so a checkpoint written on one mesh
+restores onto any other.
+
+Trust (docs/checkpoints.md): a resumed run starts from the newest checkpoint that matches its
+digests; newer damaged ones are reported and moved to `<directory>-damaged/`, and with none intact
+the run stops with one error. A save that fails (full disk, unwritable folder) stops the run with one
+error, leaving the earlier checkpoints as they were. Reading params from a damaged checkpoint is
+refused, naming the newest intact step.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+import re
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 import jax
 import orbax.checkpoint as ocp
 
+from gpt1_jax import integrity
 from gpt1_jax.config import ModelConfig
-from gpt1_jax.errors import CheckpointFormatError, CheckpointMismatchError
+from gpt1_jax.errors import CheckpointFormatError, CheckpointMismatchError, CheckpointWriteError
+
+
+def _os_reason(e: BaseException) -> str:
+    """The operating system's words for a failed write, also where orbax/tensorstore wrapped it in a
+    ValueError ('RESOURCE_EXHAUSTED: ... [os_error_code=28]')."""
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+    code = re.search(r"os_error_code='?(\d+)", str(e))
+    return os.strerror(int(code.group(1))) if code else str(e).splitlines()[0]
+
+
+class _OrbaxWriteFailureFilter(logging.Filter):
+    """orbax logs a failure of its save threads with a traceback at each level it passes, then re-raises
+    it to `Checkpointer.wait`, which reports it as one line (the traceback stays in the exception's
+    chain: GPT1_JAX_DEBUG=1 shows it). Drop those log records; everything else passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        failure = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(failure, (OSError, ValueError)) and f"{os.sep}orbax{os.sep}" in record.pathname)
+
+
+def _quiet_orbax_write_failures() -> None:
+    absl = logging.getLogger("absl")  # the logger orbax writes to
+    if not any(isinstance(f, _OrbaxWriteFailureFilter) for f in absl.filters):
+        absl.addFilter(_OrbaxWriteFailureFilter())
 
 
 class Checkpointer:
@@ -27,9 +65,14 @@ class Checkpointer:
     def __init__(self, directory: str | Path, *, keep: int = 3, save_every: int = 0, keep_steps=(), async_save: bool = True):
         from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
+        _quiet_orbax_write_failures()
         self.directory = Path(directory).absolute()
         self.save_every = save_every
         self.keep_steps = frozenset(int(s) for s in keep_steps)
+        self.async_save = async_save
+        self._in_flight: int | None = None  # the step whose save may still be running
+        self._failed = False  # a save failed and was reported
+        self._checked: int | None = None  # verified by latest_intact_step, for restore not to hash it again
         policy = pp.LatestN(keep)
         if self.keep_steps:
             policy = pp.AnyPreservationPolicy([policy, pp.CustomSteps(sorted(self.keep_steps))])
@@ -38,11 +81,20 @@ class Checkpointer:
             options=ocp.CheckpointManagerOptions(
                 preservation_policy=policy,
                 create=True,
-                enable_async_checkpointing=async_save,
+                # Always orbax's asynchronous path: its post-finalisation callback is where the digests
+                # are recorded (a synchronous save just waits for it).
+                enable_async_checkpointing=True,
+                # Folders are created before save() returns: where that fails (read-only, full disk) orbax's
+                # asynchronous creation would leave its writer threads waiting ~5 min for a signal.
+                async_options=ocp.AsyncOptions(post_finalization_callback=self._record_digests,
+                                               create_directories_asynchronously=False),
                 # Leftovers of a save killed mid-way are not checkpoints; sweep them on start-up.
                 cleanup_tmp_directories=True,
             ),
         )
+
+    def folder(self, step: int) -> Path:
+        return self.directory / str(step)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -51,19 +103,56 @@ class Checkpointer:
         return (bool(self.save_every) and step % self.save_every == 0) or step in self.keep_steps
 
     def save(self, step: int, state: Any, position: dict, model_config: ModelConfig, force: bool = False) -> bool:
-        """Train state + `position` (JSON: where the data and the hooks were) + the model's config."""
+        """Train state + `position` (JSON: where the data and the hooks were) + the model's config.
+        A failed save, this one or the previous asynchronous one, raises CheckpointWriteError."""
         if self.manager.latest_step() == step:
             return False  # e.g. the final save right after a periodic one
+        self.wait()
         meta = {"model": dataclasses.asdict(model_config), "step": int(step)}
-        return self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                data=ocp.args.JsonSave(position),
-                meta=ocp.args.JsonSave(meta),
-            ),
-            force=force,
-        )
+        self._in_flight = step
+        try:
+            saved = self.manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state),
+                    data=ocp.args.JsonSave(position),
+                    meta=ocp.args.JsonSave(meta),
+                ),
+                force=force,
+            )
+        except (OSError, ValueError) as e:  # e.g. the temporary folder cannot be created
+            raise self._write_error(step, e) from e
+        if not saved:
+            self._in_flight = None
+        if not self.async_save:
+            self.wait()
+        return saved
+
+    def _record_digests(self) -> None:
+        """orbax's post-finalisation callback (its save thread, primary process only): the files of the
+        step being saved are complete and, as of orbax 0.12, still in the temporary folder."""
+        step = self._in_flight
+        temporary = [p for p in self.directory.glob(f"{step}.orbax-checkpoint-tmp*") if p.is_dir()]
+        integrity.record(temporary[0] if len(temporary) == 1 else self.folder(step))
+
+    def wait(self) -> None:
+        """Blocks until the save in flight is on disk with its digests; its failure -> CheckpointWriteError."""
+        step = self._in_flight
+        if step is None:
+            return
+        try:
+            self.manager.wait_until_finished()
+        except (OSError, ValueError) as e:  # orbax re-raises what failed in its save thread
+            raise self._write_error(step, e) from e
+        finally:
+            self._in_flight = None  # only now: the save thread's callback reads it
+
+    def _write_error(self, step: int, e: BaseException) -> CheckpointWriteError:
+        self._failed, self._in_flight = True, None
+        earlier = [s for s in self.manager.all_steps() if s != step]
+        return CheckpointWriteError(
+            f"could not write checkpoint {step} in {self.directory}: {_os_reason(e)}; the earlier checkpoints "
+            f"are untouched ({'steps ' + ', '.join(map(str, earlier)) if earlier else 'there are none'})")
 
     def read_meta(self, step: int | None = None) -> dict:
         step = self.latest_step() if step is None else step
@@ -80,9 +169,68 @@ class Checkpointer:
                 f"use another --workdir or the same config"
             )
 
+    def verify(self, step: int) -> str | None:
+        """None when checkpoint `step` matches the digests recorded at its save, else what does not."""
+        return integrity.verify(self.folder(step))
+
+    def latest_intact_step(self) -> int | None:
+        """The step to resume from: the newest checkpoint that verifies. Each newer one is reported on
+        stderr and moved to `<directory>-damaged/` (kept for inspection); None when there is no
+        checkpoint; CheckpointFormatError, everything left in place, when none verifies."""
+        damaged = []
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            problem = self.verify(step)
+            if problem is None:
+                break
+            damaged.append((step, problem))
+        else:
+            if damaged:
+                raise CheckpointFormatError(
+                    f"no intact checkpoint in {self.directory}: "
+                    + "; ".join(f"step {s}: {p}" for s, p in damaged)
+                    + " (left in place; use another --workdir, or move them away to start afresh)")
+            return None
+        if damaged:
+            self._set_aside(damaged, resume=step)
+        self._checked = step
+        return step
+
+    def _set_aside(self, damaged: list[tuple[int, str]], resume: int) -> None:
+        """Process 0 moves the damaged checkpoints out of orbax's sight; every process then re-lists."""
+        if jax.process_index() == 0:
+            aside = self.directory.with_name(self.directory.name + "-damaged")
+            aside.mkdir(exist_ok=True)
+            for step, problem in damaged:
+                target, n = aside / str(step), 1
+                while target.exists():
+                    n += 1
+                    target = aside / f"{step}-{n}"
+                self.folder(step).rename(target)
+                print(f"checkpoint {step} is damaged ({problem}); moved to {target}", file=sys.stderr)
+            print(f"resuming from checkpoint {resume}, the newest intact one", file=sys.stderr)
+        if jax.process_count() > 1:
+            from orbax.checkpoint import multihost
+
+            multihost.sync_global_processes("gpt1_jax_checkpoints_set_aside")
+        self.manager.reload()
+
+    def latest_verified_step(self) -> int | None:
+        """The newest checkpoint that verifies, once the save in flight has ended (None: none does).
+        Nothing is moved: this names the checkpoint a stopped run can go back to."""
+        try:
+            self.wait()
+        except CheckpointWriteError:
+            pass  # that save is simply not a checkpoint
+        return next((s for s in sorted(self.manager.all_steps(), reverse=True) if self.verify(s) is None), None)
+
     def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict, int]:
-        """-> (state placed on `abstract_state`'s shardings, the position saved with it, step)."""
+        """-> (state placed on `abstract_state`'s shardings, the position saved with it, step), after
+        checking the checkpoint against its digests (CheckpointFormatError if it does not match)."""
         step = self.latest_step() if step is None else step
+        problem = None if step == self._checked else self.verify(step)
+        self._checked = None
+        if problem is not None:
+            raise CheckpointFormatError(f"checkpoint {step} in {self.directory} is damaged: {problem}")
         restored = self.manager.restore(
             step,
             args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()),
@@ -90,8 +238,17 @@ class Checkpointer:
         return restored["state"], restored["data"], step
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        """Waits for the save in flight (its failure raises CheckpointWriteError, once) and releases orbax."""
+        try:
+            self.wait()
+        finally:
+            if not self._failed:
+                self.manager.close()
+            else:  # orbax re-raises the failure already reported; release what it lets us
+                try:
+                    self.manager.close()
+                except (OSError, ValueError):
+                    pass
 
 
 KeyPath = tuple[str | int, ...]  # dict keys and list indices from the `state` item's root
@@ -113,6 +270,19 @@ def _pick_step(manager: ocp.CheckpointManager, step: int | None) -> int:
     if step is not None and step not in steps:
         raise FileNotFoundError(f"{manager.directory}: no checkpoint of step {step} (have {', '.join(map(str, steps))})")
     return steps[-1] if step is None else step
+
+
+def _check_intact(directory: Path, step: int) -> None:
+    """Params are never read from a checkpoint that does not match its digests: one error naming the
+    newest one that does, for the caller to pick instead (nothing picks it silently)."""
+    problem = integrity.verify(directory / str(step))
+    if problem is None:
+        return
+    intact = next((s for s in reversed(integrity.checkpoint_steps(directory))
+                   if s != step and integrity.verify(directory / str(s)) is None), None)
+    raise CheckpointFormatError(
+        f"checkpoint {step} in {directory} is damaged: {problem}; "
+        + (f"the newest intact one is step {intact}" if intact is not None else "no other checkpoint there is intact"))
 
 
 def latest_step(directory: str | Path) -> int:
@@ -154,6 +324,7 @@ def _selection(metadata: Any, paths: list[KeyPath], leaf: Any) -> Any:
 def restore_params(directory: str | Path, subtrees: Sequence[KeyPath] = (("params",),), *,
                    step: int | None = None) -> tuple[list[Any], int]:
     """-> ([the arrays under each key path of checkpoint `step`'s `state` item], step); step None = the latest.
+    A checkpoint that does not match its digests is refused (CheckpointFormatError naming the newest intact step).
 
     One orbax partial restore reads only those arrays (optimizer moments stay on disk unless asked
     for), at the shapes and dtypes they were saved with, onto the host's first device. The key paths
@@ -161,6 +332,7 @@ def restore_params(directory: str | Path, subtrees: Sequence[KeyPath] = (("param
     fine-tuning run's, `("opt_state", 1, "z")` a leaf of an optimizer state (tuples are lists)."""
     with _reader(Path(directory)) as manager:
         step = _pick_step(manager, step)
+        _check_intact(Path(manager.directory), step)
         metadata = manager.item_metadata(step)["state"].tree
         for path in subtrees:
             _subtree(metadata, path, f"{manager.directory}/{step}")

@@ -11,7 +11,7 @@ Every verb also takes the multi-process flags (launch/README.md).
 
 Errors: a project error (gpt1_jax.errors.GPT1JaxError) or a missing file ends as the one line
 `gpt1-jax VERB: error: ...` on stderr and exit status 2 (a diverged run: exit status 1); anything else
-is a bug and keeps its traceback. GPT1_JAX_DEBUG=1 shows the traceback of a project error too.
+is a bug and keeps its traceback. `verify` exits with status 1 when a checkpoint is damaged. GPT1_JAX_DEBUG=1 shows the traceback of a project error too.
 """
 
 from __future__ import annotations
@@ -281,6 +281,27 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- verify ---------------------------------------------------------------------------------------
+
+def _verify_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workdir", required=True, help="a pre-training or fine-tuning run directory")
+
+
+def _verify(args: argparse.Namespace) -> int:
+    """One line per checkpoint; exit status 1 if any is damaged."""
+    from gpt1_jax.integrity import verify_checkpoints
+
+    directory = Path(args.workdir) / "checkpoints"
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{args.workdir}: no checkpoints/ folder (not a run directory)")
+    results = verify_checkpoints(directory)
+    if not results:
+        raise FileNotFoundError(f"{directory}: no checkpoint")
+    for step, problem in results:
+        print(f"step {step}: " + ("ok" if problem is None else f"damaged: {problem}"), flush=True)
+    return 1 if any(problem is not None for _, problem in results) else 0
+
+
 # ---- bench ----------------------------------------------------------------------------------------
 
 BENCH_FLAGS = {"batch": ("data.global_batch_size={}",), "seq": ("data.seq_len={}",), "dtype": ("model.dtype={}",),
@@ -331,6 +352,8 @@ VERBS: dict[str, Verb] = {
     "bench": Verb("time the sharded train step and print one JSON line", _bench_flags, _bench),
     "finetune": Verb("fine-tune on a GLUE task or RACE with the auxiliary LM loss; results.json + predictions",
                      _finetune_flags, _finetune),
+    "verify": Verb("check every checkpoint of a run against the digests recorded when it was saved",
+                   _verify_flags, _verify, runs_model=False),
 }
 
 

@@ -1,7 +1,7 @@
 """The project's own error classes: the ones `gpt1-jax` turns into one line and exit status 2.
 
 Anything else that escapes a verb is a bug and keeps its traceback. Each class also derives from the
-built-in it refines (ValueError, RuntimeError), so library callers can catch either.
+built-in it refines (ValueError, OSError, FloatingPointError), so library callers can catch either.
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ class DataError(GPT1JaxError, ValueError):
 
 class CheckpointFormatError(GPT1JaxError, ValueError):
     """A checkpoint or weights folder that cannot be read as claimed (missing, truncated, corrupt)."""
+
+
+class CheckpointWriteError(GPT1JaxError, OSError):
+    """A checkpoint that could not be written (full disk, unwritable folder); the earlier ones are untouched."""
 
 
 class CheckpointMismatchError(GPT1JaxError, ValueError):

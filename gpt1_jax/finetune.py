@@ -209,7 +209,7 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
     trainer.check_batch_size(config.batch_size, "batch_size")
     trainer.check_batch_size(eval_batch, "eval_batch_size", train=False)
     ckpt = Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints, save_every=config.checkpoint_every)
-    start = ckpt.latest_step() or 0
+    start = ckpt.latest_intact_step() or 0
     if start:
         ckpt.check_model(model_config, start)
     workdir.mkdir(parents=True, exist_ok=True)

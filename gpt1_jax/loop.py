@@ -7,8 +7,9 @@
         never evaluated or saved), run the hooks (evaluation, best-epoch choice), then save
         on SIGTERM / SIGINT: save and stop (exit 0; the same command resumes)
 
-A NaN/inf loss raises `DivergenceError` naming the last checkpoint. A checkpoint holds the train state
-and `position()`: the batch source's position plus every hook's state, so a resumed run replays
+A NaN/inf loss raises `DivergenceError` naming the newest checkpoint that verifies against its
+digests; a failed save stops the run (CheckpointWriteError). A checkpoint holds the train state and
+`position()`: the batch source's position plus every hook's state, so a resumed run replays
 exactly what an uninterrupted one would have done.
 """
 
@@ -138,6 +139,7 @@ class Loop:
                     break
             if pending:
                 self._record(*pending)
+            self.checkpointer.wait()  # the last save failing fails the run
         except BaseException as e:  # multi-process: leave now; the peers may never join a collective
             if not isinstance(e, DivergenceError):
                 abort(1, e)
@@ -152,7 +154,7 @@ class Loop:
         m = {k: float(v) for k, v in jax.device_get(metrics).items() if k != "weight"}
         if not math.isfinite(m["loss"]):
             self.metrics.write(step, loss=m["loss"])
-            last = self.checkpointer.latest_step()
+            last = self.checkpointer.latest_verified_step()
             raise DivergenceError(
                 f"loss is {m['loss']} at step {step}; stopping (lower optim.lr?). Last good checkpoint: "
                 f"{'step ' + str(last) if last is not None else 'none'} in {self.checkpointer.directory}",

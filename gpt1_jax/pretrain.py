@@ -47,7 +47,7 @@ def run(config: PretrainConfig, workdir: Path) -> int:
     trainer.check_batch_size(config.data.global_batch_size)
     ckpt = Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints, save_every=config.checkpoint_every,
                         keep_steps=config.keep_steps)
-    start = ckpt.latest_step() or 0
+    start = ckpt.latest_intact_step() or 0
     if start:
         ckpt.check_model(config.model, start)
     if is_main:
