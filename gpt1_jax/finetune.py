@@ -298,9 +298,11 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
     task, source, config, splits = prepare(config, workdir, init=init, data_dir=data_dir, tokenizer=tokenizer,
                                            predict_test=predict_test, tfds_dir=tfds_dir)
     model_config, markers, is_main = config.model, heads.Markers.of(source.tokenizer), jax.process_index() == 0
-    functions = heads.finetune_functions(model_config, task.kind, task.n_outputs, task.regression, config.clf_dropout,
-                                         config.lm_coef, 2 if task.kind == "similarity" else 1)
-    trainer = make_trainer(*functions, config.optim, config.mesh, accum_steps=config.accum_steps, seed=config.seed)
+    init_fn, loss_fn, predict_fn = heads.finetune_functions(model_config, task.kind, task.n_outputs, task.regression,
+                                                            config.clf_dropout, config.lm_coef,
+                                                            2 if task.kind == "similarity" else 1)
+    trainer = make_trainer(init_fn, loss_fn, config.optim, config.mesh, accum_steps=config.accum_steps, seed=config.seed,
+                           predict_fn=predict_fn)
     eval_batch = config.eval_batch_size or config.batch_size
     trainer.check_batch_size(config.batch_size, "batch_size")
     trainer.check_batch_size(eval_batch, "eval_batch_size", train=False)
