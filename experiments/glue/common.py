@@ -32,6 +32,7 @@ class Run:
     task: str
     seed: int
     workdir: Path
+    flags: list[str] = dataclasses.field(default_factory=list)  # this run's own finetune flags (lr, layers, ...)
     results: dict | None = None
     error: str | None = None
 
@@ -66,7 +67,7 @@ def finetune_argv(run: Run, init: str, data_dir: str | None, quick: bool, extra:
     argv += [a for a in ABLATIONS[run.ablation] if a != "no-pretrain"]
     if quick:
         argv += QUICK_FLAGS
-    return argv + extra
+    return argv + run.flags + extra
 
 
 def execute(runs: list[Run], init: str, data_dir: str | None, quick: bool, extra: list[str]) -> None:

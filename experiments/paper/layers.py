@@ -1,0 +1,66 @@
+"""Stage 5: Figure 2 (left, docs/gpt1.md "Analysis"), the score against the number of pre-trained blocks
+transferred. The embeddings always come from pre-training; blocks k+1..L start fresh (FinetuneConfig.init_layers
+= k, see gpt1_jax.finetune.transplant). The full arm's lr for the task (Table 5's grid) is used; k = L is the
+full arm's own run. Runs go under OUT/layers/<task>/k<k>/seed<s>/; writes results/layers.json and layers.png.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+from common import Run, errors_of
+from settings import Paper
+from table5 import best_lr, cell, metric_name, run_all, run_of, score
+
+
+def n_layers(paper: Paper) -> int:
+    from gpt1_jax.weights import load_pretrained
+
+    return load_pretrained(paper.release_dir)[0].n_layers
+
+
+def layers_stage(paper: Paper) -> bool:
+    depth, fresh, curves = n_layers(paper), 0, {}
+    for task in paper.layer_tasks:
+        lr, grid, n = best_lr(paper, "full", task)
+        fresh += n
+        if lr is None:
+            curves[task] = {"metric": metric_name(grid), "lr": None, "scores": {}, "failed": errors_of(grid)}
+            continue
+        runs = {k: [run_of(paper, "full", task, lr, seed) if k == depth else
+                    Run("full", task, seed, paper.out / "layers" / task / f"k{k}" / f"seed{seed}",
+                        paper.budget.finetune_flags() + ["--lr", f"{lr:g}", "--set", f"init_layers={k}"])
+                    for seed in paper.budget.layer_seeds] for k in range(depth + 1)}
+        fresh += run_all(paper, [r for group in runs.values() for r in group])
+        curves[task] = {"metric": metric_name([r for group in runs.values() for r in group]), "lr": lr,
+                        "scores": {str(k): [s for r in group if (s := score(r)) is not None] for k, group in runs.items()}}
+        print(f"layers {task}: " + "  ".join(f"k={k} {cell(v)}" for k, v in curves[task]["scores"].items()), file=sys.stderr)
+    paper.save_json("layers.json", curves)
+    plot(curves, paper.results_dir / "layers.png")
+    return fresh > 0
+
+
+def plot(curves: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, max(len(curves), 1), figsize=(4.5 * max(len(curves), 1), 3.6), dpi=110, squeeze=False)
+    for ax, (task, curve) in zip(axes[0], curves.items()):
+        ks = [int(k) for k, v in curve["scores"].items() if v]
+        values = [curve["scores"][str(k)] for k in ks]
+        means = [statistics.mean(v) for v in values]
+        errors = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in values]
+        ax.errorbar(ks, means, yerr=errors, fmt="o-", capsize=3, color="tab:blue")
+        ax.set_xticks(range(max(ks, default=0) + 1))
+        ax.set_xlabel("pre-trained blocks transferred")
+        ax.set_ylabel(f"dev {curve['metric']} x100")
+        ax.set_title(task)
+        ax.grid(alpha=0.3)
+    fig.suptitle("Transferring pre-trained blocks (paper Figure 2, left)")
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)

@@ -1,0 +1,128 @@
+"""Stages 1-2: pre-training (gpt1_jax.pretrain, resumable by itself) and the release: the final parameters and
+tokenizer as a Hugging Face folder (save_pretrained) that `--init` and `load_pretrained` read, with a model card.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from settings import RELEASE_MAX_BYTES, Paper, shown
+
+from gpt1_jax.config import PretrainConfig, resolve
+from gpt1_jax.errors import ConfigError
+
+
+def pretrain_config(paper: Paper) -> PretrainConfig:
+    """The pre-training recipe (experiments/paper/pretrain.yaml unless told otherwise) with --corpus as its
+    data and, for --quick, the tiny shape."""
+    overrides = list(paper.budget.pretrain_overrides)
+    if paper.corpus:
+        overrides.append(f"data.source={paper.corpus}")
+    if paper.quick:  # keep the user's token cache free of the quick run's tiny vocabulary
+        overrides.append(f"data.cache_dir={paper.out / 'token-cache'}")
+    return resolve(PretrainConfig, paper.pretrain_config, overrides=overrides)
+
+
+def trained_step(workdir: Path) -> int | None:
+    """The newest checkpoint's step, or None before the first one."""
+    from gpt1_jax.checkpoint import latest_step
+
+    try:
+        return latest_step(workdir / "checkpoints")
+    except FileNotFoundError:
+        return None
+
+
+def pretrain_stage(paper: Paper) -> bool:
+    from gpt1_jax import pretrain
+
+    config = pretrain_config(paper)
+    step = trained_step(paper.pretrain_dir)
+    if step is not None and step >= config.steps:
+        print(f"pretrain: {paper.pretrain_dir} is trained to step {step}", file=sys.stderr)
+        return False
+    pretrain.run(config, paper.pretrain_dir)
+    return True
+
+
+def card_step(release: Path) -> int | None:
+    """The pre-training step the release was exported from (its model card's front matter)."""
+    card = release / "README.md"
+    if not card.is_file():
+        return None
+    front = card.read_text().split("---")
+    return yaml.safe_load(front[1]).get("pretrain_step") if len(front) > 2 else None
+
+
+def release_stage(paper: Paper) -> bool:
+    """Exports the pre-training run's last checkpoint, unless the release already is that checkpoint."""
+    from gpt1_jax.metrics import read_metrics
+    from gpt1_jax.tokenizer import find_tokenizer
+    from gpt1_jax.weights import load_pretrained, save_pretrained
+
+    step = trained_step(paper.pretrain_dir)
+    if step is None:
+        if (paper.release_dir / "config.json").is_file():
+            print(f"release: no pre-training run at {paper.pretrain_dir}; keeping {paper.release_dir}", file=sys.stderr)
+            return False
+        raise FileNotFoundError(f"{paper.pretrain_dir}: no pre-training checkpoint to release (run the pretrain stage)")
+    if card_step(paper.release_dir) == step:
+        print(f"release: {paper.release_dir} holds step {step} already", file=sys.stderr)
+        return False
+    config, params = load_pretrained(paper.pretrain_dir, step=step)
+    if paper.committed and 4 * config.num_params() > RELEASE_MAX_BYTES:  # float32
+        raise ConfigError(f"{paper.release_dir} is committed: {4 * config.num_params() / 2**20:.1f} MB of parameters "
+                          f"exceed its budget of {RELEASE_MAX_BYTES / 2**20:.0f} MB")
+    tokenizer = find_tokenizer(None, paper.pretrain_dir, model_vocab_size=config.vocab_size)
+    save_pretrained(config, params, paper.release_dir, overwrite=True, tokenizer=tokenizer)
+    size = sum(f.stat().st_size for f in paper.release_dir.iterdir())
+    run_config = pretrain_config(paper)
+    info = json.loads((paper.pretrain_dir / "data_info.json").read_text())
+    val = [r for r in read_metrics(paper.pretrain_dir) if "val_ppl" in r and r["step"] <= step]
+    (paper.release_dir / "README.md").write_text(model_card(paper, config, run_config, info, step, val[-1] if val else None, size))
+    print(f"release: step {step} -> {paper.release_dir} ({size / 2**20:.1f} MB)", file=sys.stderr)
+    return True
+
+
+def model_card(paper: Paper, config, run: PretrainConfig, info: dict, step: int, val: dict | None, size: int) -> str:
+    tokens_seen = step * run.data.global_batch_size * run.data.seq_len
+    train_tokens = info["tokens"] * info["train_windows"] / max(info["windows"], 1)
+    corpus = Path(str(info["source"])).name
+    release = shown(paper.release_dir)
+    ppl = (f"validation loss {val['val_loss']:.3f} nats/token, perplexity {val['val_ppl']:.1f} (step {val['step']}, "
+           f"{run.eval_batches} batches of the held-out {run.data.val_fraction:.0%} of windows)") if val else "not evaluated"
+    return f"""---
+pretrain_step: {step}
+library_name: gpt1-jax
+tags: [gpt1, openai-gpt]
+---
+# GPT-1, small ({config.num_params() / 1e6:.1f}M parameters)
+
+GPT-1's architecture and pre-training recipe (docs/gpt1.md) at small scale: `{shown(paper.pretrain_config)}` on
+`{corpus}`, run by experiments/paper/run.py (results: experiments/paper/results/ for the committed release).
+
+| | |
+|---|---|
+| shape | {config.n_layers} post-LN blocks, width {config.d_model}, {config.n_heads} heads of {config.head_dim}, MLP {config.d_mlp}, context {config.n_positions}, learned positions, tied LM head |
+| vocabulary | {config.vocab_size - 3:,} BPE ids trained on the corpus (lowercased, `</w>` word ends) + the 3 fine-tuning markers |
+| parameters | {config.num_params():,}, float32 ({size / 2**20:.1f} MB with the tokenizer) |
+| data | `{corpus}`: {info['documents']:,} documents, {info['tokens']:,} tokens ({train_tokens:,.0f} for training) |
+| budget | {step:,} updates of {run.data.global_batch_size} x {run.data.seq_len} tokens = {tokens_seen:,} tokens ({tokens_seen / max(train_tokens, 1):.2f} epochs); Adam (`{run.optim.name}`), peak lr {run.optim.lr:g}, {run.optim.warmup_steps} warmup updates then {run.optim.schedule.removeprefix('warmup_')} decay |
+| result | {ppl} |
+
+Files: `config.json` + `model.safetensors` (Hugging Face's `OpenAIGPTLMHeadModel` layout), `vocab.json` +
+`merges.txt` + `tokenizer.json` + `tokenizer_config.json` (our ids; transformers' `OpenAIGPTTokenizer` reads them).
+
+    gpt1-jax sample --init {release} --prompt "the old man"
+    gpt1-jax finetune --task sst2 --init {release} --data-dir GLUE_DIR --workdir runs/sst2
+    python experiments/glue/glue_table.py --init {release} --data-dir GLUE_DIR --out runs/glue
+
+Limitations: a toy, {config.num_params() / 117e6:.1%} of GPT-1's size, trained on {info['tokens'] / 1e6:.1f}M tokens
+of `{corpus}` (not BooksCorpus) with a {run.data.seq_len}-token context, so long inputs (RACE passages) are cut.
+Its perplexity is on its own tokenizer and held-out text and cannot be compared with the paper's 18.4. It
+writes locally fluent but meaningless text and carries the biases of its sources.
+"""

@@ -1,0 +1,143 @@
+"""results/README.md: the command, each stage's wall-clock (results/timings.json, kept by run.py), and what
+every stage found, from the files the stages wrote. Rewritten at the end of every invocation."""
+
+from __future__ import annotations
+
+import shutil
+
+from settings import ARMS, Paper, shown
+from table5 import cell, goal, goal_line
+
+COMMAND = ("python experiments/paper/run.py --corpus ../shared/data/corpus/english_mixed.txt.gz "
+           "--data-dir ../shared/data/glue --race ../shared/data/race.tar.gz")
+
+
+def duration(seconds: float) -> str:
+    minutes, s = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {s:02d} s" if minutes else f"{s} s"
+
+
+def pretrain_seconds(paper: Paper) -> float | None:
+    """Pre-training's step time from its metrics.jsonl (evaluations and saves aside), for a run that run.py
+    did not time because it ran elsewhere."""
+    from gpt1_jax.config import PretrainConfig, load_yaml
+    from gpt1_jax.metrics import read_metrics
+
+    if not (paper.pretrain_dir / "config.yaml").is_file():
+        return None
+    config = load_yaml(PretrainConfig, paper.pretrain_dir / "config.yaml")
+    tokens = config.data.global_batch_size * config.data.seq_len
+    rates = [r["tokens_per_s"] for r in read_metrics(paper.pretrain_dir) if r.get("tokens_per_s")]
+    return sum(tokens / rate for rate in rates) if rates else None
+
+
+def pretrain_summary(paper: Paper) -> list[str]:
+    """The validation curve of the pre-training run, and its loss plot copied beside the results."""
+    from gpt1_jax.metrics import read_metrics
+
+    val = [r for r in read_metrics(paper.pretrain_dir) if "val_ppl" in r]
+    if not val:
+        return ["No pre-training run in this OUT (the release was made elsewhere: see ../release/README.md)."]
+    if (paper.pretrain_dir / "loss.png").is_file():
+        shutil.copyfile(paper.pretrain_dir / "loss.png", paper.results_dir / "pretrain_loss.png")
+    paper.save_json("pretrain.json", [{"step": r["step"], "val_loss": r["val_loss"], "val_ppl": r["val_ppl"]} for r in val])
+    last = val[-1]
+    return [f"Validation perplexity {last['val_ppl']:.1f} (loss {last['val_loss']:.3f} nats/token) at step {last['step']}; "
+            "curve: `pretrain.json`, plot: `pretrain_loss.png`.", "",
+            "| step | " + " | ".join(str(r["step"]) for r in val) + " |", "|---|" + "---|" * len(val),
+            "| val ppl | " + " | ".join(f"{r['val_ppl']:.1f}" for r in val) + " |"]
+
+
+def table5_summary(paper: Paper) -> list[str]:
+    table = paper.load_json("table5.json")
+    if not table:
+        return ["Not run yet."]
+    verdict = goal(table)
+    return [goal_line(verdict), "",
+            "Averages: " + ", ".join(f"{a} {verdict['averages'][a]:.1f}" for a in ARMS) + ". Per task: `table5.md`."]
+
+
+def layers_summary(paper: Paper) -> list[str]:
+    curves = paper.load_json("layers.json")
+    if not curves:
+        return ["Not run yet."]
+    lines = []
+    for task, curve in curves.items():
+        scores = curve["scores"]
+        lines.append(f"- {task} ({curve['metric']}, lr {curve['lr']}): "
+                     + ", ".join(f"{k} blocks {cell(v)}" for k, v in scores.items()) if scores else f"- {task}: failed")
+    return lines + ["", "Plot: `layers.png`."]
+
+
+def zeroshot_summary(paper: Paper) -> list[str]:
+    zs = paper.load_json("zeroshot.json")
+    if not zs:
+        return ["Not run yet."]
+    steps = sorted(zs["steps"], key=int)
+    names = ("sst2", "cola", "race")
+    lines = [f"Examples: {zs['examples']} (0: the whole set). Plot: `zeroshot.png`.", "",
+             "| updates | SST-2 acc | CoLA MCC | RACE acc |", "|---|---|---|---|",
+             "| chance | " + " | ".join(f"{zs['chance'][n]:.1f}" for n in names) + " |"]
+    lines += [f"| {s} | " + " | ".join(f"{zs['steps'][s][n]:.1f}" for n in names) + " |" for s in steps]
+    return lines
+
+
+def write_readme(paper: Paper) -> None:
+    import os
+
+    timings = paper.load_json("timings.json", {"stages": {}, "machine": ""})
+    b = paper.budget
+    stage_rows = [f"| {stage} | {duration(seconds)} |" for stage, seconds in timings["stages"].items()]
+    total = sum(timings["stages"].values())
+    if "pretrain" not in timings["stages"] and (seconds := pretrain_seconds(paper)):
+        stage_rows.insert(0, f"| pretrain | {duration(seconds)} (its steps, from metrics.jsonl: run outside run.py) |")
+        total += seconds
+    text = "\n".join([
+        "# GPT-1 at laptop scale: results",
+        "",
+        f"Written by experiments/paper/run.py (budget `{paper.budget_name}`, pre-training config "
+        f"`{shown(paper.pretrain_config)}`). The one command, from the repository root (the data paths are this project's "
+        "machines'; see experiments/paper/README.md):",
+        "",
+        f"    {COMMAND}",
+        "",
+        f"## Wall-clock per stage ({timings['machine'] or f'{os.cpu_count()} CPU cores'})",
+        "",
+        "Time spent doing work, summed over sessions (a stage that finds its work done adds nothing).",
+        "",
+        "| stage | wall-clock |", "|---|---|", *stage_rows, f"| **total** | {duration(total)} |",
+        "",
+        "## Pre-training", "", *pretrain_summary(paper),
+        "",
+        "## Table 5: ablations", "",
+        f"{len(ARMS)} arms x {len(paper.tasks)} tasks; lr grid {list(b.lrs)} on seed 0, then seeds {list(b.seeds)} "
+        f"at the chosen lr; {b.epochs} epoch(s), batch {b.batch_size}, "
+        f"{'all' if not b.max_train else f'at most {b.max_train:,}'} training examples per task.", "",
+        *table5_summary(paper),
+        "",
+        "## Figure 2 (left): pre-trained blocks transferred", "", *layers_summary(paper),
+        "",
+        "## Figure 2 (right): zero-shot over pre-training", "", *zeroshot_summary(paper),
+        "",
+        "## The same command for GPT-1 itself",
+        "",
+        "    python experiments/paper/run.py --pretrain-config gpt1 --budget paper --corpus BOOKS --data-dir GLUE_DIR \\",
+        "        --race RACE_TAR --out runs/gpt1",
+        "",
+        "`--pretrain-config gpt1` is the `gpt1` preset (117M parameters: 12 blocks of 768, context 512, batch 64 x 512, "
+        "lr 2.5e-4 after 2,000 warmup updates, 100,000 updates, docs/gpt1.md); a YAML of PretrainConfig sets its mesh "
+        "(`mesh: {data: -1}` is data parallel over every device; `fsdp`/`tensor` shard further), `keep_steps` for the "
+        "zero-shot curve, and `data.tokenizer` to use OpenAI's vocabulary. `--budget paper` is the paper's fine-tuning: "
+        "lr 6.25e-5 (no grid), every training and dev example, 3 seeds. Every stage runs on whatever devices JAX "
+        "finds; each fine-tuning run is one `gpt1-jax finetune` process over all of them.",
+        "",
+        "Cost scales with tokens x parameters: training is about 6 FLOPs per parameter per token (plus attention), so "
+        "the preset's 100,000 x 64 x 512 = 3.3B tokens are about 2.3e18 FLOPs, some 1.6 hours of one H100 at 40% of "
+        "its bf16 peak; `gpt1-jax pretrain --config gpt1 --dry-run --simulate-devices N` sizes memory and FLOPs per "
+        "device for a mesh before a pod is booked, and `gpt1-jax bench` measures the step. Fine-tuning on every "
+        "example (SST-2: 67k) is about 6,300 updates of 32 per run, 45 runs; zero-shot on every example is forward "
+        "passes only.",
+        "",
+    ])
+    paper.save_text("README.md", text)

@@ -1,0 +1,146 @@
+"""The paper at laptop scale, one command: pre-train, release, zero-shot curves, Table 5, Figure 2 (left).
+
+    python experiments/paper/run.py --corpus CORPUS --data-dir GLUE_DIR --race RACE_TAR
+    python experiments/paper/run.py --quick --corpus default --data-dir GLUE_DIR --race RACE_TAR --out /tmp/paper
+
+Stages, in order (--stages picks some): pretrain (OUT/pretrain), release (the final parameters + tokenizer as a
+HF folder), zeroshot (Figure 2 right), table5 (ablations), layers (Figure 2 left). Everything resumes: the
+pre-training job from its checkpoint, every fine-tuning run from its results.json, the zero-shot stage from the
+checkpoints it has scored; run the same command again after a stop. The laptop-scale run writes the committed
+experiments/paper/release/ and experiments/paper/results/; --quick (or another recipe or budget) writes
+OUT/release/ and OUT/results/. Details and budget: experiments/paper/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "glue"), str(HERE.parents[1])]
+
+from common import missing_path  # noqa: E402
+from settings import BUDGETS, RECIPE, STAGES, TASKS, Paper  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--corpus", default=None, help="pre-training text: a .txt/.txt.gz file or glob, `default` (the "
+                   "corpus embedded in the package) or tfds:NAME; needed while pre-training is unfinished "
+                   "(--quick: default)")
+    p.add_argument("--data-dir", default=None, help="GLUE's official TSV distribution (<dir>/<Task>/{train,dev}.tsv; "
+                   "default: tensorflow-datasets downloads GLUE)")
+    p.add_argument("--race", default=None, help="RACE's race.tar.gz or its unpacked folder (the zeroshot stage)")
+    p.add_argument("--out", default="runs/paper", help="run workdirs (default: runs/paper)")
+    p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)} (default: all)")
+    p.add_argument("--quick", action="store_true", help="tiny model, 20 updates, 16 examples, one lr and seed: the "
+                   "whole pipeline in minutes (a smoke test; writes under OUT only)")
+    p.add_argument("--budget", choices=sorted(BUDGETS), default=None,
+                   help="laptop (default), paper (the paper's fine-tuning), quick (= --quick)")
+    p.add_argument("--pretrain-config", default=str(RECIPE), metavar="PRESET|YAML",
+                   help="the pre-training config (default: experiments/paper/pretrain.yaml)")
+    p.add_argument("--tasks", default=",".join(TASKS), help=f"Table 5's tasks (default: {','.join(TASKS)})")
+    p.add_argument("--layer-tasks", default=None, help="Figure 2 (left)'s tasks (default: sst2,mrpc)")
+    p.add_argument("--tfds-dir", default=None, help="where tensorflow-datasets prepares GLUE (default: "
+                   "~/.cache/gpt1_jax/tfds)")
+    args = p.parse_args(argv)
+    if args.quick and args.budget not in (None, "quick"):
+        p.error("--quick is --budget quick")
+    args.budget = "quick" if args.quick else args.budget or "laptop"
+    args.stages = [s for s in args.stages.split(",") if s]
+    tasks = args.tasks.split(",") + (args.layer_tasks.split(",") if args.layer_tasks else [])
+    bad = [s for s in args.stages if s not in STAGES] + [t for t in tasks if t not in TASKS]
+    if bad:
+        p.error(f"unknown stage(s) or task(s) {bad}; stages: {', '.join(STAGES)}; tasks: {', '.join(TASKS)}")
+    for flag, path in (("--data-dir", args.data_dir), ("--race", args.race)):
+        if missing := missing_path(flag, path):
+            p.exit(2, f"{p.prog}: error: {missing}\n")
+    if "zeroshot" in args.stages and not args.race:
+        p.exit(2, f"{p.prog}: error: the zeroshot stage needs --race (RACE's race.tar.gz)\n")
+    return args
+
+
+def paper_of(args: argparse.Namespace) -> Paper:
+    budget = BUDGETS[args.budget]
+    return Paper(out=Path(args.out), budget_name=args.budget, pretrain_config=args.pretrain_config,
+                 tasks=tuple(args.tasks.split(",")),
+                 layer_tasks=tuple(args.layer_tasks.split(",")) if args.layer_tasks else budget.layer_tasks,
+                 corpus=args.corpus or ("default" if args.budget == "quick" else None), data_dir=args.data_dir,
+                 race=args.race, tfds_dir=args.tfds_dir)
+
+
+def share_compilations(out: Path) -> None:
+    """One persistent compilation cache for this process and every `gpt1-jax finetune` it starts: runs of the
+    same shapes (arms, seeds, layer counts) skip part of their compile time."""
+    import jax
+
+    settings = {"JAX_COMPILATION_CACHE_DIR": str((out / "jax_cache").absolute()),
+                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    for key, value in settings.items():
+        os.environ.setdefault(key, value)
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def record_time(paper: Paper, stage: str, seconds: float) -> None:
+    import jax
+
+    timings = paper.load_json("timings.json", {"stages": {}})
+    timings["stages"][stage] = timings["stages"].get(stage, 0.0) + seconds
+    timings["machine"] = f"{os.cpu_count()} CPU cores, JAX on {jax.devices()[0].device_kind}"
+    paper.save_json("timings.json", timings)
+
+
+def check_inputs(paper: Paper, stages: list[str]) -> None:
+    """What a later stage needs that an earlier one will not make: fail now, not after an hour of training."""
+    from gpt1_jax.errors import ConfigError
+
+    from release import pretrain_config, trained_step
+
+    if "pretrain" in stages and paper.corpus is None:
+        step = trained_step(paper.pretrain_dir)
+        if step is None or step < pretrain_config(paper).steps:
+            raise ConfigError("pre-training is not finished: pass --corpus (the recipe's corpus is "
+                              "english_mixed.txt.gz; `default` trains on the corpus embedded in the package)")
+    needs_release = {"table5", "layers"} & set(stages)
+    if needs_release and "release" not in stages and not (paper.release_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{paper.release_dir}: no release to fine-tune (run the release stage)")
+    if "zeroshot" in stages and "pretrain" not in stages and not (paper.pretrain_dir / "checkpoints").is_dir():
+        raise FileNotFoundError(f"{paper.pretrain_dir}: no pre-training checkpoints for the zeroshot stage")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gpt1_jax.errors import GPT1JaxError
+
+    args = parse_args(argv)
+    paper = paper_of(args)
+    from layers import layers_stage
+    from release import pretrain_stage, release_stage
+    from report import write_readme
+    from table5 import table5_stage
+    from zeroshot import zeroshot_stage
+
+    run = {"pretrain": pretrain_stage, "release": release_stage, "zeroshot": zeroshot_stage,
+           "table5": table5_stage, "layers": layers_stage}
+    try:
+        check_inputs(paper, args.stages)
+        share_compilations(paper.out)
+        for stage in [s for s in STAGES if s in args.stages]:
+            print(f"== {stage}", file=sys.stderr)
+            t0 = time.perf_counter()
+            if run[stage](paper):
+                record_time(paper, stage, time.perf_counter() - t0)
+        write_readme(paper)
+    except (GPT1JaxError, FileNotFoundError) as e:
+        print(f"{Path(__file__).name}: error: {e}", file=sys.stderr)
+        return 2
+    print(f"results: {paper.results_dir}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""How much of the paper the pipeline runs (its budgets: `laptop`, the paper's own, and --quick's: a tiny model,
+a few steps, a few examples and one seed, through the same code), and where an invocation reads and writes.
+Why each number: experiments/paper/README.md."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+TASKS = ("cola", "sst2", "mrpc", "stsb", "rte")  # the GLUE tasks with train and dev files offline
+ARMS = ("full", "no_pretrain", "no_aux_lm")  # Table 5's rows (experiments/glue/common.py ABLATIONS)
+STAGES = ("pretrain", "release", "zeroshot", "table5", "layers")
+RELEASE_MAX_BYTES = 25 * 2**20  # the committed release's size budget
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    pretrain_overrides: tuple[str, ...]  # `key=value` on top of the pre-training config
+    lrs: tuple[float, ...]  # the one grid every arm picks its lr from (on seed 0)
+    seeds: tuple[int, ...]
+    epochs: int
+    batch_size: int
+    max_train: int  # a fixed random subset of each training set (0: all of it)
+    max_eval: int  # of each dev set (0: all of it)
+    layer_tasks: tuple[str, ...]  # Figure 2 (left)
+    layer_seeds: tuple[int, ...]
+    zeroshot_examples: dict[str, int]  # Figure 2 (right): examples per set (0: all of it)
+
+    def finetune_flags(self) -> list[str]:
+        """`gpt1-jax finetune` flags of every run; the rest is FinetuneConfig's defaults, the paper's recipe
+        (linear decay after 0.2% warmup, lm_coef 0.5, dropout 0.1)."""
+        return ["--epochs", str(self.epochs), "--batch-size", str(self.batch_size),
+                "--max-train-examples", str(self.max_train), "--max-eval-examples", str(self.max_eval)]
+
+
+LAPTOP = Budget(
+    pretrain_overrides=(),
+    lrs=(1e-4, 3e-4, 1e-3),
+    seeds=(0, 1, 2),
+    epochs=3,
+    batch_size=32,
+    max_train=500,
+    max_eval=0,
+    layer_tasks=("sst2", "mrpc"),
+    layer_seeds=(0, 1),
+    zeroshot_examples={"sst2": 0, "cola_train": 2000, "cola": 0, "race": 500},
+)
+
+# The paper's own fine-tuning (docs/gpt1.md): its lr, every example, every dev example; for the `gpt1` preset
+# pre-trained on a BooksCorpus-sized corpus, on accelerators.
+PAPER = dataclasses.replace(LAPTOP, lrs=(6.25e-5,), max_train=0,
+                            zeroshot_examples={"sst2": 0, "cola_train": 0, "cola": 0, "race": 0})
+
+QUICK = Budget(
+    pretrain_overrides=(
+        "model.n_positions=64", "model.d_model=64", "model.n_layers=2", "model.n_heads=4", "model.d_mlp=256",
+        "data.vocab_size=509", "data.seq_len=64", "data.global_batch_size=8", "steps=20", "optim.warmup_steps=5",
+        "checkpoint_every=10", "eval_every=10", "eval_batches=2", "keep_steps=[5, 10, 20]",
+    ),
+    lrs=(1e-3,),
+    seeds=(0,),
+    epochs=1,
+    batch_size=8,
+    max_train=16,
+    max_eval=16,
+    layer_tasks=("sst2", "mrpc"),
+    layer_seeds=(0,),
+    zeroshot_examples={"sst2": 16, "cola_train": 16, "cola": 16, "race": 8},
+)
+
+BUDGETS = {"laptop": LAPTOP, "paper": PAPER, "quick": QUICK}
+
+
+PAPER_DIR = Path(__file__).resolve().parent
+REPO = PAPER_DIR.parents[1]
+RECIPE = PAPER_DIR / "pretrain.yaml"  # the laptop-scale pre-training recipe
+
+
+@dataclasses.dataclass(frozen=True)
+class Paper:
+    """One invocation: its budget, its inputs and where everything goes. The laptop-scale pipeline (the
+    recipe in pretrain.yaml, the laptop budget) writes the committed release/ and results/ beside this file;
+    any other (--quick, another recipe or budget) writes them under OUT, never here."""
+
+    out: Path  # run workdirs: OUT/pretrain, OUT/table5/..., OUT/layers/...
+    budget_name: str
+    pretrain_config: str  # a preset name or a PretrainConfig YAML
+    tasks: tuple[str, ...]
+    layer_tasks: tuple[str, ...]
+    corpus: str | None = None
+    data_dir: str | None = None  # GLUE's TSV distribution; None: tensorflow-datasets downloads it
+    race: str | None = None
+    tfds_dir: str | None = None
+
+    @property
+    def budget(self) -> Budget:
+        return BUDGETS[self.budget_name]
+
+    @property
+    def quick(self) -> bool:
+        return self.budget_name == "quick"
+
+    @property
+    def committed(self) -> bool:
+        """Whether this is the run whose release and results are committed beside this file."""
+        return self.budget_name == "laptop" and Path(self.pretrain_config).resolve() == RECIPE
+
+    @property
+    def pretrain_dir(self) -> Path:
+        return self.out / "pretrain"
+
+    @property
+    def release_dir(self) -> Path:
+        return PAPER_DIR / "release" if self.committed else self.out / "release"
+
+    @property
+    def results_dir(self) -> Path:
+        return PAPER_DIR / "results" if self.committed else self.out / "results"
+
+    def finetune_extra(self) -> list[str]:
+        return ["--tfds-dir", self.tfds_dir] if self.tfds_dir else []
+
+    def save_json(self, name: str, obj) -> Path:
+        """results/NAME, written whole or not at all (a killed run never leaves half a file)."""
+        return self.save_text(name, json.dumps(_finite(obj), indent=2) + "\n")
+
+    def load_json(self, name: str, default=None):
+        path = self.results_dir / name
+        return json.loads(path.read_text()) if path.is_file() else default
+
+    def save_text(self, name: str, text: str) -> Path:
+        path = self.results_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+        return path
+
+
+def _finite(obj):
+    """JSON has no NaN: an undefined score is written as null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def shown(path: str | Path) -> str:
+    """A path as the results print it: relative to the repository when inside it (no machine's paths in
+    committed files)."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(path)

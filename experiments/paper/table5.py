@@ -1,0 +1,145 @@
+"""Stage 4: Table 5 at laptop scale. Every arm (full, no_pretrain, no_aux_lm) fine-tunes every task with the
+lr that is best for that arm and task on seed 0, from one shared grid, then runs the other seeds at that lr.
+
+Runs go through experiments/glue/common.py (one `gpt1-jax finetune` process per run, skipped when its
+results.json exists), under OUT/table5/<arm>/<task>/lr<lr>/seed<k>/. Writes results/table5.json
+({task: {arm: [score x100 per seed]}}), results/lr_grid.json and results/table5.md.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+
+from common import Run, errors_of, execute
+from settings import ARMS, Paper, TASKS
+
+# Paper Table 5 (docs/gpt1.md), our five tasks: task -> (arm -> score).
+PAPER = {
+    "cola": {"full": 45.4, "no_pretrain": 18.9, "no_aux_lm": 47.9},
+    "sst2": {"full": 91.3, "no_pretrain": 84.0, "no_aux_lm": 92.0},
+    "mrpc": {"full": 82.3, "no_pretrain": 79.4, "no_aux_lm": 84.9},
+    "stsb": {"full": 82.0, "no_pretrain": 30.9, "no_aux_lm": 83.2},
+    "rte": {"full": 56.0, "no_pretrain": 53.8, "no_aux_lm": 54.4},
+}
+GOAL_GAIN, GOAL_WINS = 5.0, 4  # the issue's bar: full beats no_pretrain by >= 5 points on average, on >= 4 tasks
+
+
+def score(run: Run) -> float | None:
+    """The task's official (first) metric x100; None for a failed run. An undefined correlation (constant
+    predictions: Pearson's r divides by zero) counts as 0, the correlation of a constant guess."""
+    if not run.results:
+        return None
+    value = run.results["metrics"][run.results["main_metric"]]
+    return 100.0 * value if math.isfinite(value) else 0.0
+
+
+def metric_name(runs: list[Run]) -> str:
+    return next((r.results["main_metric"] for r in runs if r.results), "?")
+
+
+def run_of(paper: Paper, arm: str, task: str, lr: float, seed: int) -> Run:
+    flags = paper.budget.finetune_flags() + ["--lr", f"{lr:g}"]
+    return Run(arm, task, seed, paper.out / "table5" / arm / task / f"lr{lr:g}" / f"seed{seed}", flags)
+
+
+def run_all(paper: Paper, runs: list[Run]) -> int:
+    """Runs those not done before; -> how many ran now."""
+    fresh = sum(not (r.workdir / "results.json").is_file() for r in runs)
+    execute(runs, str(paper.release_dir), paper.data_dir, False, paper.finetune_extra())
+    return fresh
+
+
+def best_lr(paper: Paper, arm: str, task: str) -> tuple[float | None, list[Run], int]:
+    """-> (the grid's best lr for `arm` on `task` by seed 0's dev score (None: every run failed), the seed-0
+    runs, how many ran now)."""
+    grid = [run_of(paper, arm, task, lr, paper.budget.seeds[0]) for lr in paper.budget.lrs]
+    fresh = run_all(paper, grid)
+    scored = [(s, lr) for lr, run in zip(paper.budget.lrs, grid) if (s := score(run)) is not None]
+    return (max(scored)[1] if scored else None), grid, fresh
+
+
+def table5_stage(paper: Paper) -> bool:
+    fresh, table, grid_scores, chosen, metrics, failures = 0, {}, {}, {}, {}, {}
+    for task in paper.tasks:
+        table[task], grid_scores[task], chosen[task], task_runs = {}, {}, {}, []
+        for arm in ARMS:
+            lr, grid, n = best_lr(paper, arm, task)
+            runs = [run_of(paper, arm, task, lr, seed) for seed in paper.budget.seeds] if lr is not None else []
+            fresh += n + run_all(paper, runs)
+            grid_scores[task][arm] = {f"{r_lr:g}": score(r) for r_lr, r in zip(paper.budget.lrs, grid)}
+            chosen[task][arm] = lr
+            table[task][arm] = [s for r in runs if (s := score(r)) is not None]
+            if errors_of(grid + runs):
+                failures[f"{task}/{arm}"] = errors_of(grid + runs)
+            task_runs += grid + runs
+        metrics[task] = metric_name(task_runs)
+    paper.save_json("table5.json", table)
+    paper.save_json("lr_grid.json", {t: {a: {"lr": chosen[t][a], "seed0": grid_scores[t][a]} for a in ARMS}
+                                     for t in paper.tasks})
+    text = table5_markdown(paper, table, chosen, metrics, failures, goal(table))
+    paper.save_text("table5.md", text)
+    print(text, file=sys.stderr)
+    return fresh > 0
+
+
+def mean(values: list[float]) -> float:
+    return statistics.mean(values) if values else float("nan")
+
+
+def goal(table: dict[str, dict[str, list[float]]]) -> dict:
+    """The issue's goal: pre-training raises the 5-task average by >= 5 points over no_pretrain and wins on
+    >= 4 of the 5 tasks. `met` is None when a task or an arm has no score (the goal needs all five)."""
+    means = {t: {a: mean(v) for a, v in arms.items()} for t, arms in table.items()}
+    complete = set(TASKS) <= set(means) and all(math.isfinite(means[t].get(a, float("nan")))
+                                                 for t in TASKS for a in ("full", "no_pretrain"))
+    averages = {a: mean([means[t][a] for t in means if math.isfinite(means[t].get(a, float("nan")))]) for a in ARMS}
+    wins = sum(means[t]["full"] > means[t]["no_pretrain"] for t in means
+               if all(math.isfinite(means[t].get(a, float("nan"))) for a in ("full", "no_pretrain")))
+    gain = averages["full"] - averages["no_pretrain"]
+    met = (gain >= GOAL_GAIN and wins >= GOAL_WINS) if complete else None
+    return {"averages": averages, "gain": gain, "wins": wins, "tasks": len(means), "met": met}
+
+
+def cell(values: list[float]) -> str:
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.1f}"
+    return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
+
+
+def goal_line(verdict: dict) -> str:
+    head = (f"pre-training gain on the average {verdict['gain']:+.1f} points (goal >= {GOAL_GAIN:g}); "
+            f"full beats no_pretrain on {verdict['wins']} of {verdict['tasks']} tasks (goal >= {GOAL_WINS} of 5)")
+    state = {True: "goal MET", False: "goal NOT met", None: "goal not assessed (it needs all five tasks)"}
+    return f"**{state[verdict['met']]}**: {head}"
+
+
+def table5_markdown(paper: Paper, table, chosen, metrics, failures, verdict) -> str:
+    b = paper.budget
+    lines = [
+        f"Dev-set scores x100, mean ± std over seeds {list(b.seeds)}; each arm fine-tunes with the lr best for it on "
+        f"seed 0 from {{{', '.join(f'{lr:g}' for lr in b.lrs)}}}; {b.epochs} epoch(s), batch {b.batch_size}, "
+        f"{'every' if not b.max_train else f'at most {b.max_train:,}'} training examples per task"
+        + ("; **quick mode**" if paper.quick else "") + ".",
+        "Paper: Table 5 (docs/gpt1.md), GPT-1 (117M, BooksCorpus) on GLUE's test server.", "",
+        "| task | metric | paper full | paper no_pretrain | paper no_aux_lm | full | no_pretrain | no_aux_lm |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for task in paper.tasks:
+        p = PAPER.get(task, {})
+        ours = [cell(table[task][a]) if table[task][a] else "failed" if f"{task}/{a}" in failures else "–" for a in ARMS]
+        lines.append(f"| {task} | {metrics[task]} | " + " | ".join(f"{p[a]:.1f}" if a in p else "–" for a in ARMS)
+                     + " | " + " | ".join(ours) + " |")
+    paper_avg = [mean([PAPER[t][a] for t in paper.tasks if t in PAPER]) for a in ARMS]
+    lines.append("| **average** | | " + " | ".join(f"{v:.1f}" for v in paper_avg) + " | "
+                 + " | ".join(f"{verdict['averages'][a]:.1f}" for a in ARMS) + " |")
+    lines += ["", goal_line(verdict), "", "Learning rate chosen (seed 0, dev score):", "",
+              "| task | " + " | ".join(ARMS) + " |", "|---|" + "---|" * len(ARMS)]
+    for task in paper.tasks:
+        lines.append(f"| {task} | " + " | ".join(f"{chosen[task][a]:g}" if chosen[task][a] else "–" for a in ARMS) + " |")
+    if failures:
+        lines += ["", "Failed runs: " + "; ".join(f"{k}: {e}" for k, e in failures.items())]
+    return "# Table 5 at laptop scale\n\n" + "\n".join(lines) + "\n"

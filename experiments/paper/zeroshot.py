@@ -1,0 +1,203 @@
+"""Stage 3: Figure 2 (right), the zero-shot behaviour of the language model at every kept pre-training
+checkpoint, with the paper's heuristics (docs/gpt1.md, "Analysis"):
+
+  SST-2  append " very" and compare the probabilities of "positive" and "negative" as what comes next
+  CoLA   the sentence's average token log-probability, thresholded; the threshold is the one that maximises
+         Matthews correlation on (a subset of) train, the score is Matthews correlation on dev
+  RACE   the answer with the highest average token log-probability given the passage and the question
+
+Every text starts after the corpus' document separator (gpt1_jax.data.tokens.eod_id), as a document did in
+pre-training; a sequence longer than the context loses the start of its context. Results are saved after
+each checkpoint (results/zeroshot.json), so a stopped stage resumes at the next one.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from settings import Paper
+
+CHANCE = {"sst2": 50.0, "cola": 0.0, "race": 25.0}  # a coin, a constant guess, one of four
+TOKENS_PER_BATCH = 8192  # rows x padded length per forward pass
+
+
+# ---- scoring continuations ---------------------------------------------------------------------------
+
+@functools.partial(jax.jit, static_argnums=0)
+def _target_logprobs(config, params, tokens_BT, positions_BK, targets_BK):
+    """log p(targets[b, k] | tokens[b, :positions[b, k] + 1]): the LM head only at the K scored positions."""
+    from gpt1_jax.model import GPT1
+
+    model = GPT1(config)
+    h_BTD = model.apply({"params": params}, tokens_BT)
+    h_BKD = jnp.take_along_axis(h_BTD, positions_BK[..., None], axis=1)
+    logits_BKV = model.apply({"params": params}, h_BKD, method=GPT1.logits)
+    logp_BKV = jax.nn.log_softmax(logits_BKV.astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(logp_BKV, targets_BK[..., None], axis=-1)[..., 0]
+
+
+def continuation_logprobs(config, params, pairs: list[tuple[list[int], list[int]]]) -> np.ndarray:
+    """[(context ids, continuation ids)] -> [n, 2]: each continuation's summed log-probability and its length.
+
+    Sequences are sorted by length and padded to a few bucketed shapes (powers of two), so a whole set
+    costs a handful of compilations."""
+    from gpt1_jax.data.tasks import bucket_len
+
+    n_ctx = config.n_positions
+    seqs = []
+    for context, continuation in pairs:
+        continuation = continuation[-(n_ctx - 1):]
+        seqs.append(((context + continuation)[-(n_ctx + 1):], len(continuation)))
+    out = np.zeros((len(pairs), 2), np.float64)
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
+    start = 0
+    while start < len(order):
+        length = bucket_len(len(seqs[order[start]][0]) - 1, n_ctx)
+        batch = [i for i in order[start:start + max(1, TOKENS_PER_BATCH // length)] if len(seqs[i][0]) - 1 <= length]
+        start += len(batch)
+        rows = 1 << (len(batch) - 1).bit_length()  # a power of two: few shapes, little padding in a last batch
+        k = bucket_len(max(seqs[i][1] for i in batch), n_ctx)
+        tokens = np.zeros((rows, length), np.int32)
+        positions = np.zeros((rows, k), np.int32)
+        targets = np.zeros((rows, k), np.int32)
+        for row, i in enumerate(batch):
+            seq, c = seqs[i]
+            tokens[row, : len(seq) - 1] = seq[:-1]
+            positions[row, :c] = np.arange(len(seq) - 1 - c, len(seq) - 1)  # the inputs that predict the continuation
+            targets[row, :c] = seq[len(seq) - c:]
+        logp = np.asarray(_target_logprobs(config, params, tokens, positions, targets))
+        for row, i in enumerate(batch):
+            c = seqs[i][1]
+            out[i] = logp[row, :c].sum(), c
+    return out
+
+
+# ---- the three tasks ----------------------------------------------------------------------------------
+
+def sst2_accuracy(config, params, tok, examples: list[dict]) -> float:
+    start = [_eod(tok)]
+    words = [tok.encode(" positive"), tok.encode(" negative")]  # labels 1 and 0
+    pairs = [(start + tok.encode(ex["sentence"].strip() + " very"), w) for ex in examples for w in words]
+    logp = continuation_logprobs(config, params, pairs)[:, 0].reshape(-1, 2)
+    preds = np.where(logp[:, 0] > logp[:, 1], 1, 0)
+    return 100.0 * float(np.mean(preds == np.asarray([ex["label"] for ex in examples])))
+
+
+def sentence_scores(config, params, tok, examples: list[dict]) -> np.ndarray:
+    """Average token log-probability of each CoLA sentence."""
+    pairs = [([_eod(tok)], tok.encode(ex["sentence"])) for ex in examples]
+    logp = continuation_logprobs(config, params, pairs)
+    return logp[:, 0] / np.maximum(logp[:, 1], 1)
+
+
+def best_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
+    """The cut (predict acceptable above it) with the highest Matthews correlation on these examples."""
+    from sklearn.metrics import matthews_corrcoef
+
+    values = np.unique(scores)
+    cuts = np.concatenate([[values[0] - 1.0], (values[:-1] + values[1:]) / 2]) if len(values) > 1 else values - 1.0
+    return float(max(cuts, key=lambda t: matthews_corrcoef(labels, scores > t)))
+
+
+def cola_mcc(config, params, tok, train: list[dict], dev: list[dict]) -> float:
+    from sklearn.metrics import matthews_corrcoef
+
+    cut = best_threshold(sentence_scores(config, params, tok, train), np.asarray([ex["label"] for ex in train]))
+    dev_scores = sentence_scores(config, params, tok, dev)
+    return 100.0 * float(matthews_corrcoef([ex["label"] for ex in dev], dev_scores > cut))
+
+
+def race_accuracy(config, params, tok, examples: list[dict]) -> float:
+    pairs = [([_eod(tok)] + tok.encode(ex["article"] + " " + ex["question"]), tok.encode(option))
+             for ex in examples for option in ex["options"]]
+    logp = continuation_logprobs(config, params, pairs)
+    average = (logp[:, 0] / np.maximum(logp[:, 1], 1)).reshape(len(examples), -1)
+    return 100.0 * float(np.mean(average.argmax(axis=1) == np.asarray([ex["label"] for ex in examples])))
+
+
+def _eod(tok) -> int:
+    from gpt1_jax.data.tokens import eod_id
+
+    return eod_id(tok)
+
+
+# ---- the stage ------------------------------------------------------------------------------------------
+
+def load_sets(paper: Paper) -> dict[str, list[dict]]:
+    """The evaluation sets, each a fixed subset (the same at every checkpoint)."""
+    from gpt1_jax.data.glue import load_split
+    from gpt1_jax.data.race import load_race
+    from gpt1_jax.data.tasks import subset
+
+    n = paper.budget.zeroshot_examples
+    glue = lambda task, split: load_split(task, split, paper.data_dir, paper.tfds_dir)
+    sets = {"sst2": glue("sst2", "validation"), "cola_train": glue("cola", "train"), "cola": glue("cola", "validation"),
+            "race": load_race(paper.race, "validation")}
+    return {name: [examples[i] for i in subset(len(examples), n[name], 0)] for name, examples in sets.items()}
+
+
+def kept_steps(workdir: Path) -> list[int]:
+    """Every checkpoint of the run (orbax names each folder by its step; unfinished saves carry a suffix)."""
+    return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+
+
+def zeroshot_stage(paper: Paper) -> bool:
+    from gpt1_jax.tokenizer import find_tokenizer
+    from gpt1_jax.weights import load_pretrained
+
+    if not (paper.pretrain_dir / "checkpoints").is_dir():
+        raise FileNotFoundError(f"{paper.pretrain_dir}: no pre-training checkpoints (run the pretrain stage first)")
+    sets = None
+    counts = {name: paper.budget.zeroshot_examples[name] for name in paper.budget.zeroshot_examples}
+    saved = paper.load_json("zeroshot.json", {})
+    steps = saved.get("steps", {}) if saved.get("examples") == counts else {}
+    fresh = False
+    for step in kept_steps(paper.pretrain_dir):
+        if str(step) in steps:
+            continue
+        sets = sets or load_sets(paper)
+        config, params = load_pretrained(paper.pretrain_dir, step=step)
+        tok = find_tokenizer(None, paper.pretrain_dir, model_vocab_size=config.vocab_size)
+        steps[str(step)] = {
+            "sst2": sst2_accuracy(config, params, tok, sets["sst2"]),
+            "cola": cola_mcc(config, params, tok, sets["cola_train"], sets["cola"]),
+            "race": race_accuracy(config, params, tok, sets["race"]),
+        }
+        print(f"zeroshot: step {step}: " + "  ".join(f"{k} {v:.1f}" for k, v in steps[str(step)].items()), file=sys.stderr)
+        paper.save_json("zeroshot.json", {"examples": counts, "chance": CHANCE, "steps": steps})
+        fresh = True
+    if not steps:
+        raise FileNotFoundError(f"{paper.pretrain_dir}/checkpoints: no checkpoint to evaluate")
+    plot(steps, paper.results_dir / "zeroshot.png")
+    return fresh
+
+
+def plot(steps: dict[str, dict[str, float]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = sorted(steps, key=int)
+    titles = {"sst2": "SST-2 accuracy", "cola": "CoLA Matthews corr.", "race": "RACE accuracy"}
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), dpi=110)
+    for ax, (key, title) in zip(axes, titles.items()):
+        ax.plot([int(s) for s in xs], [steps[s][key] for s in xs], "o-", color="tab:blue", label="zero-shot")
+        ax.axhline(CHANCE[key], color="gray", ls="--", label="chance")
+        ax.set_xscale("log")
+        ax.set_xticks([int(s) for s in xs], [s for s in xs], fontsize=7)
+        ax.minorticks_off()
+        ax.set_xlabel("pre-training updates")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle("Zero-shot performance over pre-training (paper Figure 2, right)")
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)

@@ -1,0 +1,169 @@
+"""experiments/paper/run.py: the whole pipeline at --quick (tiny model, 20 updates, the fixtures' GLUE files, a
+tiny RACE archive) writes the release, every result file and plot, under OUT only; a second run does no work;
+the release is what `gpt1-jax sample --init` reads. For time, Table 5 and Figure 2 (left) run SST-2 only (every
+fine-tuning run is a process that compiles its own step); the pieces the full run adds (the goal over five
+tasks, the CoLA threshold, batched continuation scoring) are checked directly."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER = ROOT / "experiments" / "paper"
+ENV = {**os.environ, "XLA_FLAGS": ""}  # one CPU device, as a user runs it (conftest fakes 8 here)
+WORDS = "the a cat dog sat ran on under mat log quickly slowly big small red blue house tree".split()
+
+
+def _paper_modules():
+    sys.path[:0] = [str(PAPER), str(ROOT / "experiments" / "glue")]
+    try:
+        import release, run, table5, zeroshot  # noqa: E401
+    finally:
+        del sys.path[:2]
+    return release, run, table5, zeroshot
+
+
+def _write_race(path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    with tarfile.open(path, "w:gz") as tar:
+        for split in ("train", "dev"):
+            for level in ("middle", "high"):
+                for k in range(2):
+                    article = " ".join(" ".join(rng.choice(WORDS, 6)) + "." for _ in range(8))
+                    doc = {"id": f"{k}.txt", "article": article, "questions": ["what sat?", "who ran?"],
+                           "options": [WORDS[:4], WORDS[4:8]], "answers": ["A", "C"]}
+                    data = json.dumps(doc).encode()
+                    info = tarfile.TarInfo(f"race/{split}/{level}/{k}.txt")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _snapshot(folder: Path) -> dict:
+    return {p: p.stat().st_mtime_ns for p in folder.rglob("*")} if folder.exists() else {}
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory, glue_dir):
+    out = tmp_path_factory.mktemp("paper")
+    argv = [sys.executable, str(PAPER / "run.py"), "--quick", "--data-dir", str(glue_dir), "--race",
+            str(_write_race(out / "race.tar.gz")), "--out", str(out), "--tfds-dir", str(out / "tfds"),
+            "--tasks", "sst2", "--layer-tasks", "sst2"]
+    committed = {name: _snapshot(PAPER / name) for name in ("release", "results")}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=ENV, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert {name: _snapshot(PAPER / name) for name in committed} == committed  # --quick never writes there
+    return out, argv
+
+
+def test_quick_pipeline_writes_every_output(quick):
+    out, _ = quick
+    results = out / "results"
+    for name in ("README.md", "timings.json", "pretrain.json", "pretrain_loss.png", "table5.json", "table5.md",
+                 "lr_grid.json", "layers.json", "layers.png", "zeroshot.json", "zeroshot.png"):
+        assert (results / name).is_file(), name
+    table = json.loads((results / "table5.json").read_text())
+    assert list(table) == ["sst2"] and list(table["sst2"]) == ["full", "no_pretrain", "no_aux_lm"]
+    assert all(len(scores) == 1 and 0 <= scores[0] <= 100 for scores in table["sst2"].values())
+    layers = json.loads((results / "layers.json").read_text())["sst2"]
+    assert list(layers["scores"]) == ["0", "1", "2"] and layers["metric"] == "accuracy"
+    zs = json.loads((results / "zeroshot.json").read_text())
+    assert sorted(zs["steps"], key=int) == ["5", "10", "20"]  # keep_steps of the quick recipe
+    assert set(zs["steps"]["20"]) == {"sst2", "cola", "race"}
+    timings = json.loads((results / "timings.json").read_text())["stages"]
+    assert list(timings) == ["pretrain", "release", "zeroshot", "table5", "layers"]
+    readme = (results / "README.md").read_text()
+    assert "goal not assessed" in readme and "/tmp" not in readme and str(ROOT) not in readme
+
+
+def test_release_is_a_hf_folder_that_sample_reads(quick):
+    from gpt1_jax.tokenizer import find_tokenizer
+    from gpt1_jax.weights import load_pretrained
+
+    out, _ = quick
+    release = out / "release"
+    config, _ = load_pretrained(release)
+    assert (config.n_layers, config.d_model) == (2, 64)
+    assert find_tokenizer(None, release, model_vocab_size=config.vocab_size).vocab_size == config.vocab_size
+    assert "pretrain_step: 20" in (release / "README.md").read_text()
+    done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "sample", "--init", str(release), "--prompt", "the",
+                           "--max-new-tokens", "3", "--num-samples", "1"], capture_output=True, text=True, env=ENV,
+                          cwd=ROOT)
+    assert done.returncode == 0 and "the >> " in done.stdout, done.stderr[-2000:]
+
+
+def test_rerun_does_no_work(quick):
+    out, argv = quick
+    before = (out / "results" / "timings.json").read_text()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "done before" in done.stderr and "trained to step 20" in done.stderr and "holds step 20" in done.stderr
+    assert (out / "results" / "timings.json").read_text() == before  # no stage did any work
+
+
+def test_missing_inputs_are_one_line_errors(tmp_path, capsys):
+    _, run, _, _ = _paper_modules()
+    assert run.main(["--stages", "pretrain", "--out", str(tmp_path)]) == 2  # the laptop recipe needs --corpus
+    assert "pass --corpus" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        run.main(["--stages", "zeroshot", "--out", str(tmp_path)])
+    assert exit_.value.code == 2 and "needs --race" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run.main(["--race", str(tmp_path / "nope.tar.gz")])
+    assert "no such file" in capsys.readouterr().err
+    assert run.main(["--stages", "table5", "--out", str(tmp_path), "--budget", "paper"]) == 2  # nothing to fine-tune
+    assert "no release" in capsys.readouterr().err
+
+
+def test_goal_needs_all_five_tasks_a_gain_and_four_wins():
+    _, _, table5, _ = _paper_modules()
+    base = {t: {"full": [60.0, 62.0], "no_pretrain": [50.0, 52.0], "no_aux_lm": [59.0]} for t in table5.TASKS}
+    assert table5.goal(base)["met"] is True and table5.goal(base)["wins"] == 5
+    assert table5.goal({t: base[t] for t in ("sst2", "cola")})["met"] is None
+    two_losses = dict(base, rte={"full": [40.0], "no_pretrain": [50.0], "no_aux_lm": []},
+                      mrpc={"full": [40.0], "no_pretrain": [50.0], "no_aux_lm": []})
+    assert table5.goal(two_losses)["wins"] == 3 and table5.goal(two_losses)["met"] is False
+    small = {t: {"full": [51.0], "no_pretrain": [50.0], "no_aux_lm": [50.0]} for t in table5.TASKS}
+    assert table5.goal(small)["gain"] == pytest.approx(1.0) and table5.goal(small)["met"] is False
+
+
+def test_best_threshold_maximises_matthews_correlation():
+    from sklearn.metrics import matthews_corrcoef
+
+    _, _, _, zeroshot = _paper_modules()
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 200)
+    scores = labels + rng.normal(0, 0.8, 200)
+    cut = zeroshot.best_threshold(scores, labels)
+    best = matthews_corrcoef(labels, scores > cut)
+    assert all(matthews_corrcoef(labels, scores > t) <= best + 1e-12 for t in np.linspace(-2, 3, 101))
+
+
+def test_continuation_logprobs_match_the_models_logits():
+    import dataclasses
+
+    import flax.linen as nn
+    import jax
+
+    from gpt1_jax.config import model_preset
+    from gpt1_jax.model import init_params, lm_logits
+
+    _, _, _, zeroshot = _paper_modules()
+    config = dataclasses.replace(model_preset("tiny"), n_positions=32)
+    params = nn.meta.unbox(init_params(config, 0))
+    rng = np.random.default_rng(0)
+    pairs = [(list(rng.integers(1, 500, n)), list(rng.integers(1, 500, c))) for n, c in ((1, 5), (7, 1), (40, 3), (3, 20))]
+    got = zeroshot.continuation_logprobs(config, params, pairs)
+    for (context, continuation), (total, count) in zip(pairs, got):
+        seq = (context + continuation)[-(config.n_positions + 1):]  # the context gives way
+        logp = jax.nn.log_softmax(lm_logits(config, params, np.asarray([seq[:-1]])))[0]
+        c = len(continuation)
+        want = sum(float(logp[len(seq) - 1 - c + j, t]) for j, t in enumerate(continuation))
+        assert count == c and total == pytest.approx(want, abs=1e-4)
