@@ -99,21 +99,22 @@ def test_rerun_skips_finished_runs(quick_study):
 
 
 def test_diverged_run_is_recorded_not_raised(tmp_path, monkeypatch):
-    """train() returning 1 after a NaN loss -> diverged: True, no val loss, and the study goes on."""
+    """pretrain.run raising DivergenceError after a NaN loss -> diverged: True, no val loss, and the study goes on."""
     import gpt1_jax.pretrain
+    from gpt1_jax.errors import DivergenceError
 
     rs = _study_module()
 
-    def fake_train(config, workdir):
+    def diverging_run(config, workdir):
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0, "tokens_per_s": 100.0}) + "\n"
                                                + json.dumps({"step": 2, "loss": "nan"}) + "\n")
-        return 1
+        raise DivergenceError("loss is nan at step 2; stopping", step=2, loss=float("nan"))
 
-    monkeypatch.setattr(gpt1_jax.pretrain, "train", fake_train)
+    monkeypatch.setattr(gpt1_jax.pretrain, "run", diverging_run)
     budget = dict(rs.PRETRAIN["quick"], steps=4)
     rec = rs.pretrain_run(tmp_path, budget, "sgd_nesterov", 1.0, 0, "train", None)
-    assert rec["diverged"] and rec["final_val_loss"] is None and rec["error"] is None
+    assert rec["diverged"] and rec["final_val_loss"] is None and rec["error"].startswith("DivergenceError: loss is nan")
     assert json.loads((tmp_path / "runs" / "sgd_nesterov" / "lr1_s0" / "record.json").read_text())["diverged"]
     assert rs.score(rec) is None and rs.best_lr([rec], "sgd_nesterov", 0) is None
 
