@@ -49,13 +49,20 @@ class _OrbaxWriteFailureFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         failure = record.exc_info[1] if record.exc_info else None
+        if record.name == "asyncio":  # "Future exception was never retrieved": a write orbax gave up on
+            return not isinstance(failure, (OSError, ValueError))
         return not (isinstance(failure, (OSError, ValueError)) and f"{os.sep}orbax{os.sep}" in record.pathname)
 
 
 def _quiet_orbax_write_failures() -> None:
-    absl = logging.getLogger("absl")  # the logger orbax writes to
-    if not any(isinstance(f, _OrbaxWriteFailureFilter) for f in absl.filters):
-        absl.addFilter(_OrbaxWriteFailureFilter())
+    """A failed save is reported once, as CheckpointWriteError; silence its echoes: orbax's logged
+    tracebacks (absl) and, at exit, asyncio's reports of the writes orbax gave up on ("Future exception
+    was never retrieved"). tensorstore still prints "Event loop is closed" for writes pending when
+    orbax closed its loop, from native code (docs/checkpoints.md)."""
+    for name in ("absl", "asyncio"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _OrbaxWriteFailureFilter) for f in logger.filters):
+            logger.addFilter(_OrbaxWriteFailureFilter())
 
 
 class Checkpointer:
