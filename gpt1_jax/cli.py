@@ -285,15 +285,23 @@ def _convert(args: argparse.Namespace) -> int:
 
 def _verify_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", required=True, help="a pre-training or fine-tuning run directory")
+    p.add_argument("--record-missing", action="store_true",
+                   help="trust the checkpoints saved without digests (before gpt1-jax recorded them) and record "
+                        "their digests now, so runs resume from them")
 
 
 def _verify(args: argparse.Namespace) -> int:
     """One line per checkpoint; exit status 1 if any is damaged."""
-    from gpt1_jax.integrity import verify_checkpoints
+    from gpt1_jax.integrity import DIGESTS, checkpoint_steps, record, verify_checkpoints
 
     directory = Path(args.workdir) / "checkpoints"
     if not directory.is_dir():
         raise FileNotFoundError(f"{args.workdir}: no checkpoints/ folder (not a run directory)")
+    if args.record_missing:
+        for step in checkpoint_steps(directory):
+            if not (directory / str(step) / DIGESTS).exists():
+                record(directory / str(step))
+                print(f"step {step}: digests recorded (saved without them)", flush=True)
     results = verify_checkpoints(directory)
     if not results:
         raise FileNotFoundError(f"{directory}: no checkpoint")

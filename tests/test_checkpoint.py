@@ -273,6 +273,17 @@ def test_verify_command(run40, tmp_path):
     assert done.returncode == 2 and last_line(done).startswith("gpt1-jax verify: error: ") and "no checkpoints/" in done.stderr
 
 
+def test_verify_records_digests_of_checkpoints_saved_without_them(run40, tmp_path):
+    """Checkpoints written before digests existed: damaged until the user vouches for them once."""
+    workdir = copy_of(run40, tmp_path)
+    (workdir / "checkpoints" / "40" / "integrity.json").unlink()
+    assert run("verify", "--workdir", str(workdir)).stdout.splitlines()[-1].startswith("step 40: damaged: no integrity.json")
+    done = run("verify", "--workdir", str(workdir), "--record-missing")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["step 40: digests recorded (saved without them)", "step 36: ok", "step 39: ok",
+                                        "step 40: ok"]
+
+
 def test_load_pretrained_refuses_a_damaged_checkpoint(run40, tmp_path):
     from gpt1_jax.weights import load_pretrained
 
