@@ -15,6 +15,7 @@ import pytest
 
 from gpt1_jax import integrity
 from gpt1_jax.errors import CheckpointFormatError, CheckpointWriteError, DivergenceError
+from test_pretrain import assert_same_tree  # one bit-for-bit comparison of parameter trees
 
 TIMEOUT = 300
 ENV = {**os.environ, "XLA_FLAGS": ""}  # one real CPU device in the subprocesses
@@ -54,15 +55,6 @@ def saved_state(workdir: Path, step: int):
 
     with ocp.StandardCheckpointer() as c:
         return c.restore(workdir.absolute() / "checkpoints" / str(step) / "state")
-
-
-def assert_same_tree(a, b):
-    import jax
-
-    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
-    assert len(la) == len(lb)
-    for x, y in zip(la, lb):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 @pytest.fixture(scope="module")
