@@ -268,9 +268,9 @@ def test_truncated_safetensors_is_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_release_whose_head_size_is_not_64(tmp_path, shared_dir):
+def test_release_whose_head_size_is_not_64(tmp_path, vocab_dir):
     """d_model=96 is no multiple of 64: the head count has to be given, and then it converts."""
-    shapes = scaled_shapes(shared_dir / "data" / "gpt1_vocab" / "params_shapes.json", d=96, layers=1)
+    shapes = scaled_shapes(vocab_dir / "params_shapes.json", d=96, layers=1)
     arrays = write_original_release(tmp_path / "release", shapes)
     with pytest.raises(ConfigError, match="not a multiple of GPT-1's head size 64"):
         load_pretrained(tmp_path / "release")
@@ -358,14 +358,15 @@ def test_pretrain_run_converts_to_hf_with_its_tokenizer(pretrain_run, tmp_path):
                                   gpt1_jax.lm_logits(config, params, tokens))
 
 
-def test_sample_from_a_run_and_a_tokenizer_of_another_model(pretrain_run, shared_dir):
+def test_sample_from_a_run_and_a_tokenizer_of_another_model(pretrain_run, vocab_dir):
     done = cli("sample", "--workdir", pretrain_run, "--prompt", "the", "--max-new-tokens", 4, "--num-samples", 1,
                "--step", 2)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines()[0].startswith(f"# {pretrain_run} step 2")
-    done = cli("sample", "--workdir", pretrain_run, "--tokenizer", shared_dir / "data" / "gpt1_vocab")
+    done = cli("sample", "--workdir", pretrain_run, "--tokenizer", vocab_dir)  # OpenAI's format, another size
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-3000:]
-    assert "the tokenizer has 40478 tokens + 3 markers but the model's embedding table has 512 rows" in done.stderr
+    n = len(json.loads((vocab_dir / "encoder_bpe_40000.json").read_text(encoding="utf-8")))
+    assert f"the tokenizer has {n} tokens + 3 markers but the model's embedding table has 512 rows" in done.stderr
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "schedule_free_adamw"])
