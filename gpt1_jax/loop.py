@@ -16,6 +16,7 @@ exactly what an uninterrupted one would have done.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import signal
 import time
@@ -93,9 +94,10 @@ class Loop:
         self._tally = {h.name: [0.0, 0] for h in self.hooks}  # train-loss sum and count since each hook ran
 
     def position(self, batches: Batches) -> dict:
-        """What a checkpoint records beside the train state."""
-        return {"batches": batches.state(), "hooks": {h.name: h.state() for h in self.hooks if h.state},
-                "tally": self._tally}
+        """What a checkpoint records beside the train state: a copy, since the save is written after the
+        loop has gone on changing the live lists (asynchronous checkpointing)."""
+        return json.loads(json.dumps({"batches": batches.state(), "tally": self._tally,
+                                      "hooks": {h.name: h.state() for h in self.hooks if h.state}}))
 
     def restore_position(self, position: dict, batches) -> None:
         batches.restore(position["batches"])
