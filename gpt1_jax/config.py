@@ -450,15 +450,6 @@ def save_yaml(config: Any, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
-def resolve_model_config(spec: str) -> ModelConfig:
-    """A preset name (`tiny`, `small`, `gpt1`) or a YAML file of ModelConfig fields."""
-    if spec in MODEL_PRESETS:
-        return MODEL_PRESETS[spec]
-    if spec.endswith((".yaml", ".yml")) or Path(spec).exists():
-        return load_yaml(ModelConfig, spec)
-    raise ConfigError(f"unknown model config {spec!r}: not a preset ({', '.join(MODEL_PRESETS)}) nor a YAML file")
-
-
 def resolve(cls: type[T], spec: str | None, *, saved: str | Path | None = None, overrides=(), mesh: str | None = None) -> T:
     """The one way a run's config is assembled, each step over the one before:
     `spec` (a preset name or a YAML file of `cls`; None: `saved` if it exists, else the default) <
