@@ -108,6 +108,25 @@ def test_rerun_does_no_work(quick):
     assert (out / "results" / "timings.json").read_text() == before  # no stage did any work
 
 
+def test_kept_records_resume_the_sweeps_without_their_workdirs(quick):
+    """A sweep that spans sessions (or a fresh clone) resumes from results/runs/, the records committed beside the
+    results: with every fine-tuning workdir gone, the stages run nothing and give the same table."""
+    import shutil
+
+    out, argv = quick
+    records = sorted((out / "results" / "runs").rglob("*.json"))
+    assert len(records) == 3 + 2  # sst2 x 3 arms at seed 0; layers k=0, 1 (k=2 is the full arm's own run)
+    assert all(str(ROOT) not in r.read_text() and "/tmp" not in r.read_text() for r in records)
+    table = (out / "results" / "table5.json").read_text()
+    for sweep in ("table5", "layers"):
+        shutil.rmtree(out / sweep)
+    done = subprocess.run(argv + ["--stages", "table5,layers"], capture_output=True, text=True, timeout=300, env=ENV,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "gpt1_jax.cli finetune" not in done.stderr and "finetune --task" not in done.stderr
+    assert (out / "results" / "table5.json").read_text() == table
+
+
 def test_missing_inputs_are_one_line_errors(tmp_path, capsys):
     _, run, _, _ = _paper_modules()
     assert run.main(["--stages", "pretrain", "--out", str(tmp_path)]) == 2  # the laptop recipe needs --corpus

@@ -130,6 +130,23 @@ class Paper:
         path = self.results_dir / name
         return json.loads(path.read_text()) if path.is_file() else default
 
+    def record_path(self, workdir: Path) -> Path:
+        """Where a fine-tuning run's result is kept beside the results (results/runs/...): the committed
+        records let a sweep that spans sessions, or a fresh clone, resume without the run workdirs."""
+        return self.results_dir / "runs" / f"{Path(workdir).relative_to(self.out)}.json"
+
+    def save_record(self, workdir: Path, results: dict) -> None:
+        """A run's results.json without what names this machine (paths) or repeats the flags (config)."""
+        record = {k: v for k, v in results.items() if k not in ("config", "init", "predictions", "submission")}
+        self.save_text(str(self.record_path(workdir).relative_to(self.results_dir)), json.dumps(_finite(record), indent=2) + "\n")
+
+    def restore_record(self, workdir: Path) -> None:
+        """Puts a kept record back as the run's results.json, which marks the run done."""
+        record, done = self.record_path(workdir), Path(workdir) / "results.json"
+        if record.is_file() and not done.is_file():
+            done.parent.mkdir(parents=True, exist_ok=True)
+            done.write_text(record.read_text())
+
     def save_text(self, name: str, text: str) -> Path:
         path = self.results_dir / name
         path.parent.mkdir(parents=True, exist_ok=True)

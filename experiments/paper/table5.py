@@ -45,9 +45,14 @@ def run_of(paper: Paper, arm: str, task: str, lr: float, seed: int) -> Run:
 
 
 def run_all(paper: Paper, runs: list[Run]) -> int:
-    """Runs those not done before; -> how many ran now."""
+    """Runs those not done before (here or in a kept record); -> how many ran now."""
+    for r in runs:
+        paper.restore_record(r.workdir)
     fresh = sum(not (r.workdir / "results.json").is_file() for r in runs)
     execute(runs, str(paper.release_dir), paper.data_dir, False, paper.finetune_extra())
+    for r in runs:
+        if r.results:
+            paper.save_record(r.workdir, r.results)
     return fresh
 
 
