@@ -63,4 +63,5 @@ def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only
         "peak_source": peak_source,
         "mfu": round(flops.mfu(tokens_per_s, result["flops_per_token"], peak), 4),
         "losses": losses,
+        "cpu_flags": flops.cpu_flags(),
     }

@@ -313,7 +313,7 @@ def _verify(args: argparse.Namespace) -> int:
 # ---- bench ----------------------------------------------------------------------------------------
 
 BENCH_FLAGS = {"batch": ("data.global_batch_size={}",), "seq": ("data.seq_len={}",), "dtype": ("model.dtype={}",),
-               "accum_steps": ("accum_steps={}",), "seed": ("seed={}",),
+               "accum_steps": ("accum_steps={}",), "seed": ("seed={}",), "optim": ("optim.name={}",),
                "lr": ("optim.lr={}", "optim.schedule=constant", "optim.warmup_steps=0")}
 
 
@@ -324,6 +324,8 @@ def _bench_flags(p: argparse.ArgumentParser) -> None:
                    help="compute dtype (params and optimizer state stay in param_dtype)")
     p.add_argument("--accum-steps", type=int, default=None, help="micro-batches per step")
     p.add_argument("--lr", type=float, default=None, help="a constant learning rate (default: the config's schedule)")
+    p.add_argument("--optim", default=None, metavar="NAME",
+                   help="the optimizer whose update is timed (gpt1_jax/optim.py OPTIMIZERS; default: the config's)")
     p.add_argument("--steps", type=int, default=5, help="timed steps")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps after compilation")
     p.add_argument("--compile-only", action="store_true", help="compile and report time, memory and FLOPs; do not run")

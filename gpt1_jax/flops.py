@@ -37,6 +37,17 @@ ACCELERATOR_PEAK_FLOPS: dict[str, float] = {
 }
 
 
+def cpu_flags() -> list[str]:
+    """This CPU's vector-extension flags (avx*, amx*, fma*, sha_ni), printed beside every speed number:
+    machines of one name differ (AVX-512 with native bf16, or AVX2 only), and so do their speeds."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next(l for l in f if l.startswith("flags"))
+    except (OSError, StopIteration):
+        return []
+    return sorted(f for f in line.split(":", 1)[1].split() if f.startswith(("avx", "amx", "fma", "sha_ni")))
+
+
 def flops_per_token(config: ModelConfig, seq_len: int) -> float:
     """Training (fwd + bwd) model FLOPs per token at sequence length `seq_len`."""
     return 6.0 * config.num_params() + 12.0 * config.n_layers * config.d_model * seq_len

@@ -3,11 +3,13 @@ results.md and the PNGs with a row per optimizer; a rerun skips finished runs; a
 as diverged; the state bytes in the table are `optimizer_state_bytes` of the real tree.
 
 For time, the end-to-end test restricts --optimizers to 3 (gpt1_adam, muon, schedule_free_adamw: the plain
-one, the partitioned one and the one evaluated at x), --steps to 6 and --lr-points to 2, with 2 seeds (9 runs;
-the study itself sweeps >= 3 lrs): every run compiles its own train step (the lr is a constant in it), and
-compilation, not training, is what costs here."""
+one, the partitioned one and the one evaluated at x), --steps to 6, --lr-points to 2 and --max-extensions to 0,
+with 2 seeds (9 runs; the study itself sweeps >= 3 lrs, grows them until the best is bracketed and repeats it
+with 3 seeds): every run compiles its own train step (the lr is a constant in it), and compilation, not
+training, is what costs here. The bracketing rule has its own test on records."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -36,7 +38,8 @@ def _study_module():
 def quick_study(tmp_path_factory):
     out = tmp_path_factory.mktemp("opt-study")
     argv = [sys.executable, str(SCRIPT), "pretrain", "--quick", "--out", str(out), "--optimizers", ",".join(OPTS),
-            "--steps", "6", "--lr-points", "2", "--cache-dir", str(out / "token-cache")]
+            "--steps", "6", "--lr-points", "2", "--max-extensions", "0", "--seeds", "0,1",
+            "--cache-dir", str(out / "token-cache"), "--records", str(out / "records")]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=ENV)
     assert done.returncode == 0, done.stderr[-4000:]
     return out / "pretrain", argv
@@ -44,7 +47,7 @@ def quick_study(tmp_path_factory):
 
 def test_quick_study_writes_all_outputs(quick_study):
     study, _ = quick_study
-    for name in ("results.json", "results.md", "val_vs_step.png", "val_vs_time.png", "loss_vs_lr.png"):
+    for name in ("results.json", "results.md", "val_vs_tokens.png", "val_vs_time.png", "loss_vs_lr.png"):
         assert (study / name).is_file() and (study / name).stat().st_size > 0, name
     results = json.loads((study / "results.json").read_text())
     runs = results["runs"]
@@ -59,12 +62,15 @@ def test_quick_study_writes_all_outputs(quick_study):
             assert r["diverged"] or r["final_val_loss"] > 0
     sf = [r for r in runs if r["optimizer"] == "schedule_free_adamw" and not r["diverged"]]
     assert sf and all(r["eval_at"].startswith("x") for r in sf)
-    x_curve = [r for r in read_metrics(sf[0]["workdir"]) if "val_loss" in r]  # the hook's, at x
+    x_curve = [r for r in read_metrics(study / sf[0]["workdir"]) if "val_loss" in r]  # the hook's, at x
     assert [c["val_loss"] for c in sf[0]["val_curve"]] == [r["val_loss"] for r in x_curve]
     md = (study / "results.md").read_text()
     rows = [l for l in md.splitlines() if l.startswith("| ") and not l.startswith("| optimizer")]
-    assert [l.split("|")[1].strip() for l in rows] == OPTS
-    assert "1.00×" in rows[0]  # gpt1_adam is the memory reference
+    assert sorted(l.split("|")[1].strip() for l in rows) == sorted(OPTS)  # best first
+    means = [r["mean"] for r in results["summary"]]
+    assert means == sorted(means)
+    assert "1.00×" in next(l for l in rows if l.split("|")[1].strip() == "gpt1_adam")  # the memory reference
+    assert "/tmp" not in md and str(study) not in json.dumps(results["runs"])
 
 
 def test_table_state_bytes_are_optimizer_state_bytes(quick_study):
@@ -82,20 +88,29 @@ def test_table_state_bytes_are_optimizer_state_bytes(quick_study):
     summary = {r["optimizer"]: r for r in json.loads((study / "results.json").read_text())["summary"]}
     for name in OPTS:
         run = next(r for r in json.loads((study / "results.json").read_text())["runs"] if r["optimizer"] == name)
-        config = load_yaml(PretrainConfig, Path(run["workdir"]) / "config.yaml")
+        config = load_yaml(PretrainConfig, study / run["workdir"] / "config.yaml")
         params = nn.meta.unbox(jax.eval_shape(functools.partial(init_params, config.model), jax.random.key(0)))
         state = jax.eval_shape(make_optimizer(config.optim, params).init, params)
         expected = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
         assert optimizer_state_bytes(config.optim, params) == expected == summary[name]["state_bytes"]
 
 
-def test_rerun_skips_finished_runs(quick_study):
+def test_rerun_skips_finished_runs_even_without_their_run_dirs(quick_study):
+    """A rerun trains nothing; nor does one whose run dirs are gone (another session, a fresh clone) when the
+    records kept with --records are there."""
+    import shutil
+
     study, argv = quick_study
     before = {p: p.stat().st_mtime for p in study.glob("runs/*/*/metrics.jsonl")}
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "==" not in done.stderr  # no run started
     assert {p: p.stat().st_mtime for p in study.glob("runs/*/*/metrics.jsonl")} == before
+    summary = json.loads((study / "results.json").read_text())["summary"]
+    shutil.rmtree(study / "runs")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV)
+    assert done.returncode == 0 and "==" not in done.stderr, done.stderr[-3000:]
+    assert json.loads((study / "results.json").read_text())["summary"] == summary
 
 
 def test_diverged_run_is_recorded_not_raised(tmp_path, monkeypatch):
@@ -112,7 +127,7 @@ def test_diverged_run_is_recorded_not_raised(tmp_path, monkeypatch):
         raise DivergenceError("loss is nan at step 2; stopping", step=2, loss=float("nan"))
 
     monkeypatch.setattr(gpt1_jax.pretrain, "run", diverging_run)
-    budget = dict(rs.PRETRAIN["quick"], steps=4)
+    budget = dict(rs.PRETRAIN["quick"], steps=4, source="default")
     rec = rs.pretrain_run(tmp_path, budget, "sgd_nesterov", 1.0, 0, "train", None)
     assert rec["diverged"] and rec["final_val_loss"] is None and rec["error"].startswith("DivergenceError: loss is nan")
     assert json.loads((tmp_path / "runs" / "sgd_nesterov" / "lr1_s0" / "record.json").read_text())["diverged"]
@@ -127,3 +142,41 @@ def test_lr_grid_is_a_log_grid_around_the_centre():
     from gpt1_jax.optim import OPTIMIZERS
 
     assert set(rs.SPECS) <= set(OPTIMIZERS) and len(rs.SPECS) >= 8
+
+
+def _rec(name, lr, loss, seed=0):
+    return {"study": "pretrain", "optimizer": name, "lr": lr, "seed": seed, "diverged": loss is None,
+            "final_val_loss": loss, "optimizer_state_bytes": 1, "wall_seconds": 1.0, "train_seconds": 1.0,
+            "tokens_per_s": 1.0}
+
+
+def test_the_sweep_grows_until_the_best_lr_is_bracketed():
+    rs = _study_module()
+    runs = [_rec("a", 1e-3, 5.0), _rec("a", 3e-3, 4.8), _rec("a", 1e-2, 4.7)]  # best on the upper edge
+    assert rs.bracket_gap(runs, "a", 0) == 3e-2
+    assert rs.bracket_gap(runs + [_rec("a", 3e-2, 4.9)], "a", 0) is None  # a worse neighbour on both sides
+    assert rs.bracket_gap(runs + [_rec("a", 3e-2, None)], "a", 0) is None  # ... or a diverged one
+    low = [_rec("b", 1e-3, 4.0), _rec("b", 3e-3, 4.5), _rec("b", 1e-2, None)]
+    assert rs.bracket_gap(low, "b", 0) == 3e-4
+    assert rs.bracket_gap([_rec("c", 1.0, None)], "c", 0) == 0.3  # all diverged: go lower
+    ran = []
+
+    def run_one(study, name, lr, seed):  # a loss curve in lr with its minimum at 3e-2, seeds add noise
+        ran.append((lr, seed))
+        return _rec(name, lr, 4.0 + abs(math.log10(lr / 3e-2)) + 0.01 * seed, seed)
+
+    runs = rs.study_loop(Path("."), ["a"], [0, 1, 2], {"a": [1e-3, 3e-3, 1e-2]}, run_one, 4, lambda runs: None)
+    assert sorted({lr for lr, s in ran if s == 0}) == [1e-3, 3e-3, 1e-2, 3e-2, 0.1]
+    assert sorted(s for lr, s in ran if lr == 3e-2) == [0, 1, 2]
+    rows = rs.summarize(runs, ["a"], [0, 1, 2])
+    assert rows[0]["best_lr"] == 3e-2 and rows[0]["bracketed"] and rows[0]["n_seeds"] == 3
+
+
+def test_rows_mark_differences_beyond_the_seed_noise():
+    rs = _study_module()
+    runs = [_rec("a", 1e-3, v, s) for s, v in enumerate((4.00, 4.02, 4.04))]
+    runs += [_rec("b", 1e-3, v, s) for s, v in enumerate((4.03, 4.05, 4.07))]  # overlaps a
+    runs += [_rec("c", 1e-3, v, s) for s, v in enumerate((4.50, 4.52, 4.54))]  # clearly worse
+    rows = rs.summarize(runs, ["c", "b", "a"], [0, 1, 2])
+    assert [r["optimizer"] for r in rows] == ["a", "b", "c"]
+    assert [r["distinct_from_next"] for r in rows] == [False, True, False]

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -41,6 +40,7 @@ def main() -> None:
     from gpt1_jax import integrity
     from gpt1_jax.checkpoint import Checkpointer
     from gpt1_jax.config import MeshConfig, OptimConfig, model_preset
+    from gpt1_jax.flops import cpu_flags
     from gpt1_jax.step import lm_trainer
 
     config = model_preset("gpt1")
@@ -79,14 +79,12 @@ def main() -> None:
             measure(digests)
     files = sum(p.stat().st_size for p in (root / "1").rglob("*") if p.is_file())
     shutil.rmtree(root, ignore_errors=True)
-    cpu = subprocess.run("grep -o 'avx512[a-z_0-9]*\\|avx2\\|sha_ni' /proc/cpuinfo | sort -u", shell=True,
-                         capture_output=True, text=True).stdout.split()
     print(json.dumps({
         "model": "gpt1 preset (117M) + Adam state, random values",
         "state_bytes": sum(x.nbytes for x in jax.tree.leaves(state)), "checkpoint_file_bytes": files,
         "rounds": args.rounds, **{k: round(statistics.median(v), 3) for k, v in results.items()},
         "all_rounds": {k: [round(x, 3) for x in v] for k, v in results.items()},
-        "cpu_flags": cpu, "cpu_count": os.cpu_count(), "load_average_1m": os.getloadavg()[0],
+        "cpu_flags": cpu_flags(), "cpu_count": os.cpu_count(), "load_average_1m": os.getloadavg()[0],
         "jax_backend": jax.default_backend(),
     }))
 

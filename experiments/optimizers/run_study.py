@@ -1,24 +1,25 @@
-"""Optimizer comparison (issue 7): the same model, initialisation, data order and token budget for each
-optimizer; a learning-rate sweep per optimizer; extra seeds at each one's best lr.
+"""Optimizer comparison (issue 14): the same model, initialisation, data order, tokenizer and token budget for
+each optimizer; a learning-rate sweep per optimizer, extended until its best rate is bracketed; three seeds at
+each one's best rate; cost columns; then fine-tuning of the released model with the best four.
 
-    # pre-training: `small` (~1 h on 2 cores), or --quick (`tiny`); --corpus: any gpt1-jax text source
-    # (default: the demo corpus embedded in Python; the committed results used english_mixed.txt.gz)
-    python experiments/optimizers/run_study.py pretrain --out /tmp/opt-study [--corpus SOURCE] [--quick]
-    # fine-tuning: one GLUE task from the best pre-training run of a pre-training study (or any workdir);
-    # GLUE from --data-dir (the official TSV distribution) or, without it, downloaded by tensorflow-datasets
-    python experiments/optimizers/run_study.py finetune --out /tmp/opt-study --init /tmp/opt-study/pretrain \
-        [--data-dir GLUE_DIR] [--task sst2] [--quick]
+    # pre-training: the paper-at-laptop-scale recipe (experiments/paper/pretrain.yaml) at 625 of its 2,400
+    # updates (2.56M tokens), on the corpus it was trained on; --quick: `tiny`, minutes
+    python experiments/optimizers/run_study.py pretrain --out runs/opt-study --corpus CORPUS [--quick]
+    # the cost columns: each optimizer's step at the study's shape and at the 117M `gpt1` shape (quiet machine)
+    python experiments/optimizers/run_study.py bench --out runs/opt-study
+    # fine-tuning the released laptop-scale model (experiments/paper/release) on SST-2 and MRPC with the best
+    # four optimizers of the pre-training study plus gpt1_adam
+    python experiments/optimizers/run_study.py finetune --out runs/opt-study --data-dir GLUE_DIR
 
-Outputs under `<out>/<study>/`: results.json (every run), results.md (one row per optimizer), and PNGs
-(val loss vs step and vs training wall-clock at each optimizer's best lr; final loss vs lr). Each
-(optimizer, lr, seed) has its own run dir `runs/<optimizer>/lr<lr>_s<seed>/`; a run with `record.json`
-is finished and skipped, an unfinished one resumes from its checkpoint, a diverged one (NaN loss:
-`train` returns 1, or fine-tuning raises) is recorded as diverged. The order is breadth-first (every
-optimizer at its centre lr, then the rest of the grid, then the extra seeds) so that a study cut short
-still has a row per optimizer.
+Outputs under `<out>/<study>/` (fine-tuning: `<out>/finetune/<task>/`): results.json (every run), results.md
+(one row per optimizer) and PNGs (validation loss vs tokens and vs training seconds at each optimizer's best
+lr; final loss vs lr with the bracket). Each (optimizer, lr, seed) has its own run dir
+`runs/<optimizer>/lr<lr>_s<seed>/` whose `record.json` marks it finished; `--records DIR` also keeps every
+record there (committed with the results), so a study spanning sessions resumes without its run dirs. A
+diverged run (NaN loss: DivergenceError) is recorded as diverged and counts as worse than any finite loss.
 
-Same seed => same init and same data order: `seed` drives both the parameter init and the dropout
-masks, `data.seed` the window order; the sweep uses the first seed, the extra seeds repeat the best lr.
+Same seed => same init and same data order: `seed` drives the parameter init and the dropout masks,
+`data.seed` the window order; the sweep uses the first seed, the extra seeds repeat the best lr.
 
 Schedule-free AdamW trains at y (TrainState.params) but is evaluated at x (`gpt1_jax.optim.eval_params`):
 pre-training's validation hook, fine-tuning's dev hook and `load_pretrained` (a workdir as `--init`) all
@@ -37,35 +38,43 @@ import time
 from pathlib import Path
 from typing import Any
 
-GRID_FACTOR = 10 ** 0.5  # about the ratio of neighbouring lrs (the 1-3-10 ladder: x3, x3.33)
+from gpt1_jax.flops import cpu_flags
 
-# Per optimizer: centre lr of the pre-training sweep and of the fine-tuning sweep, and the config
-# overrides that make it itself (its own hyper-parameters; the rest are OptimConfig defaults).
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "experiments" / "paper" / "pretrain.yaml"  # the paper-at-laptop-scale pre-training recipe
+RELEASE = ROOT / "experiments" / "paper" / "release"  # the model that recipe produced, with its tokenizer
+
+# Per optimizer: centre lr of the pre-training sweep and of the fine-tuning grid, and the config overrides
+# that make it itself (its own hyper-parameters; the rest are OptimConfig defaults). The pre-training sweep
+# grows past either end of its grid until the best lr is bracketed, so a centre only decides where it starts.
 SPECS: dict[str, dict[str, Any]] = {
-    "gpt1_adam": dict(pretrain_lr=3e-3, finetune_lr=1e-4, overrides={}),
-    "adamw": dict(pretrain_lr=3e-3, finetune_lr=1e-4, overrides={"b2": 0.95}),
-    "adafactor": dict(pretrain_lr=3e-2, finetune_lr=1e-3, overrides={}),
-    "lion": dict(pretrain_lr=3e-4, finetune_lr=1e-5, overrides={"b1": 0.9, "b2": 0.99, "weight_decay": 0.1}),
-    "sgd_nesterov": dict(pretrain_lr=0.3, finetune_lr=1e-2, overrides={"momentum": 0.9}),
-    "muon": dict(pretrain_lr=3e-3, finetune_lr=1e-4, overrides={}),
-    "schedule_free_adamw": dict(pretrain_lr=3e-3, finetune_lr=1e-4, overrides={"schedule": "warmup_constant"}),
-    "lamb": dict(pretrain_lr=1e-2, finetune_lr=3e-4, overrides={"eps": 1e-6}),
+    "gpt1_adam": dict(pretrain_lr=1e-3, finetune_lr=3e-4, overrides={}),
+    "adamw": dict(pretrain_lr=1e-3, finetune_lr=3e-4, overrides={"b2": 0.95}),
+    "adafactor": dict(pretrain_lr=3e-2, finetune_lr=3e-3, overrides={}),
+    "lion": dict(pretrain_lr=3e-4, finetune_lr=3e-5, overrides={"b1": 0.9, "b2": 0.99, "weight_decay": 0.1}),
+    "sgd_nesterov": dict(pretrain_lr=0.3, finetune_lr=3e-2, overrides={"momentum": 0.9}),
+    "muon": dict(pretrain_lr=3e-3, finetune_lr=3e-4, overrides={}),
+    "schedule_free_adamw": dict(pretrain_lr=1e-3, finetune_lr=3e-4, overrides={"schedule": "warmup_constant"}),
+    "lamb": dict(pretrain_lr=1e-2, finetune_lr=1e-3, overrides={"eps": 1e-6}),
 }
-REFERENCE = "gpt1_adam"  # state memory is reported relative to this one
+REFERENCE = "gpt1_adam"  # state memory is reported relative to this one; always in the fine-tuning study
 
-# Budgets. Full pre-training: `small` (4 layers, d 256, 8k BPE) on 16 x 128-token windows per step.
-# Measured on this 2-core machine (shared): ~1.3 s per step plus ~15 s compile/eval per run, so
-# 8 optimizers x (3 lrs + 1 extra seed) x 80 steps is about an hour.
+# Budgets. Full pre-training: the recipe's model, tokenizer, batch (16 x 256) and schedule shape (warmup for
+# 1/6 of the updates, then cosine to 0) at 625 updates = 2.56M tokens, the larger of the issue's two floors
+# (2.5M tokens; 25% of the recipe's 9.8M). ~18 min per run on 2 cores at the recipe's ~2,400 tokens/s.
 PRETRAIN = {
-    "full": dict(preset="small", source="default", steps=80, warmup=8, batch=16, seq_len=128, eval_every=20,
-                 eval_batches=8),
-    "quick": dict(preset="tiny", source="default", steps=24, warmup=3, batch=8, seq_len=64, eval_every=8,
-                  eval_batches=4),
+    "full": dict(config=str(RECIPE), steps=625, eval_every=125, eval_batches=0, overrides=()),
+    "quick": dict(config="tiny", steps=24, eval_every=8, eval_batches=4,
+                  overrides=("data.global_batch_size=8", "data.seq_len=64")),
 }
+# Fine-tuning: the paper's recipe (batch 32, 3 epochs, linear decay after 0.2% warmup, lambda 0.5) on 1,000
+# training examples per task (a fixed subset per seed) and the whole dev set.
 FINETUNE = {
-    "full": dict(task="sst2", epochs=2, batch=32, max_train=4000, max_eval=872, n_ctx=128),
-    "quick": dict(task="sst2", epochs=1, batch=16, max_train=256, max_eval=128, n_ctx=64),
+    "full": dict(tasks=("sst2", "mrpc"), epochs=3, batch=32, max_train=1000, max_eval=0, n_ctx=128),
+    "quick": dict(tasks=("sst2",), epochs=1, batch=16, max_train=64, max_eval=64, n_ctx=64),
 }
+# The 117M shape of the bench columns: GPT-1's model at batch 2 x 512 (a CPU-sized batch of its context).
+BENCH_SHAPES = {"study": None, "gpt1_117M": ("gpt1", 2, 512)}
 
 
 # ---- the grid ----------------------------------------------------------------------------------------
@@ -125,51 +134,82 @@ def curve_with_time(val: list[tuple[int, float]], times: dict[int, float]) -> li
     return out
 
 
+# ---- finished runs on disk -------------------------------------------------------------------------------
+
+def _kept(workdir: Path, records: Path, study: Path) -> Path:
+    return records / f"{workdir.relative_to(study)}.json"  # not with_suffix: "lr0.001_s0" has a dot
+
+
+def _load_record(workdir: Path, records: Path | None, study: Path) -> dict | None:
+    """A finished run's record: its run dir's record.json, or the kept copy under `records` (put back)."""
+    done = workdir / "record.json"
+    if not done.is_file() and records is not None:
+        kept = _kept(workdir, records, study)
+        if kept.is_file():
+            done.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(kept, done)
+    return json.loads(done.read_text()) if done.is_file() else None
+
+
+def _save_record(rec: dict, workdir: Path, records: Path | None, study: Path) -> None:
+    text = json.dumps(rec, indent=2) + "\n"
+    (workdir / "record.json").write_text(text)
+    if records is not None:  # the kept copy names no machine path: the run dir is relative to the study
+        kept = _kept(workdir, records, study)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(json.dumps(dict(rec, workdir=str(workdir.relative_to(study))), indent=2) + "\n")
+
+
 # ---- pre-training -------------------------------------------------------------------------------------
 
 def pretrain_config(budget: dict, name: str, lr: float, seed: int, tokenizer: str, cache_dir: str | None):
-    from gpt1_jax.config import apply_overrides
-    from gpt1_jax.config import PretrainConfig, preset
+    """The budget's base config (the recipe, or a preset) cut to `budget["steps"]` updates with the same
+    schedule shape: the warmup keeps its fraction of the run."""
+    from gpt1_jax.config import PretrainConfig, apply_overrides, resolve
 
     b = budget
-    spec = SPECS[name]
+    base = resolve(PretrainConfig, b["config"], overrides=b["overrides"])
+    warmup = max(1, round(b["steps"] * base.optim.warmup_steps / base.steps))
     sets = [
-        f"data.source={b['source']}", f"data.tokenizer={tokenizer}", f"data.global_batch_size={b['batch']}",
-        f"data.seq_len={b['seq_len']}", f"steps={b['steps']}", f"seed={seed}", f"data.seed={seed}",
-        f"eval_every={b['eval_every']}", f"eval_batches={b['eval_batches']}",
-        f"checkpoint_every={b['eval_every']}", "log_every=1", "keep_checkpoints=1",
-        f"optim.name={name}", f"optim.lr={lr}", f"optim.warmup_steps={b['warmup']}", f"optim.total_steps={b['steps']}",
+        f"data.source={b['source']}", f"data.tokenizer={tokenizer}", f"steps={b['steps']}", f"seed={seed}",
+        f"data.seed={seed}", f"eval_every={b['eval_every']}", f"eval_batches={b['eval_batches']}",
+        f"checkpoint_every={b['eval_every']}", "log_every=1", "keep_checkpoints=1", "keep_steps=[]",
+        f"optim.name={name}", f"optim.lr={lr}", f"optim.warmup_steps={warmup}", f"optim.total_steps={b['steps']}",
     ]
     if cache_dir:
         sets.append(f"data.cache_dir={cache_dir}")
-    sets += [f"optim.{k}={v}" for k, v in spec["overrides"].items()]
-    return apply_overrides(preset(PretrainConfig, b["preset"]), sets)
+    sets += [f"optim.{k}={v}" for k, v in SPECS[name]["overrides"].items()]
+    return apply_overrides(base, sets)
 
 
-def prepare_tokenizer(study: Path, budget: dict) -> str:
-    """Trains the BPE once for the whole study (every run then loads the same file, and the token cache,
-    keyed by the tokenizer, is shared)."""
+def prepare_tokenizer(study: Path, budget: dict, tokenizer: str | None) -> str:
+    """One tokenizer for every run (the token cache, keyed by it, is then shared): `tokenizer` if given; for the
+    full budget the recipe's own, from the release; otherwise a BPE trained once on the corpus."""
+    from gpt1_jax.config import PretrainConfig, resolve
     from gpt1_jax.data.sources import open_source
     from gpt1_jax.data.tokens import tokenizer_for
-    from gpt1_jax.config import PretrainConfig, preset
 
-    vocab = preset(PretrainConfig, budget["preset"]).data.vocab_size
+    if tokenizer:
+        return str(Path(tokenizer).absolute()) if Path(tokenizer).exists() else tokenizer
+    if budget["config"] == str(RECIPE) and (RELEASE / "tokenizer.json").is_file():
+        return str(RELEASE / "tokenizer.json")
+    vocab = resolve(PretrainConfig, budget["config"], overrides=budget["overrides"]).data.vocab_size
     tokdir = study / "tokenizer"
     tokenizer_for(open_source(budget["source"]), tokdir, vocab_size=vocab, tokenizer="train")
     return str((tokdir / "tokenizer.json").absolute())
 
 
 def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tokenizer: str,
-                 cache_dir: str | None) -> dict:
-    from gpt1_jax.metrics import read_metrics
+                 cache_dir: str | None, records: Path | None = None) -> dict:
+    from gpt1_jax.config import PretrainConfig, load_yaml
     from gpt1_jax.errors import DivergenceError
+    from gpt1_jax.metrics import read_metrics
     from gpt1_jax.optim import optimizer_state_bytes, uses_eval_params
     from gpt1_jax.pretrain import run
 
     workdir = study / "runs" / name / run_name(lr, seed)
-    done = workdir / "record.json"
-    if done.is_file():
-        return json.loads(done.read_text())
+    if (rec := _load_record(workdir, records, study)) is not None:
+        return rec
     config = pretrain_config(budget, name, lr, seed, tokenizer, cache_dir)
     print(f"== {name} lr={lr:.3g} seed={seed} -> {workdir}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
@@ -180,33 +220,33 @@ def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tok
     wall = time.perf_counter() - t0
     if Path(tokenizer).is_file() and not (workdir / "tokenizer.json").exists():  # finetune --init reads it there
         shutil.copy(tokenizer, workdir / "tokenizer.json")
-    records = read_metrics(workdir)
-    last_step = max((r["step"] for r in records if "loss" in r), default=0)
-    diverged = status != 0 or any(isinstance(r.get("loss"), str) for r in records)
+    metrics = read_metrics(workdir)
+    last_step = max((r["step"] for r in metrics if "loss" in r), default=0)
+    diverged = status != 0 or any(isinstance(r.get("loss"), str) for r in metrics)
     if not diverged and last_step < config.steps:
         raise KeyboardInterrupt(f"{workdir} stopped at step {last_step} of {config.steps} (interrupted)")
-    val = [(r["step"], r["val_loss"]) for r in records if _finite(r.get("val_loss"))]
-    eval_at = "x (schedule_free_eval_params)" if uses_eval_params(name) else "params"
+    val = [(r["step"], r["val_loss"]) for r in metrics if _finite(r.get("val_loss"))]
     tokens_per_step = config.data.global_batch_size * config.data.seq_len
-    times = step_times(records, tokens_per_step)
-    from gpt1_jax.config import PretrainConfig, load_yaml
-
+    times = step_times(metrics, tokens_per_step)
     saved = workdir / "config.yaml"  # run() writes it with the tokenizer's real vocabulary size
     model = load_yaml(PretrainConfig, saved).model if saved.is_file() else config.model
     finals = [l for _, l in val]
     rec = {
         "study": "pretrain", "optimizer": name, "lr": lr, "seed": seed, "workdir": str(workdir),
-        "steps": config.steps, "tokens": config.steps * tokens_per_step,
+        "steps": config.steps, "tokens": config.steps * tokens_per_step, "tokens_per_step": tokens_per_step,
+        "schedule": f"{config.optim.schedule}, warmup {config.optim.warmup_steps} of {config.optim.total_steps}",
+        "vocab_size": model.vocab_size,
         "final_val_loss": finals[-1] if finals and not diverged and val[-1][0] == config.steps else None,
         "best_val_loss": min(finals) if finals and not diverged else None,
-        "val_curve": curve_with_time(val, times), "eval_at": eval_at,
-        "tokens_per_s": _median(r.get("tokens_per_s") for r in records if r.get("step", 0) > 1),
+        "val_curve": curve_with_time(val, times),
+        "eval_at": "x (schedule_free_eval_params)" if uses_eval_params(name) else "params",
+        "tokens_per_s": _median(r.get("tokens_per_s") for r in metrics if r.get("step", 0) > 1),
         "train_seconds": round(sum(times.values()), 2), "wall_seconds": round(wall, 2),
         "optimizer_state_bytes": optimizer_state_bytes(config.optim, _abstract_params(model)),
         "diverged": diverged, "error": error,
     }
     _prune_checkpoints(workdir)
-    done.write_text(json.dumps(rec, indent=2) + "\n")
+    _save_record(rec, workdir, records, study)
     return rec
 
 
@@ -229,11 +269,43 @@ def _prune_checkpoints(workdir: Path) -> None:
         shutil.rmtree(ckdir / str(s), ignore_errors=True)
 
 
+# ---- bench: the cost columns ------------------------------------------------------------------------------
+
+def bench_optimizer(study: Path, budget: dict, name: str, tokenizer_vocab: int) -> dict:
+    """Median step time of `name`'s train step (forward + backward + update, `gpt1_jax.bench`) at the study's
+    shape and at the 117M shape; written to <study>/bench/<name>.json and merged into the table."""
+    from gpt1_jax import bench
+    from gpt1_jax.config import PretrainConfig, apply_overrides, preset
+
+    out = study / "bench" / f"{name}.json"
+    if out.is_file():
+        return json.loads(out.read_text())
+    result = {}
+    for shape, spec in BENCH_SHAPES.items():
+        if spec is None:  # the study's own config, its vocabulary as the tokenizer makes it
+            config = apply_overrides(pretrain_config(budget, name, SPECS[name]["pretrain_lr"], 0, "train", None),
+                                     [f"model.vocab_size={tokenizer_vocab}"])
+        else:
+            preset_name, batch, seq = spec
+            config = apply_overrides(preset(PretrainConfig, preset_name), [
+                f"data.global_batch_size={batch}", f"data.seq_len={seq}", f"optim.name={name}",
+                *(f"optim.{k}={v}" for k, v in SPECS[name]["overrides"].items())])
+        print(f"== bench {name} at {shape}", file=sys.stderr, flush=True)
+        r = bench.run(config, steps=5, warmup=2)
+        B, T = config.data.global_batch_size, config.data.seq_len
+        result[shape] = {"batch": B, "seq": T, "step_s": r["step_s_median"], "tokens_per_s": r["tokens_per_s"],
+                         "mfu": r["mfu"], "compile_s": r.get("compile_s")}
+    result["cpu_flags"] = r["cpu_flags"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
 # ---- fine-tuning --------------------------------------------------------------------------------------
 
 def best_pretrain_workdir(init: Path) -> Path:
-    """A pre-training study dir -> the workdir of its lowest final validation loss; any other dir is taken
-    as a pre-training workdir as is."""
+    """A pre-training study dir -> the workdir of its lowest final validation loss; any other dir (a release
+    folder, a run workdir) is taken as is."""
     results = init / "results.json"
     if not results.is_file():
         return init
@@ -241,35 +313,32 @@ def best_pretrain_workdir(init: Path) -> Path:
     if not runs:
         raise SystemExit(f"{results}: no finished pre-training run to start from")
     best = min(runs, key=lambda r: r["final_val_loss"])
-    return Path(best["workdir"])
+    return init / best["workdir"] if not Path(best["workdir"]).is_absolute() else Path(best["workdir"])
 
 
-def finetune_run(study: Path, budget: dict, name: str, lr: float, seed: int, init: Path, data_dir: str | None,
-                 preset: str) -> dict:
-    from gpt1_jax.config import FinetuneConfig, PretrainConfig, apply_overrides, load_yaml
+def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, seed: int, init: Path,
+                 data_dir: str | None, records: Path | None = None) -> dict:
+    from gpt1_jax.config import FinetuneConfig, apply_overrides
     from gpt1_jax.errors import DivergenceError
     from gpt1_jax.finetune import run
-    from gpt1_jax.optim import optimizer_state_bytes
+    from gpt1_jax.optim import optimizer_state_bytes, uses_eval_params
+    from gpt1_jax.weights import load_pretrained
 
     workdir = study / "runs" / name / run_name(lr, seed)
-    done = workdir / "record.json"
-    if done.is_file():
-        return json.loads(done.read_text())
+    if (rec := _load_record(workdir, records, study)) is not None:
+        return rec
     b = budget
-    model = load_yaml(PretrainConfig, init / "config.yaml").model
-    sets = [f"task={b['task']}", f"epochs={b['epochs']}", f"batch_size={b['batch']}", f"seed={seed}",
+    model = load_pretrained(init)[0]  # the architecture, for the state bytes; run() reads the weights itself
+    sets = [f"task={task}", f"epochs={b['epochs']}", f"batch_size={b['batch']}", f"seed={seed}",
             f"max_train_examples={b['max_train']}", f"max_eval_examples={b['max_eval']}", f"n_ctx={b['n_ctx']}",
             f"optim.name={name}", f"optim.lr={lr}"]
     sets += [f"optim.{k}={v}" for k, v in SPECS[name]["overrides"].items()]
     config = apply_overrides(FinetuneConfig(model=model), sets)
-    tokenizer = None  # runs of an older study have no tokenizer.json: use the one their config names
-    if not (init / "tokenizer.json").is_file():
-        tokenizer = load_yaml(PretrainConfig, init / "config.yaml").data.tokenizer
-    print(f"== finetune {name} lr={lr:.3g} seed={seed} -> {workdir}", file=sys.stderr, flush=True)
+    print(f"== finetune {task} {name} lr={lr:.3g} seed={seed} -> {workdir}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     error, results = None, None
     try:
-        results = run(config, workdir, init=str(init), data_dir=data_dir, tokenizer=tokenizer, progress=True)
+        results = run(config, workdir, init=str(init), data_dir=data_dir, progress=True)
     except DivergenceError as e:
         error = f"{type(e).__name__}: {e}"
     wall = time.perf_counter() - t0
@@ -277,19 +346,19 @@ def finetune_run(study: Path, budget: dict, name: str, lr: float, seed: int, ini
     metric = results["main_metric"] if results else None
     history = results["history"] if results else []
     rec = {
-        "study": "finetune", "optimizer": name, "lr": lr, "seed": seed, "workdir": str(workdir), "init": str(init),
-        "task": b["task"], "metric": metric,
-        "final_val_loss": None, "best_val_loss": None,  # the loss slots stay for one schema; see dev_*
+        "study": "finetune", "optimizer": name, "lr": lr, "seed": seed, "workdir": str(workdir), "task": task,
+        "metric": metric, "final_val_loss": None, "best_val_loss": None,  # one schema; see dev_*
         "dev_final": history[-1].get(metric) if history else None,
         "dev_best": results["metrics"][metric] if results else None,
         "val_curve": [{"step": h["epoch"], "dev": h.get(metric), "train_loss": h["train_loss"]} for h in history],
-        "eval_at": "x (schedule_free_eval_params)" if name.startswith("schedule_free") else "params",
+        "eval_at": "x (schedule_free_eval_params)" if uses_eval_params(name) else "params",
+        "schedule": f"{config.optim.schedule}, warmup {config.warmup_fraction:g} of the updates",
         "tokens_per_s": None, "train_seconds": results["train_seconds"] if results else None,
         "wall_seconds": round(wall, 2),
         "optimizer_state_bytes": optimizer_state_bytes(config.optim, _abstract_params(model)),
         "diverged": diverged, "error": error,
     }
-    done.write_text(json.dumps(rec, indent=2) + "\n")
+    _save_record(rec, workdir, records, study)
     return rec
 
 
@@ -309,49 +378,62 @@ def best_lr(runs: list[dict], name: str, seed: int) -> float | None:
     return min(cands, key=score)["lr"] if cands else None
 
 
-def study_loop(args, kind: str, run_one) -> Path:
-    study = Path(args.out) / kind
+def bracket_gap(runs: list[dict], name: str, seed: int) -> float | None:
+    """The next lr to try so that the best one has a worse neighbour on both sides (a diverged run counts as
+    worse); None when it is bracketed already. Every lr diverged: go one rung below the lowest."""
+    tried = sorted({r["lr"] for r in runs if r["optimizer"] == name and r["seed"] == seed})
+    if not tried:
+        return None
+    best = best_lr(runs, name, seed)
+    if best is None:
+        return next_rung(tried[0], up=False)
+    if best == tried[0]:
+        return next_rung(best, up=False)
+    if best == tried[-1]:
+        return next_rung(best, up=True)
+    return None
+
+
+def study_loop(study: Path, names: list[str], seeds: list[int], grids: dict[str, list[float]], run_one,
+               max_extensions: int, write) -> list[dict]:
+    """Breadth-first, so that a study cut short still has a row per optimizer: every optimizer at its centre
+    lr, the rest of its grid, rounds of one more lr for each optimizer whose best is not yet bracketed (at
+    most `max_extensions` each), then the other seeds at each best lr."""
     study.mkdir(parents=True, exist_ok=True)
-    names = args.optimizers.split(",") if args.optimizers else list(SPECS)
-    unknown = [n for n in names if n not in SPECS]
-    if unknown:
-        raise SystemExit(f"unknown optimizer(s) {', '.join(unknown)}; known: {', '.join(SPECS)}")
-    seeds = [int(s) for s in args.seeds.split(",")]
-    centre = {n: SPECS[n][f"{kind}_lr"] * args.lr_scale for n in names}
-    grids = {n: lr_grid(centre[n], args.lr_points) for n in names}
     runs: list[dict] = []
 
     def do(name, lr, seed):
         rec = run_one(study, name, lr, seed)
         runs[:] = [r for r in runs if (r["optimizer"], r["lr"], r["seed"]) != (name, lr, seed)] + [rec]
-        write_outputs(study, kind, runs, names, seeds, args)
+        write(runs)
 
-    t0 = time.perf_counter()
-    mid = args.lr_points // 2
-    for n in names:  # 1. every optimizer at its centre lr
-        do(n, grids[n][mid], seeds[0])
-    for n in names:  # 2. the rest of the grid
-        for lr in grids[n][:mid] + grids[n][mid + 1:]:
+    for n in names:
+        do(n, grids[n][len(grids[n]) // 2], seeds[0])
+    for n in names:
+        for lr in grids[n]:
             do(n, lr, seeds[0])
-    if args.extend_edges:  # 2b. one more point past a best lr that sits on the grid's edge
-        for n in names:
-            b = best_lr(runs, n, seeds[0])
-            if b == grids[n][0] or b == grids[n][-1]:
-                do(n, next_rung(b, up=b == grids[n][-1]), seeds[0])
-    for n in names:  # 3. the other seeds at the best lr
+    for _ in range(max_extensions):
+        gaps = {n: lr for n in names if (lr := bracket_gap(runs, n, seeds[0])) is not None}
+        if not gaps:
+            break
+        for n, lr in gaps.items():
+            do(n, lr, seeds[0])
+    for n in names:
         b = best_lr(runs, n, seeds[0])
         if b is not None:
             for s in seeds[1:]:
                 do(n, b, s)
-    write_outputs(study, kind, runs, names, seeds, args)
-    print(f"{kind} study: {len(runs)} runs in {time.perf_counter() - t0:.0f} s -> {study}", file=sys.stderr)
-    return study
+    write(runs)
+    return runs
 
 
 # ---- outputs ------------------------------------------------------------------------------------------
 
-def summarize(runs: list[dict], names: list[str], seeds: list[int]) -> list[dict]:
+def summarize(runs: list[dict], names: list[str], seeds: list[int], bench: dict[str, dict] | None = None) -> list[dict]:
+    """One row per optimizer, best first; `distinct_from_next`: its mean ± std interval and the next row's do not
+    overlap (a difference larger than the seed noise)."""
     ref_bytes = next((r["optimizer_state_bytes"] for r in runs if r["optimizer"] == REFERENCE), None)
+    sign = -1.0 if runs and runs[0]["study"] == "finetune" else 1.0  # rows ascend in `score`
     rows = []
     for n in names:
         mine = [r for r in runs if r["optimizer"] == n]
@@ -359,19 +441,26 @@ def summarize(runs: list[dict], names: list[str], seeds: list[int]) -> list[dict
             continue
         lr = best_lr(runs, n, seeds[0])
         at_best = [r for r in mine if r["lr"] == lr and score(r) is not None]
-        vals = [-score(r) if r["study"] == "finetune" else score(r) for r in at_best]
+        vals = [sign * score(r) for r in at_best]
         state = mine[0]["optimizer_state_bytes"]
         rows.append({
-            "optimizer": n, "best_lr": lr, "n_seeds": len(vals),
+            "optimizer": n, "best_lr": lr, "n_seeds": len(vals), "values": vals,
             "mean": statistics.fmean(vals) if vals else None,
             "std": statistics.stdev(vals) if len(vals) > 1 else (0.0 if vals else None),
+            "bracketed": lr is not None and bracket_gap(runs, n, seeds[0]) is None,
+            "schedule": mine[0].get("schedule"),
             "wall_seconds": statistics.fmean(r["wall_seconds"] for r in at_best) if at_best else None,
             "train_seconds": _median(r["train_seconds"] for r in at_best),
             "tokens_per_s": _median(r["tokens_per_s"] for r in at_best),
             "state_bytes": state, "state_vs_ref": state / ref_bytes if ref_bytes else None,
-            "lrs": sorted({r["lr"] for r in mine}),
+            "bench": (bench or {}).get(n),
+            "lrs": sorted({r["lr"] for r in mine if r["seed"] == seeds[0]}),
             "diverged_lrs": sorted({r["lr"] for r in mine if r["diverged"]}),
         })
+    rows.sort(key=lambda r: math.inf if r["mean"] is None else sign * r["mean"])
+    for a, b in zip(rows, rows[1:] + [None]):
+        a["distinct_from_next"] = (b is not None and a["mean"] is not None and b["mean"] is not None
+                                   and abs(a["mean"] - b["mean"]) > a["std"] + b["std"])
     return rows
 
 
@@ -379,37 +468,60 @@ def _fmt(x, spec=".4f"):
     return "-" if x is None else format(x, spec)
 
 
-def results_md(kind: str, rows: list[dict], runs: list[dict], args) -> str:
+def results_md(kind: str, rows: list[dict], runs: list[dict], args, title: str) -> str:
     metric = "validation loss (nats/token)" if kind == "pretrain" else f"dev {next((r['metric'] for r in runs if r.get('metric')), 'metric')}"
-    budget = runs[0]["tokens"] if runs and kind == "pretrain" else None
-    lines = [f"# Optimizer study: {kind}{' (quick)' if args.quick else ''}", ""]
+    lines = [f"# {title}{' (quick)' if args.quick else ''}", ""]
     if kind == "pretrain":
-        lines.append(f"Same model, init, data order and budget ({budget:,} tokens, {runs[0]['steps']} steps of "
-                     f"`{args.corpus}`) per run; "
-                     "best lr = lowest final validation loss at the first seed; mean ± std over seeds at that lr.")
+        r0 = runs[0]
+        lines.append(f"Same model, init, data order, tokenizer and budget per run: {r0['tokens']:,} tokens = {r0['steps']} "
+                     f"updates of {r0['tokens_per_step']:,} tokens of `{args.corpus_shown}`. Best lr = lowest final "
+                     "validation loss (the whole validation split) at the first seed, bracketed: the sweep grows "
+                     "until the best lr has a worse (or diverged) neighbour on both sides. Mean ± std over seeds "
+                     "at that lr.")
     else:
-        lines.append(f"Fine-tuning from `{runs[0]['init']}`; best lr = highest best-epoch dev metric at the first "
-                     "seed; mean ± std over seeds at that lr.")
-    lines += ["", f"| optimizer | best lr | {metric}, mean ± std | seeds | wall time / run (s) | train time (s) | tokens/s "
-              "| optimizer state (MB) | state vs Adam | lrs tried (diverged) |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+        lines.append(f"Fine-tuning `{args.init_shown}`; best lr = highest best-epoch dev score at the first seed, "
+                     "from a 3-point grid around each optimizer's centre; mean ± std over seeds at that lr.")
+    total = sum(r["wall_seconds"] for r in runs if _finite(r.get("wall_seconds")))
+    lines += ["", f"Compute: {len(runs)} runs, {total / 3600:.1f} h of wall-clock in all.", ""]
+    head = f"| optimizer | best lr | {metric}, mean ± std | seeds | > next? | bracketed | schedule |"
+    sep = "|---|---|---|---|---|---|---|"
+    if kind == "pretrain":
+        head += " tokens/s | train s | ln V − loss per train min | state (MB) | vs Adam | step s (study) | step s (117M, 2x512) | lrs tried (✗ diverged) |"
+        sep += "---|---|---|---|---|---|---|---|"
+    else:
+        head += " train s | state (MB) | vs Adam | lrs tried (✗ diverged) |"
+        sep += "---|---|---|---|"
+    lines += [head, sep]
     for r in rows:
         tried = ", ".join(f"{lr:.3g}" + ("✗" if lr in r["diverged_lrs"] else "") for lr in r["lrs"])
-        lines.append(
-            f"| {r['optimizer']} | {_fmt(r['best_lr'], '.3g')} | {_fmt(r['mean'])} ± {_fmt(r['std'])} | {r['n_seeds']} "
-            f"| {_fmt(r['wall_seconds'], '.0f')} | {_fmt(r['train_seconds'], '.1f')} | {_fmt(r['tokens_per_s'], ',.0f')} "
-            f"| {r['state_bytes'] / 2**20:.2f} | {_fmt(r['state_vs_ref'], '.2f')}× | {tried} |")
-    lines += ["", "✗ = diverged (non-finite loss). Optimizer state = bytes of `tx.init(params)` "
-              "(`gpt1_jax.optim.optimizer_state_bytes`, clipping and schedule counters included). "
-              "Train time = summed step times (compilation and evaluation excluded); wall time includes both.", ""]
+        cells = [r["optimizer"], _fmt(r["best_lr"], ".3g"), f"{_fmt(r['mean'])} ± {_fmt(r['std'])}", str(r["n_seeds"]),
+                 "yes" if r["distinct_from_next"] else "≈", "yes" if r["bracketed"] else "**no**" if kind == "pretrain" else "no", r["schedule"] or "-"]
+        if kind == "pretrain":
+            vocab = next((x["vocab_size"] for x in runs if x["optimizer"] == r["optimizer"] and x.get("vocab_size")), None)
+            gain = (math.log(vocab) - r["mean"]) / (r["train_seconds"] / 60) if vocab and r["mean"] and r["train_seconds"] else None
+            bench = r["bench"] or {}
+            cells += [_fmt(r["tokens_per_s"], ",.0f"), _fmt(r["train_seconds"], ".0f"), _fmt(gain, ".3f"),
+                      f"{r['state_bytes'] / 2**20:.2f}", f"{_fmt(r['state_vs_ref'], '.2f')}×",
+                      _fmt(bench.get("study", {}).get("step_s"), ".3f"), _fmt(bench.get("gpt1_117M", {}).get("step_s"), ".2f"),
+                      tried]
+        else:
+            cells += [_fmt(r["train_seconds"], ".0f"), f"{r['state_bytes'] / 2**20:.2f}",
+                      f"{_fmt(r['state_vs_ref'], '.2f')}×", tried]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Rows are best first. *> next?*: yes when this row's mean ± std interval does not overlap the next "
+              "row's (the difference exceeds the seed noise); ≈ otherwise. *bracketed*: the best lr has a worse or "
+              "diverged neighbour on both sides. Optimizer state = bytes of `tx.init(params)` "
+              "(`gpt1_jax.optim.optimizer_state_bytes`). Train s = summed step times (compilation and evaluation "
+              "excluded)."]
+    if kind == "pretrain":
+        lines.append("ln V − loss per train min: nats/token gained over a uniform guess per minute of training. "
+                     "Step s: `gpt1-jax bench --optim NAME` (forward + backward + update, median of 5) at the "
+                     "study's shape and at GPT-1's 117M shape, batch 2 x 512; CPU flags in results.json.")
     if any(r["optimizer"].startswith("schedule_free") for r in runs):
-        lines.append("schedule_free_adamw: pre-training validation losses are at x "
-                     "(`gpt1_jax.optim.eval_params` = `optax.contrib.schedule_free_eval_params`), re-evaluated from "
-                     "checkpoints." if kind == "pretrain" else
-                     "schedule_free_adamw: finetune.py predicts at the training params y, not at x "
-                     "(`gpt1_jax.optim.eval_params`), so its dev metric here understates it.")
-        lines.append("")
-    return "\n".join(lines)
+        lines.append("schedule_free_adamw is evaluated at x (`gpt1_jax.optim.eval_params`) in every validation "
+                     "and dev evaluation; it trains with warmup then a constant lr, the others warmup then "
+                     + ("cosine." if kind == "pretrain" else "linear decay."))
+    return "\n".join(lines) + "\n"
 
 
 def plot(study: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list[int]) -> list[Path]:
@@ -422,9 +534,8 @@ def plot(study: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list
     ylabel = "validation loss (nats/token)" if kind == "pretrain" else f"dev {next((r['metric'] for r in runs if r.get('metric')), '')}"
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     out = []
-    xaxes = [("step", "step" if kind == "pretrain" else "epoch", "val_vs_step.png")]
-    xaxes.append(("train_seconds", "training wall-clock (s)", "val_vs_time.png") if kind == "pretrain" else
-                 ("train_seconds", "fine-tuning time (s)", "val_vs_time.png"))
+    xaxes = [("tokens", "tokens seen" if kind == "pretrain" else "epoch", "val_vs_tokens.png"),
+             ("train_seconds", "training wall-clock (s)", "val_vs_time.png")]
     for field, xlabel, fname in xaxes:
         fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
         for i, row in enumerate(rows):
@@ -432,10 +543,14 @@ def plot(study: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list
                       and r["seed"] == seeds[0]), None)
             if r is None or not r["val_curve"]:
                 continue
-            pts = [(p.get(field), p.get(key)) for p in r["val_curve"]]
-            if field == "train_seconds" and kind == "finetune":  # one time per run: spread over epochs
-                n = len(pts)
-                pts = [((j + 1) / n * (r["train_seconds"] or 0), p[1]) for j, p in enumerate(pts)]
+            if field == "tokens":
+                scale = r.get("tokens_per_step", 1) if kind == "pretrain" else 1
+                pts = [(p["step"] * scale, p.get(key)) for p in r["val_curve"]]
+            elif kind == "finetune":  # one time per run: spread over the epochs
+                n = len(r["val_curve"])
+                pts = [((j + 1) / n * (r["train_seconds"] or 0), p.get(key)) for j, p in enumerate(r["val_curve"])]
+            else:
+                pts = [(p.get(field), p.get(key)) for p in r["val_curve"]]
             pts = [(x, y) for x, y in pts if _finite(x) and _finite(y)]
             if pts:
                 ax.plot(*zip(*pts), "o-", ms=3, color=colors[i % len(colors)], label=f"{row['optimizer']} (lr {row['best_lr']:.3g})")
@@ -460,10 +575,12 @@ def plot(study: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list
             ax.plot(*zip(*ok), "o-", color=c, label=row["optimizer"])
         if bad:
             ax.plot(bad, [top] * len(bad), "x", color=c, ms=9, mew=2)
+        if row["best_lr"] is not None and row["mean"] is not None:  # the bracketed optimum, with its seed spread
+            ax.errorbar([row["best_lr"]], [row["mean"]], yerr=[row["std"]], fmt="*", ms=12, color=c, capsize=4)
     ax.set_xscale("log")
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel(f"final {ylabel}" if kind == "pretrain" else f"best-epoch {ylabel}")
-    ax.set_title(f"{kind}: lr sweep (seed {seeds[0]}; x = diverged)")
+    ax.set_title(f"{kind}: lr sweep (seed {seeds[0]}; ★ best lr, mean ± std over seeds; x = diverged)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -473,19 +590,30 @@ def plot(study: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list
     return out
 
 
-def write_outputs(study: Path, kind: str, runs: list[dict], names: list[str], seeds: list[int], args) -> None:
-    rows = summarize(runs, names, seeds)
+def write_outputs(study: Path, kind: str, runs: list[dict], names: list[str], seeds: list[int], args,
+                  title: str) -> None:
+    bench = {p.stem: json.loads(p.read_text()) for p in sorted((study / "bench").glob("*.json"))}
+    rows = summarize(runs, names, seeds, bench)
+    shown = [dict(r, workdir=str(Path(r["workdir"]).relative_to(study)) if Path(r["workdir"]).is_relative_to(study)
+                  else r["workdir"]) for r in runs]
     (study / "results.json").write_text(json.dumps(
-        {"study": kind, "quick": args.quick, "seeds": seeds, "summary": rows, "runs": runs}, indent=2) + "\n")
-    (study / "results.md").write_text(results_md(kind, rows, runs, args))
+        {"study": kind, "quick": args.quick, "seeds": seeds, "cpu_flags": " ".join(cpu_flags()), "summary": rows, "runs": shown},
+        indent=2) + "\n")
+    (study / "results.md").write_text(results_md(kind, rows, runs, args, title))
     plot(study, kind, runs, rows, seeds)
 
 
 # ---- command line -------------------------------------------------------------------------------------
 
+def shown(path: str | Path) -> str:
+    """A path as committed files print it: relative to the repository when inside it."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
+
+
 def missing_data(args) -> str | None:
     """What is wrong with the data flags of this study, or None."""
-    if args.study == "pretrain":
+    if args.study in ("pretrain", "bench"):
         from gpt1_jax.data.sources import open_source
 
         try:
@@ -494,41 +622,67 @@ def missing_data(args) -> str | None:
             return f"--corpus: {e}"
         return None
     if not Path(args.init).exists():
-        return f"--init {args.init}: no such directory"
+        return f"--init {args.init}: no such directory (pre-train first, or pass a model folder)"
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         return f"--data-dir {args.data_dir}: no such directory"
     return None
 
 
+def finetune_optimizers(args) -> list[str]:
+    """--optimizers, or the best four of the pre-training study in --out plus gpt1_adam."""
+    if args.optimizers:
+        return args.optimizers.split(",")
+    results = Path(args.out) / "pretrain" / "results.json"
+    if not results.is_file():
+        raise SystemExit(f"{results}: no pre-training study to take the best four optimizers from; pass --optimizers")
+    ranked = [r["optimizer"] for r in json.loads(results.read_text())["summary"] if r["mean"] is not None]
+    return ranked[:4] + ([REFERENCE] if REFERENCE not in ranked[:4] else [])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("study", choices=["pretrain", "finetune"])
+    p.add_argument("study", choices=["pretrain", "bench", "finetune"])
     p.add_argument("--out", required=True, help="study root; outputs go to <out>/<study>/")
     p.add_argument("--quick", action="store_true", help="minutes: tiny model, a short pre-training / a small GLUE subset")
-    p.add_argument("--optimizers", default=None, help=f"comma-separated subset of {','.join(SPECS)}")
-    p.add_argument("--seeds", default="0,1", help="first: the lr sweep; others: repeats at the best lr")
-    p.add_argument("--lr-points", type=int, default=3, help="lrs per optimizer (the 1-3-10 log ladder around each centre)")
+    p.add_argument("--optimizers", default=None, help=f"comma-separated subset of {','.join(SPECS)} (finetune's "
+                   "default: the pre-training study's best four plus gpt1_adam)")
+    p.add_argument("--seeds", default="0,1,2", help="first: the lr sweep; others: repeats at the best lr")
+    p.add_argument("--lr-points", type=int, default=3, help="initial lrs per optimizer (the 1-3-10 log ladder)")
     p.add_argument("--lr-scale", type=float, default=1.0, help="multiplies every centre lr")
-    p.add_argument("--extend-edges", action="store_true", help="one more lr past a best lr on the grid's edge")
+    p.add_argument("--max-extensions", type=int, default=None,
+                   help="lrs added per optimizer to bracket its best (default: 4 for pretrain, 0 for finetune)")
     p.add_argument("--steps", type=int, default=None, help="pre-training steps (overrides the budget)")
+    p.add_argument("--tokenizer", default=None, help="pretrain: a tokenizer .json (default: the recipe's, from "
+                   "experiments/paper/release, or one trained on --corpus)")
+    p.add_argument("--records", default=None, help="also keep each run's record here (commit it: a study "
+                   "spanning sessions resumes from it)")
     p.add_argument("--cache-dir", default=None, help="token cache (default: the machine's)")
     p.add_argument("--compile-cache", default=None, help="JAX persistent compilation cache (default: <out>/jax_cache; "
                    "'none' disables): the init and eval programs are the same for every lr, and a resumed study "
                    "recompiles nothing")
     p.add_argument("--corpus", default="default", help="pretrain: a gpt1-jax text source (file, folder, glob or "
                    "tfds:NAME; default: the demo corpus embedded in Python)")
-    p.add_argument("--init", default=None, help="finetune: a pre-training study dir (its best run) or workdir")
+    p.add_argument("--init", default=None, help="finetune: a model folder, run workdir or pre-training study dir "
+                   "(its best run); default: experiments/paper/release (--quick: <out>/pretrain)")
     p.add_argument("--data-dir", default=None, help="finetune: GLUE's official TSV distribution "
                    "(<dir>/<Task>/{train,dev}.tsv; default: tensorflow-datasets downloads GLUE)")
-    p.add_argument("--task", default=None, help="finetune: GLUE task (default sst2)")
+    p.add_argument("--tasks", default=None, help="finetune: GLUE tasks (default sst2,mrpc)")
     args = p.parse_args(argv)
     if args.lr_points < (2 if args.quick else 3):
         p.error("--lr-points must be >= 3 (a log grid of at least 3 values; --quick allows 2, for tests)")
-    if args.study == "finetune" and not args.init:
-        p.error("finetune needs --init (a pre-training study dir or workdir)")
+    if args.study == "finetune" and args.init is None:
+        args.init = str(Path(args.out) / "pretrain") if args.quick else str(RELEASE)
     missing = missing_data(args)
     if missing:  # one line, before any compilation; not a usage error, so no usage text
         p.exit(2, f"{p.prog}: error: {missing}\n")
+    names = finetune_optimizers(args) if args.study == "finetune" else (
+        args.optimizers.split(",") if args.optimizers else list(SPECS))
+    unknown = [n for n in names if n not in SPECS]
+    if unknown:
+        p.exit(2, f"{p.prog}: error: unknown optimizer(s) {', '.join(unknown)}; known: {', '.join(SPECS)}\n")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    records = Path(args.records).absolute() if args.records else None
+    args.corpus_shown, args.init_shown = shown(args.corpus), shown(args.init) if args.init else None
 
     if args.compile_cache != "none":
         import jax
@@ -537,23 +691,46 @@ def main(argv=None) -> int:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     mode = "quick" if args.quick else "full"
-    if args.study == "pretrain":
+    t0 = time.perf_counter()
+    if args.study in ("pretrain", "bench"):
         budget = dict(PRETRAIN[mode], source=args.corpus)
         if args.steps:
-            budget["steps"] = args.steps
-            budget["warmup"] = min(budget["warmup"], max(1, args.steps // 10))
-            budget["eval_every"] = max(1, min(budget["eval_every"], args.steps // 2))
+            budget.update(steps=args.steps, eval_every=max(1, min(budget["eval_every"], args.steps // 2)))
         study = Path(args.out) / "pretrain"
         study.mkdir(parents=True, exist_ok=True)
-        tokenizer = prepare_tokenizer(study, budget)
-        study_loop(args, "pretrain",
-                   lambda st, n, lr, s: pretrain_run(st, budget, n, lr, s, tokenizer, args.cache_dir))
+        tokenizer = prepare_tokenizer(study, budget, args.tokenizer)
+        if args.study == "bench":
+            from gpt1_jax.tokenizer import GPT1Tokenizer
+
+            vocab = GPT1Tokenizer.from_path(tokenizer).vocab_size
+            for n in names:
+                bench_optimizer(study, budget, n, vocab)
+            runs = [json.loads(p.read_text()) for p in sorted(study.glob("runs/*/*/record.json"))]
+            if runs:  # the table gets its cost columns; its rows are every optimizer that has runs
+                ran = [n for n in SPECS if any(r["optimizer"] == n for r in runs)]
+                write_outputs(study, "pretrain", runs, ran, seeds, args, "Optimizer study: pre-training")
+            return 0
+        grids = {n: lr_grid(SPECS[n]["pretrain_lr"] * args.lr_scale, args.lr_points) for n in names}
+        run_one = lambda st, n, lr, s: pretrain_run(st, budget, n, lr, s, tokenizer, args.cache_dir,  # noqa: E731
+                                                    records and records / "pretrain")
+        write = lambda runs: write_outputs(study, "pretrain", runs, names, seeds, args,  # noqa: E731
+                                           "Optimizer study: pre-training")
+        runs = study_loop(study, names, seeds, grids, run_one,
+                          4 if args.max_extensions is None else args.max_extensions, write)
     else:
         budget = dict(FINETUNE[mode])
-        if args.task:
-            budget["task"] = args.task
         init = best_pretrain_workdir(Path(args.init))
-        study_loop(args, "finetune", lambda st, n, lr, s: finetune_run(st, budget, n, lr, s, init, args.data_dir, mode))
+        grids = {n: lr_grid(SPECS[n]["finetune_lr"] * args.lr_scale, args.lr_points) for n in names}
+        runs = []
+        for task in (args.tasks.split(",") if args.tasks else budget["tasks"]):
+            study = Path(args.out) / "finetune" / task
+            run_one = (lambda t: lambda st, n, lr, s: finetune_run(  # noqa: E731
+                st, budget, t, n, lr, s, init, args.data_dir, records and records / "finetune" / t))(task)
+            write = (lambda st, t: lambda rs: write_outputs(  # noqa: E731
+                st, "finetune", rs, names, seeds, args, f"Optimizer study: fine-tuning {t}"))(study, task)
+            runs += study_loop(study, names, seeds, grids, run_one,
+                               0 if args.max_extensions is None else args.max_extensions, write)
+    print(f"{args.study} study: {len(runs)} runs in {time.perf_counter() - t0:.0f} s -> {Path(args.out)}", file=sys.stderr)
     return 0
 
 
