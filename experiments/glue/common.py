@@ -12,6 +12,7 @@ import json
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,18 +71,25 @@ def finetune_argv(run: Run, init: str, data_dir: str | None, quick: bool, extra:
     return argv + run.flags + extra
 
 
-def execute(runs: list[Run], init: str, data_dir: str | None, quick: bool, extra: list[str]) -> None:
+def execute(runs: list[Run], init: str, data_dir: str | None, quick: bool, extra: list[str],
+            on_result: Callable[[Run], None] | None = None) -> None:
+    """Runs each run not done before, one `gpt1-jax finetune` process at a time. `on_result(run)` is called as
+    soon as a run has its results (done before or now), so a sweep stopped mid-way has kept what finished."""
     for i, run in enumerate(runs, 1):
         out = run.workdir / "results.json"
         if out.is_file():
             run.results = json.loads(out.read_text())
             print(f"[{i}/{len(runs)}] {run.ablation} {run.task} seed {run.seed}: done before", file=sys.stderr)
+            if on_result:
+                on_result(run)
             continue
         argv = finetune_argv(run, init, data_dir, quick, extra)
         print(f"[{i}/{len(runs)}] {' '.join(argv[2:])}", file=sys.stderr)
         proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode == 0 and out.is_file():
             run.results = json.loads(out.read_text())
+            if on_result:
+                on_result(run)
         else:
             lines = (proc.stderr or proc.stdout).strip().splitlines()
             run.error = lines[-1] if lines else f"exit status {proc.returncode}"

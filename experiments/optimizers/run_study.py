@@ -316,19 +316,18 @@ def best_pretrain_workdir(init: Path) -> Path:
     return init / best["workdir"] if not Path(best["workdir"]).is_absolute() else Path(best["workdir"])
 
 
-def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, seed: int, init: Path,
+def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, seed: int, init: Path, model,
                  data_dir: str | None, records: Path | None = None) -> dict:
+    """`model`: the ModelConfig of `init` (read once per study; run() reads the weights itself)."""
     from gpt1_jax.config import FinetuneConfig, apply_overrides
     from gpt1_jax.errors import DivergenceError
     from gpt1_jax.finetune import run
     from gpt1_jax.optim import optimizer_state_bytes, uses_eval_params
-    from gpt1_jax.weights import load_pretrained
 
     workdir = study / "runs" / name / run_name(lr, seed)
     if (rec := _load_record(workdir, records, study)) is not None:
         return rec
     b = budget
-    model = load_pretrained(init)[0]  # the architecture, for the state bytes; run() reads the weights itself
     sets = [f"task={task}", f"epochs={b['epochs']}", f"batch_size={b['batch']}", f"seed={seed}",
             f"max_train_examples={b['max_train']}", f"max_eval_examples={b['max_eval']}", f"n_ctx={b['n_ctx']}",
             f"optim.name={name}", f"optim.lr={lr}"]
@@ -719,13 +718,16 @@ def main(argv=None) -> int:
                           4 if args.max_extensions is None else args.max_extensions, write)
     else:
         budget = dict(FINETUNE[mode])
+        from gpt1_jax.weights import load_pretrained
+
         init = best_pretrain_workdir(Path(args.init))
+        model = load_pretrained(init)[0]  # the architecture, for the state bytes
         grids = {n: lr_grid(SPECS[n]["finetune_lr"] * args.lr_scale, args.lr_points) for n in names}
         runs = []
         for task in (args.tasks.split(",") if args.tasks else budget["tasks"]):
             study = Path(args.out) / "finetune" / task
             run_one = (lambda t: lambda st, n, lr, s: finetune_run(  # noqa: E731
-                st, budget, t, n, lr, s, init, args.data_dir, records and records / "finetune" / t))(task)
+                st, budget, t, n, lr, s, init, model, args.data_dir, records and records / "finetune" / t))(task)
             write = (lambda st, t: lambda rs: write_outputs(  # noqa: E731
                 st, "finetune", rs, names, seeds, args, f"Optimizer study: fine-tuning {t}"))(study, task)
             runs += study_loop(study, names, seeds, grids, run_one,

@@ -49,10 +49,8 @@ def run_all(paper: Paper, runs: list[Run]) -> int:
     for r in runs:
         paper.restore_record(r.workdir)
     fresh = sum(not (r.workdir / "results.json").is_file() for r in runs)
-    execute(runs, str(paper.release_dir), paper.data_dir, False, paper.finetune_extra())
-    for r in runs:
-        if r.results:
-            paper.save_record(r.workdir, r.results)
+    execute(runs, str(paper.release_dir), paper.data_dir, False, paper.finetune_extra(),
+            on_result=lambda r: paper.save_record(r.workdir, r.results))
     return fresh
 
 
