@@ -14,6 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from gpt1_jax.dropout import dropout
 from gpt1_jax.errors import ConfigError
 
 # The original fills masked scores with -1e9 (HF: -1e4 for fp16). Any value that underflows exp() to 0
@@ -61,6 +62,5 @@ def causal_attention(
     scores_BHTS = jnp.where(causal_TS, scores_BHTS, jnp.finfo(jnp.float32).min)
     probs_BHTS = jax.nn.softmax(scores_BHTS, axis=-1)
     if dropout_active:
-        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs_BHTS.shape)
-        probs_BHTS = jnp.where(keep, probs_BHTS / (1.0 - dropout_rate), 0.0)
+        probs_BHTS = dropout(probs_BHTS, dropout_rate, dropout_rng)
     return jnp.einsum("bhts,bshk->bthk", probs_BHTS.astype(v_BSHK.dtype), v_BSHK)

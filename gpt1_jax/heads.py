@@ -29,6 +29,7 @@ import numpy as np
 import optax
 
 from gpt1_jax.config import ConfigError, ModelConfig
+from gpt1_jax.dropout import Dropout
 from gpt1_jax.model import GPT1
 
 KINDS = ("classification", "entailment", "similarity", "multiple_choice")
@@ -123,10 +124,10 @@ class ClassifierHead(nn.Module):
         )
         if self.kind == "multiple_choice":
             # broadcast over the choice axis: one mask per example, shared by its choices
-            x_BND = nn.Dropout(self.dropout, broadcast_dims=(1,))(h_BND, deterministic=deterministic)
+            x_BND = Dropout(self.dropout, broadcast_dims=(1,))(h_BND, deterministic=deterministic)
             return dense(x_BND)[..., 0].astype(jnp.float32)
         h_BD = h_BND.sum(axis=1) if self.kind == "similarity" else h_BND[:, 0]
-        x_BD = nn.Dropout(self.dropout)(h_BD, deterministic=deterministic)
+        x_BD = Dropout(self.dropout)(h_BD, deterministic=deterministic)
         return dense(x_BD).astype(jnp.float32)
 
 

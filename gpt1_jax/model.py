@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from gpt1_jax.attention import causal_attention
 from gpt1_jax.config import ModelConfig
+from gpt1_jax.dropout import Dropout
 from gpt1_jax.errors import DataError
 
 Axes = Sequence[str | None]
@@ -133,7 +134,7 @@ class CausalSelfAttention(nn.Module):
         out_BTD = Linear(c, "bthk,hkd->btd", (H, K, D), ("heads", "kv", "embed"), (D,), ("embed",), name="c_proj")(
             out_BTHK
         )
-        return nn.Dropout(c.resid_dropout)(out_BTD, deterministic=deterministic)
+        return Dropout(c.resid_dropout)(out_BTD, deterministic=deterministic)
 
 
 class MLP(nn.Module):
@@ -146,7 +147,7 @@ class MLP(nn.Module):
         h_BTF = Linear(c, "btd,df->btf", (D, F), ("embed", "mlp"), (F,), ("mlp",), name="c_fc")(x_BTD)
         h_BTF = nn.with_logical_constraint(jax.nn.gelu(h_BTF, approximate=True), ("batch", "length", "mlp"))
         out_BTD = Linear(c, "btf,fd->btd", (F, D), ("mlp", "embed"), (D,), ("embed",), name="c_proj")(h_BTF)
-        return nn.Dropout(c.resid_dropout)(out_BTD, deterministic=deterministic)
+        return Dropout(c.resid_dropout)(out_BTD, deterministic=deterministic)
 
 
 class Block(nn.Module):
@@ -184,7 +185,7 @@ class GPT1(nn.Module):
             c.n_positions, c.d_model, dtype=c.dtype, param_dtype=c.param_dtype,
             embedding_init=_normal(c, ("positions", "embed")),
         )
-        self.embd_dropout = nn.Dropout(c.embd_dropout)
+        self.embd_dropout = Dropout(c.embd_dropout)
         block = Block
         if c.remat != "none":
             # arguments 2 and 3 (self counts as 0) are `deterministic` and `decode`, Python bools

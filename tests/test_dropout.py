@@ -1,0 +1,55 @@
+"""Dropout from 16-bit draws (gpt1_jax/dropout.py): the rate asked for, independent elements, shared masks
+along broadcast axes, the same masks on any mesh, and the expectation kept."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from gpt1_jax.dropout import dropout, keep_mask
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5, 0.9])
+def test_keep_fraction_is_the_rate_asked_for(rate):
+    mask = np.asarray(keep_mask(jax.random.key(0), rate, (64, 8, 257)))  # odd last axis: half a draw unused
+    n = mask.size
+    tolerance = 5 * np.sqrt(rate * (1 - rate) / n)  # 5 sigma of a fair coin count
+    assert abs(mask.mean() - (1 - rate)) < tolerance + 2 ** -17
+
+
+def test_both_halves_of_a_draw_are_independent():
+    """Elements 2i and 2i+1 come from one 32-bit draw; their keep decisions must not correlate."""
+    mask = np.asarray(keep_mask(jax.random.key(1), 0.5, (512, 512)), np.float64)
+    even, odd = mask[:, 0::2].ravel(), mask[:, 1::2].ravel()
+    assert abs(np.corrcoef(even, odd)[0, 1]) < 5 / np.sqrt(even.size)
+    rows = mask[:-1].ravel(), mask[1:].ravel()
+    assert abs(np.corrcoef(*rows)[0, 1]) < 5 / np.sqrt(rows[0].size)
+
+
+def test_keys_give_different_masks_and_the_same_key_the_same():
+    a, b = (np.asarray(keep_mask(jax.random.key(k), 0.1, (8, 100))) for k in (0, 1))
+    assert not np.array_equal(a, b)
+    np.testing.assert_array_equal(a, np.asarray(keep_mask(jax.random.key(0), 0.1, (8, 100))))
+
+
+def test_dropout_scales_kept_values_and_broadcast_axes_share_one_mask():
+    x = jnp.ones((4, 6, 50))
+    y = np.asarray(dropout(x, 0.25, jax.random.key(2), broadcast_dims=(1,)))
+    np.testing.assert_allclose(np.unique(y), [0.0, 1 / 0.75], rtol=1e-6)
+    np.testing.assert_array_equal(y, np.broadcast_to(y[:, :1], y.shape))  # one mask along axis 1
+    big = np.asarray(dropout(jnp.ones((200_000,)), 0.1, jax.random.key(3)))
+    assert abs(big.mean() - 1.0) < 5 * np.sqrt(0.1 / 0.9 / big.size)  # E[dropout(x)] = x
+    np.testing.assert_array_equal(np.asarray(dropout(x, 0.0, jax.random.key(2))), np.asarray(x))
+
+
+def test_masks_do_not_depend_on_the_mesh():
+    """A sharded draw (batch over 4 devices, heads over 2) gives the single-device masks bit for bit."""
+    mesh = jax.make_mesh((4, 2), ("data", "tensor"))
+    sharding = NamedSharding(mesh, P("data", "tensor"))
+    draw = lambda k: keep_mask(k, 0.1, (8, 4, 16, 16))  # noqa: E731
+    single = np.asarray(jax.jit(draw)(jax.random.key(4)))
+    sharded = jax.jit(draw, out_shardings=sharding)(jax.random.key(4))
+    assert len(sharded.sharding.device_set) == 8
+    np.testing.assert_array_equal(np.asarray(sharded), single)
