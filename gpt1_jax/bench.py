@@ -7,6 +7,7 @@ run that executable on fixed seeded tokens, so `losses` are comparable between r
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from typing import Any
@@ -30,6 +31,7 @@ def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only
     from gpt1_jax import flops, sizing
     from gpt1_jax.step import lm_batch, lm_batch_spec
 
+    config = dataclasses.replace(config, model=flops.fit_compute_dtype(config.model))
     trainer = sizing.pretrain_trainer(config)
     B, T = config.data.global_batch_size, config.data.seq_len
     result, compiled = sizing.size_step(trainer, lm_batch_spec(B, T), config.model)

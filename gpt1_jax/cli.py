@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from gpt1_jax import distributed
+from gpt1_jax import compile_cache, distributed
 from gpt1_jax.errors import ConfigError, DivergenceError, GPT1JaxError
 
 DEBUG_ENV = "GPT1_JAX_DEBUG"
@@ -392,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Multi-process start-up (flags, GPT1_* env or a cluster JAX detects); nothing on a plain machine.
         distributed.initialize(args)
+        if VERBS[args.verb].runs_model:
+            compile_cache.enable()  # before the first compilation (after distributed start-up)
         status = args.run(args)
     except DivergenceError as e:  # the run stopped itself, keeping its last good checkpoint
         status = _error_line(args.verb, e, 1)

@@ -157,6 +157,7 @@ class DevEvaluation:
 
 def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, tokenizer, predict_test: bool, tfds_dir):
     """-> (task, source, the resolved config, encoded splits): everything before the model is built."""
+    from gpt1_jax import flops
     from gpt1_jax.tokenizer import GPT1Tokenizer
 
     source = open_source(init, config, tokenizer)
@@ -182,7 +183,7 @@ def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, token
     steps_per_epoch = math.ceil(len(splits.train.seqs) / config.batch_size)
     total = steps_per_epoch * config.epochs
     optim = dataclasses.replace(config.optim, total_steps=total, warmup_steps=int(round(config.warmup_fraction * total)))
-    config = dataclasses.replace(config, model=model_config, optim=optim, n_ctx=n_ctx)
+    config = dataclasses.replace(config, model=flops.fit_compute_dtype(model_config), optim=optim, n_ctx=n_ctx)
     return task, source, config, splits
 
 

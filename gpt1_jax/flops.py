@@ -48,6 +48,30 @@ def cpu_flags() -> list[str]:
     return sorted(f for f in line.split(":", 1)[1].split() if f.startswith(("avx", "amx", "fma", "sha_ni")))
 
 
+def native_bf16() -> bool:
+    """Whether bf16 matmuls can be fast here: any accelerator, or a CPU with AVX512-BF16 or AMX-BF16."""
+    import jax
+
+    if jax.devices()[0].platform != "cpu":
+        return True
+    flags = cpu_flags()
+    return not flags or any(f in flags for f in ("avx512_bf16", "amx_bf16"))  # unknown CPU: trust the config
+
+
+def fit_compute_dtype(model: ModelConfig) -> ModelConfig:
+    """`model`, computing in float32 where bf16 compute would be slower than float32: a CPU without native
+    bf16 (AVX2-only machines) converts every bf16 operand in software. Parameters and optimizer state are
+    float32 either way (param_dtype), so only speed changes; the switch is said once on stderr."""
+    if model.dtype != "bfloat16" or native_bf16():
+        return model
+    import dataclasses
+    import sys
+
+    print("gpt1-jax: this CPU has no native bf16 (no avx512_bf16 or amx_bf16 flag): computing in float32, "
+          "which is faster here", file=sys.stderr)
+    return dataclasses.replace(model, dtype="float32")
+
+
 def flops_per_token(config: ModelConfig, seq_len: int) -> float:
     """Training (fwd + bwd) model FLOPs per token at sequence length `seq_len`."""
     return 6.0 * config.num_params() + 12.0 * config.n_layers * config.d_model * seq_len

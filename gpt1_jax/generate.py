@@ -53,6 +53,30 @@ def _generate(config: ModelConfig, params, prompt_BP, total: int, temperature, t
     return out_BL
 
 
+def generate(config: ModelConfig, params, prompts, *, max_new_tokens: int = 50, temperature: float = 1.0,
+             top_k: int = 40, seed: int = 0) -> jax.Array:
+    """Token ids [B, P + new] continuing each row of `prompts` ([B, P] ids, one length for all rows);
+    temperature 0 is greedy. The sequence stops at the context's end (n_positions)."""
+    prompts = jnp.asarray(prompts, jnp.int32)
+    if prompts.ndim != 2 or prompts.shape[1] == 0:
+        raise DataError(f"prompts must be ids [batch, length >= 1], got shape {list(prompts.shape)}")
+    # Out-of-range ids would not fail: a compiled embedding lookup answers them with a made-up row.
+    if int(prompts.min()) < 0 or int(prompts.max()) >= config.vocab_size:
+        bad = int(prompts.max()) if int(prompts.max()) >= config.vocab_size else int(prompts.min())
+        raise DataError(f"prompt token id {bad} is outside the model's vocabulary of {config.vocab_size} ids "
+                        f"(0..{config.vocab_size - 1}): the tokenizer does not belong to this model")
+    if temperature < 0:
+        raise ConfigError(f"temperature must be >= 0, got {temperature}")
+    if max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    P = prompts.shape[1]
+    total = min(P + max_new_tokens, config.n_positions)
+    if P >= total:
+        raise DataError(f"a prompt of {P} tokens leaves no room in the context of {config.n_positions}")
+    top_k = max(1, min(top_k or config.vocab_size, config.vocab_size))
+    return _generate(config, params, prompts, total, jnp.float32(temperature), top_k, jax.random.key(seed))
+
+
 def sample(
     config: ModelConfig,
     params,
@@ -64,22 +88,10 @@ def sample(
     seed: int = 0,
     num_samples: int = 1,
 ) -> list[list[int]]:
-    """Continuations (new tokens only) of `prompt_ids`; temperature 0 is greedy."""
+    """`num_samples` continuations (new tokens only) of one prompt; temperature 0 is greedy."""
     if not prompt_ids:
         raise DataError("the prompt is empty: give at least one token")
-    # Out-of-range ids would not fail: a compiled embedding lookup answers them with a made-up row.
-    outside = [i for i in prompt_ids if not 0 <= i < config.vocab_size]
-    if outside:
-        raise DataError(f"prompt token id {outside[0]} is outside the model's vocabulary of {config.vocab_size} ids "
-                        f"(0..{config.vocab_size - 1}): the tokenizer does not belong to this model")
-    if temperature < 0:
-        raise ConfigError(f"temperature must be >= 0, got {temperature}")
-    if max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    total = min(len(prompt_ids) + max_new_tokens, config.n_positions)
-    if len(prompt_ids) >= total:
-        raise DataError(f"a prompt of {len(prompt_ids)} tokens leaves no room in the context of {config.n_positions}")
-    top_k = max(1, min(top_k or config.vocab_size, config.vocab_size))
-    prompt = jnp.tile(jnp.asarray(prompt_ids, jnp.int32)[None], (num_samples, 1))
-    out = _generate(config, params, prompt, total, jnp.float32(temperature), top_k, jax.random.key(seed))
+    prompts = [list(prompt_ids)] * num_samples
+    out = generate(config, params, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                   seed=seed)
     return [row[len(prompt_ids):] for row in jax.device_get(out).tolist()]

@@ -42,7 +42,8 @@ def run(config: PretrainConfig, workdir: Path) -> int:
     config = with_schedule_span(config)
     pipeline = build_pipeline(dataclasses.replace(config.data, progress=is_main), workdir)
     workdir.mkdir(parents=True, exist_ok=True)  # after the data: a corpus that cannot be read leaves nothing behind
-    config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=pipeline.tokenizer.vocab_size))
+    config = dataclasses.replace(config, model=flops.fit_compute_dtype(
+        dataclasses.replace(config.model, vocab_size=pipeline.tokenizer.vocab_size)))
     trainer = lm_trainer(config.model, config.optim, config.mesh, accum_steps=config.accum_steps, seed=config.seed)
     trainer.check_batch_size(config.data.global_batch_size)
     ckpt = Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints, save_every=config.checkpoint_every,

@@ -1,11 +1,22 @@
-"""gpt1-jax's train step vs Hugging Face's OpenAIGPTLMHeadModel (torch CPU, AdamW), same shapes, same data.
+"""gpt1-jax vs Hugging Face's OpenAIGPT (torch CPU) at the shapes users run: one command, one JSON line per
+measurement, then one summary line per target with the ratio jax / HF.
 
-Each side runs in its own subprocess (no shared thread pools or memory), alternating jax / HF for a few
-rounds so drift in the machine's speed hits both. Prints one JSON line per run, then a summary line with
-the medians and the ratio jax / HF per dtype. bf16 means: jax bf16 compute with fp32 params and Adam
-state; torch `autocast(cpu, bfloat16)` with fp32 params and AdamW state.
+    python experiments/bench/compare_hf.py                       # every target below, 2 rounds
+    python experiments/bench/compare_hf.py --targets train_small,generate_b1 --rounds 3
 
-  python experiments/bench/compare_hf.py --config gpt1 --batch 2 --seq 512 --steps 3 --rounds 2
+Targets (same shapes, same seeded data, same weights where outputs are compared):
+  train_117m     GPT-1 117M, batch 2 x 512, forward + backward + optimizer, dropout on; fp32 and bf16
+                 (jax: bf16 compute, fp32 params and Adam state; torch: autocast(cpu, bfloat16))
+  train_small    the experiments' `small` preset (4 x 256, the paper release's shape), batch 16 x 128
+  generate_b1    117M greedy generation, 128 new tokens after a 16-token prompt, batch 1: tokens/s and
+                 whether both produced identical ids (jax loads the HF model's own random weights)
+  generate_b8    the same, 8 prompts
+  finetune_sst2  `small` preset fine-tuning a classifier with the auxiliary LM loss (lambda 0.5), batch
+                 32 x 64 (SST-2's bucketed length), vs HF's OpenAIGPTDoubleHeadsModel doing the same work;
+                 examples/s, and jax's per-token cost relative to its own pre-training step at that shape
+
+Each measurement runs in its own subprocess (no shared thread pools or memory), alternating jax / HF
+for `--rounds` rounds so drift in the machine's speed hits both; summaries take medians.
 """
 
 from __future__ import annotations
@@ -16,41 +27,83 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+TARGETS = {
+    "train_117m": {"kind": "train", "config": "gpt1", "batch": 2, "seq": 512, "dtypes": ("float32", "bfloat16")},
+    "train_small": {"kind": "train", "config": "small", "batch": 16, "seq": 128, "dtypes": ("float32",)},
+    "generate_b1": {"kind": "generate", "config": "gpt1", "batch": 1, "seq": 16, "new": 128, "dtypes": ("float32",)},
+    "generate_b8": {"kind": "generate", "config": "gpt1", "batch": 8, "seq": 16, "new": 128, "dtypes": ("float32",)},
+    "finetune_sst2": {"kind": "finetune", "config": "small", "batch": 32, "seq": 64, "dtypes": ("float32",)},
+}
+LR = 1e-4
 
 
-def hf_worker(args: argparse.Namespace) -> None:
-    """Times HF training steps; the same fixed seeded tokens as `gpt1-jax bench`."""
-    import numpy as np
-    import torch
-    from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel
-
-    sys.path.insert(0, str(ROOT))
+def model_config(name: str):
     from gpt1_jax.config import PretrainConfig, resolve
 
-    c = resolve(PretrainConfig, args.config, overrides=args.set).model  # as `gpt1-jax bench` resolves it
-    torch.manual_seed(args.seed)
-    hf_config = OpenAIGPTConfig(
+    return resolve(PretrainConfig, name).model  # as `gpt1-jax bench` resolves it
+
+
+def hf_config(c, **extra):
+    from transformers import OpenAIGPTConfig
+
+    return OpenAIGPTConfig(
         vocab_size=c.vocab_size, n_positions=c.n_positions, n_embd=c.d_model, n_layer=c.n_layers, n_head=c.n_heads,
         afn="gelu", resid_pdrop=c.resid_dropout, embd_pdrop=c.embd_dropout, attn_pdrop=c.attn_dropout,
-        layer_norm_epsilon=c.layer_norm_eps, initializer_range=c.init_std,
+        layer_norm_epsilon=c.layer_norm_eps, initializer_range=c.init_std, **extra,
     )
-    model = OpenAIGPTLMHeadModel(hf_config).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-    seq = args.seq or c.n_positions
-    n = args.warmup + args.steps
-    tokens = np.random.default_rng(args.seed).integers(0, c.vocab_size, (n, args.batch, seq), dtype=np.int32)
+
+
+def tokens(seed: int, shape: tuple[int, ...], vocab: int):
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(0, vocab, shape, dtype=np.int32)
+
+
+def median_time(fn, n: int) -> tuple[float, list[float]]:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), [round(t, 4) for t in times]
+
+
+# ---- HF workers ------------------------------------------------------------------------------------
+
+def hf_train(t: dict, args) -> dict:
+    """HF training steps (AdamW + clip 1.0, dropout on) on `gpt1-jax bench`'s seeded tokens; finetune: the
+    double-heads model with its multiple-choice head over one choice and the LM loss at lambda 0.5."""
+    import numpy as np
+    import torch
+    from transformers import OpenAIGPTDoubleHeadsModel, OpenAIGPTLMHeadModel
+
+    c = model_config(t["config"])
+    torch.manual_seed(args.seed)
+    finetune = t["kind"] == "finetune"
+    model = (OpenAIGPTDoubleHeadsModel if finetune else OpenAIGPTLMHeadModel)(hf_config(c)).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    B, T, n = t["batch"], t["seq"], args.warmup + args.steps
+    data = tokens(args.seed, (n, B, T), c.vocab_size).astype(np.int64)
     bf16 = args.dtype == "bfloat16"
     times, losses = [], []
     for i in range(n):
-        ids = torch.from_numpy(tokens[i].astype(np.int64))
+        ids = torch.from_numpy(data[i])
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = model(input_ids=ids, labels=ids).loss
+            if finetune:
+                out = model(input_ids=ids[:, None], mc_token_ids=torch.full((B, 1), T - 1), labels=ids[:, None],
+                            mc_labels=torch.zeros(B, dtype=torch.long))  # one choice: the head's work, label 0
+                loss = out.mc_loss + 0.5 * out.loss
+            else:
+                loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # as gpt1_adam does
         opt.step()
@@ -59,12 +112,113 @@ def hf_worker(args: argparse.Namespace) -> None:
             times.append(time.perf_counter() - t0)
             losses.append(round(value, 6))
     step_s = statistics.median(times)
-    print(json.dumps({
-        "impl": "hf_torch", "dtype": args.dtype, "batch": args.batch, "seq": seq, "threads": torch.get_num_threads(),
-        "step_s_median": round(step_s, 4), "step_s": [round(t, 4) for t in times],
-        "tokens_per_s": round(args.batch * seq / step_s, 2), "losses": losses,
-    }), flush=True)
+    return {"threads": torch.get_num_threads(), "step_s_median": round(step_s, 4), "step_s": [round(x, 4) for x in times],
+            "tokens_per_s": round(B * T / step_s, 2), "examples_per_s": round(B / step_s, 2), "losses": losses}
 
+
+def hf_generate(t: dict, args) -> dict:
+    """HF `generate`, greedy; saves its random model to `args.weights` (once) for the jax side to load."""
+    import torch
+    from transformers import OpenAIGPTLMHeadModel
+
+    c = model_config(t["config"])
+    torch.manual_seed(args.seed)
+    model = OpenAIGPTLMHeadModel(hf_config(c)).eval()
+    if not (Path(args.weights) / "config.json").is_file():
+        model.save_pretrained(args.weights)
+    prompt = torch.from_numpy(tokens(args.seed, (t["batch"], t["seq"]), c.vocab_size).astype("int64"))
+
+    def run(new: int):
+        with torch.inference_mode():
+            return model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
+                                  min_new_tokens=new, do_sample=False, pad_token_id=0)
+
+    run(2)  # warm up; then one timed call: OpenAIGPT has no KV cache, so a call takes minutes on 2 cores
+    t0 = time.perf_counter()
+    out = run(t["new"])
+    s = time.perf_counter() - t0
+    times = [round(s, 4)]
+    return {"threads": torch.get_num_threads(), "seconds_median": round(s, 4), "seconds": times,
+            "tokens_per_s": round(t["batch"] * t["new"] / s, 2), "ids": out[:, t["seq"]:].tolist()}
+
+
+# ---- jax workers -------------------------------------------------------------------------------------
+
+def jax_train(t: dict, args) -> dict:
+    cmd = [sys.executable, "-m", "gpt1_jax.cli", "bench", "--config", t["config"], "--batch", str(t["batch"]),
+           "--seq", str(t["seq"]), "--steps", str(args.steps), "--warmup", str(args.warmup), "--lr", str(LR),
+           "--seed", str(args.seed), "--dtype", args.dtype, *sum((["--set", s] for s in args.set), [])]
+    return _run(cmd)
+
+
+def jax_generate(t: dict, args) -> dict:
+    import jax
+    import numpy as np
+
+    from gpt1_jax.generate import generate
+    from gpt1_jax.weights import load_pretrained
+
+    config, params = load_pretrained(args.weights)[:2]
+    prompt = tokens(args.seed, (t["batch"], t["seq"]), config.vocab_size)
+
+    def run():
+        return jax.block_until_ready(generate(config, params, prompt, max_new_tokens=t["new"], temperature=0.0))
+
+    t0 = time.perf_counter()
+    out = run()
+    compile_s = time.perf_counter() - t0
+    s, times = median_time(run, args.steps)
+    return {"compile_s": round(compile_s - s, 2), "seconds_median": round(s, 4), "seconds": times,
+            "tokens_per_s": round(t["batch"] * t["new"] / s, 2), "ids": np.asarray(out)[:, t["seq"]:].tolist()}
+
+
+def jax_finetune(t: dict, args) -> dict:
+    """The fine-tuning step `gpt1-jax finetune` runs (classifier head + lambda 0.5 LM loss, gpt1_adam), and
+    the pre-training step on the same tokens, for the per-token cost ratio."""
+    import jax
+    import numpy as np
+
+    from gpt1_jax import heads
+    from gpt1_jax.config import MeshConfig, OptimConfig
+    from gpt1_jax.step import lm_batch, lm_trainer, make_trainer
+
+    c = model_config(t["config"])
+    B, T, n = t["batch"], t["seq"], args.warmup + args.steps
+    optim = OptimConfig(lr=LR, schedule="constant", warmup_steps=0)
+    data = tokens(args.seed, (n, B, T), c.vocab_size)
+    labels = tokens(args.seed + 1, (n, B), 2)
+    trainer = make_trainer(*heads.finetune_functions(c, "classification", 2, False, 0.1, 0.5, 1)[:2], optim, MeshConfig(),
+                           seed=args.seed)
+    batches = [trainer.put_batch({"tokens": data[i][:, None], "mask": np.ones((B, 1, T), np.float32),
+                                  "clf_pos": np.full((B, 1), T - 1, np.int32), "labels": labels[i],
+                                  "weights": np.ones((B,), np.float32)}) for i in range(n)]
+    lm = lm_trainer(c, optim, MeshConfig(), seed=args.seed)
+    lm_batches = [lm.put_batch(lm_batch(np.concatenate([data[i], data[i][:, :1]], axis=1))) for i in range(n)]
+
+    def timed(trainer, batches):
+        state, times, losses = trainer.init(), [], []
+        for i, batch in enumerate(batches):
+            t0 = time.perf_counter()
+            state, metrics = trainer.step(state, batch)
+            loss = float(metrics["loss"])
+            if i >= args.warmup:
+                times.append(time.perf_counter() - t0)
+                losses.append(round(loss, 6))
+        return statistics.median(times), times, losses
+
+    step_s, times, losses = timed(trainer, batches)
+    lm_step_s, _, _ = timed(lm, lm_batches)
+    del jax
+    return {"step_s_median": round(step_s, 4), "step_s": [round(x, 4) for x in times], "losses": losses,
+            "tokens_per_s": round(B * T / step_s, 2), "examples_per_s": round(B / step_s, 2),
+            "pretrain_step_s_median": round(lm_step_s, 4), "per_token_cost_vs_pretrain": round(step_s / lm_step_s, 3)}
+
+
+WORKERS = {("hf", "train"): hf_train, ("hf", "finetune"): hf_train, ("hf", "generate"): hf_generate,
+           ("jax", "train"): jax_train, ("jax", "finetune"): jax_finetune, ("jax", "generate"): jax_generate}
+
+
+# ---- driver ----------------------------------------------------------------------------------------
 
 def _run(cmd: list[str]) -> dict:
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -73,50 +227,69 @@ def _run(cmd: list[str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", default="gpt1")
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--seq", type=int, default=512)
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--dtypes", default="float32,bfloat16")
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--set", action="append", default=[], help="config override, both sides (e.g. model.scan_layers=false)")
-    p.add_argument("--jax-arg", action="append", default=[], help="extra argument for gpt1-jax bench")
-    p.add_argument("--hf-worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.hf_worker:
-        return hf_worker(args)
+def summarize(name: str, t: dict, results: dict[str, dict[str, list[dict]]]) -> dict:
+    from gpt1_jax.flops import cpu_flags
 
-    common = ["--config", args.config, "--batch", str(args.batch), "--seq", str(args.seq), "--steps",
-              str(args.steps), "--warmup", str(args.warmup), "--lr", str(args.lr), "--seed", str(args.seed)]
-    for item in args.set:
-        common += ["--set", item]
-    results: dict[str, dict[str, list[dict]]] = {}
-    for _ in range(args.rounds):
-        for dtype in args.dtypes.split(","):
-            jax_cmd = [sys.executable, "-m", "gpt1_jax.cli", "bench", *common, "--dtype", dtype, *args.jax_arg]
-            hf_cmd = [sys.executable, __file__, "--hf-worker", *common, "--dtype", dtype]
-            for impl, cmd in (("jax", jax_cmd), ("hf", hf_cmd)):
-                r = _run(cmd)
-                r["impl"] = "gpt1_jax" if impl == "jax" else r["impl"]
-                print(json.dumps(r), flush=True)
-                results.setdefault(dtype, {}).setdefault(impl, []).append(r)
-    summary = {"summary": True, "config": args.config, "batch": args.batch, "seq": args.seq}
+    summary: dict = {"summary": True, "target": name, "config": t["config"], "batch": t["batch"], "seq": t["seq"],
+                     "cpu_flags": cpu_flags()}
     for dtype, by_impl in results.items():
-        jax_tps = statistics.median(r["tokens_per_s"] for r in by_impl["jax"])
-        hf_tps = statistics.median(r["tokens_per_s"] for r in by_impl["hf"])
-        summary[dtype] = {
-            "jax_tokens_per_s": jax_tps, "hf_tokens_per_s": hf_tps, "ratio_jax_over_hf": round(jax_tps / hf_tps, 3),
-            "jax_compile_s": statistics.median(r["compile_s"] for r in by_impl["jax"]),
-            "jax_mfu": statistics.median(r["mfu"] for r in by_impl["jax"]),
-        }
-    print(json.dumps(summary), flush=True)
+        med = {impl: statistics.median(r["tokens_per_s"] for r in rs) for impl, rs in by_impl.items()}
+        row = {"jax_tokens_per_s": med["jax"], "hf_tokens_per_s": med["hf"], "ratio_jax_over_hf": round(med["jax"] / med["hf"], 3)}
+        if t["kind"] == "train":
+            row["jax_compile_s"] = statistics.median(r["compile_s"] for r in by_impl["jax"])
+            row["jax_mfu"] = statistics.median(r["mfu"] for r in by_impl["jax"])
+        if t["kind"] == "finetune":
+            row["jax_examples_per_s"] = statistics.median(r["examples_per_s"] for r in by_impl["jax"])
+            row["hf_examples_per_s"] = statistics.median(r["examples_per_s"] for r in by_impl["hf"])
+            row["jax_per_token_cost_vs_pretrain"] = statistics.median(r["per_token_cost_vs_pretrain"] for r in by_impl["jax"])
+        if t["kind"] == "generate":
+            row["ids_identical"] = all(a["ids"] == b["ids"] for a, b in zip(by_impl["jax"], by_impl["hf"]))
+        summary[dtype] = row
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=3, help="timed steps (generation: timed calls) per measurement")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--dtypes", default=None, help="restrict the targets' dtypes (e.g. float32)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", action="append", default=[], help="config override for the jax train step")
+    p.add_argument("--worker", choices=("jax", "hf"), help=argparse.SUPPRESS)
+    p.add_argument("--target", help=argparse.SUPPRESS)
+    p.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
+    p.add_argument("--weights", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        t = TARGETS[args.target]
+        result = WORKERS[(args.worker, t["kind"])](t, args)
+        print(json.dumps({"impl": "gpt1_jax" if args.worker == "jax" else "hf_torch", "target": args.target,
+                          "dtype": args.dtype, **result}), flush=True)
+        return 0
+
+    names = [n for n in args.targets.split(",") if n]
+    if unknown := [n for n in names if n not in TARGETS]:
+        p.error(f"unknown target(s) {unknown}; targets: {', '.join(TARGETS)}")
+    with tempfile.TemporaryDirectory(prefix="gpt1-jax-compare-") as tmp:
+        for name in names:
+            t = TARGETS[name]
+            dtypes = [d for d in t["dtypes"] if not args.dtypes or d in args.dtypes.split(",")]
+            results: dict[str, dict[str, list[dict]]] = {}
+            weights = Path(tmp) / f"{t['config']}-seed{args.seed}"
+            for _ in range(args.rounds):
+                for dtype in dtypes:
+                    for impl in ("hf", "jax"):  # HF first: generation's jax side loads the weights it saved
+                        cmd = [sys.executable, __file__, "--worker", impl, "--target", name, "--dtype", dtype,
+                               "--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(args.seed),
+                               "--weights", str(weights), *sum((["--set", s] for s in args.set), [])]
+                        r = _run(cmd)
+                        print(json.dumps({k: v for k, v in r.items() if k != "ids"}), flush=True)
+                        results.setdefault(dtype, {}).setdefault(impl, []).append(r)
+            print(json.dumps(summarize(name, t, results)), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

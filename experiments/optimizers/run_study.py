@@ -656,7 +656,7 @@ def main(argv=None) -> int:
     p.add_argument("--records", default=None, help="also keep each run's record here (commit it: a study "
                    "spanning sessions resumes from it)")
     p.add_argument("--cache-dir", default=None, help="token cache (default: the machine's)")
-    p.add_argument("--compile-cache", default=None, help="JAX persistent compilation cache (default: <out>/jax_cache; "
+    p.add_argument("--compile-cache", default=None, help="JAX persistent compilation cache root (default: gpt1_jax/compile_cache.py's, per CPU; "
                    "'none' disables): the init and eval programs are the same for every lr, and a resumed study "
                    "recompiles nothing")
     p.add_argument("--corpus", default="default", help="pretrain: a gpt1-jax text source (file, folder, glob or "
@@ -684,11 +684,9 @@ def main(argv=None) -> int:
     args.corpus_shown, args.init_shown = shown(args.corpus), shown(args.init) if args.init else None
 
     if args.compile_cache != "none":
-        import jax
+        from gpt1_jax import compile_cache
 
-        jax.config.update("jax_compilation_cache_dir", str(Path(args.compile_cache or Path(args.out) / "jax_cache").absolute()))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        compile_cache.enable(args.compile_cache)
     mode = "quick" if args.quick else "full"
     t0 = time.perf_counter()
     if args.study in ("pretrain", "bench"):

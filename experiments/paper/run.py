@@ -72,20 +72,6 @@ def paper_of(args: argparse.Namespace) -> Paper:
                  race=args.race, tfds_dir=args.tfds_dir)
 
 
-def share_compilations(out: Path) -> None:
-    """One persistent compilation cache for this process and every `gpt1-jax finetune` it starts: runs of the
-    same shapes (arms, seeds, layer counts) skip part of their compile time."""
-    import jax
-
-    settings = {"JAX_COMPILATION_CACHE_DIR": str((out / "jax_cache").absolute()),
-                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-    for key, value in settings.items():
-        os.environ.setdefault(key, value)
-    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
 def record_time(paper: Paper, stage: str, seconds: float) -> None:
     import jax
 
@@ -114,6 +100,7 @@ def check_inputs(paper: Paper, stages: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gpt1_jax import compile_cache
     from gpt1_jax.errors import GPT1JaxError
 
     args = parse_args(argv)
@@ -128,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
            "table5": table5_stage, "layers": layers_stage}
     try:
         check_inputs(paper, args.stages)
-        share_compilations(paper.out)
+        compile_cache.enable()  # every fine-tuning process it starts shares the compilations
         for stage in [s for s in STAGES if s in args.stages]:
             print(f"== {stage}", file=sys.stderr)
             t0 = time.perf_counter()

@@ -1,0 +1,66 @@
+"""JAX's persistent compilation cache for every gpt1-jax process: a run whose programs were compiled
+before (same shapes, mesh, jax and XLA flags) loads them from disk instead of compiling them again.
+Short experiment runs, hundreds of them in the GLUE and optimizer sweeps, otherwise spend much of their
+time compiling.
+
+JAX keys an entry by the program, jaxlib's version, the backend, XLA flags and the devices, but not by
+the host CPU's instruction set. An XLA:CPU executable is compiled for the host it runs on, so one made
+on an AVX-512 machine and loaded on an AVX2 machine sharing the directory (an NFS home on a cluster)
+would crash. The cache therefore lives in a directory named after this CPU: its model name and its
+full feature-flag list.
+
+    GPT1_JAX_COMPILE_CACHE=DIR   put the per-CPU directories under DIR (default ~/.cache/gpt1_jax/xla)
+    GPT1_JAX_COMPILE_CACHE=off   no persistent cache
+    JAX_COMPILATION_CACHE_DIR    JAX's own setting; when set it is used as it is
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+from pathlib import Path
+
+DEFAULT_ROOT = Path("~/.cache/gpt1_jax/xla")
+OFF = ("0", "off", "none", "false", "no")
+
+
+def cpu_identity() -> str:
+    """The machine, the CPU model and every feature flag the kernel reports (what LLVM may compile for)."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+                if key.strip() in ("flags", "Features"):  # the first processor's block is enough
+                    break
+    except OSError:
+        pass
+    model = fields.get("model name") or platform.processor()
+    flags = " ".join(sorted((fields.get("flags") or fields.get("Features") or "").split()))
+    return f"{platform.machine()} | {model} | {flags}"
+
+
+def cache_dir(root: str | os.PathLike | None = None) -> Path:
+    digest = hashlib.sha256(cpu_identity().encode()).hexdigest()[:16]
+    return Path(root or DEFAULT_ROOT).expanduser() / f"{platform.machine()}-{digest}"
+
+
+def enable(root: str | os.PathLike | None = None) -> Path | None:
+    """Turn the persistent cache on for this process (before its first compilation) and for the processes
+    it starts; -> the directory used, or None when switched off."""
+    import jax
+
+    setting = os.environ.get("GPT1_JAX_COMPILE_CACHE", "")
+    if setting.lower() in OFF:
+        return None
+    path = Path(os.environ["JAX_COMPILATION_CACHE_DIR"]) if os.environ.get("JAX_COMPILATION_CACHE_DIR") \
+        else cache_dir(root or setting or None)
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(path)  # child processes (sweeps) share it
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    # Every program, however quick to compile: a short run compiles dozens of small ones (init, eval, ...).
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
