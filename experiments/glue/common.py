@@ -12,6 +12,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +37,7 @@ class Run:
     flags: list[str] = dataclasses.field(default_factory=list)  # this run's own finetune flags (lr, layers, ...)
     results: dict | None = None
     error: str | None = None
+    seconds: float = 0.0  # wall-clock of the process that made `results` here (0: done before)
 
 
 def split_passthrough(argv: list[str] | None) -> tuple[list[str], list[str]]:
@@ -85,7 +87,9 @@ def execute(runs: list[Run], init: str, data_dir: str | None, quick: bool, extra
             continue
         argv = finetune_argv(run, init, data_dir, quick, extra)
         print(f"[{i}/{len(runs)}] {' '.join(argv[2:])}", file=sys.stderr)
+        t0 = time.perf_counter()
         proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+        run.seconds = time.perf_counter() - t0
         if proc.returncode == 0 and out.is_file():
             run.results = json.loads(out.read_text())
             if on_result:

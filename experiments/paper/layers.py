@@ -33,7 +33,7 @@ def layers_stage(paper: Paper) -> bool:
                     Run("full", task, seed, paper.out / "layers" / task / f"k{k}" / f"seed{seed}",
                         paper.budget.finetune_flags() + ["--lr", f"{lr:g}", "--set", f"init_layers={k}"])
                     for seed in paper.budget.layer_seeds] for k in range(depth + 1)}
-        fresh += run_all(paper, [r for group in runs.values() for r in group])
+        fresh += run_all(paper, [r for group in runs.values() for r in group], stage="layers")
         curves[task] = {"metric": metric_name([r for group in runs.values() for r in group]), "lr": lr,
                         "scores": {str(k): [s for r in group if (s := score(r)) is not None] for k, group in runs.items()}}
         print(f"layers {task}: " + "  ".join(f"k={k} {cell(v)}" for k, v in curves[task]["scores"].items()), file=sys.stderr)

@@ -14,7 +14,6 @@ OUT/release/ and OUT/results/. Details and budget: experiments/paper/README.md.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,8 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "glue"), str(HERE.parents[1])]
 
 from common import missing_path  # noqa: E402
 from settings import BUDGETS, RECIPE, STAGES, TASKS, Paper  # noqa: E402
+
+PER_RUN_TIMES = ("table5", "layers")  # their fine-tuning runs add their own time as each finishes (table5.run_all)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -72,15 +73,6 @@ def paper_of(args: argparse.Namespace) -> Paper:
                  race=args.race, tfds_dir=args.tfds_dir)
 
 
-def record_time(paper: Paper, stage: str, seconds: float) -> None:
-    import jax
-
-    timings = paper.load_json("timings.json", {"stages": {}})
-    timings["stages"][stage] = timings["stages"].get(stage, 0.0) + seconds
-    timings["machine"] = f"{os.cpu_count()} CPU cores, JAX on {jax.devices()[0].device_kind}"
-    paper.save_json("timings.json", timings)
-
-
 def check_inputs(paper: Paper, stages: list[str]) -> None:
     """What a later stage needs that an earlier one will not make: fail now, not after an hour of training."""
     from gpt1_jax.errors import ConfigError
@@ -119,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         for stage in [s for s in STAGES if s in args.stages]:
             print(f"== {stage}", file=sys.stderr)
             t0 = time.perf_counter()
-            if run[stage](paper):
-                record_time(paper, stage, time.perf_counter() - t0)
+            if run[stage](paper) and stage not in PER_RUN_TIMES:
+                paper.add_time(stage, time.perf_counter() - t0)
         write_readme(paper)
     except (GPT1JaxError, FileNotFoundError) as e:
         print(f"{Path(__file__).name}: error: {e}", file=sys.stderr)

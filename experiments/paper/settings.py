@@ -140,6 +140,17 @@ class Paper:
         record = {k: v for k, v in results.items() if k not in ("config", "init", "predictions", "submission")}
         self.save_text(str(self.record_path(workdir).relative_to(self.results_dir)), json.dumps(_finite(record), indent=2) + "\n")
 
+    def add_time(self, stage: str, seconds: float) -> None:
+        """Adds to the stage's wall-clock in results/timings.json (summed over sessions)."""
+        import os
+
+        import jax
+
+        timings = self.load_json("timings.json", {"stages": {}})
+        timings["stages"][stage] = timings["stages"].get(stage, 0.0) + seconds
+        timings["machine"] = f"{os.cpu_count()} CPU cores, JAX on {jax.devices()[0].device_kind}"
+        self.save_json("timings.json", timings)
+
     def restore_record(self, workdir: Path) -> None:
         """Puts a kept record back as the run's results.json, which marks the run done."""
         record, done = self.record_path(workdir), Path(workdir) / "results.json"

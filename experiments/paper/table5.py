@@ -44,13 +44,19 @@ def run_of(paper: Paper, arm: str, task: str, lr: float, seed: int) -> Run:
     return Run(arm, task, seed, paper.out / "table5" / arm / task / f"lr{lr:g}" / f"seed{seed}", flags)
 
 
-def run_all(paper: Paper, runs: list[Run]) -> int:
-    """Runs those not done before (here or in a kept record); -> how many ran now."""
+def run_all(paper: Paper, runs: list[Run], stage: str = "table5") -> int:
+    """Runs those not done before (here or in a kept record), keeping each one's record and adding its
+    wall-clock to `stage` as it finishes (a stage spanning sessions keeps its time); -> how many ran now."""
     for r in runs:
         paper.restore_record(r.workdir)
     fresh = sum(not (r.workdir / "results.json").is_file() for r in runs)
-    execute(runs, str(paper.release_dir), paper.data_dir, False, paper.finetune_extra(),
-            on_result=lambda r: paper.save_record(r.workdir, r.results))
+
+    def keep(r: Run) -> None:
+        paper.save_record(r.workdir, r.results)
+        if r.seconds:
+            paper.add_time(stage, r.seconds)
+
+    execute(runs, str(paper.release_dir), paper.data_dir, False, paper.finetune_extra(), on_result=keep)
     return fresh
 
 
