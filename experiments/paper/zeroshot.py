@@ -178,6 +178,18 @@ def zeroshot_stage(paper: Paper) -> bool:
     return fresh
 
 
+def tick_labels(xs: list[str], min_ratio: float = 1.25) -> list[str]:
+    """Each step's label, blank where it would sit on the last one shown (on a log axis, closer than
+    `min_ratio`); the last step is always shown, displacing a too-close neighbour instead."""
+    labels, last = [""] * len(xs), None
+    for i, x in enumerate(xs):
+        if last is None or int(x) >= min_ratio * int(xs[last]):
+            labels[i], last = x, i
+    if not labels[-1]:
+        labels[last], labels[-1] = "", xs[-1]
+    return labels
+
+
 def plot(steps: dict[str, dict[str, float]], out: Path) -> None:
     import matplotlib
 
@@ -191,7 +203,7 @@ def plot(steps: dict[str, dict[str, float]], out: Path) -> None:
         ax.plot([int(s) for s in xs], [steps[s][key] for s in xs], "o-", color="tab:blue", label="zero-shot")
         ax.axhline(CHANCE[key], color="gray", ls="--", label="chance")
         ax.set_xscale("log")
-        ax.set_xticks([int(s) for s in xs], [s for s in xs], fontsize=7)
+        ax.set_xticks([int(s) for s in xs], tick_labels(xs), fontsize=7)
         ax.minorticks_off()
         ax.set_xlabel("pre-training updates")
         ax.set_title(title)
