@@ -9,7 +9,8 @@ Targets (same shapes, same seeded data, same weights where outputs are compared)
                  (jax: bf16 compute, fp32 params and Adam state; torch: autocast(cpu, bfloat16))
   train_small    the experiments' `small` preset (4 x 256, the paper release's shape), batch 16 x 128
   generate_b1    117M greedy generation, 128 new tokens after a 16-token prompt, batch 1: tokens/s and
-                 whether both produced identical ids (jax loads the HF model's own random weights)
+                 whether both produced identical ids (jax loads the HF model's own random weights); HF's
+                 OpenAIGPT has no KV cache, so its side is one timed call
   generate_b8    the same, 8 prompts
   finetune_sst2  `small` preset fine-tuning a classifier with the auxiliary LM loss (lambda 0.5), batch
                  32 x 64 (SST-2's bucketed length), vs HF's OpenAIGPTDoubleHeadsModel doing the same work;
@@ -175,7 +176,6 @@ def jax_generate(t: dict, args) -> dict:
 def jax_finetune(t: dict, args) -> dict:
     """The fine-tuning step `gpt1-jax finetune` runs (classifier head + lambda 0.5 LM loss, gpt1_adam), and
     the pre-training step on the same tokens, for the per-token cost ratio."""
-    import jax
     import numpy as np
 
     from gpt1_jax import heads
@@ -208,7 +208,6 @@ def jax_finetune(t: dict, args) -> dict:
 
     step_s, times, losses = timed(trainer, batches)
     lm_step_s, _, _ = timed(lm, lm_batches)
-    del jax
     return {"step_s_median": round(step_s, 4), "step_s": [round(x, 4) for x in times], "losses": losses,
             "tokens_per_s": round(B * T / step_s, 2), "examples_per_s": round(B / step_s, 2),
             "pretrain_step_s_median": round(lm_step_s, 4), "per_token_cost_vs_pretrain": round(step_s / lm_step_s, 3)}
