@@ -7,6 +7,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from gpt1_jax.config import ModelConfig
 from gpt1_jax.errors import ConfigError, DataError
@@ -57,13 +58,13 @@ def generate(config: ModelConfig, params, prompts, *, max_new_tokens: int = 50, 
              top_k: int = 40, seed: int = 0) -> jax.Array:
     """Token ids [B, P + new] continuing each row of `prompts` ([B, P] ids, one length for all rows);
     temperature 0 is greedy. The sequence stops at the context's end (n_positions)."""
-    prompts = jnp.asarray(prompts, jnp.int32)
+    prompts = np.asarray(prompts, np.int32)  # checked on the host: ids come from a tokenizer there
     if prompts.ndim != 2 or prompts.shape[1] == 0:
         raise DataError(f"prompts must be ids [batch, length >= 1], got shape {list(prompts.shape)}")
     # Out-of-range ids would not fail: a compiled embedding lookup answers them with a made-up row.
-    if int(prompts.min()) < 0 or int(prompts.max()) >= config.vocab_size:
-        bad = int(prompts.max()) if int(prompts.max()) >= config.vocab_size else int(prompts.min())
-        raise DataError(f"prompt token id {bad} is outside the model's vocabulary of {config.vocab_size} ids "
+    outside = prompts[(prompts < 0) | (prompts >= config.vocab_size)]
+    if outside.size:
+        raise DataError(f"prompt token id {outside[0]} is outside the model's vocabulary of {config.vocab_size} ids "
                         f"(0..{config.vocab_size - 1}): the tokenizer does not belong to this model")
     if temperature < 0:
         raise ConfigError(f"temperature must be >= 0, got {temperature}")
