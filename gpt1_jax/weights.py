@@ -374,9 +374,14 @@ def _check_tree(config: ModelConfig, params, source: str) -> None:
     want = shapes(nn.meta.unbox(jax.eval_shape(functools.partial(init_params, config), jax.random.key(0))))
     have = shapes(params)
     for key in sorted(set(want) | set(have)):
-        if want.get(key) != have.get(key):
-            raise CheckpointFormatError(f"{source}: parameter {key} has shape {have.get(key)} but the saved config "
-                                        f"expects {want.get(key)}")
+        if key not in have:
+            raise CheckpointFormatError(f"{source}: parameter {key} is missing; the saved config expects it "
+                                        f"with shape {want[key]}")
+        if key not in want:
+            raise CheckpointFormatError(f"{source}: parameter {key} {have[key]} is not in the saved config's model")
+        if want[key] != have[key]:
+            raise CheckpointFormatError(f"{source}: parameter {key} has shape {have[key]} but the saved config "
+                                        f"expects {want[key]}")
 
 
 def _refuse_overwrite(path: Path, overwrite: bool) -> None:

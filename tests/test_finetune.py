@@ -153,15 +153,17 @@ def test_init_from_pretrain_workdir_restores_the_params(tmp_path, tokenizer):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_transplant_keeps_embeddings_and_the_first_layers():
+@pytest.mark.parametrize("scan_layers", [False, True], ids=["loop", "scan"])
+def test_transplant_keeps_embeddings_and_the_first_layers(scan_layers):
     from gpt1_jax.model import init_params
 
-    config = dataclasses.replace(model_preset("tiny"), n_layers=3)
+    config = dataclasses.replace(model_preset("tiny"), n_layers=3, scan_layers=scan_layers)
     fresh, pre = (jax.tree.map(np.asarray, nn.meta.unbox(init_params(config, s))) for s in (0, 1))
     out = transplant(fresh, pre, config, 1)
     np.testing.assert_array_equal(out["tokens_embed"]["embedding"], pre["tokens_embed"]["embedding"])
     np.testing.assert_array_equal(out["positions_embed"]["embedding"], pre["positions_embed"]["embedding"])
-    for got, p, f in zip(jax.tree.leaves(out["h"]), jax.tree.leaves(pre["h"]), jax.tree.leaves(fresh["h"])):
+    stack = (lambda t: t["h"]) if scan_layers else (lambda t: jax.tree.map(lambda *a: np.stack(a), *(t[f"h_{i}"] for i in range(3))))
+    for got, p, f in zip(*(jax.tree.leaves(stack(t)) for t in (out, pre, fresh))):
         np.testing.assert_array_equal(got[:1], p[:1])
         np.testing.assert_array_equal(got[1:], f[1:])
     assert transplant(fresh, pre, config, -1) is pre and transplant(fresh, pre, config, 3) is pre

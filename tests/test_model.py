@@ -97,8 +97,11 @@ def test_init_statistics_and_structure():
     p = nn.meta.unbox(init_params(config, 3))
     emb = np.asarray(p["tokens_embed"]["embedding"])
     assert abs(emb.std() - 0.02) < 0.002 and np.abs(emb).max() > 2.5 * 0.02  # plain, not truncated, normal
-    assert np.all(np.asarray(p["h"]["ln_1"]["scale"]) == 1) and np.all(np.asarray(p["h"]["attn"]["c_attn"]["bias"]) == 0)
-    assert p["h"]["attn"]["c_attn"]["kernel"].shape == (2, 64, 3, 4, 16)
+    assert sorted(k for k in p if k.startswith("h")) == ["h_0", "h_1"]  # unrolled blocks by default
+    assert np.all(np.asarray(p["h_1"]["ln_1"]["scale"]) == 1) and np.all(np.asarray(p["h_1"]["attn"]["c_attn"]["bias"]) == 0)
+    assert p["h_0"]["attn"]["c_attn"]["kernel"].shape == (64, 3, 4, 16)
+    scanned = nn.meta.unbox(init_params(dataclasses.replace(config, scan_layers=True), 3))
+    assert scanned["h"]["attn"]["c_attn"]["kernel"].shape == (2, 64, 3, 4, 16)
 
 
 def test_causality_and_dropout():

@@ -1,6 +1,8 @@
 """The GPT-1 optimizer decays exactly kernels and embeddings (on the real param tree); schedules start
 at 0, peak at the end of warmup and reach 0 at the end; optimizers are picked by name."""
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -15,7 +17,9 @@ from gpt1_jax.optim import OPTIMIZERS, OptimConfig, decay_mask, make_optimizer, 
 
 @pytest.fixture(scope="module")
 def params():
-    return jax.tree.map(np.asarray, nn.meta.unbox(init_params(model_preset("tiny"), 0)))
+    # The scanned layout: every per-layer array has a leading layer axis (the harder case for the masks).
+    scanned = dataclasses.replace(model_preset("tiny"), scan_layers=True)
+    return jax.tree.map(np.asarray, nn.meta.unbox(init_params(scanned, 0)))
 
 
 def _paths(tree, pred):
@@ -177,8 +181,6 @@ def test_muon_orthogonalises_each_layer_and_each_of_q_k_v(params):
 
 
 def test_muon_works_without_scan_layers():
-    import dataclasses
-
     p = nn.meta.unbox(init_params(dataclasses.replace(model_preset("tiny"), scan_layers=False), 0))
     tx = make_optimizer(OptimConfig(name="muon", schedule="constant"), p)
     u, _ = tx.update(jax.tree.map(jnp.ones_like, p), tx.init(p), p)

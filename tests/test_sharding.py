@@ -55,7 +55,7 @@ def test_sharded_loss_and_grads_match_single_device(reference, spec):
     errs = jax.tree.map(_rel, grads, reference["grads"])
     assert max(jax.tree.leaves(errs)) <= 1e-5, errs
     if "tensor" in spec:  # the layout really is tensor-parallel, not silently replicated
-        kernel = params["h"]["mlp"]["c_fc"]["kernel"]
+        kernel = params["h_0"]["mlp"]["c_fc"]["kernel"]
         assert kernel.sharding.shard_shape(kernel.shape)[-1] == kernel.shape[-1] // mesh.shape["tensor"]
 
 

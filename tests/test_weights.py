@@ -174,7 +174,7 @@ def test_full_size_original_release(tmp_path, vocab_dir):
     arrays = write_original_release(tmp_path / "release", shapes, seed=1)
     config, params = load_pretrained(tmp_path / "release")
     assert config == ModelConfig() and config.num_params() == sum(a.size for a in arrays) == 116_534_784
-    assert np.array_equal(np.asarray(params["h"]["mlp"]["c_fc"]["kernel"][7]), arrays[2 + 12 * 7 + 6][0])
+    assert np.array_equal(np.asarray(params["h_7"]["mlp"]["c_fc"]["kernel"]), arrays[2 + 12 * 7 + 6][0])
     assert np.array_equal(np.asarray(params["tokens_embed"]["embedding"]), arrays[1])
     done = subprocess.run(
         [sys.executable, "-m", "gpt1_jax.cli", "convert", str(tmp_path / "release"), str(tmp_path / "hf")],
@@ -381,7 +381,7 @@ def test_finetune_run_gives_its_transformer(tmp_path, optimizer):
     from gpt1_jax.config import FinetuneConfig, OptimConfig, model_preset, save_yaml
     from gpt1_jax.optim import eval_params, make_optimizer
 
-    model = model_preset("tiny")
+    model = dataclasses.replace(model_preset("tiny"), scan_layers=True)
     config = FinetuneConfig(task="sst2", model=model, optim=OptimConfig(name=optimizer, schedule="constant"))
     save_yaml(config, tmp_path / "config.yaml")
     params = {"transformer": random_params(model, seed=1), "head": {"kernel": np.ones((model.d_model, 2), np.float32)}}
@@ -404,4 +404,7 @@ def test_finetune_run_gives_its_transformer(tmp_path, optimizer):
     # A config.yaml that does not describe the checkpoint beside it is one error, not a shape crash later.
     save_yaml(dataclasses.replace(config, model=dataclasses.replace(model, n_layers=3)), tmp_path / "config.yaml")
     with pytest.raises(CheckpointFormatError, match=r"has shape \(2, .* but the saved config expects \(3, "):
+        load_pretrained(tmp_path)
+    save_yaml(dataclasses.replace(config, model=dataclasses.replace(model, scan_layers=False)), tmp_path / "config.yaml")
+    with pytest.raises(CheckpointFormatError, match=r"parameter \['h'\]\S+ \(2, .*\) is not in the saved config's model"):
         load_pretrained(tmp_path)

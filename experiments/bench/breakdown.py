@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--steps", type=int, default=4, help="timed steps per variant")
-    p.add_argument("--set", action="append", default=[], help="config override (e.g. model.scan_layers=false)")
+    p.add_argument("--set", action="append", default=[], help="config override (e.g. model.scan_layers=true)")
     args = p.parse_args(argv)
 
     from gpt1_jax import flops
