@@ -225,7 +225,12 @@ def test_exception_in_one_process_ends_all_promptly_through_launcher(tmp_path, c
     assert "[p1] RuntimeError: injected failure" in out
     assert "failed with status 1; stopping the others" in out
     statuses = [l for l in out.splitlines() if l.startswith("[launcher] exit statuses")]
-    assert len(statuses) == 1 and statuses[0].startswith("[launcher] exit statuses [1, 1]"), out[-3000:]  # not killed
+    assert len(statuses) == 1, out[-3000:]
+    codes = [int(c) for c in statuses[0].split("[")[2].split("]")[0].split(",")]
+    # Not killed by the launcher: process 1 left with its own status 1, and process 0 either raised out of the
+    # collective it was in (1) or was aborted by JAX's coordination service once the heartbeats stopped (134,
+    # SIGABRT): which comes first is a race that the machine's load decides.
+    assert codes[1] == 1 and codes[0] in (1, 128 + signal.SIGABRT), out[-3000:]
     elapsed = float(statuses[0].split("last exit ")[1].split("s after")[0])
     print(f"raise on process 1, via the launcher: all gone {elapsed:.1f}s after the first exit")
     assert elapsed < FAIL_DEADLINE

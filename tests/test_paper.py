@@ -67,7 +67,8 @@ def test_quick_pipeline_writes_every_output(quick):
     out, _ = quick
     results = out / "results"
     for name in ("README.md", "timings.json", "pretrain.json", "pretrain_loss.png", "table5.json", "table5.md",
-                 "lr_grid.json", "layers.json", "layers.png", "zeroshot.json", "zeroshot.png"):
+                 "lr_grid.json", "layers.json", "layers.png", "zeroshot.json", "zeroshot.png", "diagnosis.json",
+                 "diagnosis.md"):
         assert (results / name).is_file(), name
     table = json.loads((results / "table5.json").read_text())
     assert list(table) == ["sst2"] and list(table["sst2"]) == ["full", "no_pretrain", "no_aux_lm"]
@@ -78,7 +79,13 @@ def test_quick_pipeline_writes_every_output(quick):
     assert sorted(zs["steps"], key=int) == ["5", "10", "20"]  # keep_steps of the quick recipe
     assert set(zs["steps"]["20"]) == {"sst2", "cola", "race"}
     timings = json.loads((results / "timings.json").read_text())["stages"]
-    assert list(timings) == ["pretrain", "release", "zeroshot", "table5", "layers"]
+    assert list(timings) == ["pretrain", "release", "zeroshot", "table5", "layers", "diagnosis"]
+    diagnosis = json.loads((results / "diagnosis.json").read_text())
+    assert diagnosis["max_train"] == 32 and set(diagnosis["tasks"]["sst2"]) == {"full", "no_pretrain"}
+    lr_grid = json.loads((results / "lr_grid.json").read_text())
+    for arm, found in diagnosis["tasks"]["sst2"].items():  # each arm at Table 5's lr for it, with its scores beside
+        assert found["lr"] == lr_grid["sst2"][arm]["lr"] and found["table5"] == table["sst2"][arm]
+        assert 0 <= found["score"] <= 100
     readme = (results / "README.md").read_text()
     assert "goal not assessed" in readme and "/tmp" not in readme and str(ROOT) not in readme
 
@@ -115,12 +122,13 @@ def test_kept_records_resume_the_sweeps_without_their_workdirs(quick):
 
     out, argv = quick
     records = sorted((out / "results" / "runs").rglob("*.json"))
-    assert len(records) == 3 + 2  # sst2 x 3 arms at seed 0; layers k=0, 1 (k=2 is the full arm's own run)
+    # sst2 x 3 arms at seed 0; layers k=0, 1 (k=2 is the full arm's own run); diagnosis full and no_pretrain
+    assert len(records) == 3 + 2 + 2
     assert all(str(ROOT) not in r.read_text() and "/tmp" not in r.read_text() for r in records)
     table = (out / "results" / "table5.json").read_text()
-    for sweep in ("table5", "layers"):
+    for sweep in ("table5", "layers", "diagnosis"):
         shutil.rmtree(out / sweep)
-    done = subprocess.run(argv + ["--stages", "table5,layers"], capture_output=True, text=True, timeout=300, env=ENV,
+    done = subprocess.run(argv + ["--stages", "table5,layers,diagnosis"], capture_output=True, text=True, timeout=300, env=ENV,
                           cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "gpt1_jax.cli finetune" not in done.stderr and "finetune --task" not in done.stderr

@@ -70,6 +70,18 @@ def layers_summary(paper: Paper) -> list[str]:
     return lines + ["", "Plot: `layers.png`."]
 
 
+def diagnosis_summary(paper: Paper) -> list[str]:
+    found = paper.load_json("diagnosis.json")
+    if not found:
+        return ["Not run yet."]
+    size = f"at most {found['max_train']:,}" if found["max_train"] else "all"
+    lines = [f"`full` vs `no_pretrain` on {size} training examples per task (seed {found['seed']}):"]
+    for task, arms in found["tasks"].items():
+        lines.append(f"- {task}: " + ", ".join(f"{arm} {cell([a['score']]) if a['score'] is not None else 'failed'}"
+                                              for arm, a in arms.items()))
+    return lines + ["", "Beside Table 5's numbers: `diagnosis.md`."]
+
+
 def zeroshot_summary(paper: Paper) -> list[str]:
     zs = paper.load_json("zeroshot.json")
     if not zs:
@@ -119,6 +131,8 @@ def write_readme(paper: Paper) -> None:
         "## Figure 2 (left): pre-trained blocks transferred", "", *layers_summary(paper),
         "",
         "## Figure 2 (right): zero-shot over pre-training", "", *zeroshot_summary(paper),
+        "",
+        "## Diagnosis: more fine-tuning data", "", *diagnosis_summary(paper),
         "",
         "## The same command for GPT-1 itself",
         "",

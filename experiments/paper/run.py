@@ -4,7 +4,8 @@
     python experiments/paper/run.py --quick --corpus default --data-dir GLUE_DIR --race RACE_TAR --out /tmp/paper
 
 Stages, in order (--stages picks some): pretrain (OUT/pretrain), release (the final parameters + tokenizer as a
-HF folder), zeroshot (Figure 2 right), table5 (ablations), layers (Figure 2 left). Everything resumes: the
+HF folder), zeroshot (Figure 2 right), table5 (ablations), layers (Figure 2 left), diagnosis (full vs no_pretrain
+on more fine-tuning data). Everything resumes: the
 pre-training job from its checkpoint, every fine-tuning run from its results.json, the zero-shot stage from the
 checkpoints it has scored; run the same command again after a stop. The laptop-scale run writes the committed
 experiments/paper/release/ and experiments/paper/results/; --quick (or another recipe or budget) writes
@@ -24,7 +25,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "glue"), str(HERE.parents[1])]
 from common import missing_path  # noqa: E402
 from settings import BUDGETS, RECIPE, STAGES, TASKS, Paper  # noqa: E402
 
-PER_RUN_TIMES = ("table5", "layers")  # their fine-tuning runs add their own time as each finishes (table5.run_all)
+PER_RUN_TIMES = ("table5", "layers", "diagnosis")  # their fine-tuning runs add their own time as each finishes (table5.run_all)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -44,7 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pretrain-config", default=str(RECIPE), metavar="PRESET|YAML",
                    help="the pre-training config (default: experiments/paper/pretrain.yaml)")
     p.add_argument("--tasks", default=",".join(TASKS), help=f"Table 5's tasks (default: {','.join(TASKS)})")
-    p.add_argument("--layer-tasks", default=None, help="Figure 2 (left)'s tasks (default: sst2,mrpc)")
+    p.add_argument("--layer-tasks", default=None, help="Figure 2 (left)'s tasks (default: sst2,stsb)")
     p.add_argument("--tfds-dir", default=None, help="where tensorflow-datasets prepares GLUE (default: "
                    "~/.cache/gpt1_jax/tfds)")
     args = p.parse_args(argv)
@@ -84,9 +85,12 @@ def check_inputs(paper: Paper, stages: list[str]) -> None:
         if step is None or step < pretrain_config(paper).steps:
             raise ConfigError("pre-training is not finished: pass --corpus (the recipe's corpus is "
                               "english_mixed.txt.gz; `default` trains on the corpus embedded in the package)")
-    needs_release = {"table5", "layers"} & set(stages)
+    needs_release = {"table5", "layers", "diagnosis"} & set(stages)
     if needs_release and "release" not in stages and not (paper.release_dir / "config.json").is_file():
         raise FileNotFoundError(f"{paper.release_dir}: no release to fine-tune (run the release stage)")
+    if "diagnosis" in stages and "table5" not in stages and not (paper.results_dir / "lr_grid.json").is_file():
+        raise FileNotFoundError(f"{paper.results_dir / 'lr_grid.json'}: no Table 5 learning rates for the diagnosis "
+                                "stage (run the table5 stage)")
     if "zeroshot" in stages and "pretrain" not in stages and not (paper.pretrain_dir / "checkpoints").is_dir():
         raise FileNotFoundError(f"{paper.pretrain_dir}: no pre-training checkpoints for the zeroshot stage")
 
@@ -97,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     paper = paper_of(args)
+    from diagnosis import diagnosis_stage
     from layers import layers_stage
     from release import pretrain_stage, release_stage
     from report import write_readme
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     from zeroshot import zeroshot_stage
 
     run = {"pretrain": pretrain_stage, "release": release_stage, "zeroshot": zeroshot_stage,
-           "table5": table5_stage, "layers": layers_stage}
+           "table5": table5_stage, "layers": layers_stage, "diagnosis": diagnosis_stage}
     try:
         check_inputs(paper, args.stages)
         compile_cache.enable()  # every fine-tuning process it starts shares the compilations
