@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 TARGETS = {
     "train_117m": {"kind": "train", "config": "gpt1", "batch": 2, "seq": 512, "dtypes": ("float32", "bfloat16")},
-    "train_small": {"kind": "train", "config": "small", "batch": 16, "seq": 128, "dtypes": ("float32",)},
+    "train_small": {"kind": "train", "config": "small", "batch": 16, "seq": 128, "dtypes": ("float32", "bfloat16")},
     "generate_b1": {"kind": "generate", "config": "gpt1", "batch": 1, "seq": 16, "new": 128, "dtypes": ("float32",)},
     "generate_b8": {"kind": "generate", "config": "gpt1", "batch": 8, "seq": 16, "new": 128, "dtypes": ("float32",)},
     "finetune_sst2": {"kind": "finetune", "config": "small", "batch": 32, "seq": 64, "dtypes": ("float32",)},

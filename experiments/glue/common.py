@@ -81,7 +81,7 @@ def execute(runs: list[Run], init: str, data_dir: str | None, quick: bool, extra
         out = run.workdir / "results.json"
         if out.is_file():
             run.results = json.loads(out.read_text())
-            print(f"[{i}/{len(runs)}] {run.ablation} {run.task} seed {run.seed}: done before", file=sys.stderr)
+            print(f"[{i}/{len(runs)}] {run.workdir}: done before", file=sys.stderr)
             if on_result:
                 on_result(run)
             continue

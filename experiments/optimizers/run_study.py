@@ -244,6 +244,7 @@ def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tok
         "train_seconds": round(sum(times.values()), 2), "wall_seconds": round(wall, 2),
         "optimizer_state_bytes": optimizer_state_bytes(config.optim, _abstract_params(model)),
         "diverged": diverged, "error": error,
+        "cpu_flags": " ".join(cpu_flags()),  # a study spanning sessions may span CPU kinds: its seconds differ
     }
     _prune_checkpoints(workdir)
     _save_record(rec, workdir, records, study)

@@ -73,7 +73,8 @@ def layers_summary(paper: Paper) -> list[str]:
 def diagnosis_summary(paper: Paper) -> list[str]:
     found = paper.load_json("diagnosis.json")
     if not found:
-        return ["Not run yet."]
+        return ["Not run yet: the stage for a Table 5 that misses its goal (`--stages diagnosis`; ~2 h at the "
+                "laptop budget)."]
     size = f"at most {found['max_train']:,}" if found["max_train"] else "all"
     lines = [f"`full` vs `no_pretrain` on {size} training examples per task (seed {found['seed']}):"]
     for task, arms in found["tasks"].items():
