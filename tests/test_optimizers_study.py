@@ -111,6 +111,13 @@ def test_rerun_skips_finished_runs_even_without_their_run_dirs(quick_study):
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV)
     assert done.returncode == 0 and "==" not in done.stderr, done.stderr[-3000:]
     assert json.loads((study / "results.json").read_text())["summary"] == summary
+    records = {p: p.read_text() for p in (study.parent / "records").rglob("*.json")}
+    longer = list(argv)
+    longer[longer.index("--steps") + 1] = "8"  # another budget over the same records: refused, not mixed in
+    done = subprocess.run(longer, capture_output=True, text=True, timeout=300, env=ENV)
+    assert done.returncode != 0 and "==" not in done.stderr
+    assert "finished at 6 updates, this study runs 8" in done.stderr.strip().splitlines()[-1]
+    assert {p: p.read_text() for p in (study.parent / "records").rglob("*.json")} == records
 
 
 def test_diverged_run_is_recorded_not_raised(tmp_path, monkeypatch):
