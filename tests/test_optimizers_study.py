@@ -187,3 +187,13 @@ def test_rows_mark_differences_beyond_the_seed_noise():
     rows = rs.summarize(runs, ["c", "b", "a"], [0, 1, 2])
     assert [r["optimizer"] for r in rows] == ["a", "b", "c"]
     assert [r["distinct_from_next"] for r in rows] == [False, True, False]
+
+
+def test_step_times_count_compilation_and_pauses_as_a_median_step():
+    """Step 1 (compilation) and a step stretched by a pause count as the median step; the rest as logged."""
+    rs = _study_module()
+    logged = [{"step": 1, "tokens_per_s": 10.0}, {"step": 2, "tokens_per_s": 100.0}, {"step": 3, "tokens_per_s": 50.0},
+              {"step": 4, "tokens_per_s": 100.0}, {"step": 5, "tokens_per_s": 100.0}, {"step": 6, "tokens_per_s": 1.0},
+              {"step": 7, "loss": 3.0}]
+    times = rs.step_times(logged, tokens_per_step=100)
+    assert times == {1: 1.0, 2: 1.0, 3: 2.0, 4: 1.0, 5: 1.0, 6: 1.0}

@@ -117,12 +117,14 @@ def _median(xs):
 
 
 def step_times(records: list[dict], tokens_per_step: int) -> dict[int, float]:
-    """step -> seconds of that training step, from the logged tokens/s. Step 1 (compilation) and steps
-    after an evaluation are as logged by pretrain.py (it restarts the clock after evaluating); step 1 is
-    replaced by the median so compile time is not counted as training time."""
+    """step -> seconds of that training step, from the logged tokens/s (pretrain.py restarts the clock after
+    evaluating, so evaluation is not in it). Step 1 (compilation) and any step slower than 5x the median
+    (the process paused, or the machine briefly shared) count as the median: the study compares the
+    optimizers' training cost, not the machine's interruptions."""
     out = {r["step"]: tokens_per_step / r["tokens_per_s"] for r in records if _finite(r.get("tokens_per_s"))}
-    if 1 in out and len(out) > 1:
-        out[1] = statistics.median(v for k, v in out.items() if k != 1)
+    if len(out) > 1:
+        median = statistics.median(v for k, v in out.items() if k != 1)
+        out = {k: median if k == 1 or v > 5 * median else v for k, v in out.items()}
     return out
 
 
