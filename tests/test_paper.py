@@ -126,13 +126,16 @@ def test_kept_records_resume_the_sweeps_without_their_workdirs(quick):
     assert len(records) == 3 + 2 + 2
     assert all(str(ROOT) not in r.read_text() and "/tmp" not in r.read_text() for r in records)
     table = (out / "results" / "table5.json").read_text()
-    for sweep in ("table5", "layers", "diagnosis"):
+    curve = (out / "results" / "README.md").read_text().split("## Pre-training")[1].split("##")[0]
+    for sweep in ("table5", "layers", "diagnosis", "pretrain"):  # the pre-training run too: results/ keeps its curve
         shutil.rmtree(out / sweep)
     done = subprocess.run(argv + ["--stages", "table5,layers,diagnosis"], capture_output=True, text=True, timeout=300, env=ENV,
                           cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "gpt1_jax.cli finetune" not in done.stderr and "finetune --task" not in done.stderr
     assert (out / "results" / "table5.json").read_text() == table
+    assert "Validation perplexity" in curve
+    assert (out / "results" / "README.md").read_text().split("## Pre-training")[1].split("##")[0] == curve
 
 
 def test_missing_inputs_are_one_line_errors(tmp_path, capsys):

@@ -36,12 +36,16 @@ def pretrain_summary(paper: Paper) -> list[str]:
     """The validation curve of the pre-training run, and its loss plot copied beside the results."""
     from gpt1_jax.metrics import read_metrics
 
-    val = [r for r in read_metrics(paper.pretrain_dir) if "val_ppl" in r]
+    val = [{"step": r["step"], "val_loss": r["val_loss"], "val_ppl": r["val_ppl"]}
+           for r in read_metrics(paper.pretrain_dir) if "val_ppl" in r]
+    if val:
+        if (paper.pretrain_dir / "loss.png").is_file():
+            shutil.copyfile(paper.pretrain_dir / "loss.png", paper.results_dir / "pretrain_loss.png")
+        paper.save_json("pretrain.json", val)
+    else:  # the run dir is gone (a fresh clone, another session): the curve kept beside the results
+        val = paper.load_json("pretrain.json") or []
     if not val:
         return ["No pre-training run in this OUT (the release was made elsewhere: see ../release/README.md)."]
-    if (paper.pretrain_dir / "loss.png").is_file():
-        shutil.copyfile(paper.pretrain_dir / "loss.png", paper.results_dir / "pretrain_loss.png")
-    paper.save_json("pretrain.json", [{"step": r["step"], "val_loss": r["val_loss"], "val_ppl": r["val_ppl"]} for r in val])
     last = val[-1]
     return [f"Validation perplexity {last['val_ppl']:.1f} (loss {last['val_loss']:.3f} nats/token) at step {last['step']}; "
             "curve: `pretrain.json`, plot: `pretrain_loss.png`.", "",
@@ -73,8 +77,10 @@ def layers_summary(paper: Paper) -> list[str]:
 def diagnosis_summary(paper: Paper) -> list[str]:
     found = paper.load_json("diagnosis.json")
     if not found:
-        return ["Not run yet: the stage for a Table 5 that misses its goal (`--stages diagnosis`; ~2 h at the "
-                "laptop budget)."]
+        table = paper.load_json("table5.json")
+        why = ("Table 5 met its goal, and this stage is for one that misses it"
+               if table and goal(table)["met"] else "the stage for a Table 5 that misses its goal")
+        return [f"Not run: {why} (`--stages diagnosis`; ~2 h at the laptop budget)."]
     size = f"at most {found['max_train']:,}" if found["max_train"] else "all"
     lines = [f"`full` vs `no_pretrain` on {size} training examples per task (seed {found['seed']}):"]
     for task, arms in found["tasks"].items():
