@@ -39,7 +39,7 @@ def quick_study(tmp_path_factory):
     out = tmp_path_factory.mktemp("opt-study")
     argv = [sys.executable, str(SCRIPT), "pretrain", "--quick", "--out", str(out), "--optimizers", ",".join(OPTS),
             "--steps", "6", "--lr-points", "2", "--max-extensions", "0", "--seeds", "0,1",
-            "--cache-dir", str(out / "token-cache"), "--records", str(out / "records")]
+            "--cache-dir", str(out / "token-cache"), "--records", str(out / "records"), "--results", str(out / "published")]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=ENV)
     assert done.returncode == 0, done.stderr[-4000:]
     return out / "pretrain", argv
@@ -71,6 +71,9 @@ def test_quick_study_writes_all_outputs(quick_study):
     assert means == sorted(means)
     assert "1.00×" in next(l for l in rows if l.split("|")[1].strip() == "gpt1_adam")  # the memory reference
     assert "/tmp" not in md and str(study) not in json.dumps(results["runs"])
+    assert "## What the numbers say" in md and "Budget rule" in md
+    for name in ("results.json", "results.md", "val_vs_tokens.png", "val_vs_time.png", "loss_vs_lr.png"):
+        assert (study.parent / "published" / "pretrain" / name).read_bytes() == (study / name).read_bytes(), name
 
 
 def test_table_state_bytes_are_optimizer_state_bytes(quick_study):
@@ -197,3 +200,23 @@ def test_step_times_count_compilation_and_pauses_as_a_median_step():
               {"step": 7, "loss": 3.0}]
     times = rs.step_times(logged, tokens_per_step=100)
     assert times == {1: 1.0, 2: 1.0, 3: 2.0, 4: 1.0, 5: 1.0, 6: 1.0}
+
+
+def test_findings_group_the_rows_by_the_seed_noise():
+    """a is ahead of b and c beyond their spread; b and c overlap; d has one seed and an unbracketed best lr."""
+    rs = _study_module()
+    runs = ([_rec("a", 1e-3, 4.0), _rec("a", 3e-3, 3.9), _rec("a", 1e-2, 4.1)]
+            + [_rec("a", 3e-3, 3.9 + 0.01 * s, s) for s in (1, 2)]
+            + [_rec("b", lr, loss) for lr, loss in ((1e-3, 4.6), (3e-3, 4.5), (1e-2, 4.7))]
+            + [_rec("b", 3e-3, 4.5 + 0.05 * s, s) for s in (1, 2)]
+            + [_rec("c", lr, loss) for lr, loss in ((1e-3, 4.7), (3e-3, 4.55), (1e-2, None))]
+            + [_rec("c", 3e-3, 4.55 + 0.05 * s, s) for s in (1, 2)]
+            + [_rec("d", 1e-3, 5.5), _rec("d", 3e-3, 5.2)])
+    rows = rs.summarize(runs, ["a", "b", "c", "d"], [0, 1, 2])
+    text = "\n".join(rs.findings("pretrain", rows, runs))
+    assert "a (3.910 ± 0.010, 3 seeds) > b (4.550 ± 0.050, 3 seeds) ≈ c (4.600 ± 0.050, 3 seeds) > d (5.200" in text
+    assert "a leads b by 0.640 nats: more than the seed noise" in text
+    assert "One seed so far (no noise estimate yet): d." in text
+    assert "not yet bracketed (its optimum may lie beyond the rates tried): d." in text
+    assert "Diverged: c at 0.01." in text
+    assert "final validation loss is 3.910 nats/token, within the 5" in text

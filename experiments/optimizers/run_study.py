@@ -530,7 +530,53 @@ def results_md(kind: str, rows: list[dict], runs: list[dict], args, title: str) 
         lines.append("schedule_free_adamw is evaluated at x (`gpt1_jax.optim.eval_params`) in every validation "
                      "and dev evaluation; it trains with warmup then a constant lr, the others warmup then "
                      + ("cosine." if kind == "pretrain" else "linear decay."))
+    lines += ["", "## What the numbers say", "", *(f"- {c}" for c in findings(kind, rows, runs))]
     return "\n".join(lines) + "\n"
+
+
+TARGET_LOSS = 5.0  # issue 14: the budget must let the best optimizer reach this validation loss (nats/token)
+
+
+def findings(kind: str, rows: list[dict], runs: list[dict]) -> list[str]:
+    """Statements the table supports, read off it: the order and which gaps exceed the seed noise, what is
+    not yet bracketed or repeated, what diverged, and (pre-training) the budget rule and the cost extremes."""
+    unit = "nats" if kind == "pretrain" else "points"
+    done = [r for r in rows if r["mean"] is not None]
+    if not done:
+        return ["No finished run yet."]
+    out = []
+    cell = lambda r: f"{r['optimizer']} ({r['mean']:.3f} ± {r['std']:.3f}, {r['n_seeds']} seed{'s' * (r['n_seeds'] != 1)})"  # noqa: E731
+    groups, group = [], [done[0]]
+    for a, b in zip(done, done[1:]):
+        if a["distinct_from_next"]:
+            groups.append(group)
+            group = []
+        group.append(b)
+    groups.append(group)
+    out.append("Order, best first; a `>` separates rows whose difference exceeds the seed noise (mean ± std "
+               "intervals apart), `≈` rows within it: "
+               + " > ".join(" ≈ ".join(cell(r) for r in g) for g in groups) + ".")
+    if len(done) > 1:
+        gap = abs(done[0]["mean"] - done[1]["mean"])
+        out.append(f"{done[0]['optimizer']} leads {done[1]['optimizer']} by {gap:.3f} {unit}: "
+                   + ("more than" if done[0]["distinct_from_next"] else "within") + " the seed noise.")
+    single = [r["optimizer"] for r in done if r["n_seeds"] < 2]
+    if single:
+        out.append(f"One seed so far (no noise estimate yet): {', '.join(single)}.")
+    open_ = [r["optimizer"] for r in rows if not r["bracketed"]]
+    if kind == "pretrain" and open_:
+        out.append(f"Best lr not yet bracketed (its optimum may lie beyond the rates tried): {', '.join(open_)}.")
+    div = [f"{r['optimizer']} at {', '.join(f'{lr:.3g}' for lr in r['diverged_lrs'])}" for r in rows if r["diverged_lrs"]]
+    out.append(f"Diverged: {'; '.join(div)}." if div else "No run diverged.")
+    if kind == "pretrain":
+        best = done[0]
+        met = best["mean"] <= TARGET_LOSS
+        out.append(f"Budget rule: the best optimizer's final validation loss is {best['mean']:.3f} nats/token, "
+                   f"{'within' if met else 'above'} the {TARGET_LOSS:g} the budget must allow.")
+        small = min(rows, key=lambda r: r["state_bytes"])
+        if small["state_vs_ref"] is not None and small["optimizer"] != REFERENCE:
+            out.append(f"Least optimizer state: {small['optimizer']}, {small['state_vs_ref']:.2f}× {REFERENCE}'s.")
+    return out
 
 
 def plot(study: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list[int]) -> list[Path]:
@@ -610,6 +656,14 @@ def write_outputs(study: Path, kind: str, runs: list[dict], names: list[str], se
         indent=2) + "\n")
     (study / "results.md").write_text(results_md(kind, rows, runs, args, title))
     plot(study, kind, runs, rows, seeds)
+    if args.results:  # the copy that is committed: the same files, nothing else
+        dest = Path(args.results) / study.relative_to(Path(args.out))
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in RESULT_FILES:
+            shutil.copyfile(study / name, dest / name)
+
+
+RESULT_FILES = ("results.json", "results.md", "val_vs_tokens.png", "val_vs_time.png", "loss_vs_lr.png")
 
 
 # ---- command line -------------------------------------------------------------------------------------
@@ -665,6 +719,8 @@ def main(argv=None) -> int:
                    "experiments/paper/release, or one trained on --corpus)")
     p.add_argument("--records", default=None, help="also keep each run's record here (commit it: a study "
                    "spanning sessions resumes from it)")
+    p.add_argument("--results", default=None, help="also write the results (json, md, plots) to "
+                   "<results>/pretrain/ or <results>/finetune/<task>/, e.g. experiments/optimizers/results")
     p.add_argument("--cache-dir", default=None, help="token cache (default: the machine's)")
     p.add_argument("--compile-cache", default=None, help="JAX persistent compilation cache root (default: gpt1_jax/compile_cache.py's, per CPU; "
                    "'none' disables): the init and eval programs are the same for every lr, and a resumed study "
