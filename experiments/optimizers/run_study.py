@@ -63,7 +63,7 @@ REFERENCE = "gpt1_adam"  # state memory is reported relative to this one; always
 # cosine to 0) at 800 of its 2,400 updates = 3.28M tokens, above both of the floors (2.5M tokens; 25%
 # of the recipe's 9.8M). The warmup is 300 updates, not the recipe's 1/6 share: ramped over 1/6 of 800 (133
 # updates) Adam reaches 1e-3 fast enough to sit on the unigram plateau (docs/gpt1.md) and the study would
-# rank plateau escapes; a 300-update ramp to 1e-3 is measured to escape it. ~23 min per run on
+# rank plateau escapes; a 300-update ramp to 1e-3 is measured to escape it. ~21 min per run on
 # 2 cores at the recipe's ~2,400 tokens/s.
 PRETRAIN = {
     "full": dict(config=str(RECIPE), steps=800, warmup_share=300 / 800, eval_every=100, eval_batches=0,
