@@ -220,3 +220,24 @@ def test_findings_group_the_rows_by_the_seed_noise():
     assert "not yet bracketed (its optimum may lie beyond the rates tried): d." in text
     assert "Diverged: c at 0.01." in text
     assert "final validation loss is 3.910 nats/token, within the 5" in text
+
+
+def test_bench_columns_are_kept_with_the_records(quick_study):
+    """`bench` times each optimizer's step (study shape and 117M) into the table, and keeps the timings beside
+    the records, so a study dir without its bench folder (a fresh clone) still shows them."""
+    import shutil
+
+    study, argv = quick_study
+    out = argv[argv.index("--out") + 1]
+    bench = [sys.executable, str(SCRIPT), "bench", "--quick", "--out", out, "--optimizers", OPTS[0],
+             "--records", str(study.parent / "records")]
+    done = subprocess.run(bench, capture_output=True, text=True, timeout=600, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    timed = json.loads((study / "bench" / f"{OPTS[0]}.json").read_text())
+    assert timed["study"]["step_s"] > 0 and (timed["gpt1_117M"]["batch"], timed["gpt1_117M"]["seq"]) == (1, 64)
+    assert json.loads((study.parent / "records" / "pretrain" / "bench" / f"{OPTS[0]}.json").read_text()) == timed
+    shutil.rmtree(study / "bench")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV)  # trains nothing, rewrites
+    assert done.returncode == 0 and "==" not in done.stderr, done.stderr[-3000:]
+    row = next(r for r in json.loads((study / "results.json").read_text())["summary"] if r["optimizer"] == OPTS[0])
+    assert row["bench"] == timed

@@ -68,7 +68,8 @@ REFERENCE = "gpt1_adam"  # state memory is reported relative to this one; always
 PRETRAIN = {
     "full": dict(config=str(RECIPE), steps=800, warmup_share=300 / 800, eval_every=100, eval_batches=0,
                  overrides=()),
-    "quick": dict(config="tiny", steps=24, eval_every=8, eval_batches=4,
+    "quick": dict(config="tiny", steps=24, eval_every=8, eval_batches=4, bench_steps=1, bench_warmup=0,
+                  bench_shapes={"gpt1_117M": ("gpt1", 1, 64)},
                   overrides=("data.global_batch_size=8", "data.seq_len=64")),
 }
 # Fine-tuning: the paper's recipe (batch 32, 3 epochs, linear decay after 0.2% warmup, lambda 0.5) on 1,000
@@ -78,7 +79,7 @@ FINETUNE = {
     "quick": dict(tasks=("sst2",), epochs=1, batch=16, max_train=64, max_eval=64, n_ctx=64),
 }
 # The 117M shape of the bench columns: GPT-1's model at batch 2 x 512 (a CPU-sized batch of its context).
-BENCH_SHAPES = {"study": None, "gpt1_117M": ("gpt1", 2, 512)}
+BENCH_SHAPES = {"study": None, "gpt1_117M": ("gpt1", 2, 512)}  # --quick: 117M at 1 x 64 (a test's minute)
 
 
 # ---- the grid ----------------------------------------------------------------------------------------
@@ -281,17 +282,19 @@ def _prune_checkpoints(workdir: Path) -> None:
 
 # ---- bench: the cost columns ------------------------------------------------------------------------------
 
-def bench_optimizer(study: Path, budget: dict, name: str, tokenizer_vocab: int) -> dict:
+def bench_optimizer(study: Path, budget: dict, name: str, tokenizer_vocab: int, records: Path | None = None) -> dict:
     """Median step time of `name`'s train step (forward + backward + update, `gpt1_jax.bench`) at the study's
-    shape and at the 117M shape; written to <study>/bench/<name>.json and merged into the table."""
+    shape and at the 117M shape; written to <study>/bench/<name>.json (and kept under `records`, like a run's
+    record) and merged into the table."""
     from gpt1_jax import bench
     from gpt1_jax.config import PretrainConfig, apply_overrides, preset
 
     out = study / "bench" / f"{name}.json"
-    if out.is_file():
-        return json.loads(out.read_text())
+    if (done := load_bench(study, records).get(name)) is not None:
+        return done
     result = {}
-    for shape, spec in BENCH_SHAPES.items():
+    shapes = dict(BENCH_SHAPES, **budget.get("bench_shapes", {}))
+    for shape, spec in shapes.items():
         if spec is None:  # the study's own config, its vocabulary as the tokenizer makes it
             config = apply_overrides(pretrain_config(budget, name, SPECS[name]["pretrain_lr"], 0, "train", None),
                                      [f"model.vocab_size={tokenizer_vocab}"])
@@ -301,14 +304,23 @@ def bench_optimizer(study: Path, budget: dict, name: str, tokenizer_vocab: int) 
                 f"data.global_batch_size={batch}", f"data.seq_len={seq}", f"optim.name={name}",
                 *(f"optim.{k}={v}" for k, v in SPECS[name]["overrides"].items())])
         print(f"== bench {name} at {shape}", file=sys.stderr, flush=True)
-        r = bench.run(config, steps=5, warmup=2)
+        r = bench.run(config, steps=budget.get("bench_steps", 5), warmup=budget.get("bench_warmup", 2))
         B, T = config.data.global_batch_size, config.data.seq_len
         result[shape] = {"batch": B, "seq": T, "step_s": r["step_s_median"], "tokens_per_s": r["tokens_per_s"],
                          "mfu": r["mfu"], "compile_s": r.get("compile_s")}
     result["cpu_flags"] = r["cpu_flags"]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    for path in [out] + ([records / "bench" / out.name] if records is not None else []):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def load_bench(study: Path, records: Path | None) -> dict[str, dict]:
+    """Optimizer -> its bench result: <study>/bench/, or the copies kept under `records` (a fresh clone)."""
+    found = {}
+    for folder in ([records / "bench"] if records is not None else []) + [study / "bench"]:
+        found.update({p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))})
+    return found
 
 
 # ---- fine-tuning --------------------------------------------------------------------------------------
@@ -501,10 +513,10 @@ def results_md(kind: str, rows: list[dict], runs: list[dict], args, title: str) 
         head += " train s | state (MB) | vs Adam | lrs tried (✗ diverged) |"
         sep += "---|---|---|---|"
     lines += [head, sep]
-    for r in rows:
+    for i, r in enumerate(rows):
         tried = ", ".join(f"{lr:.3g}" + ("✗" if lr in r["diverged_lrs"] else "") for lr in r["lrs"])
         cells = [r["optimizer"], _fmt(r["best_lr"], ".3g"), f"{_fmt(r['mean'])} ± {_fmt(r['std'])}", str(r["n_seeds"]),
-                 "yes" if r["distinct_from_next"] else "≈", "yes" if r["bracketed"] else "**no**" if kind == "pretrain" else "no", r["schedule"] or "-"]
+                 "yes" if r["distinct_from_next"] else "-" if i == len(rows) - 1 else "≈", "yes" if r["bracketed"] else "**no**" if kind == "pretrain" else "no", r["schedule"] or "-"]
         if kind == "pretrain":
             vocab = next((x["vocab_size"] for x in runs if x["optimizer"] == r["optimizer"] and x.get("vocab_size")), None)
             gain = (math.log(vocab) - r["mean"]) / (r["train_seconds"] / 60) if vocab and r["mean"] and r["train_seconds"] else None
@@ -647,7 +659,7 @@ def plot(study: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list
 
 def write_outputs(study: Path, kind: str, runs: list[dict], names: list[str], seeds: list[int], args,
                   title: str) -> None:
-    bench = {p.stem: json.loads(p.read_text()) for p in sorted((study / "bench").glob("*.json"))}
+    bench = load_bench(study, Path(args.records).absolute() / "pretrain" if args.records and kind == "pretrain" else None)
     rows = summarize(runs, names, seeds, bench)
     shown = [dict(r, workdir=str(Path(r["workdir"]).relative_to(study)) if Path(r["workdir"]).is_relative_to(study)
                   else r["workdir"]) for r in runs]
@@ -767,7 +779,7 @@ def main(argv=None) -> int:
 
             vocab = GPT1Tokenizer.from_path(tokenizer).vocab_size
             for n in names:
-                bench_optimizer(study, budget, n, vocab)
+                bench_optimizer(study, budget, n, vocab, records and records / "pretrain")
             runs = [json.loads(p.read_text()) for p in sorted(study.glob("runs/*/*/record.json"))]
             if runs:  # the table gets its cost columns; its rows are every optimizer that has runs
                 ran = [n for n in SPECS if any(r["optimizer"] == n for r in runs)]
