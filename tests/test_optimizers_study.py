@@ -214,7 +214,7 @@ def test_findings_group_the_rows_by_the_seed_noise():
             + [_rec("d", 1e-3, 5.5), _rec("d", 3e-3, 5.2)])
     rows = rs.summarize(runs, ["a", "b", "c", "d"], [0, 1, 2])
     text = "\n".join(rs.findings("pretrain", rows, runs))
-    assert "a (3.910 ± 0.010, 3 seeds) > b (4.550 ± 0.050, 3 seeds) ≈ c (4.600 ± 0.050, 3 seeds) > d (5.200" in text
+    assert "a (3.910 ± 0.010, 3 seeds) > b (4.550 ± 0.050, 3 seeds) ≈ c (4.600 ± 0.050, 3 seeds) ? d (5.200" in text
     assert "a leads b by 0.640 nats: more than the seed noise" in text
     assert "One seed so far (no noise estimate yet): d." in text
     assert "not yet bracketed (its optimum may lie beyond the rates tried): d." in text
@@ -241,3 +241,6 @@ def test_bench_columns_are_kept_with_the_records(quick_study):
     assert done.returncode == 0 and "==" not in done.stderr, done.stderr[-3000:]
     row = next(r for r in json.loads((study / "results.json").read_text())["summary"] if r["optimizer"] == OPTS[0])
     assert row["bench"] == timed
+
+    lone = rs.summarize(runs[-2:] + [_rec("e", 1e-3, 5.0)], ["d", "e"], [0, 1, 2])  # one seed each
+    assert "e leads d by 0.200 nats: the seed noise is not measured yet" in "\n".join(rs.findings("pretrain", lone, runs))

@@ -480,8 +480,12 @@ def summarize(runs: list[dict], names: list[str], seeds: list[int], bench: dict[
         })
     rows.sort(key=lambda r: math.inf if r["mean"] is None else sign * r["mean"])
     for a, b in zip(rows, rows[1:] + [None]):
-        a["distinct_from_next"] = (b is not None and a["mean"] is not None and b["mean"] is not None
-                                   and abs(a["mean"] - b["mean"]) > a["std"] + b["std"])
+        if b is None or a["mean"] is None or b["mean"] is None:
+            a["distinct_from_next"] = False
+        elif min(a["n_seeds"], b["n_seeds"]) < 2:
+            a["distinct_from_next"] = None  # one seed has no spread: the noise is not known yet
+        else:
+            a["distinct_from_next"] = abs(a["mean"] - b["mean"]) > a["std"] + b["std"]
     return rows
 
 
@@ -516,7 +520,7 @@ def results_md(kind: str, rows: list[dict], runs: list[dict], args, title: str) 
     for i, r in enumerate(rows):
         tried = ", ".join(f"{lr:.3g}" + ("✗" if lr in r["diverged_lrs"] else "") for lr in r["lrs"])
         cells = [r["optimizer"], _fmt(r["best_lr"], ".3g"), f"{_fmt(r['mean'])} ± {_fmt(r['std'])}", str(r["n_seeds"]),
-                 "yes" if r["distinct_from_next"] else "-" if i == len(rows) - 1 else "≈", "yes" if r["bracketed"] else "**no**" if kind == "pretrain" else "no", r["schedule"] or "-"]
+                 {True: "yes", None: "?"}.get(r["distinct_from_next"], "-" if i == len(rows) - 1 else "≈"), "yes" if r["bracketed"] else "**no**" if kind == "pretrain" else "no", r["schedule"] or "-"]
         if kind == "pretrain":
             vocab = next((x["vocab_size"] for x in runs if x["optimizer"] == r["optimizer"] and x.get("vocab_size")), None)
             gain = (math.log(vocab) - r["mean"]) / (r["train_seconds"] / 60) if vocab and r["mean"] and r["train_seconds"] else None
@@ -530,7 +534,7 @@ def results_md(kind: str, rows: list[dict], runs: list[dict], args, title: str) 
                       f"{_fmt(r['state_vs_ref'], '.2f')}×", tried]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Rows are best first. *> next?*: yes when this row's mean ± std interval does not overlap the next "
-              "row's (the difference exceeds the seed noise); ≈ otherwise. *bracketed*: the best lr has a worse or "
+              "row's (the difference exceeds the seed noise); ≈ otherwise; ? while either has one seed. *bracketed*: the best lr has a worse or "
               "diverged neighbour on both sides. Optimizer state = bytes of `tx.init(params)` "
               "(`gpt1_jax.optim.optimizer_state_bytes`). Train s = summed step times (compilation and evaluation "
               "excluded)."]
@@ -558,20 +562,17 @@ def findings(kind: str, rows: list[dict], runs: list[dict]) -> list[str]:
         return ["No finished run yet."]
     out = []
     cell = lambda r: f"{r['optimizer']} ({r['mean']:.3f} ± {r['std']:.3f}, {r['n_seeds']} seed{'s' * (r['n_seeds'] != 1)})"  # noqa: E731
-    groups, group = [], [done[0]]
+    order = cell(done[0])
     for a, b in zip(done, done[1:]):
-        if a["distinct_from_next"]:
-            groups.append(group)
-            group = []
-        group.append(b)
-    groups.append(group)
-    out.append("Order, best first; a `>` separates rows whose difference exceeds the seed noise (mean ± std "
-               "intervals apart), `≈` rows within it: "
-               + " > ".join(" ≈ ".join(cell(r) for r in g) for g in groups) + ".")
+        order += {True: " > ", False: " ≈ ", None: " ? "}[a["distinct_from_next"]] + cell(b)
+    out.append("Order, best first; `>` between rows whose difference exceeds the seed noise (mean ± std "
+               "intervals apart), `≈` within it, `?` where a row has one seed (no noise estimate yet): "
+               + order + ".")
     if len(done) > 1:
         gap = abs(done[0]["mean"] - done[1]["mean"])
-        out.append(f"{done[0]['optimizer']} leads {done[1]['optimizer']} by {gap:.3f} {unit}: "
-                   + ("more than" if done[0]["distinct_from_next"] else "within") + " the seed noise.")
+        verdict = {True: "more than the seed noise", False: "within the seed noise",
+                   None: "the seed noise is not measured yet"}[done[0]["distinct_from_next"]]
+        out.append(f"{done[0]['optimizer']} leads {done[1]['optimizer']} by {gap:.3f} {unit}: {verdict}.")
     single = [r["optimizer"] for r in done if r["n_seeds"] < 2]
     if single:
         out.append(f"One seed so far (no noise estimate yet): {', '.join(single)}.")
