@@ -220,6 +220,8 @@ def test_findings_group_the_rows_by_the_seed_noise():
     assert "not yet bracketed (its optimum may lie beyond the rates tried): d." in text
     assert "Diverged: c at 0.01." in text
     assert "final validation loss is 3.910 nats/token, within the 5" in text
+    lone = rs.summarize(runs[-2:] + [_rec("e", 1e-3, 5.0)], ["d", "e"], [0, 1, 2])  # one seed each
+    assert "e leads d by 0.200 nats: the seed noise is not measured yet" in "\n".join(rs.findings("pretrain", lone, runs))
 
 
 def test_bench_columns_are_kept_with_the_records(quick_study):
@@ -241,6 +243,3 @@ def test_bench_columns_are_kept_with_the_records(quick_study):
     assert done.returncode == 0 and "==" not in done.stderr, done.stderr[-3000:]
     row = next(r for r in json.loads((study / "results.json").read_text())["summary"] if r["optimizer"] == OPTS[0])
     assert row["bench"] == timed
-
-    lone = rs.summarize(runs[-2:] + [_rec("e", 1e-3, 5.0)], ["d", "e"], [0, 1, 2])  # one seed each
-    assert "e leads d by 0.200 nats: the seed noise is not measured yet" in "\n".join(rs.findings("pretrain", lone, runs))
