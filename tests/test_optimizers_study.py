@@ -233,11 +233,14 @@ def test_bench_columns_are_kept_with_the_records(quick_study):
     out = argv[argv.index("--out") + 1]
     bench = [sys.executable, str(SCRIPT), "bench", "--quick", "--out", out, "--optimizers", OPTS[0],
              "--records", str(study.parent / "records")]
+    shutil.rmtree(study / "runs")  # a fresh clone: the table's rows come from the kept records
     done = subprocess.run(bench, capture_output=True, text=True, timeout=600, env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     timed = json.loads((study / "bench" / f"{OPTS[0]}.json").read_text())
     assert timed["study"]["step_s"] > 0 and (timed["gpt1_117M"]["batch"], timed["gpt1_117M"]["seq"]) == (1, 64)
     assert json.loads((study.parent / "records" / "pretrain" / "bench" / f"{OPTS[0]}.json").read_text()) == timed
+    row = next(r for r in json.loads((study / "results.json").read_text())["summary"] if r["optimizer"] == OPTS[0])
+    assert row["bench"] == timed and len(json.loads((study / "results.json").read_text())["runs"]) == 2 * 2 + 2
     shutil.rmtree(study / "bench")
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV)  # trains nothing, rewrites
     assert done.returncode == 0 and "==" not in done.stderr, done.stderr[-3000:]

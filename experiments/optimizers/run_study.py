@@ -781,7 +781,10 @@ def main(argv=None) -> int:
             vocab = GPT1Tokenizer.from_path(tokenizer).vocab_size
             for n in names:
                 bench_optimizer(study, budget, n, vocab, records and records / "pretrain")
-            runs = [json.loads(p.read_text()) for p in sorted(study.glob("runs/*/*/record.json"))]
+            kept = sorted((records / "pretrain" / "runs").glob("*/*.json")) if records else []
+            found = {(r["optimizer"], r["lr"], r["seed"]): r for r in
+                     (json.loads(p.read_text()) for p in kept + sorted(study.glob("runs/*/*/record.json")))}
+            runs = list(found.values())  # the run dirs' records, and the kept ones a fresh clone has
             if runs:  # the table gets its cost columns; its rows are every optimizer that has runs
                 ran = [n for n in SPECS if any(r["optimizer"] == n for r in runs)]
                 write_outputs(study, "pretrain", runs, ran, seeds, args, "Optimizer study: pre-training")
