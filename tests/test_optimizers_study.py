@@ -202,6 +202,25 @@ def test_step_times_count_compilation_and_pauses_as_a_median_step():
     assert times == {1: 1.0, 2: 1.0, 3: 2.0, 4: 1.0, 5: 1.0, 6: 1.0}
 
 
+def test_training_time_is_one_machines_when_runs_span_cpus():
+    """Runs made on two CPU kinds (one 2x the other's speed) get their time from the optimizer's bench step
+    (one machine for all); without a bench column, from their own seconds; benches from two CPU kinds are
+    flagged."""
+    rs = _study_module()
+    fast = dict(_rec("a", 1e-3, 4.0), steps=800, tokens_per_step=4096, train_seconds=600.0, cpu_flags="avx avx_vnni")
+    slow = dict(fast, seed=1, train_seconds=1200.0, cpu_flags="avx")
+    bench = {"a": {"study": {"step_s": 1.5}, "cpu_flags": "avx"}}
+    (row,) = rs.summarize([fast, slow], ["a"], [0, 1], bench)
+    assert (row["time_basis"], row["train_seconds"], row["tokens_per_s"]) == ("bench", 1200.0, 4096 / 1.5)
+    (row,) = rs.summarize([fast, slow], ["a"], [0, 1], {})
+    assert (row["time_basis"], row["train_seconds"]) == ("measured", 900.0)
+    b = dict(_rec("b", 1e-3, 4.5), steps=800, tokens_per_step=4096)
+    bench["b"] = {"study": {"step_s": 1.0}, "cpu_flags": ["avx", "avx_vnni"]}
+    rows = rs.summarize([fast, slow, b], ["a", "b"], [0, 1], bench)
+    assert "timed on 2 CPU kinds" in "\n".join(rs.findings("pretrain", rows, [fast, slow, b]))
+    assert rs.cpu_kinds([fast, slow, b]) == ["avx", "avx avx_vnni", "unknown"]
+
+
 def test_findings_group_the_rows_by_the_seed_noise():
     """a is ahead of b and c beyond their spread; b and c overlap; d has one seed and an unbracketed best lr."""
     rs = _study_module()

@@ -471,8 +471,7 @@ def summarize(runs: list[dict], names: list[str], seeds: list[int], bench: dict[
             "bracketed": lr is not None and bracket_gap(runs, n, seeds[0]) is None,
             "schedule": mine[0].get("schedule"),
             "wall_seconds": statistics.fmean(r["wall_seconds"] for r in at_best) if at_best else None,
-            "train_seconds": _median(r["train_seconds"] for r in at_best),
-            "tokens_per_s": _median(r["tokens_per_s"] for r in at_best),
+            **_training_time(at_best, (bench or {}).get(n)),
             "state_bytes": state, "state_vs_ref": state / ref_bytes if ref_bytes else None,
             "bench": (bench or {}).get(n),
             "lrs": sorted({r["lr"] for r in mine if r["seed"] == seeds[0]}),
@@ -487,6 +486,27 @@ def summarize(runs: list[dict], names: list[str], seeds: list[int], bench: dict[
         else:
             a["distinct_from_next"] = abs(a["mean"] - b["mean"]) > a["std"] + b["std"]
     return rows
+
+
+def _training_time(at_best: list[dict], bench: dict | None) -> dict:
+    """The row's training seconds and tokens/s. A study spanning sessions spans CPU kinds (one measured 1.8x
+    another's tokens/s), so a run's own seconds compare only with runs on its CPU: where the optimizer has a
+    bench column (all of them timed on one machine) the time is updates x its bench step time at the study's
+    shape (`time_basis` "bench"), else the runs' own median (`time_basis` "measured")."""
+    if not at_best:
+        return {"train_seconds": None, "tokens_per_s": None, "time_basis": None}
+    steps, per_step = at_best[0].get("steps"), at_best[0].get("tokens_per_step")
+    bench_step = (bench or {}).get("study", {}).get("step_s")
+    if _finite(bench_step) and steps and per_step:
+        return {"train_seconds": steps * bench_step, "tokens_per_s": per_step / bench_step, "time_basis": "bench"}
+    return {"train_seconds": _median(r["train_seconds"] for r in at_best),
+            "tokens_per_s": _median(r["tokens_per_s"] for r in at_best), "time_basis": "measured"}
+
+
+def cpu_kinds(records) -> list[str]:
+    """The distinct CPU flag sets that `records` (runs or bench results) were measured on."""
+    flags = [r.get("cpu_flags") for r in records]  # a run's record keeps a string, a bench result a list
+    return sorted({(" ".join(f) if isinstance(f, list) else f) or "unknown" for f in flags})
 
 
 def _fmt(x, spec=".4f"):
@@ -507,7 +527,9 @@ def results_md(kind: str, rows: list[dict], runs: list[dict], args, title: str) 
         lines.append(f"Fine-tuning `{args.init_shown}`; best lr = highest best-epoch dev score at the first seed, "
                      "from a 3-point grid around each optimizer's centre; mean ± std over seeds at that lr.")
     total = sum(r["wall_seconds"] for r in runs if _finite(r.get("wall_seconds")))
-    lines += ["", f"Compute: {len(runs)} runs, {total / 3600:.1f} h of wall-clock in all.", ""]
+    kinds = len(cpu_kinds(runs))
+    lines += ["", f"Compute: {len(runs)} runs, {total / 3600:.1f} h of wall-clock in all"
+              + (f", on {kinds} CPU kinds (each run's flags in results.json)." if kinds > 1 else "."), ""]
     head = f"| optimizer | best lr | {metric}, mean ± std | seeds | > next? | bracketed | schedule |"
     sep = "|---|---|---|---|---|---|---|"
     if kind == "pretrain":
@@ -536,10 +558,16 @@ def results_md(kind: str, rows: list[dict], runs: list[dict], args, title: str) 
     lines += ["", "Rows are best first. *> next?*: yes when this row's mean ± std interval does not overlap the next "
               "row's (the difference exceeds the seed noise); ≈ otherwise; ? while either has one seed. *bracketed*: the best lr has a worse or "
               "diverged neighbour on both sides. Optimizer state = bytes of `tx.init(params)` "
-              "(`gpt1_jax.optim.optimizer_state_bytes`). Train s = summed step times (compilation and evaluation "
-              "excluded)."]
+              "(`gpt1_jax.optim.optimizer_state_bytes`)."]
     if kind == "pretrain":
-        lines.append("ln V − loss per train min: nats/token gained over a uniform guess per minute of training. "
+        basis = {r["time_basis"] for r in rows if r["time_basis"]}
+        lines.append("Train s and tokens/s: " + (
+            "updates × the optimizer's bench step time at the study's shape (step s (study)), so that runs made "
+            "on different CPUs compare; each run's own seconds are in results.json. " if basis == {"bench"} else
+            "the runs' summed step times (compilation and evaluation excluded), median over seeds. "
+            if basis == {"measured"} else "updates × the bench step time where an optimizer has one, else its "
+            "runs' own summed step times. ")
+            + "ln V − loss per train min: nats/token gained over a uniform guess per minute of training. "
                      "Step s: `gpt1-jax bench --optim NAME` (forward + backward + update, median of 5) at the "
                      "study's shape and at GPT-1's 117M shape, batch 2 x 512; CPU flags in results.json.")
     if any(r["optimizer"].startswith("schedule_free") for r in runs):
@@ -586,6 +614,10 @@ def findings(kind: str, rows: list[dict], runs: list[dict]) -> list[str]:
         met = best["mean"] <= TARGET_LOSS
         out.append(f"Budget rule: the best optimizer's final validation loss is {best['mean']:.3f} nats/token, "
                    f"{'within' if met else 'above'} the {TARGET_LOSS:g} the budget must allow.")
+        benched = cpu_kinds(r["bench"] for r in rows if r["bench"])
+        if len(benched) > 1:
+            out.append(f"The bench columns were timed on {len(benched)} CPU kinds, so their step times (and the "
+                       "training seconds made from them) do not compare; rerun `run_study.py bench` on one machine.")
         small = min(rows, key=lambda r: r["state_bytes"])
         if small["state_vs_ref"] is not None and small["optimizer"] != REFERENCE:
             out.append(f"Least optimizer state: {small['optimizer']}, {small['state_vs_ref']:.2f}× {REFERENCE}'s.")
@@ -603,7 +635,7 @@ def plot(study: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     out = []
     xaxes = [("tokens", "tokens seen" if kind == "pretrain" else "epoch", "val_vs_tokens.png"),
-             ("train_seconds", "training wall-clock (s)", "val_vs_time.png")]
+             ("train_seconds", "training seconds (see results.md)", "val_vs_time.png")]
     for field, xlabel, fname in xaxes:
         fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
         for i, row in enumerate(rows):
@@ -617,8 +649,9 @@ def plot(study: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list
             elif kind == "finetune":  # one time per run: spread over the epochs
                 n = len(r["val_curve"])
                 pts = [((j + 1) / n * (r["train_seconds"] or 0), p.get(key)) for j, p in enumerate(r["val_curve"])]
-            else:
-                pts = [(p.get(field), p.get(key)) for p in r["val_curve"]]
+            else:  # at the row's seconds per update: one machine's time for every optimizer (_training_time)
+                per = (row["train_seconds"] or math.nan) / r["steps"]
+                pts = [(p["step"] * per, p.get(key)) for p in r["val_curve"]]
             pts = [(x, y) for x, y in pts if _finite(x) and _finite(y)]
             if pts:
                 ax.plot(*zip(*pts), "o-", ms=3, color=colors[i % len(colors)], label=f"{row['optimizer']} (lr {row['best_lr']:.3g})")
