@@ -119,7 +119,7 @@ def test_rerun_skips_finished_runs_even_without_their_run_dirs(quick_study):
     longer[longer.index("--steps") + 1] = "8"  # another budget over the same records: refused, not mixed in
     done = subprocess.run(longer, capture_output=True, text=True, timeout=300, env=ENV)
     assert done.returncode != 0 and "==" not in done.stderr
-    assert "finished at 6 updates, this study runs 8" in done.stderr.strip().splitlines()[-1]
+    assert "another budget (steps=6; this study: steps=8)" in done.stderr.strip().splitlines()[-1]
     assert {p: p.read_text() for p in (study.parent / "records").rglob("*.json")} == records
 
 
@@ -265,3 +265,32 @@ def test_bench_columns_are_kept_with_the_records(quick_study):
     assert done.returncode == 0 and "==" not in done.stderr, done.stderr[-3000:]
     row = next(r for r in json.loads((study / "results.json").read_text())["summary"] if r["optimizer"] == OPTS[0])
     assert row["bench"] == timed
+
+
+def test_quick_finetune_study_scores_each_optimizer_and_refuses_another_budget(quick_study, glue_dir):
+    """`finetune --quick` fine-tunes the released laptop-scale model (the full study's init; the quick
+    pre-training's checkpoints are gone by now, as on a fresh clone) on SST-2 (the fixture's rows): a row per
+    optimizer, schedule-free scored at x, records kept with their budget; a record made under another budget
+    stops the study with one line and trains nothing."""
+    study, argv = quick_study
+    out = Path(argv[argv.index("--out") + 1])
+    ft = [sys.executable, str(SCRIPT), "finetune", "--quick", "--out", str(out), "--data-dir", str(glue_dir),
+          "--init", str(ROOT / "experiments" / "paper" / "release"),
+          "--optimizers", "schedule_free_adamw", "--lr-points", "2", "--seeds", "0,1", "--records", str(out / "records")]
+    done = subprocess.run(ft, capture_output=True, text=True, timeout=600, env=ENV)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads((out / "finetune" / "sst2" / "results.json").read_text())
+    assert len(results["runs"]) == 3 and [r["optimizer"] for r in results["summary"]] == ["schedule_free_adamw"]
+    for r in results["runs"]:
+        assert r["eval_at"].startswith("x") and (r["diverged"] or 0 <= r["dev_best"] <= 1)
+        assert (r["epochs"], r["max_train"], r["init"]) == (1, 64, "experiments/paper/release")
+    kept = sorted((out / "records" / "finetune" / "sst2").rglob("*.json"))
+    assert len(kept) == 3
+    rec = json.loads(kept[0].read_text())
+    kept[0].write_text(json.dumps(dict(rec, epochs=2)))  # as if made by a 2-epoch study
+    import shutil
+
+    shutil.rmtree(out / "finetune" / "sst2" / "runs")
+    done = subprocess.run(ft, capture_output=True, text=True, timeout=300, env=ENV)
+    assert done.returncode != 0 and "== finetune" not in done.stderr
+    assert "another budget (epochs=2; this study: epochs=1)" in done.stderr.strip().splitlines()[-1]

@@ -147,15 +147,24 @@ def _kept(workdir: Path, records: Path, study: Path) -> Path:
     return records / f"{workdir.relative_to(study)}.json"  # not with_suffix: "lr0.001_s0" has a dot
 
 
-def _load_record(workdir: Path, records: Path | None, study: Path) -> dict | None:
-    """A finished run's record: its run dir's record.json, or the kept copy under `records` (put back)."""
+def _load_record(workdir: Path, records: Path | None, study: Path, budget: dict) -> dict | None:
+    """A finished run's record: its run dir's record.json, or the kept copy under `records` (put back). A
+    record made under another budget (`budget`: the record fields that must match) stops the study with one
+    line: its score is not comparable with this study's."""
     done = workdir / "record.json"
     if not done.is_file() and records is not None:
         kept = _kept(workdir, records, study)
         if kept.is_file():
             done.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(kept, done)
-    return json.loads(done.read_text()) if done.is_file() else None
+    if not done.is_file():
+        return None
+    rec = json.loads(done.read_text())
+    other = {k: rec.get(k) for k, v in budget.items() if rec.get(k) != v}
+    if other:
+        raise SystemExit(f"{workdir}: finished under another budget ({', '.join(f'{k}={v}' for k, v in other.items())}; "
+                         f"this study: {', '.join(f'{k}={budget[k]}' for k in other)}); give it its own --out and --records")
+    return rec
 
 
 def _save_record(rec: dict, workdir: Path, records: Path | None, study: Path) -> None:
@@ -215,10 +224,7 @@ def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tok
     from gpt1_jax.pretrain import run
 
     workdir = study / "runs" / name / run_name(lr, seed)
-    if (rec := _load_record(workdir, records, study)) is not None:
-        if rec["steps"] != budget["steps"]:  # another budget's run: its loss is not comparable with this one's
-            raise SystemExit(f"{workdir}: finished at {rec['steps']} updates, this study runs {budget['steps']}; "
-                             "give another budget its own --out and --records")
+    if (rec := _load_record(workdir, records, study, {"steps": budget["steps"]})) is not None:
         return rec
     config = pretrain_config(budget, name, lr, seed, tokenizer, cache_dir)
     print(f"== {name} lr={lr:.3g} seed={seed} -> {workdir}", file=sys.stderr, flush=True)
@@ -347,9 +353,10 @@ def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, see
     from gpt1_jax.optim import optimizer_state_bytes, uses_eval_params
 
     workdir = study / "runs" / name / run_name(lr, seed)
-    if (rec := _load_record(workdir, records, study)) is not None:
-        return rec
     b = budget
+    same = {k: b[k] for k in ("epochs", "batch", "max_train", "max_eval", "n_ctx")} | {"init": shown(init)}
+    if (rec := _load_record(workdir, records, study, same)) is not None:
+        return rec
     sets = [f"task={task}", f"epochs={b['epochs']}", f"batch_size={b['batch']}", f"seed={seed}",
             f"max_train_examples={b['max_train']}", f"max_eval_examples={b['max_eval']}", f"n_ctx={b['n_ctx']}",
             f"optim.name={name}", f"optim.lr={lr}"]
@@ -377,7 +384,7 @@ def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, see
         "tokens_per_s": None, "train_seconds": results["train_seconds"] if results else None,
         "wall_seconds": round(wall, 2),
         "optimizer_state_bytes": optimizer_state_bytes(config.optim, _abstract_params(model)),
-        "diverged": diverged, "error": error,
+        "diverged": diverged, "error": error, **same,
     }
     _save_record(rec, workdir, records, study)
     return rec
