@@ -167,13 +167,23 @@ def _load_record(workdir: Path, records: Path | None, study: Path, budget: dict)
     return rec
 
 
+def finished_runs(study: Path, records: Path | None) -> list[dict]:
+    """Every finished run of `study`: its run dirs' records and the kept ones (all a fresh clone has)."""
+    kept = sorted((records / "runs").glob("*/*.json")) if records is not None else []
+    found = {(r["optimizer"], r["lr"], r["seed"]): r for r in
+             (json.loads(p.read_text()) for p in kept + sorted(study.glob("runs/*/*/record.json")))}
+    return list(found.values())
+
+
 def _save_record(rec: dict, workdir: Path, records: Path | None, study: Path) -> None:
-    text = json.dumps(rec, indent=2) + "\n"
-    (workdir / "record.json").write_text(text)
+    """Whole files or none: a half-written record would stop the resumed study on a JSON error."""
+    from gpt1_jax.data.tokens import atomic_write_text
+
+    atomic_write_text(workdir / "record.json", json.dumps(rec, indent=2) + "\n")
     if records is not None:  # the kept copy names no machine path: the run dir is relative to the study
         kept = _kept(workdir, records, study)
         kept.parent.mkdir(parents=True, exist_ok=True)
-        kept.write_text(json.dumps(dict(rec, workdir=str(workdir.relative_to(study))), indent=2) + "\n")
+        atomic_write_text(kept, json.dumps(dict(rec, workdir=str(workdir.relative_to(study))), indent=2) + "\n")
 
 
 # ---- pre-training -------------------------------------------------------------------------------------
@@ -821,10 +831,7 @@ def main(argv=None) -> int:
             vocab = GPT1Tokenizer.from_path(tokenizer).vocab_size
             for n in names:
                 bench_optimizer(study, budget, n, vocab, records and records / "pretrain")
-            kept = sorted((records / "pretrain" / "runs").glob("*/*.json")) if records else []
-            found = {(r["optimizer"], r["lr"], r["seed"]): r for r in
-                     (json.loads(p.read_text()) for p in kept + sorted(study.glob("runs/*/*/record.json")))}
-            runs = list(found.values())  # the run dirs' records, and the kept ones a fresh clone has
+            runs = finished_runs(study, records and records / "pretrain")
             if runs:  # the table gets its cost columns; its rows are every optimizer that has runs
                 ran = [n for n in SPECS if any(r["optimizer"] == n for r in runs)]
                 write_outputs(study, "pretrain", runs, ran, seeds, args, "Optimizer study: pre-training")

@@ -164,11 +164,11 @@ class Paper:
             done.write_text(record.read_text())
 
     def save_text(self, name: str, text: str) -> Path:
+        from gpt1_jax.data.tokens import atomic_write_text
+
         path = self.results_dir / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        atomic_write_text(path, text)
         return path
 
 
