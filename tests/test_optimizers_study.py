@@ -25,13 +25,15 @@ ENV = {**os.environ, "XLA_FLAGS": ""}  # one real CPU device, as a user runs it 
 OPTS = ["gpt1_adam", "schedule_free_adamw"]  # muon's partitioned update has its own tests (test_optim.py)
 
 
-def _study_module():
+def _study_module(name: str = "run_study"):
+    """run_study.py or one of its modules beside it (sweep.py: the grid and loop; tables.py: the outputs)."""
+    import importlib
+
     sys.path.insert(0, str(SCRIPT.parent))
     try:
-        import run_study
+        return importlib.import_module(name)
     finally:
         sys.path.pop(0)
-    return run_study
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +131,7 @@ def test_diverged_run_is_recorded_not_raised(tmp_path, monkeypatch):
     from gpt1_jax.errors import DivergenceError
 
     rs = _study_module()
+    sw = _study_module("sweep")
 
     def diverging_run(config, workdir):
         workdir.mkdir(parents=True, exist_ok=True)
@@ -141,14 +144,15 @@ def test_diverged_run_is_recorded_not_raised(tmp_path, monkeypatch):
     rec = rs.pretrain_run(tmp_path, budget, "sgd_nesterov", 1.0, 0, "train", None)
     assert rec["diverged"] and rec["final_val_loss"] is None and rec["error"].startswith("DivergenceError: loss is nan")
     assert json.loads((tmp_path / "runs" / "sgd_nesterov" / "lr1_s0" / "record.json").read_text())["diverged"]
-    assert rs.score(rec) is None and rs.best_lr([rec], "sgd_nesterov", 0) is None
+    assert sw.score(rec) is None and sw.best_lr([rec], "sgd_nesterov", 0) is None
 
 
 def test_lr_grid_is_a_log_grid_around_the_centre():
     rs = _study_module()
-    assert rs.lr_grid(3e-3) == [1e-3, 3e-3, 1e-2]
-    assert rs.lr_grid(1e-2, 5) == [1e-3, 3e-3, 1e-2, 3e-2, 0.1]
-    assert all(len(rs.lr_grid(s["pretrain_lr"])) == 3 for s in rs.SPECS.values())
+    sw = _study_module("sweep")
+    assert sw.lr_grid(3e-3) == [1e-3, 3e-3, 1e-2]
+    assert sw.lr_grid(1e-2, 5) == [1e-3, 3e-3, 1e-2, 3e-2, 0.1]
+    assert all(len(sw.lr_grid(s["pretrain_lr"])) == 3 for s in rs.SPECS.values())
     from gpt1_jax.optim import OPTIMIZERS
 
     assert set(rs.SPECS) <= set(OPTIMIZERS) and len(rs.SPECS) >= 8
@@ -161,33 +165,34 @@ def _rec(name, lr, loss, seed=0):
 
 
 def test_the_sweep_grows_until_the_best_lr_is_bracketed():
-    rs = _study_module()
+    sw = _study_module("sweep")
+    tb = _study_module("tables")
     runs = [_rec("a", 1e-3, 5.0), _rec("a", 3e-3, 4.8), _rec("a", 1e-2, 4.7)]  # best on the upper edge
-    assert rs.bracket_gap(runs, "a", 0) == 3e-2
-    assert rs.bracket_gap(runs + [_rec("a", 3e-2, 4.9)], "a", 0) is None  # a worse neighbour on both sides
-    assert rs.bracket_gap(runs + [_rec("a", 3e-2, None)], "a", 0) is None  # ... or a diverged one
+    assert sw.bracket_gap(runs, "a", 0) == 3e-2
+    assert sw.bracket_gap(runs + [_rec("a", 3e-2, 4.9)], "a", 0) is None  # a worse neighbour on both sides
+    assert sw.bracket_gap(runs + [_rec("a", 3e-2, None)], "a", 0) is None  # ... or a diverged one
     low = [_rec("b", 1e-3, 4.0), _rec("b", 3e-3, 4.5), _rec("b", 1e-2, None)]
-    assert rs.bracket_gap(low, "b", 0) == 3e-4
-    assert rs.bracket_gap([_rec("c", 1.0, None)], "c", 0) == 0.3  # all diverged: go lower
+    assert sw.bracket_gap(low, "b", 0) == 3e-4
+    assert sw.bracket_gap([_rec("c", 1.0, None)], "c", 0) == 0.3  # all diverged: go lower
     ran = []
 
     def run_one(study, name, lr, seed):  # a loss curve in lr with its minimum at 3e-2, seeds add noise
         ran.append((lr, seed))
         return _rec(name, lr, 4.0 + abs(math.log10(lr / 3e-2)) + 0.01 * seed, seed)
 
-    runs = rs.study_loop(Path("."), ["a"], [0, 1, 2], {"a": [1e-3, 3e-3, 1e-2]}, run_one, 4, lambda runs: None)
+    runs = sw.study_loop(Path("."), ["a"], [0, 1, 2], {"a": [1e-3, 3e-3, 1e-2]}, run_one, 4, lambda runs: None)
     assert sorted({lr for lr, s in ran if s == 0}) == [1e-3, 3e-3, 1e-2, 3e-2, 0.1]
     assert sorted(s for lr, s in ran if lr == 3e-2) == [0, 1, 2]
-    rows = rs.summarize(runs, ["a"], [0, 1, 2])
+    rows = tb.summarize(runs, ["a"], [0, 1, 2])
     assert rows[0]["best_lr"] == 3e-2 and rows[0]["bracketed"] and rows[0]["n_seeds"] == 3
 
 
 def test_rows_mark_differences_beyond_the_seed_noise():
-    rs = _study_module()
+    tb = _study_module("tables")
     runs = [_rec("a", 1e-3, v, s) for s, v in enumerate((4.00, 4.02, 4.04))]
     runs += [_rec("b", 1e-3, v, s) for s, v in enumerate((4.03, 4.05, 4.07))]  # overlaps a
     runs += [_rec("c", 1e-3, v, s) for s, v in enumerate((4.50, 4.52, 4.54))]  # clearly worse
-    rows = rs.summarize(runs, ["c", "b", "a"], [0, 1, 2])
+    rows = tb.summarize(runs, ["c", "b", "a"], [0, 1, 2])
     assert [r["optimizer"] for r in rows] == ["a", "b", "c"]
     assert [r["distinct_from_next"] for r in rows] == [False, True, False]
 
@@ -206,24 +211,24 @@ def test_training_time_is_one_machines_when_runs_span_cpus():
     """Runs made on two CPU kinds (one 2x the other's speed) get their time from the optimizer's bench step
     (one machine for all); without a bench column, from their own seconds; benches from two CPU kinds are
     flagged."""
-    rs = _study_module()
+    tb = _study_module("tables")
     fast = dict(_rec("a", 1e-3, 4.0), steps=800, tokens_per_step=4096, train_seconds=600.0, cpu_flags="avx avx_vnni")
     slow = dict(fast, seed=1, train_seconds=1200.0, cpu_flags="avx")
     bench = {"a": {"study": {"step_s": 1.5}, "cpu_flags": "avx"}}
-    (row,) = rs.summarize([fast, slow], ["a"], [0, 1], bench)
+    (row,) = tb.summarize([fast, slow], ["a"], [0, 1], bench)
     assert (row["time_basis"], row["train_seconds"], row["tokens_per_s"]) == ("bench", 1200.0, 4096 / 1.5)
-    (row,) = rs.summarize([fast, slow], ["a"], [0, 1], {})
+    (row,) = tb.summarize([fast, slow], ["a"], [0, 1], {})
     assert (row["time_basis"], row["train_seconds"]) == ("measured", 900.0)
     b = dict(_rec("b", 1e-3, 4.5), steps=800, tokens_per_step=4096)
     bench["b"] = {"study": {"step_s": 1.0}, "cpu_flags": ["avx", "avx_vnni"]}
-    rows = rs.summarize([fast, slow, b], ["a", "b"], [0, 1], bench)
-    assert "timed on 2 CPU kinds" in "\n".join(rs.findings("pretrain", rows, [fast, slow, b]))
-    assert rs.cpu_kinds([fast, slow, b]) == ["avx", "avx avx_vnni", "unknown"]
+    rows = tb.summarize([fast, slow, b], ["a", "b"], [0, 1], bench)
+    assert "timed on 2 CPU kinds" in "\n".join(tb.findings("pretrain", rows, [fast, slow, b]))
+    assert tb.cpu_kinds([fast, slow, b]) == ["avx", "avx avx_vnni", "unknown"]
 
 
 def test_findings_group_the_rows_by_the_seed_noise():
     """a is ahead of b and c beyond their spread; b and c overlap; d has one seed and an unbracketed best lr."""
-    rs = _study_module()
+    tb = _study_module("tables")
     runs = ([_rec("a", 1e-3, 4.0), _rec("a", 3e-3, 3.9), _rec("a", 1e-2, 4.1)]
             + [_rec("a", 3e-3, 3.9 + 0.01 * s, s) for s in (1, 2)]
             + [_rec("b", lr, loss) for lr, loss in ((1e-3, 4.6), (3e-3, 4.5), (1e-2, 4.7))]
@@ -231,16 +236,16 @@ def test_findings_group_the_rows_by_the_seed_noise():
             + [_rec("c", lr, loss) for lr, loss in ((1e-3, 4.7), (3e-3, 4.55), (1e-2, None))]
             + [_rec("c", 3e-3, 4.55 + 0.05 * s, s) for s in (1, 2)]
             + [_rec("d", 1e-3, 5.5), _rec("d", 3e-3, 5.2)])
-    rows = rs.summarize(runs, ["a", "b", "c", "d"], [0, 1, 2])
-    text = "\n".join(rs.findings("pretrain", rows, runs))
+    rows = tb.summarize(runs, ["a", "b", "c", "d"], [0, 1, 2])
+    text = "\n".join(tb.findings("pretrain", rows, runs))
     assert "a (3.910 ± 0.010, 3 seeds) > b (4.550 ± 0.050, 3 seeds) ≈ c (4.600 ± 0.050, 3 seeds) ? d (5.200" in text
     assert "a leads b by 0.640 nats: more than the seed noise" in text
     assert "One seed so far (no noise estimate yet): d." in text
     assert "not yet bracketed (its optimum may lie beyond the rates tried): d." in text
     assert "Diverged: c at 0.01." in text
     assert "final validation loss is 3.910 nats/token, within the 5" in text
-    lone = rs.summarize(runs[-2:] + [_rec("e", 1e-3, 5.0)], ["d", "e"], [0, 1, 2])  # one seed each
-    assert "e leads d by 0.200 nats: the seed noise is not measured yet" in "\n".join(rs.findings("pretrain", lone, runs))
+    lone = tb.summarize(runs[-2:] + [_rec("e", 1e-3, 5.0)], ["d", "e"], [0, 1, 2])  # one seed each
+    assert "e leads d by 0.200 nats: the seed noise is not measured yet" in "\n".join(tb.findings("pretrain", lone, runs))
 
 
 def test_bench_columns_are_kept_with_the_records(quick_study):

@@ -11,6 +11,9 @@ each one's best rate; cost columns; then fine-tuning of the released model with 
     # four optimizers of the pre-training study plus gpt1_adam
     python experiments/optimizers/run_study.py finetune --out runs/opt-study --data-dir GLUE_DIR
 
+This file makes the runs (pre-training, bench, fine-tuning) and holds the command line; sweep.py beside it
+is the lr ladder, the records and the loop, tables.py the outputs read off the records.
+
 Outputs under `<out>/<study>/` (fine-tuning: `<out>/finetune/<task>/`): results.json (every run), results.md
 (one row per optimizer) and PNGs (validation loss vs tokens and vs training seconds at each optimizer's best
 lr; final loss vs lr with the bracket). Each (optimizer, lr, seed) has its own run dir
@@ -30,15 +33,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from gpt1_jax.flops import cpu_flags
+from sweep import finished_runs, finite, load_record, lr_grid, median, run_name, save_record, study_loop
+from tables import REFERENCE, load_bench, write_outputs
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "experiments" / "paper" / "pretrain.yaml"  # the paper-at-laptop-scale pre-training recipe
@@ -57,7 +60,6 @@ SPECS: dict[str, dict[str, Any]] = {
     "schedule_free_adamw": dict(pretrain_lr=1e-3, finetune_lr=3e-4, overrides={"schedule": "warmup_constant"}),
     "lamb": dict(pretrain_lr=1e-2, finetune_lr=1e-3, overrides={"eps": 1e-6}),
 }
-REFERENCE = "gpt1_adam"  # state memory is reported relative to this one; always in the fine-tuning study
 
 # Budgets. Full pre-training: the recipe's model, tokenizer, batch (16 x 256) and schedule shape (warmup, then
 # cosine to 0) at 800 of its 2,400 updates = 3.28M tokens, above both of the issue's floors (2.5M tokens; 25%
@@ -82,50 +84,15 @@ FINETUNE = {
 BENCH_SHAPES = {"study": None, "gpt1_117M": ("gpt1", 2, 512)}  # --quick: 117M at 1 x 64 (a test's minute)
 
 
-# ---- the grid ----------------------------------------------------------------------------------------
-
-def _ladder(j: int) -> float:
-    """The 1-3-10 log ladder: j=0 -> 1, 1 -> 3, 2 -> 10, -1 -> 0.3, ..."""
-    return float(f"{10.0 ** (j // 2) * (3 if j % 2 else 1):.3g}")
-
-
-def lr_grid(centre: float, points: int = 3) -> list[float]:
-    """`points` lrs of the 1-3-10 ladder (a log grid, ~half a decade apart) centred on the rung nearest
-    `centre`: 3e-3 -> [1e-3, 3e-3, 1e-2]."""
-    j0 = min(range(-40, 40), key=lambda j: abs(math.log(_ladder(j) / centre)))
-    lo = j0 - (points - 1) // 2
-    return [_ladder(j) for j in range(lo, lo + points)]
-
-
-def next_rung(lr: float, up: bool) -> float:
-    j = min(range(-40, 40), key=lambda j: abs(math.log(_ladder(j) / lr)))
-    return _ladder(j + 1 if up else j - 1)
-
-
-def run_name(lr: float, seed: int) -> str:
-    return f"lr{lr:.3g}_s{seed}"
-
-
-# ---- records ------------------------------------------------------------------------------------------
-
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
-
-
-def _median(xs):
-    xs = [x for x in xs if _finite(x)]
-    return statistics.median(xs) if xs else None
-
-
 def step_times(records: list[dict], tokens_per_step: int) -> dict[int, float]:
     """step -> seconds of that training step, from the logged tokens/s (pretrain.py restarts the clock after
     evaluating, so evaluation is not in it). Step 1 (compilation) and any step slower than 5x the median
     (the process paused, or the machine briefly shared) count as the median: the study compares the
     optimizers' training cost, not the machine's interruptions."""
-    out = {r["step"]: tokens_per_step / r["tokens_per_s"] for r in records if _finite(r.get("tokens_per_s"))}
+    out = {r["step"]: tokens_per_step / r["tokens_per_s"] for r in records if finite(r.get("tokens_per_s"))}
     if len(out) > 1:
-        median = statistics.median(v for k, v in out.items() if k != 1)
-        out = {k: median if k == 1 or v > 5 * median else v for k, v in out.items()}
+        typical = median(v for k, v in out.items() if k != 1)
+        out = {k: typical if k == 1 or v > 5 * typical else v for k, v in out.items()}
     return out
 
 
@@ -139,51 +106,6 @@ def curve_with_time(val: list[tuple[int, float]], times: dict[int, float]) -> li
             i += 1
         out.append({"step": step, "val_loss": loss, "train_seconds": round(total, 3)})
     return out
-
-
-# ---- finished runs on disk -------------------------------------------------------------------------------
-
-def _kept(workdir: Path, records: Path, study: Path) -> Path:
-    return records / f"{workdir.relative_to(study)}.json"  # not with_suffix: "lr0.001_s0" has a dot
-
-
-def _load_record(workdir: Path, records: Path | None, study: Path, budget: dict) -> dict | None:
-    """A finished run's record: its run dir's record.json, or the kept copy under `records` (put back). A
-    record made under another budget (`budget`: the record fields that must match) stops the study with one
-    line: its score is not comparable with this study's."""
-    done = workdir / "record.json"
-    if not done.is_file() and records is not None:
-        kept = _kept(workdir, records, study)
-        if kept.is_file():
-            done.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(kept, done)
-    if not done.is_file():
-        return None
-    rec = json.loads(done.read_text())
-    other = {k: rec.get(k) for k, v in budget.items() if rec.get(k) != v}
-    if other:
-        raise SystemExit(f"{workdir}: finished under another budget ({', '.join(f'{k}={v}' for k, v in other.items())}; "
-                         f"this study: {', '.join(f'{k}={budget[k]}' for k in other)}); give it its own --out and --records")
-    return rec
-
-
-def finished_runs(study: Path, records: Path | None) -> list[dict]:
-    """Every finished run of `study`: its run dirs' records and the kept ones (all a fresh clone has)."""
-    kept = sorted((records / "runs").glob("*/*.json")) if records is not None else []
-    found = {(r["optimizer"], r["lr"], r["seed"]): r for r in
-             (json.loads(p.read_text()) for p in kept + sorted(study.glob("runs/*/*/record.json")))}
-    return list(found.values())
-
-
-def _save_record(rec: dict, workdir: Path, records: Path | None, study: Path) -> None:
-    """Whole files or none: a half-written record would stop the resumed study on a JSON error."""
-    from gpt1_jax.data.tokens import atomic_write_text
-
-    atomic_write_text(workdir / "record.json", json.dumps(rec, indent=2) + "\n")
-    if records is not None:  # the kept copy names no machine path: the run dir is relative to the study
-        kept = _kept(workdir, records, study)
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(kept, json.dumps(dict(rec, workdir=str(workdir.relative_to(study))), indent=2) + "\n")
 
 
 # ---- pre-training -------------------------------------------------------------------------------------
@@ -234,7 +156,7 @@ def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tok
     from gpt1_jax.pretrain import run
 
     workdir = study / "runs" / name / run_name(lr, seed)
-    if (rec := _load_record(workdir, records, study, {"steps": budget["steps"]})) is not None:
+    if (rec := load_record(workdir, records, study, {"steps": budget["steps"]})) is not None:
         return rec
     config = pretrain_config(budget, name, lr, seed, tokenizer, cache_dir)
     print(f"== {name} lr={lr:.3g} seed={seed} -> {workdir}", file=sys.stderr, flush=True)
@@ -251,7 +173,7 @@ def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tok
     diverged = status != 0 or any(isinstance(r.get("loss"), str) for r in metrics)
     if not diverged and last_step < config.steps:
         raise KeyboardInterrupt(f"{workdir} stopped at step {last_step} of {config.steps} (interrupted)")
-    val = [(r["step"], r["val_loss"]) for r in metrics if _finite(r.get("val_loss"))]
+    val = [(r["step"], r["val_loss"]) for r in metrics if finite(r.get("val_loss"))]
     tokens_per_step = config.data.global_batch_size * config.data.seq_len
     times = step_times(metrics, tokens_per_step)
     saved = workdir / "config.yaml"  # run() writes it with the tokenizer's real vocabulary size
@@ -266,14 +188,14 @@ def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tok
         "best_val_loss": min(finals) if finals and not diverged else None,
         "val_curve": curve_with_time(val, times),
         "eval_at": "x (schedule_free_eval_params)" if uses_eval_params(name) else "params",
-        "tokens_per_s": _median(r.get("tokens_per_s") for r in metrics if r.get("step", 0) > 1),
+        "tokens_per_s": median(r.get("tokens_per_s") for r in metrics if r.get("step", 0) > 1),
         "train_seconds": round(sum(times.values()), 2), "wall_seconds": round(wall, 2),
         "optimizer_state_bytes": optimizer_state_bytes(config.optim, _abstract_params(model)),
         "diverged": diverged, "error": error,
         "cpu_flags": " ".join(cpu_flags()),  # a study spanning sessions may span CPU kinds: its seconds differ
     }
     _prune_checkpoints(workdir)
-    _save_record(rec, workdir, records, study)
+    save_record(rec, workdir, records, study)
     return rec
 
 
@@ -331,14 +253,6 @@ def bench_optimizer(study: Path, budget: dict, name: str, tokenizer_vocab: int, 
     return result
 
 
-def load_bench(study: Path, records: Path | None) -> dict[str, dict]:
-    """Optimizer -> its bench result: <study>/bench/, or the copies kept under `records` (a fresh clone)."""
-    found = {}
-    for folder in ([records / "bench"] if records is not None else []) + [study / "bench"]:
-        found.update({p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))})
-    return found
-
-
 # ---- fine-tuning --------------------------------------------------------------------------------------
 
 def best_pretrain_workdir(init: Path) -> Path:
@@ -347,7 +261,7 @@ def best_pretrain_workdir(init: Path) -> Path:
     results = init / "results.json"
     if not results.is_file():
         return init
-    runs = [r for r in json.loads(results.read_text())["runs"] if _finite(r.get("final_val_loss"))]
+    runs = [r for r in json.loads(results.read_text())["runs"] if finite(r.get("final_val_loss"))]
     if not runs:
         raise SystemExit(f"{results}: no finished pre-training run to start from")
     best = min(runs, key=lambda r: r["final_val_loss"])
@@ -365,7 +279,7 @@ def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, see
     workdir = study / "runs" / name / run_name(lr, seed)
     b = budget
     same = {k: b[k] for k in ("epochs", "batch", "max_train", "max_eval", "n_ctx")} | {"init": shown(init)}
-    if (rec := _load_record(workdir, records, study, same)) is not None:
+    if (rec := load_record(workdir, records, study, same)) is not None:
         return rec
     sets = [f"task={task}", f"epochs={b['epochs']}", f"batch_size={b['batch']}", f"seed={seed}",
             f"max_train_examples={b['max_train']}", f"max_eval_examples={b['max_eval']}", f"n_ctx={b['n_ctx']}",
@@ -396,337 +310,8 @@ def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, see
         "optimizer_state_bytes": optimizer_state_bytes(config.optim, _abstract_params(model)),
         "diverged": diverged, "error": error, **same,
     }
-    _save_record(rec, workdir, records, study)
+    save_record(rec, workdir, records, study)
     return rec
-
-
-# ---- the study loop -----------------------------------------------------------------------------------
-
-def score(rec: dict) -> float | None:
-    """Lower is better: final val loss (pre-training), minus the best dev metric (fine-tuning)."""
-    if rec["diverged"]:
-        return None
-    if rec["study"] == "pretrain":
-        return rec["final_val_loss"]
-    return -rec["dev_best"] if _finite(rec.get("dev_best")) else None
-
-
-def best_lr(runs: list[dict], name: str, seed: int) -> float | None:
-    cands = [r for r in runs if r["optimizer"] == name and r["seed"] == seed and score(r) is not None]
-    return min(cands, key=score)["lr"] if cands else None
-
-
-def bracket_gap(runs: list[dict], name: str, seed: int) -> float | None:
-    """The next lr to try so that the best one has a worse neighbour on both sides (a diverged run counts as
-    worse); None when it is bracketed already. Every lr diverged: go one rung below the lowest."""
-    tried = sorted({r["lr"] for r in runs if r["optimizer"] == name and r["seed"] == seed})
-    if not tried:
-        return None
-    best = best_lr(runs, name, seed)
-    if best is None:
-        return next_rung(tried[0], up=False)
-    if best == tried[0]:
-        return next_rung(best, up=False)
-    if best == tried[-1]:
-        return next_rung(best, up=True)
-    return None
-
-
-def study_loop(study: Path, names: list[str], seeds: list[int], grids: dict[str, list[float]], run_one,
-               max_extensions: int, write) -> list[dict]:
-    """Breadth-first, so that a study cut short still has a row per optimizer: every optimizer at its centre
-    lr, the rest of its grid, rounds of one more lr for each optimizer whose best is not yet bracketed (at
-    most `max_extensions` each), then the other seeds at each best lr."""
-    study.mkdir(parents=True, exist_ok=True)
-    runs: list[dict] = []
-
-    def do(name, lr, seed):
-        rec = run_one(study, name, lr, seed)
-        runs[:] = [r for r in runs if (r["optimizer"], r["lr"], r["seed"]) != (name, lr, seed)] + [rec]
-        write(runs)
-
-    for n in names:
-        do(n, grids[n][len(grids[n]) // 2], seeds[0])
-    for n in names:
-        for lr in grids[n]:
-            do(n, lr, seeds[0])
-    for _ in range(max_extensions):
-        gaps = {n: lr for n in names if (lr := bracket_gap(runs, n, seeds[0])) is not None}
-        if not gaps:
-            break
-        for n, lr in gaps.items():
-            do(n, lr, seeds[0])
-    for n in names:
-        b = best_lr(runs, n, seeds[0])
-        if b is not None:
-            for s in seeds[1:]:
-                do(n, b, s)
-    write(runs)
-    return runs
-
-
-# ---- outputs ------------------------------------------------------------------------------------------
-
-def summarize(runs: list[dict], names: list[str], seeds: list[int], bench: dict[str, dict] | None = None) -> list[dict]:
-    """One row per optimizer, best first; `distinct_from_next`: its mean ± std interval and the next row's do not
-    overlap (a difference larger than the seed noise)."""
-    ref_bytes = next((r["optimizer_state_bytes"] for r in runs if r["optimizer"] == REFERENCE), None)
-    sign = -1.0 if runs and runs[0]["study"] == "finetune" else 1.0  # rows ascend in `score`
-    rows = []
-    for n in names:
-        mine = [r for r in runs if r["optimizer"] == n]
-        if not mine:
-            continue
-        lr = best_lr(runs, n, seeds[0])
-        at_best = [r for r in mine if r["lr"] == lr and score(r) is not None]
-        vals = [sign * score(r) for r in at_best]
-        state = mine[0]["optimizer_state_bytes"]
-        rows.append({
-            "optimizer": n, "best_lr": lr, "n_seeds": len(vals), "values": vals,
-            "mean": statistics.fmean(vals) if vals else None,
-            "std": statistics.stdev(vals) if len(vals) > 1 else (0.0 if vals else None),
-            "bracketed": lr is not None and bracket_gap(runs, n, seeds[0]) is None,
-            "schedule": mine[0].get("schedule"),
-            "wall_seconds": statistics.fmean(r["wall_seconds"] for r in at_best) if at_best else None,
-            **_training_time(at_best, (bench or {}).get(n)),
-            "state_bytes": state, "state_vs_ref": state / ref_bytes if ref_bytes else None,
-            "bench": (bench or {}).get(n),
-            "lrs": sorted({r["lr"] for r in mine if r["seed"] == seeds[0]}),
-            "diverged_lrs": sorted({r["lr"] for r in mine if r["diverged"]}),
-        })
-    rows.sort(key=lambda r: math.inf if r["mean"] is None else sign * r["mean"])
-    for a, b in zip(rows, rows[1:] + [None]):
-        if b is None or a["mean"] is None or b["mean"] is None:
-            a["distinct_from_next"] = False
-        elif min(a["n_seeds"], b["n_seeds"]) < 2:
-            a["distinct_from_next"] = None  # one seed has no spread: the noise is not known yet
-        else:
-            a["distinct_from_next"] = abs(a["mean"] - b["mean"]) > a["std"] + b["std"]
-    return rows
-
-
-def _training_time(at_best: list[dict], bench: dict | None) -> dict:
-    """The row's training seconds and tokens/s. A study spanning sessions spans CPU kinds (one measured 1.8x
-    another's tokens/s), so a run's own seconds compare only with runs on its CPU: where the optimizer has a
-    bench column (all of them timed on one machine) the time is updates x its bench step time at the study's
-    shape (`time_basis` "bench"), else the runs' own median (`time_basis` "measured")."""
-    if not at_best:
-        return {"train_seconds": None, "tokens_per_s": None, "time_basis": None}
-    steps, per_step = at_best[0].get("steps"), at_best[0].get("tokens_per_step")
-    bench_step = (bench or {}).get("study", {}).get("step_s")
-    if _finite(bench_step) and steps and per_step:
-        return {"train_seconds": steps * bench_step, "tokens_per_s": per_step / bench_step, "time_basis": "bench"}
-    return {"train_seconds": _median(r["train_seconds"] for r in at_best),
-            "tokens_per_s": _median(r["tokens_per_s"] for r in at_best), "time_basis": "measured"}
-
-
-def cpu_kinds(records) -> list[str]:
-    """The distinct CPU flag sets that `records` (runs or bench results) were measured on."""
-    flags = [r.get("cpu_flags") for r in records]  # a run's record keeps a string, a bench result a list
-    return sorted({(" ".join(f) if isinstance(f, list) else f) or "unknown" for f in flags})
-
-
-def _fmt(x, spec=".4f"):
-    return "-" if x is None else format(x, spec)
-
-
-def results_md(kind: str, rows: list[dict], runs: list[dict], args, title: str) -> str:
-    metric = "validation loss (nats/token)" if kind == "pretrain" else f"dev {next((r['metric'] for r in runs if r.get('metric')), 'metric')}"
-    lines = [f"# {title}{' (quick)' if args.quick else ''}", ""]
-    if kind == "pretrain":
-        r0 = runs[0]
-        lines.append(f"Same model, init, data order, tokenizer and budget per run: {r0['tokens']:,} tokens = {r0['steps']} "
-                     f"updates of {r0['tokens_per_step']:,} tokens of `{args.corpus_shown}`. Best lr = lowest final "
-                     "validation loss (the whole validation split) at the first seed, bracketed: the sweep grows "
-                     "until the best lr has a worse (or diverged) neighbour on both sides. Mean ± std over seeds "
-                     "at that lr.")
-    else:
-        lines.append(f"Fine-tuning `{args.init_shown}`; best lr = highest best-epoch dev score at the first seed, "
-                     "from a 3-point grid around each optimizer's centre; mean ± std over seeds at that lr.")
-    total = sum(r["wall_seconds"] for r in runs if _finite(r.get("wall_seconds")))
-    kinds = len(cpu_kinds(runs))
-    lines += ["", f"Compute: {len(runs)} runs, {total / 3600:.1f} h of wall-clock in all"
-              + (f", on {kinds} CPU kinds (each run's flags in results.json)." if kinds > 1 else "."), ""]
-    head = f"| optimizer | best lr | {metric}, mean ± std | seeds | > next? | bracketed | schedule |"
-    sep = "|---|---|---|---|---|---|---|"
-    if kind == "pretrain":
-        head += " tokens/s | train s | ln V − loss per train min | state (MB) | vs Adam | step s (study) | step s (117M, 2x512) | lrs tried (✗ diverged) |"
-        sep += "---|---|---|---|---|---|---|---|"
-    else:
-        head += " train s | state (MB) | vs Adam | lrs tried (✗ diverged) |"
-        sep += "---|---|---|---|"
-    lines += [head, sep]
-    for i, r in enumerate(rows):
-        tried = ", ".join(f"{lr:.3g}" + ("✗" if lr in r["diverged_lrs"] else "") for lr in r["lrs"])
-        cells = [r["optimizer"], _fmt(r["best_lr"], ".3g"), f"{_fmt(r['mean'])} ± {_fmt(r['std'])}", str(r["n_seeds"]),
-                 {True: "yes", None: "?"}.get(r["distinct_from_next"], "-" if i == len(rows) - 1 else "≈"), "yes" if r["bracketed"] else "**no**" if kind == "pretrain" else "no", r["schedule"] or "-"]
-        if kind == "pretrain":
-            vocab = next((x["vocab_size"] for x in runs if x["optimizer"] == r["optimizer"] and x.get("vocab_size")), None)
-            gain = (math.log(vocab) - r["mean"]) / (r["train_seconds"] / 60) if vocab and r["mean"] and r["train_seconds"] else None
-            bench = r["bench"] or {}
-            cells += [_fmt(r["tokens_per_s"], ",.0f"), _fmt(r["train_seconds"], ".0f"), _fmt(gain, ".3f"),
-                      f"{r['state_bytes'] / 2**20:.2f}", f"{_fmt(r['state_vs_ref'], '.2f')}×",
-                      _fmt(bench.get("study", {}).get("step_s"), ".3f"), _fmt(bench.get("gpt1_117M", {}).get("step_s"), ".2f"),
-                      tried]
-        else:
-            cells += [_fmt(r["train_seconds"], ".0f"), f"{r['state_bytes'] / 2**20:.2f}",
-                      f"{_fmt(r['state_vs_ref'], '.2f')}×", tried]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Rows are best first. *> next?*: yes when this row's mean ± std interval does not overlap the next "
-              "row's (the difference exceeds the seed noise); ≈ otherwise; ? while either has one seed. *bracketed*: the best lr has a worse or "
-              "diverged neighbour on both sides. Optimizer state = bytes of `tx.init(params)` "
-              "(`gpt1_jax.optim.optimizer_state_bytes`)."]
-    if kind == "pretrain":
-        basis = {r["time_basis"] for r in rows if r["time_basis"]}
-        lines.append("Train s and tokens/s: " + (
-            "updates × the optimizer's bench step time at the study's shape (step s (study)), so that runs made "
-            "on different CPUs compare; each run's own seconds are in results.json. " if basis == {"bench"} else
-            "the runs' summed step times (compilation and evaluation excluded), median over seeds. "
-            if basis == {"measured"} else "updates × the bench step time where an optimizer has one, else its "
-            "runs' own summed step times. ")
-            + "ln V − loss per train min: nats/token gained over a uniform guess per minute of training. "
-                     "Step s: `gpt1-jax bench --optim NAME` (forward + backward + update, median of 5) at the "
-                     "study's shape and at GPT-1's 117M shape, batch 2 x 512; CPU flags in results.json.")
-    if any(r["optimizer"].startswith("schedule_free") for r in runs):
-        lines.append("schedule_free_adamw is evaluated at x (`gpt1_jax.optim.eval_params`) in every validation "
-                     "and dev evaluation; it trains with warmup then a constant lr, the others warmup then "
-                     + ("cosine." if kind == "pretrain" else "linear decay."))
-    lines += ["", "## What the numbers say", "", *(f"- {c}" for c in findings(kind, rows, runs))]
-    return "\n".join(lines) + "\n"
-
-
-TARGET_LOSS = 5.0  # issue 14: the budget must let the best optimizer reach this validation loss (nats/token)
-
-
-def findings(kind: str, rows: list[dict], runs: list[dict]) -> list[str]:
-    """Statements the table supports, read off it: the order and which gaps exceed the seed noise, what is
-    not yet bracketed or repeated, what diverged, and (pre-training) the budget rule and the cost extremes."""
-    unit = "nats" if kind == "pretrain" else "points"
-    done = [r for r in rows if r["mean"] is not None]
-    if not done:
-        return ["No finished run yet."]
-    out = []
-    cell = lambda r: f"{r['optimizer']} ({r['mean']:.3f} ± {r['std']:.3f}, {r['n_seeds']} seed{'s' * (r['n_seeds'] != 1)})"  # noqa: E731
-    order = cell(done[0])
-    for a, b in zip(done, done[1:]):
-        order += {True: " > ", False: " ≈ ", None: " ? "}[a["distinct_from_next"]] + cell(b)
-    out.append("Order, best first; `>` between rows whose difference exceeds the seed noise (mean ± std "
-               "intervals apart), `≈` within it, `?` where a row has one seed (no noise estimate yet): "
-               + order + ".")
-    if len(done) > 1:
-        gap = abs(done[0]["mean"] - done[1]["mean"])
-        verdict = {True: "more than the seed noise", False: "within the seed noise",
-                   None: "the seed noise is not measured yet"}[done[0]["distinct_from_next"]]
-        out.append(f"{done[0]['optimizer']} leads {done[1]['optimizer']} by {gap:.3f} {unit}: {verdict}.")
-    single = [r["optimizer"] for r in done if r["n_seeds"] < 2]
-    if single:
-        out.append(f"One seed so far (no noise estimate yet): {', '.join(single)}.")
-    open_ = [r["optimizer"] for r in rows if not r["bracketed"]]
-    if kind == "pretrain" and open_:
-        out.append(f"Best lr not yet bracketed (its optimum may lie beyond the rates tried): {', '.join(open_)}.")
-    div = [f"{r['optimizer']} at {', '.join(f'{lr:.3g}' for lr in r['diverged_lrs'])}" for r in rows if r["diverged_lrs"]]
-    out.append(f"Diverged: {'; '.join(div)}." if div else "No run diverged.")
-    if kind == "pretrain":
-        best = done[0]
-        met = best["mean"] <= TARGET_LOSS
-        out.append(f"Budget rule: the best optimizer's final validation loss is {best['mean']:.3f} nats/token, "
-                   f"{'within' if met else 'above'} the {TARGET_LOSS:g} the budget must allow.")
-        benched = cpu_kinds(r["bench"] for r in rows if r["bench"])
-        if len(benched) > 1:
-            out.append(f"The bench columns were timed on {len(benched)} CPU kinds, so their step times (and the "
-                       "training seconds made from them) do not compare; rerun `run_study.py bench` on one machine.")
-        small = min(rows, key=lambda r: r["state_bytes"])
-        if small["state_vs_ref"] is not None and small["optimizer"] != REFERENCE:
-            out.append(f"Least optimizer state: {small['optimizer']}, {small['state_vs_ref']:.2f}× {REFERENCE}'s.")
-    return out
-
-
-def plot(study: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list[int]) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    key = "val_loss" if kind == "pretrain" else "dev"
-    ylabel = "validation loss (nats/token)" if kind == "pretrain" else f"dev {next((r['metric'] for r in runs if r.get('metric')), '')}"
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    out = []
-    xaxes = [("tokens", "tokens seen" if kind == "pretrain" else "epoch", "val_vs_tokens.png"),
-             ("train_seconds", "training seconds (see results.md)", "val_vs_time.png")]
-    for field, xlabel, fname in xaxes:
-        fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
-        for i, row in enumerate(rows):
-            r = next((r for r in runs if r["optimizer"] == row["optimizer"] and r["lr"] == row["best_lr"]
-                      and r["seed"] == seeds[0]), None)
-            if r is None or not r["val_curve"]:
-                continue
-            if field == "tokens":
-                scale = r.get("tokens_per_step", 1) if kind == "pretrain" else 1
-                pts = [(p["step"] * scale, p.get(key)) for p in r["val_curve"]]
-            elif kind == "finetune":  # one time per run: spread over the epochs
-                n = len(r["val_curve"])
-                pts = [((j + 1) / n * (r["train_seconds"] or 0), p.get(key)) for j, p in enumerate(r["val_curve"])]
-            else:  # at the row's seconds per update: one machine's time for every optimizer (_training_time)
-                per = (row["train_seconds"] or math.nan) / r["steps"]
-                pts = [(p["step"] * per, p.get(key)) for p in r["val_curve"]]
-            pts = [(x, y) for x, y in pts if _finite(x) and _finite(y)]
-            if pts:
-                ax.plot(*zip(*pts), "o-", ms=3, color=colors[i % len(colors)], label=f"{row['optimizer']} (lr {row['best_lr']:.3g})")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{kind}: best lr per optimizer, seed {seeds[0]}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(study / fname)
-        plt.close(fig)
-        out.append(study / fname)
-    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
-    finite = [s for r in runs if (s := score(r)) is not None]
-    top = (max(finite) if kind == "pretrain" else -min(finite)) if finite else 1.0
-    for i, row in enumerate(rows):
-        mine = sorted((r for r in runs if r["optimizer"] == row["optimizer"] and r["seed"] == seeds[0]), key=lambda r: r["lr"])
-        ok = [(r["lr"], -score(r) if kind == "finetune" else score(r)) for r in mine if score(r) is not None]
-        bad = [r["lr"] for r in mine if score(r) is None]
-        c = colors[i % len(colors)]
-        if ok:
-            ax.plot(*zip(*ok), "o-", color=c, label=row["optimizer"])
-        if bad:
-            ax.plot(bad, [top] * len(bad), "x", color=c, ms=9, mew=2)
-        if row["best_lr"] is not None and row["mean"] is not None:  # the bracketed optimum, with its seed spread
-            ax.errorbar([row["best_lr"]], [row["mean"]], yerr=[row["std"]], fmt="*", ms=12, color=c, capsize=4)
-    ax.set_xscale("log")
-    ax.set_xlabel("peak learning rate")
-    ax.set_ylabel(f"final {ylabel}" if kind == "pretrain" else f"best-epoch {ylabel}")
-    ax.set_title(f"{kind}: lr sweep (seed {seeds[0]}; ★ best lr, mean ± std over seeds; x = diverged)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(study / "loss_vs_lr.png")
-    plt.close(fig)
-    out.append(study / "loss_vs_lr.png")
-    return out
-
-
-def write_outputs(study: Path, kind: str, runs: list[dict], names: list[str], seeds: list[int], args,
-                  title: str) -> None:
-    bench = load_bench(study, Path(args.records).absolute() / "pretrain" if args.records and kind == "pretrain" else None)
-    rows = summarize(runs, names, seeds, bench)
-    shown = [dict(r, workdir=str(Path(r["workdir"]).relative_to(study)) if Path(r["workdir"]).is_relative_to(study)
-                  else r["workdir"]) for r in runs]
-    (study / "results.json").write_text(json.dumps(
-        {"study": kind, "quick": args.quick, "seeds": seeds, "cpu_flags": " ".join(cpu_flags()), "summary": rows, "runs": shown},
-        indent=2) + "\n")
-    (study / "results.md").write_text(results_md(kind, rows, runs, args, title))
-    plot(study, kind, runs, rows, seeds)
-    if args.results:  # the copy that is committed: the same files, nothing else
-        dest = Path(args.results) / study.relative_to(Path(args.out))
-        dest.mkdir(parents=True, exist_ok=True)
-        for name in RESULT_FILES:
-            shutil.copyfile(study / name, dest / name)
-
-
-RESULT_FILES = ("results.json", "results.md", "val_vs_tokens.png", "val_vs_time.png", "loss_vs_lr.png")
 
 
 # ---- command line -------------------------------------------------------------------------------------

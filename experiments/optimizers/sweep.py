@@ -1,0 +1,156 @@
+"""The optimizer study's sweep: the learning-rate ladder, finished runs on disk (records, kept copies that
+let a study span sessions) and the breadth-first loop that grows each grid until its best lr is bracketed,
+then repeats it with the other seeds. run_study.py makes the runs; tables.py reads them."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+from pathlib import Path
+
+
+# ---- the grid ----------------------------------------------------------------------------------------
+
+def _ladder(j: int) -> float:
+    """The 1-3-10 log ladder: j=0 -> 1, 1 -> 3, 2 -> 10, -1 -> 0.3, ..."""
+    return float(f"{10.0 ** (j // 2) * (3 if j % 2 else 1):.3g}")
+
+
+def lr_grid(centre: float, points: int = 3) -> list[float]:
+    """`points` lrs of the 1-3-10 ladder (a log grid, ~half a decade apart) centred on the rung nearest
+    `centre`: 3e-3 -> [1e-3, 3e-3, 1e-2]."""
+    j0 = min(range(-40, 40), key=lambda j: abs(math.log(_ladder(j) / centre)))
+    lo = j0 - (points - 1) // 2
+    return [_ladder(j) for j in range(lo, lo + points)]
+
+
+def next_rung(lr: float, up: bool) -> float:
+    j = min(range(-40, 40), key=lambda j: abs(math.log(_ladder(j) / lr)))
+    return _ladder(j + 1 if up else j - 1)
+
+
+def run_name(lr: float, seed: int) -> str:
+    return f"lr{lr:.3g}_s{seed}"
+
+
+# ---- numbers ------------------------------------------------------------------------------------------
+
+def finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def median(xs):
+    xs = [x for x in xs if finite(x)]
+    return statistics.median(xs) if xs else None
+
+
+# ---- finished runs on disk -------------------------------------------------------------------------------
+
+def _kept(workdir: Path, records: Path, study: Path) -> Path:
+    return records / f"{workdir.relative_to(study)}.json"  # not with_suffix: "lr0.001_s0" has a dot
+
+
+def load_record(workdir: Path, records: Path | None, study: Path, budget: dict) -> dict | None:
+    """A finished run's record: its run dir's record.json, or the kept copy under `records` (put back). A
+    record made under another budget (`budget`: the record fields that must match) stops the study with one
+    line: its score is not comparable with this study's."""
+    done = workdir / "record.json"
+    if not done.is_file() and records is not None:
+        kept = _kept(workdir, records, study)
+        if kept.is_file():
+            done.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(kept, done)
+    if not done.is_file():
+        return None
+    rec = json.loads(done.read_text())
+    other = {k: rec.get(k) for k, v in budget.items() if rec.get(k) != v}
+    if other:
+        raise SystemExit(f"{workdir}: finished under another budget ({', '.join(f'{k}={v}' for k, v in other.items())}; "
+                         f"this study: {', '.join(f'{k}={budget[k]}' for k in other)}); give it its own --out and --records")
+    return rec
+
+
+def finished_runs(study: Path, records: Path | None) -> list[dict]:
+    """Every finished run of `study`: its run dirs' records and the kept ones (all a fresh clone has)."""
+    kept = sorted((records / "runs").glob("*/*.json")) if records is not None else []
+    found = {(r["optimizer"], r["lr"], r["seed"]): r for r in
+             (json.loads(p.read_text()) for p in kept + sorted(study.glob("runs/*/*/record.json")))}
+    return list(found.values())
+
+
+def save_record(rec: dict, workdir: Path, records: Path | None, study: Path) -> None:
+    """Whole files or none: a half-written record would stop the resumed study on a JSON error."""
+    from gpt1_jax.data.tokens import atomic_write_text
+
+    atomic_write_text(workdir / "record.json", json.dumps(rec, indent=2) + "\n")
+    if records is not None:  # the kept copy names no machine path: the run dir is relative to the study
+        kept = _kept(workdir, records, study)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(kept, json.dumps(dict(rec, workdir=str(workdir.relative_to(study))), indent=2) + "\n")
+
+
+# ---- the study loop -----------------------------------------------------------------------------------
+
+def score(rec: dict) -> float | None:
+    """Lower is better: final val loss (pre-training), minus the best dev metric (fine-tuning)."""
+    if rec["diverged"]:
+        return None
+    if rec["study"] == "pretrain":
+        return rec["final_val_loss"]
+    return -rec["dev_best"] if finite(rec.get("dev_best")) else None
+
+
+def best_lr(runs: list[dict], name: str, seed: int) -> float | None:
+    cands = [r for r in runs if r["optimizer"] == name and r["seed"] == seed and score(r) is not None]
+    return min(cands, key=score)["lr"] if cands else None
+
+
+def bracket_gap(runs: list[dict], name: str, seed: int) -> float | None:
+    """The next lr to try so that the best one has a worse neighbour on both sides (a diverged run counts as
+    worse); None when it is bracketed already. Every lr diverged: go one rung below the lowest."""
+    tried = sorted({r["lr"] for r in runs if r["optimizer"] == name and r["seed"] == seed})
+    if not tried:
+        return None
+    best = best_lr(runs, name, seed)
+    if best is None:
+        return next_rung(tried[0], up=False)
+    if best == tried[0]:
+        return next_rung(best, up=False)
+    if best == tried[-1]:
+        return next_rung(best, up=True)
+    return None
+
+
+def study_loop(study: Path, names: list[str], seeds: list[int], grids: dict[str, list[float]], run_one,
+               max_extensions: int, write) -> list[dict]:
+    """Breadth-first, so that a study cut short still has a row per optimizer: every optimizer at its centre
+    lr, the rest of its grid, rounds of one more lr for each optimizer whose best is not yet bracketed (at
+    most `max_extensions` each), then the other seeds at each best lr."""
+    study.mkdir(parents=True, exist_ok=True)
+    runs: list[dict] = []
+
+    def do(name, lr, seed):
+        rec = run_one(study, name, lr, seed)
+        runs[:] = [r for r in runs if (r["optimizer"], r["lr"], r["seed"]) != (name, lr, seed)] + [rec]
+        write(runs)
+
+    for n in names:
+        do(n, grids[n][len(grids[n]) // 2], seeds[0])
+    for n in names:
+        for lr in grids[n]:
+            do(n, lr, seeds[0])
+    for _ in range(max_extensions):
+        gaps = {n: lr for n in names if (lr := bracket_gap(runs, n, seeds[0])) is not None}
+        if not gaps:
+            break
+        for n, lr in gaps.items():
+            do(n, lr, seeds[0])
+    for n in names:
+        b = best_lr(runs, n, seeds[0])
+        if b is not None:
+            for s in seeds[1:]:
+                do(n, b, s)
+    write(runs)
+    return runs

@@ -1,0 +1,288 @@
+"""The optimizer study's outputs, read off its finished runs: one row per optimizer (best lr, mean ± std over
+seeds, bracket, cost), results.md with what the numbers say, results.json and the plots."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+from pathlib import Path
+
+from gpt1_jax.flops import cpu_flags
+from sweep import best_lr, bracket_gap, finite, median, score
+
+REFERENCE = "gpt1_adam"  # state memory is reported relative to this one; always in the fine-tuning study
+
+
+# ---- the table ------------------------------------------------------------------------------------------
+
+def summarize(runs: list[dict], names: list[str], seeds: list[int], bench: dict[str, dict] | None = None) -> list[dict]:
+    """One row per optimizer, best first; `distinct_from_next`: its mean ± std interval and the next row's do not
+    overlap (a difference larger than the seed noise)."""
+    ref_bytes = next((r["optimizer_state_bytes"] for r in runs if r["optimizer"] == REFERENCE), None)
+    sign = -1.0 if runs and runs[0]["study"] == "finetune" else 1.0  # rows ascend in `score`
+    rows = []
+    for n in names:
+        mine = [r for r in runs if r["optimizer"] == n]
+        if not mine:
+            continue
+        lr = best_lr(runs, n, seeds[0])
+        at_best = [r for r in mine if r["lr"] == lr and score(r) is not None]
+        vals = [sign * score(r) for r in at_best]
+        state = mine[0]["optimizer_state_bytes"]
+        rows.append({
+            "optimizer": n, "best_lr": lr, "n_seeds": len(vals), "values": vals,
+            "mean": statistics.fmean(vals) if vals else None,
+            "std": statistics.stdev(vals) if len(vals) > 1 else (0.0 if vals else None),
+            "bracketed": lr is not None and bracket_gap(runs, n, seeds[0]) is None,
+            "schedule": mine[0].get("schedule"),
+            "wall_seconds": statistics.fmean(r["wall_seconds"] for r in at_best) if at_best else None,
+            **_training_time(at_best, (bench or {}).get(n)),
+            "state_bytes": state, "state_vs_ref": state / ref_bytes if ref_bytes else None,
+            "bench": (bench or {}).get(n),
+            "lrs": sorted({r["lr"] for r in mine if r["seed"] == seeds[0]}),
+            "diverged_lrs": sorted({r["lr"] for r in mine if r["diverged"]}),
+        })
+    rows.sort(key=lambda r: math.inf if r["mean"] is None else sign * r["mean"])
+    for a, b in zip(rows, rows[1:] + [None]):
+        if b is None or a["mean"] is None or b["mean"] is None:
+            a["distinct_from_next"] = False
+        elif min(a["n_seeds"], b["n_seeds"]) < 2:
+            a["distinct_from_next"] = None  # one seed has no spread: the noise is not known yet
+        else:
+            a["distinct_from_next"] = abs(a["mean"] - b["mean"]) > a["std"] + b["std"]
+    return rows
+
+
+def _training_time(at_best: list[dict], bench: dict | None) -> dict:
+    """The row's training seconds and tokens/s. A study spanning sessions spans CPU kinds (one measured 1.8x
+    another's tokens/s), so a run's own seconds compare only with runs on its CPU: where the optimizer has a
+    bench column (all of them timed on one machine) the time is updates x its bench step time at the study's
+    shape (`time_basis` "bench"), else the runs' own median (`time_basis` "measured")."""
+    if not at_best:
+        return {"train_seconds": None, "tokens_per_s": None, "time_basis": None}
+    steps, per_step = at_best[0].get("steps"), at_best[0].get("tokens_per_step")
+    bench_step = (bench or {}).get("study", {}).get("step_s")
+    if finite(bench_step) and steps and per_step:
+        return {"train_seconds": steps * bench_step, "tokens_per_s": per_step / bench_step, "time_basis": "bench"}
+    return {"train_seconds": median(r["train_seconds"] for r in at_best),
+            "tokens_per_s": median(r["tokens_per_s"] for r in at_best), "time_basis": "measured"}
+
+
+def cpu_kinds(records) -> list[str]:
+    """The distinct CPU flag sets that `records` (runs or bench results) were measured on."""
+    flags = [r.get("cpu_flags") for r in records]  # a run's record keeps a string, a bench result a list
+    return sorted({(" ".join(f) if isinstance(f, list) else f) or "unknown" for f in flags})
+
+
+def _fmt(x, spec=".4f"):
+    return "-" if x is None else format(x, spec)
+
+
+def results_md(kind: str, rows: list[dict], runs: list[dict], args, title: str) -> str:
+    metric = "validation loss (nats/token)" if kind == "pretrain" else f"dev {next((r['metric'] for r in runs if r.get('metric')), 'metric')}"
+    lines = [f"# {title}{' (quick)' if args.quick else ''}", ""]
+    if kind == "pretrain":
+        r0 = runs[0]
+        lines.append(f"Same model, init, data order, tokenizer and budget per run: {r0['tokens']:,} tokens = {r0['steps']} "
+                     f"updates of {r0['tokens_per_step']:,} tokens of `{args.corpus_shown}`. Best lr = lowest final "
+                     "validation loss (the whole validation split) at the first seed, bracketed: the sweep grows "
+                     "until the best lr has a worse (or diverged) neighbour on both sides. Mean ± std over seeds "
+                     "at that lr.")
+    else:
+        lines.append(f"Fine-tuning `{args.init_shown}`; best lr = highest best-epoch dev score at the first seed, "
+                     "from a 3-point grid around each optimizer's centre; mean ± std over seeds at that lr.")
+    total = sum(r["wall_seconds"] for r in runs if finite(r.get("wall_seconds")))
+    kinds = len(cpu_kinds(runs))
+    lines += ["", f"Compute: {len(runs)} runs, {total / 3600:.1f} h of wall-clock in all"
+              + (f", on {kinds} CPU kinds (each run's flags in results.json)." if kinds > 1 else "."), ""]
+    head = f"| optimizer | best lr | {metric}, mean ± std | seeds | > next? | bracketed | schedule |"
+    sep = "|---|---|---|---|---|---|---|"
+    if kind == "pretrain":
+        head += " tokens/s | train s | ln V − loss per train min | state (MB) | vs Adam | step s (study) | step s (117M, 2x512) | lrs tried (✗ diverged) |"
+        sep += "---|---|---|---|---|---|---|---|"
+    else:
+        head += " train s | state (MB) | vs Adam | lrs tried (✗ diverged) |"
+        sep += "---|---|---|---|"
+    lines += [head, sep]
+    for i, r in enumerate(rows):
+        tried = ", ".join(f"{lr:.3g}" + ("✗" if lr in r["diverged_lrs"] else "") for lr in r["lrs"])
+        cells = [r["optimizer"], _fmt(r["best_lr"], ".3g"), f"{_fmt(r['mean'])} ± {_fmt(r['std'])}", str(r["n_seeds"]),
+                 {True: "yes", None: "?"}.get(r["distinct_from_next"], "-" if i == len(rows) - 1 else "≈"), "yes" if r["bracketed"] else "**no**" if kind == "pretrain" else "no", r["schedule"] or "-"]
+        if kind == "pretrain":
+            vocab = next((x["vocab_size"] for x in runs if x["optimizer"] == r["optimizer"] and x.get("vocab_size")), None)
+            gain = (math.log(vocab) - r["mean"]) / (r["train_seconds"] / 60) if vocab and r["mean"] and r["train_seconds"] else None
+            bench = r["bench"] or {}
+            cells += [_fmt(r["tokens_per_s"], ",.0f"), _fmt(r["train_seconds"], ".0f"), _fmt(gain, ".3f"),
+                      f"{r['state_bytes'] / 2**20:.2f}", f"{_fmt(r['state_vs_ref'], '.2f')}×",
+                      _fmt(bench.get("study", {}).get("step_s"), ".3f"), _fmt(bench.get("gpt1_117M", {}).get("step_s"), ".2f"),
+                      tried]
+        else:
+            cells += [_fmt(r["train_seconds"], ".0f"), f"{r['state_bytes'] / 2**20:.2f}",
+                      f"{_fmt(r['state_vs_ref'], '.2f')}×", tried]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Rows are best first. *> next?*: yes when this row's mean ± std interval does not overlap the next "
+              "row's (the difference exceeds the seed noise); ≈ otherwise; ? while either has one seed. *bracketed*: the best lr has a worse or "
+              "diverged neighbour on both sides. Optimizer state = bytes of `tx.init(params)` "
+              "(`gpt1_jax.optim.optimizer_state_bytes`)."]
+    if kind == "pretrain":
+        basis = {r["time_basis"] for r in rows if r["time_basis"]}
+        lines.append("Train s and tokens/s: " + (
+            "updates × the optimizer's bench step time at the study's shape (step s (study)), so that runs made "
+            "on different CPUs compare; each run's own seconds are in results.json. " if basis == {"bench"} else
+            "the runs' summed step times (compilation and evaluation excluded), median over seeds. "
+            if basis == {"measured"} else "updates × the bench step time where an optimizer has one, else its "
+            "runs' own summed step times. ")
+            + "ln V − loss per train min: nats/token gained over a uniform guess per minute of training. "
+                     "Step s: `gpt1-jax bench --optim NAME` (forward + backward + update, median of 5) at the "
+                     "study's shape and at GPT-1's 117M shape, batch 2 x 512; CPU flags in results.json.")
+    if any(r["optimizer"].startswith("schedule_free") for r in runs):
+        lines.append("schedule_free_adamw is evaluated at x (`gpt1_jax.optim.eval_params`) in every validation "
+                     "and dev evaluation; it trains with warmup then a constant lr, the others warmup then "
+                     + ("cosine." if kind == "pretrain" else "linear decay."))
+    lines += ["", "## What the numbers say", "", *(f"- {c}" for c in findings(kind, rows, runs))]
+    return "\n".join(lines) + "\n"
+
+
+TARGET_LOSS = 5.0  # issue 14: the budget must let the best optimizer reach this validation loss (nats/token)
+
+
+def findings(kind: str, rows: list[dict], runs: list[dict]) -> list[str]:
+    """Statements the table supports, read off it: the order and which gaps exceed the seed noise, what is
+    not yet bracketed or repeated, what diverged, and (pre-training) the budget rule and the cost extremes."""
+    unit = "nats" if kind == "pretrain" else "points"
+    done = [r for r in rows if r["mean"] is not None]
+    if not done:
+        return ["No finished run yet."]
+    out = []
+    cell = lambda r: f"{r['optimizer']} ({r['mean']:.3f} ± {r['std']:.3f}, {r['n_seeds']} seed{'s' * (r['n_seeds'] != 1)})"  # noqa: E731
+    order = cell(done[0])
+    for a, b in zip(done, done[1:]):
+        order += {True: " > ", False: " ≈ ", None: " ? "}[a["distinct_from_next"]] + cell(b)
+    out.append("Order, best first; `>` between rows whose difference exceeds the seed noise (mean ± std "
+               "intervals apart), `≈` within it, `?` where a row has one seed (no noise estimate yet): "
+               + order + ".")
+    if len(done) > 1:
+        gap = abs(done[0]["mean"] - done[1]["mean"])
+        verdict = {True: "more than the seed noise", False: "within the seed noise",
+                   None: "the seed noise is not measured yet"}[done[0]["distinct_from_next"]]
+        out.append(f"{done[0]['optimizer']} leads {done[1]['optimizer']} by {gap:.3f} {unit}: {verdict}.")
+    single = [r["optimizer"] for r in done if r["n_seeds"] < 2]
+    if single:
+        out.append(f"One seed so far (no noise estimate yet): {', '.join(single)}.")
+    open_ = [r["optimizer"] for r in rows if not r["bracketed"]]
+    if kind == "pretrain" and open_:
+        out.append(f"Best lr not yet bracketed (its optimum may lie beyond the rates tried): {', '.join(open_)}.")
+    div = [f"{r['optimizer']} at {', '.join(f'{lr:.3g}' for lr in r['diverged_lrs'])}" for r in rows if r["diverged_lrs"]]
+    out.append(f"Diverged: {'; '.join(div)}." if div else "No run diverged.")
+    if kind == "pretrain":
+        best = done[0]
+        met = best["mean"] <= TARGET_LOSS
+        out.append(f"Budget rule: the best optimizer's final validation loss is {best['mean']:.3f} nats/token, "
+                   f"{'within' if met else 'above'} the {TARGET_LOSS:g} the budget must allow.")
+        benched = cpu_kinds(r["bench"] for r in rows if r["bench"])
+        if len(benched) > 1:
+            out.append(f"The bench columns were timed on {len(benched)} CPU kinds, so their step times (and the "
+                       "training seconds made from them) do not compare; rerun `run_study.py bench` on one machine.")
+        small = min(rows, key=lambda r: r["state_bytes"])
+        if small["state_vs_ref"] is not None and small["optimizer"] != REFERENCE:
+            out.append(f"Least optimizer state: {small['optimizer']}, {small['state_vs_ref']:.2f}× {REFERENCE}'s.")
+    return out
+
+
+def plot(study: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list[int]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key = "val_loss" if kind == "pretrain" else "dev"
+    ylabel = "validation loss (nats/token)" if kind == "pretrain" else f"dev {next((r['metric'] for r in runs if r.get('metric')), '')}"
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    out = []
+    xaxes = [("tokens", "tokens seen" if kind == "pretrain" else "epoch", "val_vs_tokens.png"),
+             ("train_seconds", "training seconds (see results.md)", "val_vs_time.png")]
+    for field, xlabel, fname in xaxes:
+        fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
+        for i, row in enumerate(rows):
+            r = next((r for r in runs if r["optimizer"] == row["optimizer"] and r["lr"] == row["best_lr"]
+                      and r["seed"] == seeds[0]), None)
+            if r is None or not r["val_curve"]:
+                continue
+            if field == "tokens":
+                scale = r.get("tokens_per_step", 1) if kind == "pretrain" else 1
+                pts = [(p["step"] * scale, p.get(key)) for p in r["val_curve"]]
+            elif kind == "finetune":  # one time per run: spread over the epochs
+                n = len(r["val_curve"])
+                pts = [((j + 1) / n * (r["train_seconds"] or 0), p.get(key)) for j, p in enumerate(r["val_curve"])]
+            else:  # at the row's seconds per update: one machine's time for every optimizer (_training_time)
+                per = (row["train_seconds"] or math.nan) / r["steps"]
+                pts = [(p["step"] * per, p.get(key)) for p in r["val_curve"]]
+            pts = [(x, y) for x, y in pts if finite(x) and finite(y)]
+            if pts:
+                ax.plot(*zip(*pts), "o-", ms=3, color=colors[i % len(colors)], label=f"{row['optimizer']} (lr {row['best_lr']:.3g})")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{kind}: best lr per optimizer, seed {seeds[0]}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(study / fname)
+        plt.close(fig)
+        out.append(study / fname)
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
+    scores = [s for r in runs if (s := score(r)) is not None]
+    top = (max(scores) if kind == "pretrain" else -min(scores)) if scores else 1.0
+    for i, row in enumerate(rows):
+        mine = sorted((r for r in runs if r["optimizer"] == row["optimizer"] and r["seed"] == seeds[0]), key=lambda r: r["lr"])
+        ok = [(r["lr"], -score(r) if kind == "finetune" else score(r)) for r in mine if score(r) is not None]
+        bad = [r["lr"] for r in mine if score(r) is None]
+        c = colors[i % len(colors)]
+        if ok:
+            ax.plot(*zip(*ok), "o-", color=c, label=row["optimizer"])
+        if bad:
+            ax.plot(bad, [top] * len(bad), "x", color=c, ms=9, mew=2)
+        if row["best_lr"] is not None and row["mean"] is not None:  # the bracketed optimum, with its seed spread
+            ax.errorbar([row["best_lr"]], [row["mean"]], yerr=[row["std"]], fmt="*", ms=12, color=c, capsize=4)
+    ax.set_xscale("log")
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel(f"final {ylabel}" if kind == "pretrain" else f"best-epoch {ylabel}")
+    ax.set_title(f"{kind}: lr sweep (seed {seeds[0]}; ★ best lr, mean ± std over seeds; x = diverged)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(study / "loss_vs_lr.png")
+    plt.close(fig)
+    out.append(study / "loss_vs_lr.png")
+    return out
+
+
+def write_outputs(study: Path, kind: str, runs: list[dict], names: list[str], seeds: list[int], args,
+                  title: str) -> None:
+    bench = load_bench(study, Path(args.records).absolute() / "pretrain" if args.records and kind == "pretrain" else None)
+    rows = summarize(runs, names, seeds, bench)
+    shown = [dict(r, workdir=str(Path(r["workdir"]).relative_to(study)) if Path(r["workdir"]).is_relative_to(study)
+                  else r["workdir"]) for r in runs]
+    (study / "results.json").write_text(json.dumps(
+        {"study": kind, "quick": args.quick, "seeds": seeds, "cpu_flags": " ".join(cpu_flags()), "summary": rows, "runs": shown},
+        indent=2) + "\n")
+    (study / "results.md").write_text(results_md(kind, rows, runs, args, title))
+    plot(study, kind, runs, rows, seeds)
+    if args.results:  # the copy that is committed: the same files, nothing else
+        dest = Path(args.results) / study.relative_to(Path(args.out))
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in RESULT_FILES:
+            shutil.copyfile(study / name, dest / name)
+
+
+RESULT_FILES = ("results.json", "results.md", "val_vs_tokens.png", "val_vs_time.png", "loss_vs_lr.png")
+
+
+
+def load_bench(study: Path, records: Path | None) -> dict[str, dict]:
+    """Optimizer -> its bench result: <study>/bench/, or the copies kept under `records` (a fresh clone)."""
+    found = {}
+    for folder in ([records / "bench"] if records is not None else []) + [study / "bench"]:
+        found.update({p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))})
+    return found
