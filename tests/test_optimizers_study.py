@@ -226,6 +226,17 @@ def test_training_time_is_one_machines_when_runs_span_cpus():
     assert tb.cpu_kinds([fast, slow, b]) == ["avx", "avx avx_vnni", "unknown"]
 
 
+def test_findings_name_fine_tuning_runs_that_predicted_one_class():
+    tb = _study_module("tables")
+    flat = [dict(_rec("c", lr, None), diverged=False, study="finetune", dev_best=f1, dev_classes_predicted=n)
+            for lr, f1, n in ((1e-3, 0.81, 1), (3e-3, 0.84, 2), (1e-2, 0.81, 1))]
+    text = "\n".join(tb.findings("finetune", tb.summarize(flat, ["c"], [0]), flat))
+    assert "2 of 3 runs predicted one class for all of dev (0 of them at an optimizer's best lr)" in text
+    flat[1]["dev_classes_predicted"] = 1
+    text = "\n".join(tb.findings("finetune", tb.summarize(flat, ["c"], [0]), flat))
+    assert "3 of 3 runs predicted one class for all of dev (1 of them at an optimizer's best lr)" in text
+
+
 def test_findings_group_the_rows_by_the_seed_noise():
     """a is ahead of b and c beyond their spread; b and c overlap; d has one seed and an unbracketed best lr."""
     tb = _study_module("tables")
@@ -289,6 +300,8 @@ def test_quick_finetune_study_scores_each_optimizer_and_refuses_another_budget(q
     for r in results["runs"]:
         assert r["eval_at"].startswith("x") and (r["diverged"] or 0 <= r["dev_best"] <= 1)
         assert (r["epochs"], r["max_train"], r["init"]) == (1, 64, "experiments/paper/release")
+        predicted = (out / "finetune" / "sst2" / r["workdir"] / "predictions" / "validation.tsv").read_text()
+        assert r["dev_classes_predicted"] == len({l.split("\t")[1] for l in predicted.splitlines()[1:]}) >= 1
     kept = sorted((out / "records" / "finetune" / "sst2").rglob("*.json"))
     assert len(kept) == 3
     rec = json.loads(kept[0].read_text())

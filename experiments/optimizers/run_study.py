@@ -268,6 +268,18 @@ def best_pretrain_workdir(init: Path) -> Path:
     return init / best["workdir"] if not Path(best["workdir"]).is_absolute() else Path(best["workdir"])
 
 
+def _classes_predicted(workdir: Path, results: dict | None) -> int | None:
+    """How many distinct labels the best epoch predicted on dev (1: the head sat on one class, and the score
+    is that class's, e.g. MRPC's F1 of 81 for 'equivalent' everywhere)."""
+    if not results or not results.get("predictions"):
+        return None
+    path = workdir / next(iter(results["predictions"].values()))
+    if not path.is_file():
+        return None
+    rows = path.read_text().splitlines()[1:]
+    return len({r.split("\t")[1] for r in rows if r})
+
+
 def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, seed: int, init: Path, model,
                  data_dir: str | None, records: Path | None = None) -> dict:
     """`model`: the ModelConfig of `init` (read once per study; run() reads the weights itself)."""
@@ -302,6 +314,8 @@ def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, see
         "metric": metric, "final_val_loss": None, "best_val_loss": None,  # one schema; see dev_*
         "dev_final": history[-1].get(metric) if history else None,
         "dev_best": results["metrics"][metric] if results else None,
+        "dev_metrics": results["metrics"] if results else None,
+        "dev_classes_predicted": _classes_predicted(workdir, results),
         "val_curve": [{"step": h["epoch"], "dev": h.get(metric), "train_loss": h["train_loss"]} for h in history],
         "eval_at": "x (schedule_free_eval_params)" if uses_eval_params(name) else "params",
         "schedule": f"{config.optim.schedule}, warmup {config.warmup_fraction:g} of the updates",

@@ -176,6 +176,11 @@ def findings(kind: str, rows: list[dict], runs: list[dict]) -> list[str]:
         out.append(f"Best lr not yet bracketed (its optimum may lie beyond the rates tried): {', '.join(open_)}.")
     div = [f"{r['optimizer']} at {', '.join(f'{lr:.3g}' for lr in r['diverged_lrs'])}" for r in rows if r["diverged_lrs"]]
     out.append(f"Diverged: {'; '.join(div)}." if div else "No run diverged.")
+    flat = [r for r in runs if r.get("dev_classes_predicted") == 1]
+    if flat:  # its score is the score of always answering that class: it ranks nothing
+        at_best = [r for r in flat if any(r["optimizer"] == w["optimizer"] and r["lr"] == w["best_lr"] for w in rows)]
+        out.append(f"{len(flat)} of {len(runs)} runs predicted one class for all of dev ({len(at_best)} of them at "
+                   "an optimizer's best lr): their score is that class's, not a measure of the optimizer.")
     if kind == "pretrain":
         best = done[0]
         met = best["mean"] <= TARGET_LOSS
