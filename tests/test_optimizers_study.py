@@ -208,22 +208,32 @@ def test_step_times_count_compilation_and_pauses_as_a_median_step():
 
 
 def test_training_time_is_one_machines_when_runs_span_cpus():
-    """Runs made on two CPU kinds (one 2x the other's speed) get their time from the optimizer's bench step
-    (one machine for all); without a bench column, from their own seconds; benches from two CPU kinds are
-    flagged."""
+    """Runs on two CPU kinds, one twice the other's speed: each run's seconds are put in the bench machine's
+    by its kind's factor, so the same optimizer gets the same time on both, and an optimizer whose training
+    loop costs more than its bench step (c: 1.2x) keeps that cost; without bench columns the runs' own
+    seconds; benches from two CPU kinds are flagged."""
     tb = _study_module("tables")
-    fast = dict(_rec("a", 1e-3, 4.0), steps=800, tokens_per_step=4096, train_seconds=600.0, cpu_flags="avx avx_vnni")
-    slow = dict(fast, seed=1, train_seconds=1200.0, cpu_flags="avx")
-    bench = {"a": {"study": {"step_s": 1.5}, "cpu_flags": "avx"}}
-    (row,) = tb.summarize([fast, slow], ["a"], [0, 1], bench)
-    assert (row["time_basis"], row["train_seconds"], row["tokens_per_s"]) == ("bench", 1200.0, 4096 / 1.5)
-    (row,) = tb.summarize([fast, slow], ["a"], [0, 1], {})
+
+    def run(name, seed, seconds, flags):
+        return dict(_rec(name, 1e-3, 4.0, seed), steps=800, tokens_per_step=4096, train_seconds=seconds, cpu_flags=flags)
+
+    fast, slow = "avx avx_vnni", "avx"
+    runs = [run("a", 0, 600.0, fast), run("a", 1, 1200.0, slow), run("b", 0, 400.0, fast), run("b", 1, 800.0, slow),
+            run("c", 0, 480.0, fast)]
+    bench = {"a": {"study": {"step_s": 1.5}, "cpu_flags": ["avx"]}, "b": {"study": {"step_s": 1.0}, "cpu_flags": ["avx"]},
+             "c": {"study": {"step_s": 1.0}, "cpu_flags": ["avx"]}}
+    assert tb.machine_factors(runs, bench) == {fast: 0.5, slow: 1.0}
+    rows = {r["optimizer"]: r for r in tb.summarize(runs, ["a", "b", "c"], [0, 1], bench)}
+    assert (rows["a"]["time_basis"], rows["a"]["train_seconds"], rows["a"]["tokens_per_s"]) == ("bench machine", 1200.0, 800 * 4096 / 1200)
+    assert rows["b"]["train_seconds"] == 800.0 and rows["c"]["train_seconds"] == 960.0
+    text = "\n".join(tb.findings("pretrain", list(rows.values()), runs))
+    assert "slower than the optimizer's bench step by more than 10% (on the bench machine's clock): c (+20%);" in text
+    (row,) = tb.summarize(runs[:2], ["a"], [0, 1], {})
     assert (row["time_basis"], row["train_seconds"]) == ("measured", 900.0)
-    b = dict(_rec("b", 1e-3, 4.5), steps=800, tokens_per_step=4096)
-    bench["b"] = {"study": {"step_s": 1.0}, "cpu_flags": ["avx", "avx_vnni"]}
-    rows = tb.summarize([fast, slow, b], ["a", "b"], [0, 1], bench)
-    assert "timed on 2 CPU kinds" in "\n".join(tb.findings("pretrain", rows, [fast, slow, b]))
-    assert tb.cpu_kinds([fast, slow, b]) == ["avx", "avx avx_vnni", "unknown"]
+    bench["b"]["cpu_flags"] = ["avx", "avx_vnni"]
+    rows = tb.summarize(runs, ["a", "b", "c"], [0, 1], bench)
+    assert "timed on 2 CPU kinds" in "\n".join(tb.findings("pretrain", rows, runs))
+    assert tb.cpu_kinds(runs + [{}]) == ["avx", "avx avx_vnni", "unknown"]
 
 
 def test_findings_name_fine_tuning_runs_that_predicted_one_class():

@@ -22,7 +22,7 @@ def summarize(runs: list[dict], names: list[str], seeds: list[int], bench: dict[
     overlap (a difference larger than the seed noise)."""
     ref_bytes = next((r["optimizer_state_bytes"] for r in runs if r["optimizer"] == REFERENCE), None)
     sign = -1.0 if runs and runs[0]["study"] == "finetune" else 1.0  # rows ascend in `score`
-    rows = []
+    rows, factors = [], machine_factors(runs, bench or {})
     for n in names:
         mine = [r for r in runs if r["optimizer"] == n]
         if not mine:
@@ -38,7 +38,7 @@ def summarize(runs: list[dict], names: list[str], seeds: list[int], bench: dict[
             "bracketed": lr is not None and bracket_gap(runs, n, seeds[0]) is None,
             "schedule": mine[0].get("schedule"),
             "wall_seconds": statistics.fmean(r["wall_seconds"] for r in at_best) if at_best else None,
-            **_training_time(at_best, (bench or {}).get(n)),
+            **_training_time(at_best, factors),
             "state_bytes": state, "state_vs_ref": state / ref_bytes if ref_bytes else None,
             "bench": (bench or {}).get(n),
             "lrs": sorted({r["lr"] for r in mine if r["seed"] == seeds[0]}),
@@ -55,25 +55,45 @@ def summarize(runs: list[dict], names: list[str], seeds: list[int], bench: dict[
     return rows
 
 
-def _training_time(at_best: list[dict], bench: dict | None) -> dict:
-    """The row's training seconds and tokens/s. A study spanning sessions spans CPU kinds (one measured 1.8x
-    another's tokens/s), so a run's own seconds compare only with runs on its CPU: where the optimizer has a
-    bench column (all of them timed on one machine) the time is updates x its bench step time at the study's
-    shape (`time_basis` "bench"), else the runs' own median (`time_basis` "measured")."""
-    if not at_best:
-        return {"train_seconds": None, "tokens_per_s": None, "time_basis": None}
-    steps, per_step = at_best[0].get("steps"), at_best[0].get("tokens_per_step")
-    bench_step = (bench or {}).get("study", {}).get("step_s")
-    if finite(bench_step) and steps and per_step:
-        return {"train_seconds": steps * bench_step, "tokens_per_s": per_step / bench_step, "time_basis": "bench"}
-    return {"train_seconds": median(r["train_seconds"] for r in at_best),
-            "tokens_per_s": median(r["tokens_per_s"] for r in at_best), "time_basis": "measured"}
+def cpu_kind(record: dict) -> str:
+    """The CPU flag set a run or bench result was measured on (a run's record keeps a string, a bench a list)."""
+    flags = record.get("cpu_flags")
+    return (" ".join(flags) if isinstance(flags, list) else flags) or "unknown"
 
 
 def cpu_kinds(records) -> list[str]:
     """The distinct CPU flag sets that `records` (runs or bench results) were measured on."""
-    flags = [r.get("cpu_flags") for r in records]  # a run's record keeps a string, a bench result a list
-    return sorted({(" ".join(f) if isinstance(f, list) else f) or "unknown" for f in flags})
+    return sorted({cpu_kind(r) for r in records})
+
+
+def machine_factors(runs: list[dict], bench: dict[str, dict]) -> dict[str, float]:
+    """CPU kind -> how long its updates take relative to the bench machine's: the median, over that kind's
+    finished runs, of (the run's seconds per update) / (its optimizer's bench step at the study's shape)."""
+    ratios: dict[str, list[float]] = {}
+    for r in runs:
+        b = (bench.get(r["optimizer"]) or {}).get("study", {}).get("step_s")
+        if not r["diverged"] and finite(b) and finite(r.get("train_seconds")) and r.get("steps"):
+            ratios.setdefault(cpu_kind(r), []).append(r["train_seconds"] / r["steps"] / b)
+    return {kind: median(v) for kind, v in ratios.items()}
+
+
+def _training_time(at_best: list[dict], factors: dict[str, float]) -> dict:
+    """The row's training seconds and tokens/s. A study spanning sessions spans CPU kinds (one measured 1.8x
+    another's tokens/s), so each run's own summed step times are converted to the bench machine's seconds
+    with its CPU kind's factor (`machine_factors`; `time_basis` "bench machine"): what an optimizer's
+    training loop costs beyond its bench step still counts, the machine's speed does not. Without a factor
+    (no bench column for that kind's runs): the runs' own seconds (`time_basis` "measured")."""
+    if not at_best:
+        return {"train_seconds": None, "tokens_per_s": None, "time_basis": None}
+    per_step = at_best[0].get("tokens_per_step")
+    converted = [r["train_seconds"] / factors[cpu_kind(r)] for r in at_best
+                 if cpu_kind(r) in factors and finite(r.get("train_seconds"))]
+    if converted and per_step and at_best[0].get("steps"):
+        seconds = median(converted)
+        return {"train_seconds": seconds, "tokens_per_s": at_best[0]["steps"] * per_step / seconds,
+                "time_basis": "bench machine"}
+    return {"train_seconds": median(r["train_seconds"] for r in at_best),
+            "tokens_per_s": median(r["tokens_per_s"] for r in at_best), "time_basis": "measured"}
 
 
 def _fmt(x, spec=".4f"):
@@ -128,15 +148,17 @@ def results_md(kind: str, rows: list[dict], runs: list[dict], args, title: str) 
               "(`gpt1_jax.optim.optimizer_state_bytes`)."]
     if kind == "pretrain":
         basis = {r["time_basis"] for r in rows if r["time_basis"]}
-        lines.append("Train s and tokens/s: " + (
-            "updates × the optimizer's bench step time at the study's shape (step s (study)), so that runs made "
-            "on different CPUs compare; each run's own seconds are in results.json. " if basis == {"bench"} else
-            "the runs' summed step times (compilation and evaluation excluded), median over seeds. "
-            if basis == {"measured"} else "updates × the bench step time where an optimizer has one, else its "
-            "runs' own summed step times. ")
-            + "ln V − loss per train min: nats/token gained over a uniform guess per minute of training. "
-                     "Step s: `gpt1-jax bench --optim NAME` (forward + backward + update, median of 5) at the "
-                     "study's shape and at GPT-1's 117M shape, batch 2 x 512; CPU flags in results.json.")
+        converted = ("in the bench machine's seconds: divided by the run's CPU kind's factor, the median over "
+                     "that kind's runs of (seconds per update / the optimizer's step s (study)), so runs made on "
+                     "different CPUs compare and an optimizer's overheads in the training loop still count")
+        lines.append(
+            "Train s and tokens/s: each run's summed step times (compilation and evaluation excluded), median "
+            "over seeds, " + {frozenset({"bench machine"}): converted, frozenset({"measured"}): "as measured"}.get(
+                frozenset(basis), converted + " (where the kind has a factor; as measured otherwise)")
+            + "; each run's own seconds and CPU flags are in results.json. ln V − loss per train min: nats/token "
+            "gained over a uniform guess per minute of training. Step s: `gpt1-jax bench --optim NAME` (forward "
+            "+ backward + update, median of 5) at the study's shape and at GPT-1's 117M shape, batch 2 x 512, "
+            "on the bench machine (its CPU flags in the bench records).")
     if any(r["optimizer"].startswith("schedule_free") for r in runs):
         lines.append("schedule_free_adamw is evaluated at x (`gpt1_jax.optim.eval_params`) in every validation "
                      "and dev evaluation; it trains with warmup then a constant lr, the others warmup then "
@@ -186,6 +208,13 @@ def findings(kind: str, rows: list[dict], runs: list[dict]) -> list[str]:
         met = best["mean"] <= TARGET_LOSS
         out.append(f"Budget rule: the best optimizer's final validation loss is {best['mean']:.3f} nats/token, "
                    f"{'within' if met else 'above'} the {TARGET_LOSS:g} the budget must allow.")
+        steps = next((r["steps"] for r in runs if r.get("steps")), None)
+        slower = [f"{r['optimizer']} (+{over:.0%})" for r in rows if r["time_basis"] == "bench machine" and steps
+                  and finite(b := (r["bench"] or {}).get("study", {}).get("step_s"))
+                  and (over := r["train_seconds"] / steps / b - 1) > 0.1]
+        if slower:
+            out.append("Training updates slower than the optimizer's bench step by more than 10% (on the bench "
+                       f"machine's clock): {', '.join(slower)}; the time columns count the training runs' cost.")
         benched = cpu_kinds(r["bench"] for r in rows if r["bench"])
         if len(benched) > 1:
             out.append(f"The bench columns were timed on {len(benched)} CPU kinds, so their step times (and the "
