@@ -10,7 +10,8 @@ Registered optimizers (all optax; each builds on the real, scanned parameter tre
   gpt1_adam      clip + AdamW with the paper's constants pinned
   adamw          clip + AdamW, every constant from the config
   lion           clip + optax.lion (b1, b2 from the config: Lion's own defaults are b1 0.9, b2 0.99)
-  adafactor      clip + optax.adafactor (factored second moments; updates scaled by parameter RMS)
+  adafactor      clip + optax.adafactor (factored second moments; updates scaled by parameter RMS), lr
+                 applied after its weight decay
   sgd            clip + SGD with (heavy-ball) momentum, decoupled weight decay added to the gradient
   sgd_nesterov   the same with Nesterov momentum
   muon           clip + optax.contrib.muon on the blocks' weight matrices, AdamW on the rest
@@ -116,11 +117,14 @@ def lion(cfg: OptimConfig, schedule: optax.Schedule, params) -> optax.GradientTr
 
 def adafactor(cfg: OptimConfig, schedule: optax.Schedule, params) -> optax.GradientTransformation:
     """optax.adafactor with its defaults (factored second moments, updates scaled by each parameter's
-    RMS, so `lr` is relative; update clipping at 1.0), decay_rate and momentum from the config."""
-    return _clipped(cfg, optax.adafactor(schedule, decay_rate=cfg.adafactor_decay_rate,
-                                         momentum=cfg.adafactor_momentum or None,
-                                         weight_decay_rate=cfg.weight_decay or None,
-                                         weight_decay_mask=decay_mask(params)))
+    RMS, so `lr` is relative; update clipping at 1.0), decay_rate and momentum from the config.
+
+    The lr is applied last, so that weight decay is lr x weight_decay x param as in every other
+    optimizer here: optax.adafactor adds its decay after its lr, an lr-independent shrink each step that
+    overpowers the decaying updates late in a schedule (docs/stack.md, "Optimizers")."""
+    base = optax.adafactor(None, decay_rate=cfg.adafactor_decay_rate, momentum=cfg.adafactor_momentum or None,
+                           weight_decay_rate=cfg.weight_decay or None, weight_decay_mask=decay_mask(params))
+    return _clipped(cfg, optax.chain(base, optax.scale_by_learning_rate(schedule, flip_sign=False)))
 
 
 def sgd(cfg: OptimConfig, schedule: optax.Schedule, params) -> optax.GradientTransformation:

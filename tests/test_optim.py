@@ -40,9 +40,10 @@ def test_decay_mask_on_real_tree(params):
     }
 
 
-@pytest.mark.parametrize("name", ["gpt1_adam", "adamw"])
+@pytest.mark.parametrize("name", ["gpt1_adam", "adamw", "adafactor", "lion", "sgd"])
 def test_weight_decay_touches_only_intended_leaves(params, name):
-    # Zero gradients: Adam's step is 0, so any change to a leaf is weight decay alone.
+    # Zero gradients: the gradient step is 0, so any change to a leaf is weight decay alone, and it must be
+    # lr x weight_decay x param in every optimizer (optax.adafactor alone leaves the lr out of it).
     cfg = OptimConfig(name=name, lr=0.1, schedule="constant", weight_decay=0.01)
     tx = make_optimizer(cfg, params)
     params = jax.tree.map(lambda p: p + 1.0, params)  # biases/LN bias are 0 at init: make decay visible
