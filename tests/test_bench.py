@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt1_jax import cli
+from gpt1_jax import cli, flops
 from gpt1_jax.config import model_preset
 from gpt1_jax.flops import accelerator_peak, flops_per_token, mfu
 
@@ -35,7 +35,10 @@ def test_bench_tiny_prints_json(capsys):
     assert result["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
 
 
-def test_bench_compile_only_is_the_dry_run_report(capsys, tmp_path):
+def test_bench_compile_only_is_the_dry_run_report(capsys, tmp_path, monkeypatch):
+    # Claim native bf16 so every CPU kind compiles the bf16 program: an AVX2-only CPU would otherwise
+    # (rightly) compute in float32, tested in tests/test_compile_cache.py.
+    monkeypatch.setattr(flops, "cpu_flags", lambda: ["avx2", "avx512_bf16", "avx512f"])
     shape = ["--config", "tiny", "--mesh", "fsdp=4,data=2", "--set", "model.n_layers=1", "--set", "model.dtype=bfloat16"]
     assert cli.main(["bench", *shape, "--batch", "8", "--seq", "16", "--compile-only"]) == 0
     bench = json.loads(capsys.readouterr().out)
