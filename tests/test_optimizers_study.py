@@ -187,6 +187,27 @@ def test_the_sweep_grows_until_the_best_lr_is_bracketed():
     assert rows[0]["best_lr"] == 3e-2 and rows[0]["bracketed"] and rows[0]["n_seeds"] == 3
 
 
+def test_tables_written_by_a_resumed_study_keep_every_finished_run():
+    """A study resumed in a new session revisits its finished runs in loop order; the tables it writes on
+    the way (committed between sessions) still show every finished run, not only the ones revisited."""
+    sw = _study_module("sweep")
+    finished = [_rec("a", 1e-3, 5.0), _rec("a", 3e-3, 4.8), _rec("a", 1e-2, 4.9), _rec("b", 1e-2, 4.5),
+                _rec("other", 1e-2, 3.0)]
+    by_key = {(r["optimizer"], r["lr"], r["seed"]): r for r in finished}
+
+    def run_one(study, name, lr, seed):
+        if (name, lr, seed) in by_key:
+            return by_key[name, lr, seed]
+        raise KeyboardInterrupt  # the session ends during the first unfinished run
+
+    writes = []
+    with pytest.raises(KeyboardInterrupt):
+        sw.study_loop(Path("."), ["a", "b"], [0, 1], {"a": [1e-3, 3e-3, 1e-2], "b": [3e-3, 1e-2, 3e-2]}, run_one,
+                      4, lambda runs: writes.append(sorted((r["optimizer"], r["lr"]) for r in runs)), finished)
+    assert len(writes) == 5  # a and b at their centres, then a's grid; b at 3e-3 is where the session ended
+    assert all(w == sorted(k[:2] for k in by_key if k[0] != "other") for w in writes)
+
+
 def test_rows_mark_differences_beyond_the_seed_noise():
     tb = _study_module("tables")
     runs = [_rec("a", 1e-3, v, s) for s, v in enumerate((4.00, 4.02, 4.04))]

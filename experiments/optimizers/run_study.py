@@ -441,7 +441,8 @@ def main(argv=None) -> int:
         write = lambda runs: write_outputs(study, "pretrain", runs, names, seeds, args,  # noqa: E731
                                            "Optimizer study: pre-training")
         runs = study_loop(study, names, seeds, grids, run_one,
-                          4 if args.max_extensions is None else args.max_extensions, write)
+                          4 if args.max_extensions is None else args.max_extensions, write,
+                          finished_runs(study, records and records / "pretrain"))
     else:
         budget = dict(FINETUNE[mode])
         from gpt1_jax.weights import load_pretrained
@@ -457,7 +458,8 @@ def main(argv=None) -> int:
             write = (lambda st, t: lambda rs: write_outputs(  # noqa: E731
                 st, "finetune", rs, names, seeds, args, f"Optimizer study: fine-tuning {t}"))(study, task)
             runs += study_loop(study, names, seeds, grids, run_one,
-                               0 if args.max_extensions is None else args.max_extensions, write)
+                               0 if args.max_extensions is None else args.max_extensions, write,
+                               finished_runs(study, records and records / "finetune" / task))
     print(f"{args.study} study: {len(runs)} runs in {time.perf_counter() - t0:.0f} s -> {Path(args.out)}", file=sys.stderr)
     return 0
 

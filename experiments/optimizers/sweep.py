@@ -124,12 +124,13 @@ def bracket_gap(runs: list[dict], name: str, seed: int) -> float | None:
 
 
 def study_loop(study: Path, names: list[str], seeds: list[int], grids: dict[str, list[float]], run_one,
-               max_extensions: int, write) -> list[dict]:
+               max_extensions: int, write, finished: list[dict] = ()) -> list[dict]:
     """Breadth-first, so that a study cut short still has a row per optimizer: every optimizer at its centre
     lr, the rest of its grid, rounds of one more lr for each optimizer whose best is not yet bracketed (at
-    most `max_extensions` each), then the other seeds at each best lr."""
+    most `max_extensions` each), then the other seeds at each best lr. `finished` (`finished_runs`) are in
+    every table written from the start: a resumed study's tables never drop the runs it has not revisited."""
     study.mkdir(parents=True, exist_ok=True)
-    runs: list[dict] = []
+    runs: list[dict] = [r for r in finished if r["optimizer"] in names]
 
     def do(name, lr, seed):
         rec = run_one(study, name, lr, seed)
