@@ -22,7 +22,9 @@ def test_greedy_with_kv_cache_equals_full_recompute(scan_layers):
     got = sample(config, params, prompt, max_new_tokens=20, temperature=0.0)[0]
     seq = list(prompt)
     for _ in range(20):  # the reference: no cache, the whole prefix every step
-        seq.append(int(np.argmax(np.asarray(gpt1_jax.lm_logits(config, params, np.asarray([seq])))[0, -1])))
+        # right-padded to one length, so it compiles once: causal, position t never sees what follows it
+        padded = np.asarray([seq + [0] * (len(prompt) + 20 - len(seq))])
+        seq.append(int(np.argmax(np.asarray(gpt1_jax.lm_logits(config, params, padded))[0, len(seq) - 1])))
     assert got == seq[len(prompt):]
     assert len(set(got)) > 1  # not a degenerate repetition that would hide a position bug
 
