@@ -18,12 +18,12 @@ def test_greedy_with_kv_cache_equals_full_recompute(scan_layers):
     params = nn.meta.unbox(gpt1_jax.init_params(config, 0))
     rng = np.random.default_rng(0)
     params = __import__("jax").tree.map(lambda p: p + 0.5 * rng.standard_normal(p.shape).astype(p.dtype), params)
-    prompt = [5, 17, 3, 99, 250]
-    got = sample(config, params, prompt, max_new_tokens=20, temperature=0.0)[0]
+    prompt, n_new = [5, 17, 3, 99, 250], 20
+    got = sample(config, params, prompt, max_new_tokens=n_new, temperature=0.0)[0]
     seq = list(prompt)
-    for _ in range(20):  # the reference: no cache, the whole prefix every step
+    for _ in range(n_new):  # the reference: no cache, the whole prefix every step
         # right-padded to one length, so it compiles once: causal, position t never sees what follows it
-        padded = np.asarray([seq + [0] * (len(prompt) + 20 - len(seq))])
+        padded = np.asarray([seq + [0] * (len(prompt) + n_new - len(seq))])
         seq.append(int(np.argmax(np.asarray(gpt1_jax.lm_logits(config, params, padded))[0, len(seq) - 1])))
     assert got == seq[len(prompt):]
     assert len(set(got)) > 1  # not a degenerate repetition that would hide a position bug
