@@ -54,14 +54,23 @@ class Hook:
 class Preemption:
     """SIGTERM/SIGINT -> a flag the loop checks between steps (a checkpoint, then exit 0).
     Multi-process: JAX's preemption notifier owns SIGTERM and `poll` agrees on the step with the others
-    (multihost_utils.reached_preemption_sync_point), so every process saves the same step."""
+    (multihost_utils.reached_preemption_sync_point), so every process saves the same step.
+    `close()` puts the previous handlers back: a process that runs several loops (a study) must not
+    leave a finished loop's handler to swallow a signal that arrives between runs."""
 
     def __init__(self):
         self.requested = False
         self.multiprocess = jax.process_count() > 1
+        self._previous = {}
         if not self.multiprocess:
             for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, self._handle)
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def close(self) -> None:
+        for sig, handler in self._previous.items():
+            if handler is not None:  # None: a handler not installed from Python, which signal() cannot restore
+                signal.signal(sig, handler)
+        self._previous = {}
 
     def poll(self, step: int) -> bool:
         if self.multiprocess and not self.requested:  # call once per step, on every process
@@ -147,6 +156,7 @@ class Loop:
                 abort(1, e)
             raise
         finally:  # an error still lets the save in flight finish, so the last checkpoint stays whole
+            preemption.close()
             self.progress.close()
             self.checkpointer.close()
             self.metrics.close()

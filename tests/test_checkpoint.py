@@ -336,3 +336,33 @@ def test_nan_stop_names_only_a_verified_checkpoint(tmp_path):
         loop.run(State(np.int32(0), np.zeros(4, np.float32)), Batches())
     assert e.value.last_good == 1
     assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [1, 2]  # reported, not moved
+
+
+def test_sigterm_saves_stops_and_gives_the_handlers_back(tmp_path):
+    """A real SIGTERM at step 2 of 5: checkpoint 2, stop, preempted. Then the process's own handlers are
+    back, so a study that runs loop after loop in one process (experiments/optimizers) stops on a signal
+    that arrives between two runs instead of a finished loop's handler swallowing it."""
+    import signal
+
+    from gpt1_jax.checkpoint import Checkpointer
+    from gpt1_jax.config import ModelConfig
+    from gpt1_jax.loop import Loop
+
+    ckpt = Checkpointer(tmp_path / "checkpoints", save_every=0)
+
+    class Trainer:
+        def put_batch(self, batch):
+            return batch
+
+        def step(self, state, batch):
+            step = int(state.step) + 1
+            if step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return State(np.int32(step), state.w + 1), {"loss": np.float32(1.0)}
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    state, preempted = Loop(Trainer(), 5, ckpt, ModelConfig(), Quiet(), Quiet()).run(
+        State(np.int32(0), np.zeros(4, np.float32)), Batches())
+    assert preempted and int(state.step) == 2
+    assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [2]
+    assert {s: signal.getsignal(s) for s in before} == before

@@ -147,6 +147,21 @@ def test_diverged_run_is_recorded_not_raised(tmp_path, monkeypatch):
     assert sw.score(rec) is None and sw.best_lr([rec], "sgd_nesterov", 0) is None
 
 
+
+def test_an_interrupted_finetune_run_stops_the_study_without_a_record(tmp_path, monkeypatch):
+    """finetune.run returns {} when SIGTERM/SIGINT stopped it at a checkpoint. A record then would mark the
+    run finished with no score, and every rerun would skip it; instead the study stops (exit 130, one line)
+    and the same command resumes the run."""
+    import gpt1_jax.finetune
+    from gpt1_jax.config import ModelConfig
+
+    rs = _study_module()
+    monkeypatch.setattr(gpt1_jax.finetune, "run", lambda *args, **kwargs: {})
+    with pytest.raises(KeyboardInterrupt, match="stopped before its last step"):
+        rs.finetune_run(tmp_path / "study", dict(rs.FINETUNE["quick"]), "sst2", "gpt1_adam", 3e-4, 0, tmp_path,
+                        ModelConfig(), None, tmp_path / "records")
+    assert not list(tmp_path.rglob("*.json"))
+
 def test_lr_grid_is_a_log_grid_around_the_centre():
     rs = _study_module()
     sw = _study_module("sweep")
@@ -323,7 +338,8 @@ def test_quick_finetune_study_scores_each_optimizer_and_refuses_another_budget(q
     out = Path(argv[argv.index("--out") + 1])
     ft = [sys.executable, str(SCRIPT), "finetune", "--quick", "--out", str(out), "--data-dir", str(glue_dir),
           "--init", str(ROOT / "experiments" / "paper" / "release"),
-          "--optimizers", "schedule_free_adamw", "--lr-points", "2", "--seeds", "0,1", "--records", str(out / "records")]
+          "--optimizers", "schedule_free_adamw", "--lr-points", "2", "--max-extensions", "0", "--seeds", "0,1",
+          "--records", str(out / "records")]
     done = subprocess.run(ft, capture_output=True, text=True, timeout=600, env=ENV)
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads((out / "finetune" / "sst2" / "results.json").read_text())

@@ -305,6 +305,8 @@ def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, see
         results = run(config, workdir, init=str(init), data_dir=data_dir, progress=True)
     except DivergenceError as e:
         error = f"{type(e).__name__}: {e}"
+    if results == {}:  # SIGTERM/SIGINT: run() saved a checkpoint and stopped; no record, so a rerun resumes it
+        raise KeyboardInterrupt(f"{workdir} stopped before its last step (interrupted)")
     wall = time.perf_counter() - t0
     diverged = results is None
     metric = results["main_metric"] if results else None
@@ -375,7 +377,7 @@ def main(argv=None) -> int:
     p.add_argument("--lr-points", type=int, default=3, help="initial lrs per optimizer (the 1-3-10 log ladder)")
     p.add_argument("--lr-scale", type=float, default=1.0, help="multiplies every centre lr")
     p.add_argument("--max-extensions", type=int, default=None,
-                   help="lrs added per optimizer to bracket its best (default: 4 for pretrain, 0 for finetune)")
+                   help="lrs added per optimizer to bracket its best (default: 4 for pretrain, 2 for finetune)")
     p.add_argument("--steps", type=int, default=None, help="pre-training steps (overrides the budget)")
     p.add_argument("--tokenizer", default=None, help="pretrain: a tokenizer .json (default: the recipe's, from "
                    "experiments/paper/release, or one trained on --corpus)")
@@ -458,11 +460,16 @@ def main(argv=None) -> int:
             write = (lambda st, t: lambda rs: write_outputs(  # noqa: E731
                 st, "finetune", rs, names, seeds, args, f"Optimizer study: fine-tuning {t}"))(study, task)
             runs += study_loop(study, names, seeds, grids, run_one,
-                               0 if args.max_extensions is None else args.max_extensions, write,
+                               2 if args.max_extensions is None else args.max_extensions, write,
                                finished_runs(study, records and records / "finetune" / task))
     print(f"{args.study} study: {len(runs)} runs in {time.perf_counter() - t0:.0f} s -> {Path(args.out)}", file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the run in progress saved a checkpoint (or had none yet)
+        print(f"{Path(sys.argv[0]).name}: interrupted{f': {e}' if str(e) else ''}; the same command resumes",
+              file=sys.stderr)
+        sys.exit(130)
