@@ -399,6 +399,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.lr_points < (2 if args.quick else 3):
         p.error("--lr-points must be >= 3 (a log grid of at least 3 values; --quick allows 2, for tests)")
+    if args.max_extensions is None:
+        args.max_extensions = 2 if args.study == "finetune" else 4
     if args.study == "finetune" and args.init is None:
         args.init = str(Path(args.out) / "pretrain") if args.quick else str(RELEASE)
     missing = missing_data(args)
@@ -443,7 +445,7 @@ def main(argv=None) -> int:
         write = lambda runs: write_outputs(study, "pretrain", runs, names, seeds, args,  # noqa: E731
                                            "Optimizer study: pre-training")
         runs = study_loop(study, names, seeds, grids, run_one,
-                          4 if args.max_extensions is None else args.max_extensions, write,
+                          args.max_extensions, write,
                           finished_runs(study, records and records / "pretrain"))
     else:
         budget = dict(FINETUNE[mode])
@@ -460,7 +462,7 @@ def main(argv=None) -> int:
             write = (lambda st, t: lambda rs: write_outputs(  # noqa: E731
                 st, "finetune", rs, names, seeds, args, f"Optimizer study: fine-tuning {t}"))(study, task)
             runs += study_loop(study, names, seeds, grids, run_one,
-                               2 if args.max_extensions is None else args.max_extensions, write,
+                               args.max_extensions, write,
                                finished_runs(study, records and records / "finetune" / task))
     print(f"{args.study} study: {len(runs)} runs in {time.perf_counter() - t0:.0f} s -> {Path(args.out)}", file=sys.stderr)
     return 0

@@ -112,7 +112,9 @@ def results_md(kind: str, rows: list[dict], runs: list[dict], args, title: str) 
                      "at that lr.")
     else:
         lines.append(f"Fine-tuning `{args.init_shown}`; best lr = highest best-epoch dev score at the first seed, "
-                     "from a 3-point grid around each optimizer's centre; mean ± std over seeds at that lr.")
+                     f"from a {args.lr_points}-point log grid around each optimizer's centre"
+                     + (f", extended by at most {args.max_extensions} more where the best sat on an edge"
+                        if args.max_extensions else "") + "; mean ± std over seeds at that lr.")
     total = sum(r["wall_seconds"] for r in runs if finite(r.get("wall_seconds")))
     kinds = len(cpu_kinds(runs))
     lines += ["", f"Compute: {len(runs)} runs, {total / 3600:.1f} h of wall-clock in all"
