@@ -1,6 +1,7 @@
 """Checkpoints you can trust: digests recorded at save and checked before use, the fall-back to the newest
 intact checkpoint (bit-identical to an undamaged run), failed saves (full disk, read-only folder),
-`gpt1-jax verify`, load_pretrained's refusal and the NaN stop naming only a verified checkpoint.
+`gpt1-jax verify`, load_pretrained's refusal, the NaN stop naming only a verified checkpoint, and a
+SIGTERM that saves, stops and leaves the signal handlers as it found them.
 Real orbax on disk, real `gpt1-jax` subprocesses, real tmpfs mounts (we run as root)."""
 
 import os
@@ -288,7 +289,7 @@ def test_load_pretrained_refuses_a_damaged_checkpoint(run40, tmp_path):
     assert config.d_model == 64 and "tokens_embed" in params
 
 
-# ---- the NaN stop ----------------------------------------------------------------------------------
+# ---- the loop: the NaN stop, preemption --------------------------------------------------------------
 
 class State(NamedTuple):
     step: np.ndarray
@@ -301,6 +302,22 @@ class Quiet:
     def write(self, *args, **kw): ...
     def update(self, *args, **kw): ...
     def close(self): ...
+
+
+class Trainer:
+    """Each step adds 1 to w and reports `loss(step)`; `before(step)` runs first (damage a checkpoint, send a
+    signal)."""
+
+    def __init__(self, before, loss=lambda step: 1.0):
+        self.before, self.loss = before, loss
+
+    def put_batch(self, batch):
+        return batch
+
+    def step(self, state, batch):
+        step = int(state.step) + 1
+        self.before(step)
+        return State(np.int32(step), state.w + 1), {"loss": np.float32(self.loss(step))}
 
 
 class Batches:
@@ -320,18 +337,12 @@ def test_nan_stop_names_only_a_verified_checkpoint(tmp_path):
 
     ckpt = Checkpointer(tmp_path / "checkpoints", save_every=1)
 
-    class Trainer:
-        def put_batch(self, batch):
-            return batch
+    def damage(step):
+        if step == 3:
+            ckpt.wait()
+            corrupt(largest_file(ckpt.folder(2)))
 
-        def step(self, state, batch):
-            step = int(state.step) + 1
-            if step == 3:
-                ckpt.wait()
-                corrupt(largest_file(ckpt.folder(2)))
-            return State(np.int32(step), state.w + 1), {"loss": np.float32(np.nan if step == 3 else 1.0)}
-
-    loop = Loop(Trainer(), 5, ckpt, ModelConfig(), Quiet(), Quiet())
+    loop = Loop(Trainer(damage, loss=lambda step: np.nan if step == 3 else 1.0), 5, ckpt, ModelConfig(), Quiet(), Quiet())
     with pytest.raises(DivergenceError, match=r"loss is nan at step 3; .* Last good checkpoint: step 1 in ") as e:
         loop.run(State(np.int32(0), np.zeros(4, np.float32)), Batches())
     assert e.value.last_good == 1
@@ -350,18 +361,12 @@ def test_sigterm_saves_stops_and_gives_the_handlers_back(tmp_path):
 
     ckpt = Checkpointer(tmp_path / "checkpoints", save_every=0)
 
-    class Trainer:
-        def put_batch(self, batch):
-            return batch
-
-        def step(self, state, batch):
-            step = int(state.step) + 1
-            if step == 2:
-                os.kill(os.getpid(), signal.SIGTERM)
-            return State(np.int32(step), state.w + 1), {"loss": np.float32(1.0)}
+    def terminate(step):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    state, preempted = Loop(Trainer(), 5, ckpt, ModelConfig(), Quiet(), Quiet()).run(
+    state, preempted = Loop(Trainer(terminate), 5, ckpt, ModelConfig(), Quiet(), Quiet()).run(
         State(np.int32(0), np.zeros(4, np.float32)), Batches())
     assert preempted and int(state.step) == 2
     assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [2]
