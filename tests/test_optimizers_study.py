@@ -278,6 +278,9 @@ def test_findings_name_fine_tuning_runs_that_predicted_one_class():
             for lr, f1, n in ((1e-3, 0.81, 1), (3e-3, 0.84, 2), (1e-2, 0.81, 1))]
     text = "\n".join(tb.findings("finetune", tb.summarize(flat, ["c"], [0]), flat))
     assert "2 of 3 runs predicted one class for all of dev (0 of them at an optimizer's best lr)" in text
+    other = [dict(flat[1], optimizer="e", dev_best=0.8, metric="f1")]  # one lr: its best is not bracketed
+    text = "\n".join(tb.findings("finetune", tb.summarize(flat + other, ["c", "e"], [0]), flat + other))
+    assert "c leads e by 0.040 in dev f1" in text and "not yet bracketed (its optimum may lie beyond the rates tried): e." in text
     flat[1]["dev_classes_predicted"] = 1
     text = "\n".join(tb.findings("finetune", tb.summarize(flat, ["c"], [0]), flat))
     assert "3 of 3 runs predicted one class for all of dev (1 of them at an optimizer's best lr)" in text

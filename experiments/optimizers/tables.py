@@ -175,7 +175,7 @@ TARGET_LOSS = 5.0  # issue 14: the budget must let the best optimizer reach this
 def findings(kind: str, rows: list[dict], runs: list[dict]) -> list[str]:
     """Statements the table supports, read off it: the order and which gaps exceed the seed noise, what is
     not yet bracketed or repeated, what diverged, and (pre-training) the budget rule and the cost extremes."""
-    unit = "nats" if kind == "pretrain" else "points"
+    unit = "nats" if kind == "pretrain" else f"in dev {next((r['metric'] for r in runs if r.get('metric')), 'score')}"
     done = [r for r in rows if r["mean"] is not None]
     if not done:
         return ["No finished run yet."]
@@ -196,7 +196,7 @@ def findings(kind: str, rows: list[dict], runs: list[dict]) -> list[str]:
     if single:
         out.append(f"One seed so far (no noise estimate yet): {', '.join(single)}.")
     open_ = [r["optimizer"] for r in rows if not r["bracketed"]]
-    if kind == "pretrain" and open_:
+    if open_:
         out.append(f"Best lr not yet bracketed (its optimum may lie beyond the rates tried): {', '.join(open_)}.")
     div = [f"{r['optimizer']} at {', '.join(f'{lr:.3g}' for lr in r['diverged_lrs'])}" for r in rows if r["diverged_lrs"]]
     out.append(f"Diverged: {'; '.join(div)}." if div else "No run diverged.")
