@@ -352,6 +352,8 @@ def test_quick_finetune_study_scores_each_optimizer_and_refuses_another_budget(q
         assert (r["epochs"], r["max_train"], r["init"]) == (1, 64, "experiments/paper/release")
         predicted = (out / "finetune" / "sst2" / r["workdir"] / "predictions" / "validation.tsv").read_text()
         assert r["dev_classes_predicted"] == len({l.split("\t")[1] for l in predicted.splitlines()[1:]}) >= 1
+    for name in ("dev_vs_epoch.png", "dev_vs_time.png", "dev_vs_lr.png"):
+        assert (out / "finetune" / "sst2" / name).stat().st_size > 10_000
     kept = sorted((out / "records" / "finetune" / "sst2").rglob("*.json"))
     assert len(kept) == 3
     rec = json.loads(kept[0].read_text())

@@ -232,13 +232,15 @@ def plot(study: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     key = "val_loss" if kind == "pretrain" else "dev"
     ylabel = "validation loss (nats/token)" if kind == "pretrain" else f"dev {next((r['metric'] for r in runs if r.get('metric')), '')}"
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     out = []
-    xaxes = [("tokens", "tokens seen" if kind == "pretrain" else "epoch", "val_vs_tokens.png"),
-             ("train_seconds", "training seconds (see results.md)", "val_vs_time.png")]
+    pre = kind == "pretrain"
+    xaxes = [("tokens", "tokens seen" if pre else "epoch", "val_vs_tokens.png" if pre else "dev_vs_epoch.png"),
+             ("train_seconds", "training seconds (see results.md)", "val_vs_time.png" if pre else "dev_vs_time.png")]
     for field, xlabel, fname in xaxes:
         fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
         for i, row in enumerate(rows):
@@ -259,6 +261,8 @@ def plot(study: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list
             if pts:
                 ax.plot(*zip(*pts), "o-", ms=3, color=colors[i % len(colors)], label=f"{row['optimizer']} (lr {row['best_lr']:.3g})")
         ax.set_xlabel(xlabel)
+        if field == "tokens" and not pre:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs
         ax.set_ylabel(ylabel)
         ax.set_title(f"{kind}: best lr per optimizer, seed {seeds[0]}")
         ax.grid(alpha=0.3)
@@ -288,9 +292,9 @@ def plot(study: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(study / "loss_vs_lr.png")
+    out.append(study / ("loss_vs_lr.png" if pre else "dev_vs_lr.png"))
+    fig.savefig(out[-1])
     plt.close(fig)
-    out.append(study / "loss_vs_lr.png")
     return out
 
 
@@ -304,15 +308,12 @@ def write_outputs(study: Path, kind: str, runs: list[dict], names: list[str], se
         {"study": kind, "quick": args.quick, "seeds": seeds, "cpu_flags": " ".join(cpu_flags()), "summary": rows, "runs": shown},
         indent=2) + "\n")
     (study / "results.md").write_text(results_md(kind, rows, runs, args, title))
-    plot(study, kind, runs, rows, seeds)
+    plots = plot(study, kind, runs, rows, seeds)
     if args.results:  # the copy that is committed: the same files, nothing else
         dest = Path(args.results) / study.relative_to(Path(args.out))
         dest.mkdir(parents=True, exist_ok=True)
-        for name in RESULT_FILES:
-            shutil.copyfile(study / name, dest / name)
-
-
-RESULT_FILES = ("results.json", "results.md", "val_vs_tokens.png", "val_vs_time.png", "loss_vs_lr.png")
+        for path in [study / "results.json", study / "results.md", *plots]:
+            shutil.copyfile(path, dest / path.name)
 
 
 
