@@ -162,6 +162,25 @@ def test_an_interrupted_finetune_run_stops_the_study_without_a_record(tmp_path, 
                         ModelConfig(), None, tmp_path / "records")
     assert not list(tmp_path.rglob("*.json"))
 
+
+def test_sigterm_stops_the_study_with_one_line_and_no_record(tmp_path):
+    """SIGTERM as the first run starts (compiling, or in its loop: either way): exit 130, one line saying the
+    same command resumes, and no record that would make a rerun skip the unfinished run."""
+    import signal
+    import time
+
+    argv = [sys.executable, str(SCRIPT), "pretrain", "--quick", "--out", str(tmp_path), "--optimizers", "gpt1_adam",
+            "--steps", "200", "--lr-points", "2", "--max-extensions", "0", "--seeds", "0"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
+    t0 = time.time()
+    while not list(tmp_path.glob("pretrain/runs/gpt1_adam/*")) and time.time() - t0 < 120:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, err[-3000:]
+    assert "run_study.py: interrupted" in err.strip().splitlines()[-1] and "Traceback" not in err
+    assert not list(tmp_path.rglob("record.json"))
+
 def test_lr_grid_is_a_log_grid_around_the_centre():
     rs = _study_module()
     sw = _study_module("sweep")

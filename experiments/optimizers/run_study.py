@@ -469,6 +469,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # between two runs too: stop as Ctrl-C does
     try:
         sys.exit(main())
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the run in progress saved a checkpoint (or had none yet)
