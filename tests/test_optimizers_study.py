@@ -157,7 +157,7 @@ def test_an_interrupted_finetune_run_stops_the_study_without_a_record(tmp_path, 
 
     rs = _study_module()
     monkeypatch.setattr(gpt1_jax.finetune, "run", lambda *args, **kwargs: {})
-    with pytest.raises(KeyboardInterrupt, match="stopped before its last step"):
+    with pytest.raises(KeyboardInterrupt, match="stopped at a checkpoint before its last step"):
         rs.finetune_run(tmp_path / "study", dict(rs.FINETUNE["quick"]), "sst2", "gpt1_adam", 3e-4, 0, tmp_path,
                         ModelConfig(), None, tmp_path / "records")
     assert not list(tmp_path.rglob("*.json"))

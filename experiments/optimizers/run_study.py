@@ -172,7 +172,7 @@ def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tok
     last_step = max((r["step"] for r in metrics if "loss" in r), default=0)
     diverged = status != 0 or any(isinstance(r.get("loss"), str) for r in metrics)
     if not diverged and last_step < config.steps:
-        raise KeyboardInterrupt(f"{workdir} stopped at step {last_step} of {config.steps} (interrupted)")
+        raise KeyboardInterrupt(f"{workdir} stopped at step {last_step} of {config.steps}")
     val = [(r["step"], r["val_loss"]) for r in metrics if finite(r.get("val_loss"))]
     tokens_per_step = config.data.global_batch_size * config.data.seq_len
     times = step_times(metrics, tokens_per_step)
@@ -306,7 +306,7 @@ def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, see
     except DivergenceError as e:
         error = f"{type(e).__name__}: {e}"
     if results == {}:  # SIGTERM/SIGINT: run() saved a checkpoint and stopped; no record, so a rerun resumes it
-        raise KeyboardInterrupt(f"{workdir} stopped before its last step (interrupted)")
+        raise KeyboardInterrupt(f"{workdir} stopped at a checkpoint before its last step")
     wall = time.perf_counter() - t0
     diverged = results is None
     metric = results["main_metric"] if results else None
