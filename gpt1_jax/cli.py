@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -383,6 +384,9 @@ def _error_line(verb: str, error: BaseException, status: int) -> int:
     if os.environ.get(DEBUG_ENV):
         raise error
     print(f"gpt1-jax {verb}: error: {error}", file=sys.stderr)
+    # A save that failed (full disk) leaves orbax's async writer with a coroutine nobody awaits; Python warns
+    # about it at exit, after this line, and the one line the user reads would no longer be the last.
+    warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
     return status
 
 
