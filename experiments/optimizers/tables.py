@@ -100,8 +100,13 @@ def _fmt(x, spec=".4f"):
     return "-" if x is None else format(x, spec)
 
 
+def dev_metric(runs: list[dict]) -> str:
+    """The fine-tuning task's main dev metric (accuracy, f1, ...), as its runs recorded it."""
+    return next((r["metric"] for r in runs if r.get("metric")), "score")
+
+
 def results_md(kind: str, rows: list[dict], runs: list[dict], args, title: str) -> str:
-    metric = "validation loss (nats/token)" if kind == "pretrain" else f"dev {next((r['metric'] for r in runs if r.get('metric')), 'metric')}"
+    metric = "validation loss (nats/token)" if kind == "pretrain" else f"dev {dev_metric(runs)}"
     lines = [f"# {title}{' (quick)' if args.quick else ''}", ""]
     if kind == "pretrain":
         r0 = runs[0]
@@ -175,7 +180,7 @@ TARGET_LOSS = 5.0  # issue 14: the budget must let the best optimizer reach this
 def findings(kind: str, rows: list[dict], runs: list[dict]) -> list[str]:
     """Statements the table supports, read off it: the order and which gaps exceed the seed noise, what is
     not yet bracketed or repeated, what diverged, and (pre-training) the budget rule and the cost extremes."""
-    unit = "nats" if kind == "pretrain" else f"in dev {next((r['metric'] for r in runs if r.get('metric')), 'score')}"
+    unit = "nats" if kind == "pretrain" else f"in dev {dev_metric(runs)}"
     done = [r for r in rows if r["mean"] is not None]
     if not done:
         return ["No finished run yet."]
@@ -235,7 +240,7 @@ def plot(study: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list
     from matplotlib.ticker import MaxNLocator
 
     key = "val_loss" if kind == "pretrain" else "dev"
-    ylabel = "validation loss (nats/token)" if kind == "pretrain" else f"dev {next((r['metric'] for r in runs if r.get('metric')), '')}"
+    ylabel = "validation loss (nats/token)" if kind == "pretrain" else f"dev {dev_metric(runs)}"
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     out = []
     pre = kind == "pretrain"
