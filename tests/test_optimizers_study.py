@@ -147,7 +147,6 @@ def test_diverged_run_is_recorded_not_raised(tmp_path, monkeypatch):
     assert sw.score(rec) is None and sw.best_lr([rec], "sgd_nesterov", 0) is None
 
 
-
 def test_an_interrupted_finetune_run_stops_the_study_without_a_record(tmp_path, monkeypatch):
     """finetune.run returns {} when SIGTERM/SIGINT stopped it at a checkpoint. A record then would mark the
     run finished with no score, and every rerun would skip it; instead the study stops (exit 130, one line)
@@ -180,6 +179,7 @@ def test_sigterm_stops_the_study_with_one_line_and_no_record(tmp_path):
     assert proc.returncode == 130, err[-3000:]
     assert "run_study.py: interrupted" in err.strip().splitlines()[-1] and "Traceback" not in err
     assert not list(tmp_path.rglob("record.json"))
+
 
 def test_lr_grid_is_a_log_grid_around_the_centre():
     rs = _study_module()
