@@ -208,6 +208,10 @@ def test_the_sweep_grows_until_the_best_lr_is_bracketed():
     low = [_rec("b", 1e-3, 4.0), _rec("b", 3e-3, 4.5), _rec("b", 1e-2, None)]
     assert sw.bracket_gap(low, "b", 0) == 3e-4
     assert sw.bracket_gap([_rec("c", 1.0, None)], "c", 0) == 0.3  # all diverged: go lower
+    # a neighbour that ties the best is no worse: the plateau needs a worse lr past its lower end
+    flat = [_rec("d", 1e-4, 4.2), _rec("d", 3e-4, 4.2), _rec("d", 1e-3, 4.5)]
+    assert sw.bracket_gap(flat, "d", 0) == 3e-5
+    assert sw.bracket_gap(flat + [_rec("d", 3e-5, 4.3)], "d", 0) is None
     ran = []
 
     def run_one(study, name, lr, seed):  # a loss curve in lr with its minimum at 3e-2, seeds add noise
@@ -217,8 +221,9 @@ def test_the_sweep_grows_until_the_best_lr_is_bracketed():
     runs = sw.study_loop(Path("."), ["a"], [0, 1, 2], {"a": [1e-3, 3e-3, 1e-2]}, run_one, 4, lambda runs: None)
     assert sorted({lr for lr, s in ran if s == 0}) == [1e-3, 3e-3, 1e-2, 3e-2, 0.1]
     assert sorted(s for lr, s in ran if lr == 3e-2) == [0, 1, 2]
-    rows = tb.summarize(runs, ["a"], [0, 1, 2])
+    rows = tb.summarize(runs[::-1], ["a"], [0, 1, 2])
     assert rows[0]["best_lr"] == 3e-2 and rows[0]["bracketed"] and rows[0]["n_seeds"] == 3
+    assert rows[0]["values"] == sorted(rows[0]["values"])  # seed order, whatever order the runs came in
 
 
 def test_tables_written_by_a_resumed_study_keep_every_finished_run():

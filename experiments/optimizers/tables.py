@@ -28,7 +28,7 @@ def summarize(runs: list[dict], names: list[str], seeds: list[int], bench: dict[
         if not mine:
             continue
         lr = best_lr(runs, n, seeds[0])
-        at_best = [r for r in mine if r["lr"] == lr and score(r) is not None]
+        at_best = sorted((r for r in mine if r["lr"] == lr and score(r) is not None), key=lambda r: r["seed"])
         vals = [sign * score(r) for r in at_best]
         state = mine[0]["optimizer_state_bytes"]
         rows.append({
