@@ -110,8 +110,8 @@ def best_lr(runs: list[dict], name: str, seed: int) -> float | None:
 def bracket_gap(runs: list[dict], name: str, seed: int) -> float | None:
     """The next lr to try so that the best one has a worse neighbour on both sides (a diverged run counts as
     worse); None when it is bracketed already. Every lr diverged: go one rung below the lowest. A neighbour
-    that ties the best is not worse: the plateau they form needs a worse lr beyond each of its ends (a
-    fine-tuning metric counts examples, and rates too small to move the model all score the same)."""
+    that ties the best is not worse: the lowest and the highest lr scoring the best need a worse lr beyond
+    them (a fine-tuning metric counts examples, and rates too small to move the model all score the same)."""
     mine = {r["lr"]: score(r) for r in runs if r["optimizer"] == name and r["seed"] == seed}
     tried = sorted(mine)
     if not tried:
@@ -119,14 +119,10 @@ def bracket_gap(runs: list[dict], name: str, seed: int) -> float | None:
     best = best_lr(runs, name, seed)
     if best is None:
         return next_rung(tried[0], up=False)
-    lo = hi = tried.index(best)
-    while lo > 0 and mine[tried[lo - 1]] == mine[best]:
-        lo -= 1
-    while hi < len(tried) - 1 and mine[tried[hi + 1]] == mine[best]:
-        hi += 1
-    if lo == 0:
+    tied = [lr for lr in tried if mine[lr] == mine[best]]
+    if tied[0] == tried[0]:
         return next_rung(tried[0], up=False)
-    if hi == len(tried) - 1:
+    if tied[-1] == tried[-1]:
         return next_rung(tried[-1], up=True)
     return None
 
