@@ -46,7 +46,7 @@ def _model_flags() -> argparse.ArgumentParser:
     _add_set(g, "any config field, dotted for nested ones: optim.lr=3e-4, model.dtype=bfloat16 (repeatable; "
                 "applied after the other flags)")
     g.add_argument("--mesh", default=None, metavar="AXIS=N,...",
-                   help="e.g. data=2,fsdp=2,tensor=2 (default: data over all devices)")
+                   help="e.g. data=2,fsdp=2,tensor=2 (default: data over all devices); `plan` also takes auto")
     g.add_argument("--seed", type=int, default=None, help="random seed (default: the config's)")
     g.add_argument("--simulate-devices", type=int, default=None, metavar="N",
                    help="N fake CPU devices: try a mesh, or size a pod job, on one machine")
@@ -140,6 +140,47 @@ def _pretrain(args: argparse.Namespace) -> int:
         _print_json(dry_run(with_schedule_span(config)))
         return 0
     return run(config, workdir)
+
+
+# ---- plan -----------------------------------------------------------------------------------------
+
+PLAN_FLAGS = {"batch_size": ("data.global_batch_size={}",), "seq_len": ("data.seq_len={}",), "seed": ("seed={}",)}
+
+
+def _plan_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topology", default=None, metavar="GEN:SHAPE",
+                   help="a TPU slice to compile for, no TPU needed: v5e:16x16, v5p:8x8x8, v4:4x4x4, v6e:16x16 "
+                        "(needs pip install -e \".[tpu]\"); default: the visible devices (e.g. one GPU host)")
+    p.add_argument("--num-slices", type=int, default=1, metavar="N",
+                   help="N slices of --topology joined over DCN (multi-slice; the data axis spans them)")
+    p.add_argument("--batch-size", type=int, default=None, help="global batch, in sequences")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence")
+    p.add_argument("--compile-top", type=int, default=3, metavar="K",
+                   help="with --mesh auto: how many of the analytically best candidates to compile (default 3)")
+    p.add_argument("--skip-baselines", action="store_true",
+                   help="with --mesh auto: do not also compile the data-only and fsdp-only meshes (faster on big pods)")
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """One JSON line on stdout, a short table on stderr; a plan that does not fit: one line, exit 2."""
+    from gpt1_jax import plan
+    from gpt1_jax.config import PretrainConfig, resolve
+
+    mesh_auto = args.mesh == "auto"
+    if args.compile_top < 1:
+        raise ConfigError(f"--compile-top must be >= 1, got {args.compile_top}")
+    config = resolve(PretrainConfig, args.config, overrides=_overrides(args, PLAN_FLAGS),
+                     mesh=None if mesh_auto else args.mesh)
+    where = plan.target(args.topology, args.num_slices)
+    say = lambda text: print(f"plan: {text}", file=sys.stderr, flush=True)  # noqa: E731
+    say(f"compiling the train step for {where.name} ({len(where.devices)} x {where.device_kind})")
+    if mesh_auto:
+        result = plan.auto(config, where, compile_top=args.compile_top, baselines=not args.skip_baselines, progress=say)
+    else:
+        result = plan.plan(config, where)
+    print(plan.table(result), file=sys.stderr, flush=True)
+    _print_json(result)
+    return 0
 
 
 # ---- finetune -------------------------------------------------------------------------------------
@@ -311,6 +352,46 @@ def _verify(args: argparse.Namespace) -> int:
     return 1 if any(problem is not None for _, problem in results) else 0
 
 
+# ---- tokenize -------------------------------------------------------------------------------------
+
+def _tokenize_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True, help="the text source, spelled as the job will spell it (part of the "
+                   "cache key): a .txt/.txt.gz file, directory or glob, 'default', or tfds:NAME")
+    p.add_argument("--tokenizer", required=True, metavar="JSON|VOCAB_DIR|train",
+                   help="the job's data.tokenizer: a tokenizer .json, OpenAI's vocabulary folder, or 'train' (a BPE "
+                        "trained on --data into --workdir, as pretrain does)")
+    p.add_argument("--workdir", default=None, help="with --tokenizer train: the run directory that keeps tokenizer.json")
+    p.add_argument("--vocab-size", type=int, default=None, help="with --tokenizer train: BPE size (the job's "
+                   "data.vocab_size; default 40478)")
+    p.add_argument("--cache-dir", default=None, help="the job's data.cache_dir (default: ~/.cache/gpt1_jax/tokens)")
+    p.add_argument("--wait", type=float, default=None, metavar="S",
+                   help="seconds to wait for another process building the same cache (data.cache_wait_s)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _tokenize(args: argparse.Namespace) -> int:
+    """Build the token cache a job would build, ahead of it: one JSON line. Run on several processes
+    (a pod), process 0 tokenises and the others wait for it, as inside a job."""
+    import time
+
+    from gpt1_jax.config import DataConfig
+    from gpt1_jax.data.pipeline import tokenize_source
+
+    if args.tokenizer == "train" and args.workdir is None:
+        raise ConfigError("--tokenizer train needs --workdir (where pretrain will look for tokenizer.json)")
+    if args.tokenizer != "train" and (args.workdir, args.vocab_size) != (None, None):
+        raise ConfigError("--workdir and --vocab-size go with --tokenizer train only")
+    fields = {"source": args.data, "tokenizer": args.tokenizer, "cache_dir": args.cache_dir,
+              "vocab_size": args.vocab_size, "cache_wait_s": args.wait, "progress": not args.no_progress}
+    config = DataConfig(**{k: v for k, v in fields.items() if v is not None})
+    t0 = time.perf_counter()
+    _, _, stream = tokenize_source(config, args.workdir)
+    _print_json({"cache": str(stream.path), "n_tokens": len(stream), "n_docs": stream.meta["n_docs"],
+                 "bytes": sum(f.stat().st_size for f in stream.path.iterdir()),
+                 "seconds": round(time.perf_counter() - t0, 3), "from_cache": stream.from_cache})
+    return 0
+
+
 # ---- bench ----------------------------------------------------------------------------------------
 
 BENCH_FLAGS = {"batch": ("data.global_batch_size={}",), "seq": ("data.seq_len={}",), "dtype": ("model.dtype={}",),
@@ -361,10 +442,14 @@ VERBS: dict[str, Verb] = {
     "convert": Verb("convert checkpoints between the original release, HF and gpt1-jax", _convert_flags, _convert,
                     runs_model=False),
     "bench": Verb("time the sharded train step and print one JSON line", _bench_flags, _bench),
+    "plan": Verb("compile the train step for a TPU pod (or the visible devices): HBM fit, collectives, roofline "
+                 "step time; --mesh auto picks the mesh", _plan_flags, _plan),
     "finetune": Verb("fine-tune on a GLUE task or RACE with the auxiliary LM loss; results.json + predictions",
                      _finetune_flags, _finetune),
     "verify": Verb("check every checkpoint of a run against the digests recorded when it was saved",
                    _verify_flags, _verify, runs_model=False),
+    "tokenize": Verb("build a corpus's token cache ahead of a job (once, however many processes); one JSON line",
+                     _tokenize_flags, _tokenize, runs_model=False),
 }
 
 

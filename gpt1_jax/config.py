@@ -103,6 +103,12 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     "small": ModelConfig(vocab_size=8192, n_positions=256, d_model=256, n_layers=4, n_heads=4, d_mlp=1024),
     # Tests: compiles and runs in seconds.
     "tiny": ModelConfig(vocab_size=512, n_positions=64, d_model=64, n_layers=2, n_heads=4, d_mlp=256),
+    # GPT-1's architecture (vocabulary, 512 positions, post-LN blocks, tied head), wider and deeper, at
+    # GPT-3's shapes for those sizes: pod-scale plans (experiments/scale/). bf16 compute over fp32
+    # parameters, and layers scanned so compile time stays flat in depth, as pods run them.
+    "gpt1-350m": ModelConfig(d_model=1024, n_layers=24, n_heads=16, d_mlp=4096, dtype="bfloat16", scan_layers=True),
+    "gpt1-1.3b": ModelConfig(d_model=2048, n_layers=24, n_heads=16, d_mlp=8192, dtype="bfloat16", scan_layers=True),
+    "gpt1-6.7b": ModelConfig(d_model=4096, n_layers=32, n_heads=32, d_mlp=16384, dtype="bfloat16", scan_layers=True),
 }
 
 
@@ -125,6 +131,9 @@ class OptimConfig:
     eps: float = 1e-8
     weight_decay: float = 0.01
     clip_norm: float = 1.0  # 0 disables clipping
+    # Storage dtype of the optimizer's float state (moments); updates are still computed in float32.
+    # bfloat16 halves the optimizer's memory (MaxText's mu_dtype, here for every moment of every optimizer).
+    state_dtype: str = "float32"
     momentum: float = 0.9  # sgd, sgd_nesterov
     # muon: momentum of the orthogonalised matrices, Newton-Schulz steps, update RMS matching
     # (optax's `consistent_rms`: 0.2 ~ AdamW's update RMS, so one lr suits both halves; 0 = Keller
@@ -149,6 +158,8 @@ class OptimConfig:
             raise ConfigError(f"optim.name={self.name!r} is not one of {', '.join(OPTIMIZERS)}")
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"optim.schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}")
+        if self.state_dtype not in ("float32", "bfloat16"):
+            raise ConfigError(f"optim.state_dtype={self.state_dtype!r} is not one of float32, bfloat16")
         if self.lr < 0 or self.weight_decay < 0 or self.clip_norm < 0 or self.eps < 0:
             raise ConfigError("optim.lr, weight_decay, clip_norm and eps must be >= 0")
         if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
@@ -250,6 +261,9 @@ class DataConfig:
     tokenizer: str = "train"  # "train" (on the source, kept in workdir), a .json, or OpenAI's vocab dir
     vocab_size: int = 40478  # BPE size when training (without the 3 fine-tuning markers)
     cache_dir: str | None = None  # token cache; None: $XDG_CACHE_HOME/gpt1_jax/tokens
+    # Seconds a process waits for another to tokenise (or train the BPE) before failing: process 0 of a
+    # pod job, or another job holding the cache's lock (gpt1_jax/data/once.py). ~1B tokens take minutes.
+    cache_wait_s: float = 3600.0
     progress: bool = True  # tqdm bars while training the tokenizer / tokenising
 
     def __post_init__(self) -> None:
@@ -259,6 +273,8 @@ class DataConfig:
             raise ConfigError(f"data.global_batch_size must be >= 1, got {self.global_batch_size}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
+        if not self.cache_wait_s > 0:
+            raise ConfigError(f"data.cache_wait_s must be > 0 seconds, got {self.cache_wait_s}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,11 +315,12 @@ class PretrainConfig:
                               f"model.n_positions={self.model.n_positions}")
 
 
-# Per-preset training defaults: the paper's for gpt1, scaled down for the CPU presets.
+# Per-preset training defaults: the paper's for gpt1 (and its larger siblings), scaled down for the CPU presets.
+_GPT1_TRAINING: dict[str, Any] = dict(
+    optim=OptimConfig(lr=2.5e-4, warmup_steps=2000, total_steps=100_000), steps=100_000,
+    data=DataConfig(seq_len=512, global_batch_size=64, val_fraction=0.01), eval_every=1000, checkpoint_every=1000)
 _PRETRAIN_PRESETS: dict[str, dict[str, Any]] = {
-    "gpt1": dict(optim=OptimConfig(lr=2.5e-4, warmup_steps=2000, total_steps=100_000), steps=100_000,
-                 data=DataConfig(seq_len=512, global_batch_size=64, val_fraction=0.01), eval_every=1000,
-                 checkpoint_every=1000),
+    "gpt1": _GPT1_TRAINING, "gpt1-350m": _GPT1_TRAINING, "gpt1-1.3b": _GPT1_TRAINING, "gpt1-6.7b": _GPT1_TRAINING,
     "small": {},
     "tiny": dict(optim=OptimConfig(lr=3e-3, warmup_steps=5, total_steps=50), steps=50,
                  data=DataConfig(seq_len=64, global_batch_size=8, vocab_size=509, val_fraction=0.05),

@@ -39,5 +39,9 @@ class DivergenceError(GPT1JaxError, FloatingPointError):
         self.step, self.loss, self.last_good = step, loss, last_good
 
 
+class PlanDoesNotFit(GPT1JaxError):
+    """A pod plan whose compiled step needs more memory per chip than the chip has (gpt1_jax/plan.py)."""
+
+
 class DistributedConfigError(ConfigError):
     """Inconsistent multi-process flags or environment."""

@@ -34,6 +34,7 @@ ACCELERATOR_PEAK_FLOPS: dict[str, float] = {
     "TPU v5e": 197e12,
     "TPU v5p": 459e12,
     "TPU v5": 459e12,  # v5p reports device_kind "TPU v5"
+    "TPU v6 lite": 918e12,  # = v6e (Trillium)
 }
 
 

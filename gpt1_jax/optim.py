@@ -276,7 +276,30 @@ OPTIMIZERS: dict[str, Callable[[OptimConfig, optax.Schedule, Any], optax.Gradien
 
 def make_optimizer(cfg: OptimConfig, params) -> optax.GradientTransformation:
     """The optimizer named by `cfg.name`, its masks derived from `params` (real, abstract or boxed:
-    only the tree's structure, names and ranks are read; boxes are stripped first)."""
+    only the tree's structure, names and ranks are read; boxes are stripped first), its float state
+    stored in `cfg.state_dtype`."""
     import flax.linen as nn
 
-    return OPTIMIZERS[cfg.name](cfg, make_schedule(cfg), nn.meta.unbox(params))
+    tx = OPTIMIZERS[cfg.name](cfg, make_schedule(cfg), nn.meta.unbox(params))
+    return tx if cfg.state_dtype == "float32" else stored_as(tx, jax.numpy.dtype(cfg.state_dtype))
+
+
+def stored_as(tx: optax.GradientTransformation, dtype) -> optax.GradientTransformation:
+    """`tx` with its floating-point state kept in `dtype` between steps: each update widens the state back
+    to the dtypes `tx` made it in, runs `tx` unchanged, and narrows the new state. Integer leaves (step
+    counts) are untouched. Memory, not arithmetic: every optimizer's maths stays in float32."""
+    import jax.numpy as jnp
+
+    def narrow(state):
+        return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+
+    def init(params):
+        return narrow(tx.init(params))
+
+    def update(updates, state, params=None):
+        wide = jax.eval_shape(tx.init, params if params is not None else updates)
+        state = jax.tree.map(lambda x, w: x.astype(w.dtype), state, wide)
+        updates, state = tx.update(updates, state, params)
+        return updates, narrow(state)
+
+    return optax.GradientTransformation(init, update)

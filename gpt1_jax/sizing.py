@@ -42,9 +42,6 @@ def size_step(trainer, batch_spec: dict[str, Any], model: ModelConfig) -> tuple[
     compiled = lowered.compile()
     t_compile = time.perf_counter()
 
-    def nbytes(shape, dtype) -> int:
-        return math.prod(shape) * dtype.itemsize
-
     sharded = jax.tree.leaves(trainer.abstract_state_sharded())
     model_flops = flops.flops_per_token(model, T) * B * T
     report: dict[str, Any] = {
@@ -60,8 +57,8 @@ def size_step(trainer, batch_spec: dict[str, Any], model: ModelConfig) -> tuple[
         "process_count": jax.process_count(),
         "lower_s": round(t_lower - t0, 3),
         "compile_s": round(t_compile - t_lower, 3),
-        "state_bytes_total": sum(nbytes(leaf.shape, leaf.dtype) for leaf in sharded),
-        "state_bytes_per_device": sum(nbytes(leaf.sharding.shard_shape(leaf.shape), leaf.dtype) for leaf in sharded),
+        "state_bytes_total": sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in sharded),
+        "state_bytes_per_device": state_bytes_per_device(trainer),
         "flops_per_token": flops.flops_per_token(model, T),  # 6N + 12·L·d·T
         "model_flops_per_step": model_flops,
         "model_flops_per_device": model_flops / trainer.mesh.size,
@@ -69,6 +66,16 @@ def size_step(trainer, batch_spec: dict[str, Any], model: ModelConfig) -> tuple[
     report.update(_memory(compiled))
     report.update(_xla_cost(compiled))
     return report, compiled
+
+
+def state_bytes_per_device(trainer, part: str | None = None) -> int:
+    """Bytes of the train state one device holds (all of it, or `part`: "params" / "opt_state"), from the
+    shardings alone: nothing is allocated or compiled."""
+    import jax
+
+    state = trainer.abstract_state_sharded()
+    tree = state if part is None else getattr(state, part)
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
 def _memory(compiled) -> dict[str, int]:

@@ -319,20 +319,21 @@ def lm_batch_spec(batch: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
 
 
 def make_trainer(init_fn, loss_fn, optim: OptimConfig, mesh: MeshConfig | Any, *, accum_steps: int = 1, seed: int = 0,
-                 predict_fn=None) -> Trainer:
-    """The one builder: mesh (from a MeshConfig, or one already built) + logical-axis rules + Trainer."""
+                 predict_fn=None, devices=None) -> Trainer:
+    """The one builder: mesh (from a MeshConfig over `devices`, default all visible ones, or a mesh already
+    built) + logical-axis rules + Trainer. `devices` may be a TPU topology's (gpt1_jax/plan.py)."""
     if isinstance(mesh, MeshConfig):
         rules = shd.logical_rules(mesh.rules)
-        mesh = shd.make_mesh(mesh)
+        mesh = shd.make_mesh(mesh, devices=devices)
     else:
         rules = shd.DEFAULT_RULES
     return Trainer(init_fn, loss_fn, optim, mesh, rules, accum_steps, seed, predict_fn)
 
 
 def lm_trainer(config: ModelConfig, optim: OptimConfig, mesh: MeshConfig | Any, *, accum_steps: int = 1,
-               seed: int = 0) -> Trainer:
-    """A Trainer of next-token prediction: pre-training, evaluation, benchmarks."""
-    return make_trainer(*lm_functions(config), optim, mesh, accum_steps=accum_steps, seed=seed)
+               seed: int = 0, devices=None) -> Trainer:
+    """A Trainer of next-token prediction: pre-training, evaluation, benchmarks, pod plans."""
+    return make_trainer(*lm_functions(config), optim, mesh, accum_steps=accum_steps, seed=seed, devices=devices)
 
 
 def state_bytes(state: TrainState) -> tuple[int, int]:

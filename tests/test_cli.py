@@ -9,7 +9,7 @@ from gpt1_jax.errors import CheckpointFormatError, DataError, DivergenceError
 SHARED = ["--config", "tiny", "--set", "a=1", "--set", "b.c=2", "--mesh", "fsdp=2", "--seed", "3",
           "--simulate-devices", "2"]
 REQUIRED = {"pretrain": ["--workdir", "w"], "finetune": ["--task", "cola", "--init", "none", "--workdir", "w"],
-            "evaluate": ["--workdir", "w"], "sample": ["--workdir", "w"], "bench": []}
+            "evaluate": ["--workdir", "w"], "sample": ["--workdir", "w"], "bench": [], "plan": []}
 
 
 def test_every_model_verb_takes_the_shared_flags():

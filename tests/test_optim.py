@@ -213,3 +213,28 @@ def test_new_config_fields_validate():
     for bad in ({"sf_b1": 0.0}, {"muon_ns_steps": 0}, {"momentum": 1.0}):
         with pytest.raises(ConfigError):
             from_dict(OptimConfig, bad)
+
+
+def test_bf16_state_dtype_stores_moments_in_bf16_and_tracks_fp32_updates():
+    import jax
+    import jax.numpy as jnp
+
+    from gpt1_jax.config import OptimConfig
+    from gpt1_jax.optim import make_optimizer
+
+    params = {"h": {"kernel": jnp.linspace(-1.0, 1.0, 64).reshape(8, 8)}, "ln": {"bias": jnp.zeros(8)}}
+    grads = jax.tree.map(lambda p: jnp.cos(p * 3.0) + 0.1, params)
+    outs = {}
+    for dtype in ("float32", "bfloat16"):
+        tx = make_optimizer(OptimConfig(name="adamw", lr=1e-2, warmup_steps=0, schedule="constant", state_dtype=dtype), params)
+        state, p = tx.init(params), params
+        for _ in range(3):
+            updates, state = tx.update(grads, state, p)
+            p = jax.tree.map(jnp.add, p, updates)
+        outs[dtype] = (state, p)
+    leaves = jax.tree.leaves(outs["bfloat16"][0])
+    assert {str(x.dtype) for x in leaves if jnp.issubdtype(x.dtype, jnp.floating)} == {"bfloat16"}
+    assert any(jnp.issubdtype(x.dtype, jnp.integer) for x in leaves)  # step counts stay integers
+    for a, b in zip(jax.tree.leaves(outs["float32"][1]), jax.tree.leaves(outs["bfloat16"][1])):
+        assert b.dtype == jnp.float32  # parameters are never narrowed
+        assert jnp.allclose(a, b, atol=2e-4), float(jnp.max(jnp.abs(a - b)))

@@ -6,8 +6,10 @@
     batch = next(it); state = it.state()   # JSON-able; it.restore(state) resumes exactly
 
 Modules: ``sources`` (documents from pydoc/files/tfds), ``tfds_text`` (tfds without TensorFlow),
-``tokens`` (tokenizer choice, end-of-document id, on-disk token cache), ``pipeline`` (packing,
-split, iterator, global arrays), ``bench`` (``python -m gpt1_jax.data``: throughput, JSON lines).
+``tokens`` (tokenizer choice, end-of-document id, on-disk token cache), ``once`` (the cache and a
+trained BPE built by one process while the others wait: process 0 of a job, a lock across jobs;
+``gpt1-jax tokenize`` builds them ahead), ``pipeline`` (packing, split, iterator, global arrays),
+``bench`` (``python -m gpt1_jax.data``: throughput, JSON lines).
 """
 
 from gpt1_jax.data.pipeline import (

@@ -41,6 +41,7 @@ __all__ = [
     "BatchIterator",
     "DataPipeline",
     "build_pipeline",
+    "tokenize_source",
     "split_windows",
     "default_cache_dir",
 ]
@@ -276,12 +277,25 @@ class DataPipeline:
         )
 
 
-def build_pipeline(config: DataConfig, workdir: str | Path) -> DataPipeline:
-    """Open the source, get the tokenizer (trained once into ``workdir``), tokenise (cached), pack."""
+def tokenize_source(config: DataConfig, workdir: str | Path | None) -> tuple[TextSource, GPT1Tokenizer, TokenStream]:
+    """Open the source, get the tokenizer (trained once into ``workdir``), tokenise once (cached).
+
+    What ``pretrain`` does before packing, and all ``gpt1-jax tokenize`` does: the same cache key, so
+    a cache built ahead of a job is the one the job reads.
+    """
     source = open_source(config.source)
-    tokenizer = tokenizer_for(source, workdir, config.vocab_size, config.tokenizer, progress=config.progress)
+    if workdir is None and config.tokenizer == "train":
+        raise ConfigError("data.tokenizer=train needs a workdir to keep the trained tokenizer.json in")
+    tokenizer = tokenizer_for(source, workdir or ".", config.vocab_size, config.tokenizer, progress=config.progress,
+                              wait_s=config.cache_wait_s)
     cache_dir = Path(config.cache_dir).expanduser() if config.cache_dir else default_cache_dir()
-    stream = tokenize_to_cache(source, tokenizer, cache_dir, progress=config.progress)
+    stream = tokenize_to_cache(source, tokenizer, cache_dir, progress=config.progress, wait_s=config.cache_wait_s)
+    return source, tokenizer, stream
+
+
+def build_pipeline(config: DataConfig, workdir: str | Path) -> DataPipeline:
+    """Tokenise (:func:`tokenize_source`), pack, split."""
+    source, tokenizer, stream = tokenize_source(config, workdir)
     windows = PackedWindows(stream.tokens, config.seq_len)
     train, val = split_windows(len(windows), config.val_fraction, config.split_seed)
     info = {

@@ -13,8 +13,16 @@ End-of-document separator (:func:`eod_id`): every document is followed by one se
 Cache: ``cache_dir/tokens-<key>/{tokens.npy, meta.json}`` where ``key`` hashes the source spec, the
 source fingerprint (file sizes/mtimes, dataset versions), the tokenizer's serialised form, the
 separator id and the dtype. The directory is built under a temporary name and renamed into place,
-so a crash never leaves a half-written cache that looks complete; concurrent writers (several
-hosts on a shared disk) each build their own and the first rename wins.
+so a crash never leaves a half-written cache that looks complete. ``meta.json`` records who built it.
+
+Built once (:mod:`gpt1_jax.data.once`): in a multi-process job process 0 tokenises and the others
+wait (up to ``data.cache_wait_s``) for the finished directory; a lock file beside it
+(``.tokens-<key>.lock``, kept alive by a heartbeat) keeps separate jobs sharing a cache directory
+from tokenising twice, and a dead builder's lock goes stale instead of blocking everyone. A host
+that cannot see process 0's cache (its disk is not shared) fails with one line saying so; put
+``data.cache_dir`` on a shared disk, or build the cache ahead of the job with ``gpt1-jax tokenize``.
+A BPE trained on the corpus (``data.tokenizer=train``) is trained once the same way: process 0
+trains it into the workdir, the others wait for ``tokenizer.json`` there.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import json
 import logging
 import os
 import shutil
+import socket
+import sys
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -32,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt1_jax.data.once import LOCK_STALE_S, Peers, build_once
 from gpt1_jax.data.sources import TextSource
 from gpt1_jax.errors import ConfigError, DataError
 from gpt1_jax.tokenizer import GPT1Tokenizer
@@ -51,6 +62,12 @@ log = logging.getLogger(__name__)
 CACHE_FORMAT = 1  # bump when the layout or the packing of the stream changes
 _CHUNK_CHARS = 1 << 20  # text per encode_batch call: big enough to keep both Rust threads busy
 TOKENIZER_FILE = "tokenizer.json"
+DEFAULT_WAIT_S = 3600.0  # = DataConfig.cache_wait_s: process 0 tokenising ~1B tokens takes tens of minutes
+
+
+def _say(line: str) -> None:
+    """A waiting host says once why it is idle: silence for minutes on a pod looks like a hang."""
+    print(f"gpt1-jax: {line}", file=sys.stderr, flush=True)
 
 
 def eod_id(tokenizer: GPT1Tokenizer) -> int:
@@ -85,11 +102,13 @@ def tokenizer_for(
     vocab_size: int = 40478,
     tokenizer: str = "train",
     progress: bool = False,
+    wait_s: float = DEFAULT_WAIT_S,
 ) -> GPT1Tokenizer:
     """The tokenizer for a run.
 
     ``tokenizer`` is ``"train"`` (train a BPE on ``source`` once and keep it as
-    ``workdir/tokenizer.json``; later calls load that file), a path to a tokenizer JSON saved by
+    ``workdir/tokenizer.json``; later calls load that file; in a multi-process job process 0 trains
+    and the others wait up to ``wait_s`` for the file), a path to a tokenizer JSON saved by
     ``GPT1Tokenizer.save``, or a directory holding OpenAI's ``encoder_bpe_40000.json`` and
     ``vocab_40000.bpe``.
     """
@@ -101,20 +120,40 @@ def tokenizer_for(
 
     workdir = Path(workdir)
     path = workdir / TOKENIZER_FILE
-    meta_path = workdir / "tokenizer.meta.json"
-    if path.is_file():
-        if meta_path.is_file():
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-            if meta.get("vocab_size") != vocab_size:
-                raise ConfigError(
-                    f"{path} was trained with vocab_size={meta.get('vocab_size')}, not {vocab_size}: "
-                    "use another workdir or delete the file to retrain"
-                )
-            if meta.get("source") != source.spec:
-                # Reusing is what resuming with a new corpus wants; say so rather than fail.
-                log.warning("reusing %s trained on %r for source %r", path, meta.get("source"), source.spec)
-        return GPT1Tokenizer.load(path)
+    # No lock file: it would be written in the workdir before the corpus is read. Separate jobs do
+    # not share a workdir; the processes of one job are ordered by process 0 alone.
+    return build_once(
+        ready=path.is_file,
+        build=lambda: _train_tokenizer(source, workdir, vocab_size, progress),
+        load=lambda: _load_trained(source, workdir, vocab_size),
+        key=f"tokenizer:{workdir}",
+        what="the BPE tokenizer",
+        path=path,
+        wait_s=wait_s,
+        remedy="put the workdir on a disk every host shares, or train it ahead (`gpt1-jax tokenize --tokenizer "
+               "train --workdir DIR ...` on one host) and set data.tokenizer to a copy of DIR/tokenizer.json "
+               "every host can read",
+        on_wait=_say if progress else None,
+    )
 
+
+def _load_trained(source: TextSource, workdir: Path, vocab_size: int) -> GPT1Tokenizer:
+    path, meta_path = workdir / TOKENIZER_FILE, workdir / "tokenizer.meta.json"
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        if meta.get("vocab_size") != vocab_size:
+            raise ConfigError(
+                f"{path} was trained with vocab_size={meta.get('vocab_size')}, not {vocab_size}: "
+                "use another workdir or delete the file to retrain"
+            )
+        if meta.get("source") != source.spec:
+            # Reusing is what resuming with a new corpus wants; say so rather than fail.
+            log.warning("reusing %s trained on %r for source %r", path, meta.get("source"), source.spec)
+    return GPT1Tokenizer.load(path)
+
+
+def _train_tokenizer(source: TextSource, workdir: Path, vocab_size: int, progress: bool) -> GPT1Tokenizer:
+    path, meta_path = workdir / TOKENIZER_FILE, workdir / "tokenizer.meta.json"
     log.info("training a %d-token BPE on %s", vocab_size, source.spec)
     # Documents go in as lists (batches): GPT1Tokenizer.train treats a plain string that names an
     # existing file as a file, and Path(doc).is_file() raises on documents with a >255-character
@@ -192,20 +231,49 @@ def tokenize_to_cache(
     tokenizer: GPT1Tokenizer,
     cache_dir: str | Path,
     progress: bool = True,
+    wait_s: float = DEFAULT_WAIT_S,
+    stale_s: float = LOCK_STALE_S,
 ) -> TokenStream:
-    """Tokenise ``source`` into ``cache_dir`` unless an up-to-date cache exists; memory-map it."""
+    """Tokenise ``source`` into ``cache_dir`` unless an up-to-date cache exists; memory-map it.
+
+    Several processes asking at once tokenise it once (module docstring); a process that waits longer
+    than ``wait_s`` for another to finish raises a one-line DataError. ``stale_s``: how long a lock's
+    heartbeat may stand still before its builder counts as dead.
+    """
     cache_dir = Path(cache_dir)
     sep = eod_id(tokenizer)
     dtype = token_dtype(tokenizer.vocab_size)
     key = _cache_key(source, tokenizer, sep, dtype)
     final = cache_dir / f"tokens-{key}"
-    if (final / "tokens.npy").is_file():
-        return _open(final, from_cache=True)
+    peers = Peers.current()
 
+    if peers.builds and not (final / "tokens.npy").is_file():
+        cache_dir.mkdir(parents=True, exist_ok=True)  # the lock lives there
+    return build_once(
+        ready=(final / "tokens.npy").is_file,
+        build=lambda: _build_cache(source, tokenizer, final, sep, dtype, peers, progress),
+        load=lambda: _open(final, from_cache=True),
+        key=final.name,
+        what=f"the token cache of {source.spec!r}",
+        path=final,
+        wait_s=wait_s,
+        remedy=f"put data.cache_dir on a disk every host shares, or build the cache ahead of the job with "
+               f"`gpt1-jax tokenize --data {source.spec} --tokenizer ... --cache-dir {cache_dir}` (on every host "
+               f"if their disks are not shared)",
+        lock=cache_dir / f".{final.name}.lock",
+        peers=peers,
+        stale_s=stale_s,
+        on_wait=_say if progress else None,
+    )
+
+
+def _build_cache(
+    source: TextSource, tokenizer: GPT1Tokenizer, final: Path, sep: int, dtype: np.dtype, peers: Peers, progress: bool
+) -> TokenStream:
+    """Tokenise into a temporary directory beside ``final``, then rename it into place."""
     from tqdm.auto import tqdm
 
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = cache_dir / f".tmp-tokens-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
         n_tokens = n_docs = 0
@@ -236,6 +304,8 @@ def tokenize_to_cache(
             "dtype": dtype.str,
             "vocab_size": tokenizer.vocab_size,
             "tokenizer_sha256": tokenizer_hash(tokenizer),
+            # Who tokenised it: how a pod job's log shows it was done once, and by whom.
+            "built_by": {"host": socket.gethostname(), "pid": os.getpid(), "process_index": peers.index},
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
         try:
@@ -243,9 +313,7 @@ def tokenize_to_cache(
         except OSError:
             if not (final / "tokens.npy").is_file():
                 raise
-            # Another process finished first with identical content: use theirs.
-        else:
-            return _open(final, from_cache=False)
+            # Another process finished first with identical content (a broken lock's race): use theirs.
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

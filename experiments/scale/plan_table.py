@@ -1,0 +1,239 @@
+"""The scale table: GPT-1 117M and GPT-1-shaped 350M / 1.3B / 6.7B models planned for TPU pods by the TPU
+compiler on this CPU (`gpt1-jax plan --mesh auto`), plus the memory levers measured on one plan.
+
+    python experiments/scale/plan_table.py                    # every cell not yet recorded, then the table
+    python experiments/scale/plan_table.py --only gpt1        # one model's cells
+    python experiments/scale/plan_table.py --table            # rebuild results.json / README table / plot only
+
+Each cell is one `gpt1-jax plan` process (so a 6.7B compile's memory is returned between cells), recorded
+as records/<model>_b<batch>__<pod>.json the moment it finishes: a rerun skips finished cells.
+Every model runs as a pod runs it: bf16 compute over fp32 parameters, layers scanned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+RECORDS = RESULTS / "records"
+
+# pod name -> (topology, slices); v4-32 and v5p-1024 count TensorCores (2 per chip), as Cloud names them.
+PODS = {
+    "v4-32": ("v4:2x2x4", 1),
+    "v5e-256": ("v5e:16x16", 1),
+    "v5p-1024": ("v5p:8x8x8", 1),
+    "v6e-256": ("v6e:16x16", 1),
+    "2x v5e-256": ("v5e:16x16", 2),
+}
+# (config, global batch in sequences of 512): the paper's batch, a pod batch, and the larger shapes at 256.
+MODELS = [("gpt1", 64), ("gpt1", 512), ("gpt1-350m", 256), ("gpt1-1.3b", 256), ("gpt1-6.7b", 256)]
+RUN_AS = ["model.dtype=bfloat16", "model.scan_layers=true"]
+# The memory levers, each on one fixed plan: (label, extra overrides). 1.3B on v5e-256, fsdp over all chips.
+LEVER_PLAN = ("gpt1-1.3b", 256, "v5e-256", "fsdp=256")
+LEVERS = [
+    ("fp32 optimizer state, remat none", []),
+    ("bf16 optimizer state", ["optim.state_dtype=bfloat16"]),
+    ("remat dots", ["model.remat=dots"]),
+    ("remat full", ["model.remat=full"]),
+    ("bf16 state + remat full", ["optim.state_dtype=bfloat16", "model.remat=full"]),
+]
+
+
+def _key(*parts) -> str:
+    return "__".join(str(p).replace(" ", "_").replace("=", "").replace(",", "_") for p in parts)
+
+
+def run_plan(config: str, batch: int, pod: str, mesh: str, extra: list[str]) -> dict:
+    """One `gpt1-jax plan` process: its JSON, or {"fits": False, "error": its one line}."""
+    topology, slices = PODS[pod]
+    argv = [sys.executable, "-m", "gpt1_jax.cli", "plan", "--config", config, "--topology", topology,
+            "--num-slices", str(slices), "--mesh", mesh, "--batch-size", str(batch), "--compile-top", "2",
+            "--skip-baselines"] if mesh == "auto" else \
+           [sys.executable, "-m", "gpt1_jax.cli", "plan", "--config", config, "--topology", topology,
+            "--num-slices", str(slices), "--mesh", mesh, "--batch-size", str(batch)]
+    for item in RUN_AS + extra:
+        argv += ["--set", item]
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    seconds = round(time.perf_counter() - t0, 1)
+    if proc.returncode == 0:
+        return {**json.loads(proc.stdout.strip().splitlines()[-1]), "wall_s": seconds, "argv": argv[2:]}
+    error = [line for line in proc.stderr.splitlines() if "error:" in line]
+    if proc.returncode != 2 or not error:
+        raise RuntimeError(f"{' '.join(argv[2:])} failed unexpectedly:\n{proc.stderr[-3000:]}")
+    return {"fits": False, "error": error[-1], "wall_s": seconds, "argv": argv[2:]}
+
+
+def record(path: Path, produce) -> dict:
+    if path.is_file():
+        return json.loads(path.read_text())
+    result = produce()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(tmp, path)
+    return result
+
+
+def run_all(only: str | None) -> None:
+    cells = [(c, b, pod) for c, b in MODELS for pod in PODS if only in (None, c)]
+    for i, (config, batch, pod) in enumerate(cells, 1):
+        path = RECORDS / f"{_key(config, f'b{batch}', pod)}.json"
+        print(f"[{i}/{len(cells)}] {config} batch {batch} on {pod}", end=" ", flush=True)
+        result = record(path, lambda: run_plan(config, batch, pod, "auto", []))
+        print(_cell_text(result), flush=True)
+    if only in (None, LEVER_PLAN[0]):
+        config, batch, pod, mesh = LEVER_PLAN
+        for label, extra in LEVERS:
+            path = RECORDS / f"{_key('lever', config, pod, *extra) if extra else _key('lever', config, pod)}.json"
+            print(f"lever: {label}", end=" ", flush=True)
+            result = record(path, lambda: run_plan(config, batch, pod, mesh, extra))
+            print(_cell_text(result), flush=True)
+
+
+def _cell_text(p: dict) -> str:
+    if not p.get("fits"):
+        return "does not fit" + (f" ({p['error'].split('error: ', 1)[-1][:120]})" if "error" in p else "")
+    mesh = "x".join(str(p["mesh"][a]) for a in ("data", "fsdp", "tensor"))
+    return (f"mesh {mesh} remat {p['remat']}: {p['peak_bytes_per_chip'] / 1e9:.1f}/{p['hbm_bytes_per_chip'] / 1e9:.1f} GB, "
+            f"step >= {p['estimate']['step_s_lower_bound'] * 1e3:.1f} ms, MFU <= {p['estimate']['mfu_upper_bound']:.0%} "
+            f"({p['estimate']['bound']}-bound)")
+
+
+# ---- the table, results.json and the plot -------------------------------------------------------
+
+def load() -> tuple[list[dict], list[dict]]:
+    cells, levers = [], []
+    for config, batch in MODELS:
+        for pod in PODS:
+            path = RECORDS / f"{_key(config, f'b{batch}', pod)}.json"
+            if path.is_file():
+                cells.append({"model": config, "batch": batch, "pod": pod, **json.loads(path.read_text())})
+    config, batch, pod, mesh = LEVER_PLAN
+    for label, extra in LEVERS:
+        path = RECORDS / f"{_key('lever', config, pod, *extra) if extra else _key('lever', config, pod)}.json"
+        if path.is_file():
+            levers.append({"lever": label, "overrides": extra, **json.loads(path.read_text())})
+    return cells, levers
+
+
+def summary_row(c: dict) -> dict:
+    row = {"model": c["model"], "batch": c["batch"], "pod": c["pod"], "fits": bool(c.get("fits"))}
+    if not row["fits"]:
+        # "no mesh": the batch cannot split over the chips at all (a shape problem, not a memory one)
+        no_mesh = "splits the batch" in (c.get("error") or "")
+        return {**row, "status": "no mesh" if no_mesh else "does not fit", "error": c.get("error")}
+    est = c["estimate"]
+    return {**row, "params": c["num_params"], "chips": c["chips"], "chip": c["chip"], "mesh": c["mesh"],
+            "remat": c["remat"], "peak_gb": c["peak_bytes_per_chip"] / 1e9, "hbm_gb": c["hbm_bytes_per_chip"] / 1e9,
+            "state_gb": c["state_bytes_per_chip"] / 1e9, "step_ms": est["step_s_lower_bound"] * 1e3,
+            "bound": est["bound"], "mfu": est["mfu_upper_bound"],
+            "collectives": {k: {"count": v["count"], "gb": (v["ici_bytes_per_chip"] + v["dcn_bytes_per_chip"]) / 1e9}
+                            for k, v in c["collectives"].items()},
+            "compile_s": c["compile_s"], "auto_s": c.get("auto", {}).get("seconds"),
+            "replicated_over_8mb": len(c.get("replicated_over_limit", []))}
+
+
+def headline(rows: list[dict]) -> dict[str, dict]:
+    """Per pod: the largest model that fits at batch >= 256, with its mesh."""
+    best: dict[str, dict] = {}
+    for r in rows:
+        if r["fits"] and r["batch"] >= 256 and r["params"] > best.get(r["pod"], {}).get("params", 0):
+            best[r["pod"]] = r
+    return best
+
+
+def markdown(rows: list[dict], levers: list[dict]) -> str:
+    lines = ["| model | batch | pod | mesh (data x fsdp x tensor) | remat | HBM per chip (peak / usable) | "
+             "step lower bound | MFU upper bound | bound by | collectives per step (count, GB sent per chip) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        name = f"{r['model']} ({r['params'] / 1e6:,.0f}M)" if r["fits"] else r["model"]
+        if not r["fits"]:
+            lines.append(f"| {name} | {r['batch']} | {r['pod']} | **{r['status']}** | | | | | | "
+                         f"{(r.get('error') or '').split('error: ', 1)[-1][:90]} |")
+            continue
+        mesh = " x ".join(str(r["mesh"][a]) for a in ("data", "fsdp", "tensor"))
+        comms = ", ".join(f"{k} {v['count']}, {v['gb']:.2f}" for k, v in r["collectives"].items())
+        lines.append(f"| {name} | {r['batch']} | {r['pod']} | {mesh} | {r['remat']} | {r['peak_gb']:.1f} / {r['hbm_gb']:.1f} GB "
+                     f"| {r['step_ms']:.1f} ms | {r['mfu']:.0%} | {r['bound']} | {comms} |")
+    if levers:
+        lines += ["", "| lever (1.3B, batch 256, v5e-256, fsdp=256) | state per chip | peak HBM per chip | step lower bound |",
+                  "|---|---|---|---|"]
+        for lv in levers:
+            if lv.get("fits") is False and "peak_bytes_per_chip" not in lv:
+                lines.append(f"| {lv['lever']} | | does not fit | |")
+                continue
+            step = lv.get("estimate", {}).get("step_s_lower_bound")
+            lines.append(f"| {lv['lever']} | {lv['state_bytes_per_chip'] / 1e9:.3f} GB (optimizer "
+                         f"{lv['opt_state_bytes_per_chip'] / 1e9:.3f}) | {lv['peak_bytes_per_chip'] / 1e9:.2f} GB | "
+                         + (f"{step * 1e3:.1f} ms |" if step else "n/a |"))
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pods = list(PODS)
+    models = [f"{m} b{b}" for m, b in MODELS]
+    fig, (ax_mem, ax_mfu) = plt.subplots(1, 2, figsize=(13, 4.8))
+    width = 0.8 / len(models)
+    for j, (m, b) in enumerate(MODELS):
+        mine = {r["pod"]: r for r in rows if r["model"] == m and r["batch"] == b}
+        xs = [i + j * width for i in range(len(pods))]
+        mem = [mine[p]["peak_gb"] / mine[p]["hbm_gb"] if p in mine and mine[p]["fits"] else 0 for p in pods]
+        mfu = [mine[p]["mfu"] if p in mine and mine[p]["fits"] else 0 for p in pods]
+        ax_mem.bar(xs, mem, width, label=models[j])
+        ax_mfu.bar(xs, mfu, width, label=models[j])
+        for x, p in zip(xs, pods):
+            if p in mine and not mine[p]["fits"]:
+                for ax in (ax_mem, ax_mfu):
+                    ax.text(x, 0.02, "x", ha="center", color="red", fontsize=11, fontweight="bold")
+    for ax, title in ((ax_mem, "peak HBM per chip / usable HBM (x: does not fit)"),
+                      (ax_mfu, "MFU upper bound of the roofline (x: does not fit)")):
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(pods))], pods)
+        ax.set_title(title, fontsize=10)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax_mem.legend(fontsize=8)
+    fig.suptitle("GPT-1-shaped models planned by the TPU compiler (gpt1-jax plan --mesh auto)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def write_table() -> None:
+    cells, levers = load()
+    rows = [summary_row(c) for c in cells]
+    results = {"rows": rows, "headline": headline(rows), "levers": [
+        {k: lv.get(k) for k in ("lever", "overrides", "fits", "state_bytes_per_chip", "opt_state_bytes_per_chip",
+                                "peak_bytes_per_chip", "mesh", "remat", "state_dtype")} for lv in levers],
+        "command": "python experiments/scale/plan_table.py", "cells": len(rows)}
+    (RESULTS / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (RESULTS / "table.md").write_text(markdown(rows, levers) + "\n")
+    plot(rows, RESULTS / "scale.png")
+    print(f"wrote {RESULTS / 'results.json'}, table.md and scale.png ({len(rows)} cells, {len(levers)} levers)")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default=None, help="one model config (gpt1, gpt1-350m, gpt1-1.3b, gpt1-6.7b)")
+    p.add_argument("--table", action="store_true", help="only rebuild results.json, table.md and the plot")
+    args = p.parse_args()
+    if not args.table:
+        run_all(args.only)
+    write_table()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,572 @@
+"""Pod plans: the real pre-training step compiled for a TPU topology from any machine, sized against the
+chip's HBM, its collectives read from the compiled program, and a roofline step time (`gpt1-jax plan`).
+
+One code path for "size it" and "run it": the Trainer, the logical-axis rules and `sizing.size_step`
+are the ones `pretrain` uses; only the devices differ (`topology.tpu_devices`, or the visible ones).
+
+The estimate is a lower bound, stated as such: compute = the compiled program's FLOPs per chip / the
+chip's bf16 peak; collectives = bytes each chip sends (ring algorithms, from the HLO's collectives and
+their replica groups) / the chip's ICI bandwidth, the part of a group that spans slices / DCN bandwidth;
+step >= max(compute, collectives) (perfect overlap). Real steps are slower; the MFU it implies is an
+upper bound. Peaks and bandwidths: gpt1_jax/flops.py, gpt1_jax/topology.py, docs/scale.md.
+
+`--mesh auto` ranks every data x fsdp x tensor factorisation (with remat none/dots/full) analytically
+(state bytes from the shardings, an activation estimate, the same roofline), then compiles only the
+best few and keeps the best that the compiler says fits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import re
+import time
+from collections import defaultdict
+from typing import Any, Sequence
+
+import numpy as np
+
+from gpt1_jax import flops, sizing, topology
+from gpt1_jax.config import MeshConfig, PretrainConfig
+from gpt1_jax.errors import ConfigError, PlanDoesNotFit
+
+GB = 1e9
+# Hardware FLOPs per model FLOP by remat policy: full recomputes each block's forward (+1/3); dots keeps the
+# matmul outputs and recomputes only elementwise work, which the model count leaves out anyway.
+_REMAT_FLOPS = {"none": 1.0, "dots": 1.0, "full": 4 / 3}
+REPLICATED_LIMIT_BYTES = 8 << 20  # a replicated tensor above this, per chip, is listed as a lever left unpulled
+
+
+# ---- collectives of a compiled program ------------------------------------------------------------
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_OP = re.compile(r"= (?P<shape>.*?) (?P<op>" + "|".join(COLLECTIVES) + r")(?P<start>-start)?\((?P<rest>.*)$")
+_ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|f8e\w+|c64|c128)\[([\d,]*)\]")
+_HEADER = re.compile(r"^(?:ENTRY )?%?(?P<name>[\w.\-]+) ")
+_CALLEE = re.compile(r"(?:calls|body|to_apply)=%([\w.\-]+)|(?:branch_computations|called_computations)=\{([^}]*)\}")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_WHILE = re.compile(r" while\(.*condition=%([\w.\-]+), body=%([\w.\-]+)")
+_LOOP_BOUND = re.compile(r"s32\[\][^=]*constant\((\d+)\)")
+_BITS = {"pred": 8, "bf16": 16, "c64": 64, "c128": 128}
+
+
+def _array_bytes(shape_text: str) -> list[int]:
+    sizes = []
+    for dtype, dims in _ARRAY.findall(shape_text):
+        bits = _BITS.get(dtype) or int(re.sub(r"\D", "", dtype.split("e")[0]) or 8)
+        sizes.append(math.prod(int(d) for d in dims.split(",") if d) * bits // 8)
+    return sizes
+
+
+def _iota(dims: list[int], perm: list[int] | None) -> np.ndarray:
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    return (ids.transpose(perm) if perm else ids).reshape(-1)
+
+
+def _groups(rest: str, n_devices: int) -> np.ndarray:
+    """[groups, group size] device ids of a collective, from any of XLA's replica-group spellings."""
+    pairs = re.search(r"source_target_pairs=\{(.*?)\}\}", rest)
+    if pairs:
+        return np.array([[int(x) for x in p.split(",")] for p in re.findall(r"\{?(\d+,\d+)", pairs.group(1))])
+    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\(\[([\d,]+)\](?:T\(([\d,]+)\))?\))? \{([^}]*)\}", rest)
+    if mesh:
+        names = re.findall(r"'(\w+)'=(\d+)", mesh.group(1))
+        sizes = [int(s) for _, s in names]
+        ids = _iota([int(d) for d in mesh.group(2).split(",")],
+                    [int(p) for p in mesh.group(3).split(",")] if mesh.group(3) else None) \
+            if mesh.group(2) else np.arange(math.prod(sizes))
+        grid = ids.reshape(sizes)
+        axes = [i for i, (name, _) in enumerate(names) if f"'{name}'" in mesh.group(4)]
+        rest_axes = [i for i in range(len(sizes)) if i not in axes]
+        size = math.prod(sizes[i] for i in axes)
+        return grid.transpose(rest_axes + axes).reshape(-1, size)
+    iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", rest)
+    if iota:
+        ids = _iota([int(d) for d in iota.group(3).split(",")],
+                    [int(p) for p in iota.group(4).split(",")] if iota.group(4) else None)
+        return ids.reshape(int(iota.group(1)), int(iota.group(2)))
+    explicit = re.search(r"replica_groups=\{(\{[\d,]*\}(?:,\{[\d,]*\})*)\}", rest)
+    if explicit:
+        groups = [[int(x) for x in g.split(",") if x] for g in re.findall(r"\{([\d,]*)\}", explicit.group(1))]
+        if groups and all(len(g) == len(groups[0]) for g in groups) and groups[0]:
+            return np.array(groups)
+    return np.arange(n_devices).reshape(1, -1)  # replica_groups={} : every device
+
+
+def _ring_bytes(op: str, result_bytes: int, n: int) -> float:
+    """Bytes one chip sends for one collective over a group of n (bandwidth-optimal ring algorithms)."""
+    if n <= 1:
+        return 0.0
+    return {"all-reduce": 2 * (n - 1) / n * result_bytes,
+            "all-gather": (n - 1) / n * result_bytes,  # result = the gathered whole
+            "reduce-scatter": (n - 1) * result_bytes,  # result = one shard
+            "all-to-all": (n - 1) / n * result_bytes,
+            "collective-permute": float(result_bytes)}[op]
+
+
+def _multipliers(hlo_text: str) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """(how many times each computation runs per step, [(computation, line)]). While loops (scan over
+    layers, micro-batches) multiply their bodies by their trip count: XLA's `known_trip_count` where it
+    says it, else the bound of the loop condition's `counter < N` (jax's scans count from 0)."""
+    lines_of: list[tuple[str, str]] = []
+    calls: dict[str, list[tuple[str, int | str]]] = defaultdict(list)
+    order, entry, current = [], None, None
+    for line in hlo_text.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            m = _HEADER.match(line)
+            current = m.group("name") if m else None
+            if current:
+                order.append(current)
+                if line.startswith("ENTRY"):
+                    entry = current
+            continue
+        if current is None or not line.startswith(" "):
+            continue
+        lines_of.append((current, line))
+        loop = _WHILE.search(line)
+        if loop:
+            trip = _TRIP.search(line)
+            calls[current].append((loop.group(2), int(trip.group(1)) if trip else loop.group(1)))
+            continue
+        for single, many in _CALLEE.findall(line):
+            for callee in ([single] if single else re.findall(r"%([\w.\-]+)", many)):
+                calls[current].append((callee, 1))
+    bounds: dict[str, int] = {}
+    for computation, line in lines_of:
+        if "ROOT" in line and "direction=LT" in line:
+            bounds[computation] = 0  # marks a `counter < N` condition; N is its s32 constant
+    for computation, line in lines_of:
+        bound = _LOOP_BOUND.search(line)
+        if computation in bounds and bound:
+            bounds[computation] = int(bound.group(1))
+    runs: dict[str, int] = defaultdict(int)
+    if entry is not None:
+        runs[entry] = 1
+    for name in reversed(order):  # callers are printed after their callees: ENTRY last
+        for callee, factor in calls.get(name, ()):
+            trips = factor if isinstance(factor, int) else max(bounds.get(factor, 1), 1)
+            runs[callee] += runs[name] * trips
+    return runs, lines_of
+
+
+def collectives(hlo_text: str, devices: Sequence[Any]) -> dict[str, dict[str, float]]:
+    """Per collective kind: count per step, bytes each chip sends over ICI and over DCN per step.
+    `devices` in the program's device-assignment order (a Mesh's `devices.flat`), for slice membership."""
+    slices = np.array([getattr(d, "slice_index", 0) or 0 for d in devices])
+    runs, lines = _multipliers(hlo_text)
+    out: dict[str, dict[str, float]] = {}
+    for computation, line in lines:
+        m = _OP.search(line)
+        if not m or runs.get(computation, 0) == 0:
+            continue
+        op, n_runs = m.group("op"), runs[computation]
+        sizes = _array_bytes(m.group("shape"))
+        result = max(sizes) if m.group("start") and op in ("all-gather", "collective-permute") else sum(sizes)
+        groups = _groups(m.group("rest"), len(devices))
+        n = groups.shape[1]
+        spans = len(set(slices[groups[0] % len(slices)]))  # slices one group touches
+        ici = _ring_bytes(op, result, n // spans) if spans > 1 else _ring_bytes(op, result, n)
+        # Across slices: the hierarchical algorithm moves only each slice's share over DCN.
+        dcn = _ring_bytes(op, result * spans // n, spans) if spans > 1 else 0.0
+        entry = out.setdefault(op, {"count": 0, "ici_bytes_per_chip": 0.0, "dcn_bytes_per_chip": 0.0})
+        entry["count"] += n_runs
+        entry["ici_bytes_per_chip"] += ici * n_runs
+        entry["dcn_bytes_per_chip"] += dcn * n_runs
+    return out
+
+
+# ---- one plan --------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What the plan compiles for: a TPU topology (no chip needed) or the visible devices."""
+
+    devices: tuple
+    name: str
+    num_slices: int = 1
+
+    @property
+    def chip(self) -> topology.Chip | None:
+        return topology.chip_of(self.devices[0])
+
+    @property
+    def device_kind(self) -> str:
+        return getattr(self.devices[0], "device_kind", "cpu")
+
+    def peak_flops(self) -> float | None:
+        return flops.accelerator_peak(self.device_kind)
+
+    def hbm_bytes(self) -> int | None:
+        """What one chip offers a program: the TPU compiler's own number, an attached device's allocator
+        limit (a GPU), else the sheet's capacity."""
+        usable = topology.usable_hbm_bytes(self.devices[0])
+        if usable is not None:
+            return usable
+        if self.devices[0].platform == "gpu":
+            stats = self.devices[0].memory_stats() or {}
+            if "bytes_limit" in stats:
+                return int(stats["bytes_limit"])
+        return self.chip.hbm_bytes if self.chip is not None else None
+
+
+def target(topology_name: str | None, num_slices: int = 1) -> Target:
+    if topology_name:
+        return Target(tuple(topology.tpu_devices(topology_name, num_slices)), topology_name, num_slices)
+    if num_slices != 1:
+        raise ConfigError("--num-slices needs --topology")
+    import jax
+
+    return Target(tuple(jax.devices()), f"visible:{len(jax.devices())}x{jax.devices()[0].device_kind}")
+
+
+def with_slices(mesh: MeshConfig, num_slices: int) -> MeshConfig:
+    """Multi-slice: the data axis spans the slices (gradients cross DCN once per step) unless the mesh
+    says otherwise."""
+    if num_slices == 1 or math.prod((mesh.dcn_data, mesh.dcn_fsdp, mesh.dcn_tensor)) > 1:
+        return mesh
+    return dataclasses.replace(mesh, dcn_data=num_slices)
+
+
+def compile_plan(config: PretrainConfig, where: Target) -> dict[str, Any]:
+    """The plan of one mesh: compile `config`'s train step for `where` and read it (see module docstring)."""
+    from gpt1_jax.step import lm_batch_spec, lm_trainer
+
+    mesh_config = with_slices(config.mesh, where.num_slices)
+    trainer = lm_trainer(config.model, config.optim, mesh_config, accum_steps=config.accum_steps, seed=config.seed,
+                         devices=list(where.devices))
+    mesh = trainer.mesh
+    B, T = config.data.global_batch_size, config.data.seq_len
+    state = _state_split(trainer)
+    try:
+        with _no_persistent_cache():
+            report, compiled = sizing.size_step(trainer, lm_batch_spec(B, T), config.model)
+    except Exception as e:
+        exhausted = topology.out_of_hbm(e)
+        if exhausted is None:
+            raise
+        return _refused(config, where, mesh_config, mesh, trainer, state, *exhausted)
+    comms = collectives(compiled.as_text(), list(mesh.devices.flat))
+    plan = {
+        "compiled": True,
+        "topology": where.name, "num_slices": where.num_slices, "chip": where.device_kind,
+        "chips": len(where.devices), "mesh": dict(mesh.shape),
+        "dcn": {a: getattr(mesh_config, f"dcn_{a}") for a in ("data", "fsdp", "tensor")},
+        "remat": config.model.remat, "dtype": config.model.dtype, "state_dtype": config.optim.state_dtype,
+        "num_params": report["num_params"], "global_batch": B, "seq_len": T,
+        "per_chip_batch": B / (mesh.shape["data"] * mesh.shape["fsdp"]), "accum_steps": config.accum_steps,
+        "compile_s": report["compile_s"], "lower_s": report["lower_s"],
+        "state_bytes_per_chip": report["state_bytes_per_device"], **state,
+        "peak_bytes_per_chip": report.get("peak_bytes_per_device"),
+        "temp_bytes_per_chip": report.get("temp_bytes_per_device"),
+        "model_flops_per_chip": report["model_flops_per_device"],
+        "xla_flops_per_chip": report.get("flops_per_device"),
+        "xla_bytes_accessed_per_chip": report.get("bytes_accessed_per_device"),
+        "collectives": comms,
+        "replicated_over_limit": _replicated(trainer),
+    }
+    plan.update(_fit(plan, where))
+    loops = " while(" in compiled.as_text()
+    plan["estimate"] = roofline(max(plan["xla_flops_per_chip"] or 0.0, plan["model_flops_per_chip"] * _REMAT_FLOPS[config.model.remat]),
+                                plan["model_flops_per_chip"], None if loops else plan["xla_bytes_accessed_per_chip"],
+                                comms, where, B * T)
+    return plan
+
+
+def _refused(config, where, mesh_config, mesh, trainer, state, temporaries: int, available: int) -> dict[str, Any]:
+    """The plan of a step the TPU compiler refused for lack of HBM: it stops before a full memory
+    analysis, so the peak is its temporaries plus the state (a lower bound of the real peak)."""
+    B, T = config.data.global_batch_size, config.data.seq_len
+    peak = temporaries + sizing.state_bytes_per_device(trainer)
+    return {
+        "topology": where.name, "num_slices": where.num_slices, "chip": where.device_kind, "chips": len(where.devices),
+        "mesh": dict(mesh.shape), "dcn": {a: getattr(mesh_config, f"dcn_{a}") for a in ("data", "fsdp", "tensor")},
+        "remat": config.model.remat, "dtype": config.model.dtype, "state_dtype": config.optim.state_dtype,
+        "num_params": config.model.num_params(), "global_batch": B, "seq_len": T,
+        "per_chip_batch": B / (mesh.shape["data"] * mesh.shape["fsdp"]), "accum_steps": config.accum_steps,
+        "compiled": False, "compile_s": None, "state_bytes_per_chip": sizing.state_bytes_per_device(trainer), **state,
+        "peak_bytes_per_chip": peak, "temp_bytes_per_chip": temporaries,
+        "hbm_bytes_per_chip": available, "fits": False, "margin_bytes": available - peak,
+        "model_flops_per_chip": flops.flops_per_token(config.model, T) * B * T / len(where.devices),
+        "collectives": {}, "estimate": {"step_s_lower_bound": None, "note": "the compiler refused: out of HBM"},
+        "replicated_over_limit": _replicated(trainer),
+    }
+
+
+@contextlib.contextmanager
+def _no_persistent_cache():
+    """A program compiled for a chip that is not attached cannot be loaded back from JAX's persistent
+    cache (it needs that chip's client), so plans never write it: JAX decides once per process whether
+    the cache is on, so the cache is switched off for a process whose first compilation is a plan, and
+    otherwise nothing is slow enough to be written."""
+    import jax
+
+    before = (jax.config.jax_enable_compilation_cache, jax.config.jax_persistent_cache_min_compile_time_secs)
+    jax.config.update("jax_enable_compilation_cache", False)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
+
+
+def _state_split(trainer) -> dict[str, int]:
+    """Per-chip bytes of the parameters and of the optimizer state (the rest of the state is the step)."""
+    return {"param_bytes_per_chip": sizing.state_bytes_per_device(trainer, "params"),
+            "opt_state_bytes_per_chip": sizing.state_bytes_per_device(trainer, "opt_state")}
+
+
+def _replicated(trainer) -> list[dict[str, Any]]:
+    """State tensors held whole on every chip that are larger than REPLICATED_LIMIT_BYTES."""
+    import jax
+
+    found = []
+    for path, x in jax.tree_util.tree_flatten_with_path(trainer.abstract_state_sharded())[0]:
+        nbytes = math.prod(x.shape) * x.dtype.itemsize
+        if x.sharding.shard_shape(x.shape) == tuple(x.shape) and nbytes > REPLICATED_LIMIT_BYTES:
+            found.append({"tensor": jax.tree_util.keystr(path), "shape": list(x.shape), "bytes": nbytes})
+    return found
+
+
+def _fit(plan: dict[str, Any], where: Target) -> dict[str, Any]:
+    capacity, peak = where.hbm_bytes(), plan["peak_bytes_per_chip"]
+    if capacity is None or peak is None:
+        return {"hbm_bytes_per_chip": capacity, "fits": None, "margin_bytes": None}
+    return {"hbm_bytes_per_chip": capacity, "fits": peak <= capacity, "margin_bytes": capacity - peak}
+
+
+def roofline(flops_per_chip: float, model_flops_per_chip: float, hbm_bytes: float | None,
+             comms: dict[str, dict[str, float]], where: Target, tokens_per_step: int) -> dict[str, Any]:
+    """Lower bound of the step time and the MFU it implies (module docstring): the slowest of compute,
+    HBM traffic (XLA's bytes accessed after fusion) and collectives, as if they overlapped perfectly.
+
+    `flops_per_chip` is the larger of XLA's count and the model count times remat's recomputation: XLA's
+    cost analysis counts a loop body once, so a program with scanned layers under-reports by ~L x. For
+    the same reason `hbm_bytes` is None for such a program and the memory term is left out (reported
+    as None), rather than be a bound L times too low."""
+    peak, chip = where.peak_flops(), where.chip
+    if peak is None or chip is None:
+        return {"step_s_lower_bound": None, "note": f"no peak/bandwidth table entry for {where.device_kind}"}
+    ici = sum(c["ici_bytes_per_chip"] for c in comms.values())
+    dcn = sum(c["dcn_bytes_per_chip"] for c in comms.values())
+    terms = {"compute": flops_per_chip / peak, "memory": None if hbm_bytes is None else hbm_bytes / chip.hbm_bytes_per_s,
+             "collectives": ici / chip.ici_bytes_per_s + dcn / chip.dcn_bytes_per_s}
+    known = {k: v for k, v in terms.items() if v is not None}
+    bound = max(known, key=known.get)
+    step_s = known[bound]
+    return {
+        "compute_s": terms["compute"], "memory_s": terms["memory"], "ici_s": ici / chip.ici_bytes_per_s,
+        "dcn_s": dcn / chip.dcn_bytes_per_s, "step_s_lower_bound": step_s, "bound": bound,
+        "mfu_upper_bound": model_flops_per_chip / (step_s * peak) if step_s else None,
+        "tokens_per_s_upper_bound": tokens_per_step / step_s if step_s else None,
+        "peak_flops_per_chip": peak, "ici_bytes_per_s": chip.ici_bytes_per_s, "dcn_bytes_per_s": chip.dcn_bytes_per_s,
+    }
+
+
+def shortfall_message(plan: dict[str, Any]) -> str:
+    """One line: by how much a plan misses the chip's HBM, and what to change."""
+    short = -plan["margin_bytes"] / GB
+    mesh = ",".join(f"{k}={v}" for k, v in plan["mesh"].items())
+    hints = []
+    if plan["mesh"]["data"] > 1:
+        hints.append("more fsdp (--mesh fsdp=N)")
+    if plan["remat"] != "full":
+        hints.append("--set model.remat=" + ("dots or full" if plan["remat"] == "none" else "full"))
+    if plan["per_chip_batch"] > 1:
+        hints.append("a smaller per-chip batch (--set accum_steps=K or a smaller data.global_batch_size)")
+    if plan["state_dtype"] != "bfloat16":
+        hints.append("--set optim.state_dtype=bfloat16")
+    hints.append("--mesh auto")
+    return (f"plan does not fit: {plan['peak_bytes_per_chip'] / GB:.2f} GB per chip > {plan['hbm_bytes_per_chip'] / GB:.2f} GB "
+            f"HBM of {plan['chip']} (short by {short:.2f} GB) with mesh {mesh}, remat {plan['remat']}; try "
+            + ", ".join(hints))
+
+
+# ---- --mesh auto -----------------------------------------------------------------------------------
+
+def _factorisations(n: int) -> list[tuple[int, int, int]]:
+    return [(d, f, n // (d * f)) for d in range(1, n + 1) if n % d == 0
+            for f in range(1, n // d + 1) if (n // d) % f == 0]
+
+
+def candidates(config: PretrainConfig, n_chips: int, num_slices: int = 1) -> list[tuple[MeshConfig, str]]:
+    """Every (mesh, remat) worth trying: the batch splits over data x fsdp (x accum), tensor divides the
+    heads, and the data axis spans the slices."""
+    m, B = config.model, config.data.global_batch_size
+    out = []
+    for d, f, t in _factorisations(n_chips):
+        if B % (d * f * config.accum_steps) or m.n_heads % t or m.d_mlp % t or d % num_slices:
+            continue
+        for remat in ("none", "dots", "full"):
+            out.append((MeshConfig(data=d, fsdp=f, tensor=t, dcn_data=num_slices, rules=config.mesh.rules), remat))
+    return out
+
+
+def activation_bytes(config: PretrainConfig, mesh: MeshConfig, remat: str) -> float:
+    """A rough per-chip count of what the backward pass keeps (for ranking, never for the verdict):
+    per block the residual-stream tensors, the MLP hidden and the attention probabilities and masks,
+    plus the logits and their gradient."""
+    m = config.model
+    b = config.data.global_batch_size / (mesh.data * mesh.fsdp * config.accum_steps)
+    T, D, F, H, L, V = config.data.seq_len, m.d_model, m.d_mlp, m.n_heads, m.n_layers, m.vocab_size
+    act = 2 if m.dtype == "bfloat16" else 4
+    t = mesh.tensor
+    per_block = {"none": b * T * (10 * D + 3 * D / t + 2 * F / t) * act + b * (H / t) * T * T * (act + 2 + 4),
+                 "dots": b * T * (4 * D + 3 * D / t + F / t) * act,
+                 "full": b * T * D * act}[remat]
+    one_block = b * T * (10 * D + 3 * D / t + 2 * F / t) * act + b * (H / t) * T * T * (act + 2 + 4)
+    logits = 2 * b * T * V / t * 4
+    return L * per_block + (one_block if remat != "none" else 0) + logits
+
+
+def analytic_estimate(config: PretrainConfig, mesh: MeshConfig, remat: str, where: Target,
+                      state_bytes: int) -> dict[str, float]:
+    """Roofline of a candidate without compiling: FLOPs (x4/3 for full remat's second forward) and the
+    collectives its axes imply (data: gradient all-reduce; fsdp: 2 parameter all-gathers + gradient
+    reduce-scatter; tensor: 2 activation all-reduces per block each way)."""
+    m, chip, peak = config.model, where.chip, where.peak_flops() or 1.0
+    n = mesh.data * mesh.fsdp * mesh.tensor
+    T, B = config.data.seq_len, config.data.global_batch_size
+    model_flops = flops.flops_per_token(m, T) * B * T / n
+    compute_s = model_flops * (4 / 3 if remat == "full" else 1.0) / peak
+    P = m.num_params() * np.dtype(m.param_dtype).itemsize
+    act = 2 if m.dtype == "bfloat16" else 4
+    d, f, t = mesh.data, mesh.fsdp, mesh.tensor
+    fsdp_bytes = (2 * (f - 1) / f * P / t * act / 4 + (f - 1) / f * P / t) if f > 1 else 0.0
+    data_bytes = 2 * (d - 1) / d * P / (f * t) if d > 1 else 0.0
+    b = B / (d * f)
+    tensor_bytes = 4 * m.n_layers * 2 * (t - 1) / t * b * T * m.d_model * act if t > 1 else 0.0
+    ici_bw = chip.ici_bytes_per_s if chip else 1e11
+    dcn_bw = chip.dcn_bytes_per_s if chip else 1e10
+    s = mesh.dcn_data
+    comm_s = (fsdp_bytes + tensor_bytes + (data_bytes if s == 1 else data_bytes * s / d)) / ici_bw \
+        + (2 * (s - 1) / s * P / (f * t) / (d // s) / dcn_bw if s > 1 else 0.0)
+    step_s = max(compute_s, comm_s)
+    return {"step_s_lower_bound": step_s, "mfu_upper_bound": model_flops / (step_s * peak),
+            "bytes_per_chip": state_bytes + activation_bytes(config, mesh, remat)}
+
+
+def auto(config: PretrainConfig, where: Target, compile_top: int = 3, baselines: bool = True,
+         progress=None) -> dict[str, Any]:
+    """The best plan that fits: rank every candidate analytically, compile the best `compile_top` (and, with
+    `baselines`, the data-only and fsdp-only meshes where they may fit), keep the best compiled plan that
+    fits; if none of those fits, go on down the ranking until one does."""
+    from gpt1_jax.step import lm_trainer
+
+    t0 = time.perf_counter()
+    capacity = where.hbm_bytes()
+    state_cache: dict[tuple, int] = {}
+    ranked = []
+    for mesh_config, remat in candidates(config, len(where.devices), where.num_slices):
+        key = (mesh_config.data, mesh_config.fsdp, mesh_config.tensor)
+        if key not in state_cache:
+            trainer = lm_trainer(config.model, config.optim, mesh_config, accum_steps=config.accum_steps,
+                                 devices=list(where.devices))
+            state_cache[key] = sizing.state_bytes_per_device(trainer)
+        est = analytic_estimate(config, mesh_config, remat, where, state_cache[key])
+        ranked.append((est["step_s_lower_bound"], ("none", "dots", "full").index(remat), mesh_config.tensor,
+                       mesh_config, remat, est))
+    if not ranked:
+        raise ConfigError(f"--mesh auto: no data x fsdp x tensor mesh of {len(where.devices)} chips splits the batch "
+                          f"{config.data.global_batch_size} (x accum_steps {config.accum_steps}) and the heads")
+    ranked.sort(key=lambda r: r[:3])
+    may_fit = [r for r in ranked if capacity is None or r[5]["bytes_per_chip"] <= capacity]
+    chosen = may_fit[:compile_top]
+    for baseline in ({"fsdp": 1, "tensor": 1}, {"data": 1, "tensor": 1}) if baselines else ():  # data-, fsdp-only
+        for r in may_fit:
+            if r[4] == "none" and all(getattr(r[3], k) == v for k, v in baseline.items()) and r not in chosen:
+                chosen.append(r)
+                break
+    compiled = []
+    queue = list(chosen) + [r for r in may_fit if r not in chosen]
+    while queue and (len(compiled) < len(chosen) or not any(p["fits"] is not False for p in compiled)):
+        _, _, _, mesh_config, remat, est = queue.pop(0)
+        candidate = dataclasses.replace(config, mesh=mesh_config,
+                                        model=dataclasses.replace(config.model, remat=remat))
+        if progress:
+            progress(f"compiling data={mesh_config.data},fsdp={mesh_config.fsdp},tensor={mesh_config.tensor} remat={remat}")
+        plan = compile_plan(candidate, where)
+        plan["analytic"] = est
+        compiled.append(plan)
+    fitting = [p for p in compiled if p["fits"] is not False]
+    ranking = [{"mesh": p["mesh"], "remat": p["remat"], "fits": p["fits"], "peak_bytes_per_chip": p["peak_bytes_per_chip"],
+                "step_s_lower_bound": p["estimate"]["step_s_lower_bound"], "analytic_step_s": p["analytic"]["step_s_lower_bound"],
+                "analytic_bytes_per_chip": p["analytic"]["bytes_per_chip"]} for p in compiled]
+    summary = {"candidates": len(ranked), "analytically_fitting": len(may_fit), "compiled": len(compiled),
+               "seconds": round(time.perf_counter() - t0, 1), "ranking": ranking}
+    if not fitting:
+        best = min(compiled, key=lambda p: p["peak_bytes_per_chip"], default=None)
+        if best is None:
+            raise PlanDoesNotFit(f"--mesh auto: no mesh of {len(where.devices)} chips fits {where.device_kind}'s HBM "
+                                 f"by the analytic estimate ({len(ranked)} tried); try model.remat=full, accum_steps, "
+                                 "optim.state_dtype=bfloat16 or more chips")
+        raise PlanDoesNotFit("--mesh auto: none of the compiled candidates fits; smallest: " + shortfall_message(best))
+    best = min(fitting, key=lambda p: (p["estimate"]["step_s_lower_bound"] or 0.0, p["peak_bytes_per_chip"]))
+    return {**best, "auto": summary}
+
+
+def plan(config: PretrainConfig, where: Target, mesh_auto: bool = False, progress=None) -> dict[str, Any]:
+    """The plan the CLI prints: one mesh (`config.mesh`) or the best of `--mesh auto`. A plan that does not
+    fit raises PlanDoesNotFit with one line."""
+    if mesh_auto:
+        return auto(config, where, progress=progress)
+    result = compile_plan(config, where)
+    if result["fits"] is False:
+        raise PlanDoesNotFit(shortfall_message(result))
+    return result
+
+
+def table(plan: dict[str, Any]) -> str:
+    """A short human-readable summary of a plan."""
+    est = plan["estimate"]
+    mesh = " x ".join(f"{k} {v}" for k, v in plan["mesh"].items())
+    rows = [
+        ("target", f"{plan['topology']} ({plan['chips']} x {plan['chip']}, {plan['num_slices']} slice(s))"),
+        ("model", f"{plan['num_params'] / 1e6:,.0f}M params, {plan['dtype']} compute, remat {plan['remat']}, "
+                  f"optimizer state {plan['state_dtype']}"),
+        ("mesh", mesh + ("" if plan["num_slices"] == 1 else f" (dcn {plan['dcn']})")),
+        ("batch", f"{plan['global_batch']} x {plan['seq_len']} global, {plan['per_chip_batch']:g} sequences per chip"),
+        ("HBM per chip", _fit_text(plan)),
+        ("state per chip", f"{_size(plan['state_bytes_per_chip'])} (params {_size(plan['param_bytes_per_chip'])}, "
+                           f"optimizer {_size(plan['opt_state_bytes_per_chip'])})"),
+        ("FLOPs per chip", f"{plan['model_flops_per_chip']:.3g} model, {plan['xla_flops_per_chip'] or 0:.3g} compiled"),
+        ("collectives", ", ".join(f"{k} x{int(v['count'])} {_size(v['ici_bytes_per_chip'] + v['dcn_bytes_per_chip'])}"
+                                  for k, v in plan["collectives"].items()) or "none"),
+        ("step (lower bound)", "n/a" if est.get("step_s_lower_bound") is None else
+         f"{_time(est['step_s_lower_bound'])} ({est['bound']}-bound: compute {_time(est['compute_s'])}, "
+         f"HBM {'n/a (loops)' if est['memory_s'] is None else _time(est['memory_s'])}, ICI {_time(est['ici_s'])}, "
+         f"DCN {_time(est['dcn_s'])}), "
+         f"MFU <= {est['mfu_upper_bound']:.0%}"),
+        ("compile", f"{plan['compile_s']:.1f} s"),
+    ]
+    if plan.get("replicated_over_limit"):
+        big = plan["replicated_over_limit"]
+        rows.append(("replicated > 8 MB", f"{len(big)} state tensors, {_size(sum(r['bytes'] for r in big))} per chip "
+                                          f"(largest {max(big, key=lambda r: r['bytes'])['tensor']})"))
+    if "auto" in plan:
+        a = plan["auto"]
+        rows.append(("--mesh auto", f"{a['candidates']} candidates, {a['analytically_fitting']} may fit, "
+                                    f"{a['compiled']} compiled in {a['seconds']} s"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _fit_text(plan: dict[str, Any]) -> str:
+    if plan["fits"] is None:
+        return f"{_size(plan['peak_bytes_per_chip'] or 0)} peak (no capacity known for {plan['chip']})"
+    verdict = "fits" if plan["fits"] else "DOES NOT FIT"
+    margin = plan["margin_bytes"]
+    return (f"{_size(plan['peak_bytes_per_chip'])} peak of {_size(plan['hbm_bytes_per_chip'])}: {verdict} "
+            f"(margin {'-' if margin < 0 else '+'}{_size(abs(margin))})")
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def _time(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.1f} us"
