@@ -43,6 +43,8 @@ REPLICATED_LIMIT_BYTES = 8 << 20  # a replicated tensor above this, per chip, is
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _OP = re.compile(r"= (?P<shape>.*?) (?P<op>" + "|".join(COLLECTIVES) + r")(?P<start>-start)?\((?P<rest>.*)$")
 _ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|f8e\w+|c64|c128)\[([\d,]*)\]")
+# Across slices (multi-slice over DCN) XLA emits host transfers to the Megascale runtime, not collectives.
+_MEGASCALE = re.compile(r"= (?P<shape>.*?) send\(.*_xla_megascale_transfer_type=\"(?P<kind>\w+)\"")
 _HEADER = re.compile(r"^(?:ENTRY )?%?(?P<name>[\w.\-]+) ")
 _CALLEE = re.compile(r"(?:calls|body|to_apply)=%([\w.\-]+)|(?:branch_computations|called_computations)=\{([^}]*)\}")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
@@ -152,13 +154,31 @@ def _multipliers(hlo_text: str) -> tuple[dict[str, int], list[tuple[str, str]]]:
 
 def collectives(hlo_text: str, devices: Sequence[Any]) -> dict[str, dict[str, float]]:
     """Per collective kind: count per step, bytes each chip sends over ICI and over DCN per step.
-    `devices` in the program's device-assignment order (a Mesh's `devices.flat`), for slice membership."""
+    `devices` in the program's device-assignment order (a Mesh's `devices.flat`), for slice membership.
+
+    A multi-slice program is one slice's program: its collectives stay within the slice (ICI), and what
+    crosses slices is a Megascale host transfer (`send` with `_xla_megascale_transfer_type`), counted
+    here as that collective over the slices, its bytes sent over DCN."""
     slices = np.array([getattr(d, "slice_index", 0) or 0 for d in devices])
+    n_slices = len(set(slices.tolist()))
+    if "_xla_megascale_transfer_type" in hlo_text:  # one slice's program: its groups never leave the slice
+        slices = np.zeros_like(slices)
     runs, lines = _multipliers(hlo_text)
     out: dict[str, dict[str, float]] = {}
     for computation, line in lines:
+        if runs.get(computation, 0) == 0:
+            continue
+        dcn_op = _MEGASCALE.search(line)
+        if dcn_op:
+            op = dcn_op.group("kind").lower().replace("_", "-")
+            sent = _ring_bytes(op, _array_bytes(dcn_op.group("shape"))[0], n_slices) \
+                if op in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all") else 0.0
+            entry = out.setdefault(op, {"count": 0, "ici_bytes_per_chip": 0.0, "dcn_bytes_per_chip": 0.0})
+            entry["count"] += runs[computation]
+            entry["dcn_bytes_per_chip"] += sent * runs[computation]
+            continue
         m = _OP.search(line)
-        if not m or runs.get(computation, 0) == 0:
+        if not m:
             continue
         op, n_runs = m.group("op"), runs[computation]
         sizes = _array_bytes(m.group("shape"))
@@ -434,14 +454,18 @@ def analytic_estimate(config: PretrainConfig, mesh: MeshConfig, remat: str, wher
     act = 2 if m.dtype == "bfloat16" else 4
     d, f, t = mesh.data, mesh.fsdp, mesh.tensor
     fsdp_bytes = (2 * (f - 1) / f * P / t * act / 4 + (f - 1) / f * P / t) if f > 1 else 0.0
-    data_bytes = 2 * (d - 1) / d * P / (f * t) if d > 1 else 0.0
+    # The gradient all-reduce over data, hierarchical across s slices: within a slice over d/s chips
+    # (ICI), then each chip's 1/(d/s) share across the slices (DCN).
+    s = mesh.dcn_data
+    d_ici = d // s
+    grads = P / (f * t)
+    data_ici_bytes = 2 * (d_ici - 1) / d_ici * grads if d_ici > 1 else 0.0
+    data_dcn_bytes = 2 * (s - 1) / s * grads / d_ici if s > 1 else 0.0
     b = B / (d * f)
     tensor_bytes = 4 * m.n_layers * 2 * (t - 1) / t * b * T * m.d_model * act if t > 1 else 0.0
     ici_bw = chip.ici_bytes_per_s if chip else 1e11
     dcn_bw = chip.dcn_bytes_per_s if chip else 1e10
-    s = mesh.dcn_data
-    comm_s = (fsdp_bytes + tensor_bytes + (data_bytes if s == 1 else data_bytes * s / d)) / ici_bw \
-        + (2 * (s - 1) / s * P / (f * t) / (d // s) / dcn_bw if s > 1 else 0.0)
+    comm_s = (fsdp_bytes + tensor_bytes + data_ici_bytes) / ici_bw + data_dcn_bytes / dcn_bw
     step_s = max(compute_s, comm_s)
     return {"step_s_lower_bound": step_s, "mfu_upper_bound": model_flops / (step_s * peak),
             "bytes_per_chip": state_bytes + activation_bytes(config, mesh, remat)}

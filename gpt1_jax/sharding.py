@@ -77,7 +77,7 @@ def make_mesh(config: MeshConfig, devices: Sequence[Any] | None = None):
         if any(s % d for s, d in zip(shape, dcn)):
             raise ConfigError(f"mesh dcn sizes {dcn} must divide the axis sizes {shape}")
         ici = tuple(s // d for s, d in zip(shape, dcn))
-        grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices)
+        grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices, allow_split_physical_axes=True)
     elif devices[0].platform != "cpu" and (len(devices) == len(jax.devices()) or devices[0] not in jax.devices()):
         # topology-aware on TPU/GPU: all visible chips, or all of a compile-only TPU topology (plan.py)
         grid = mesh_utils.create_device_mesh(shape, devices=devices, allow_split_physical_axes=True)

@@ -129,6 +129,21 @@ def test_collectives_across_slices_go_over_dcn():
     assert out["all-gather"]["dcn_bytes_per_chip"] == 0 and out["all-gather"]["ici_bytes_per_chip"] == 64.0
 
 
+def test_megascale_transfers_count_as_dcn_collectives():
+    line = ('ENTRY %main () -> () {\n  %send.3 = (f32[8,8,128]{2,1,0}, u32[], token[]) send(%f, %a), channel_id=9, '
+            'is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",'
+            '_xla_megascale_reduce_operation="SUM",_xla_megascale_transfer_type="ALL_REDUCE"}\n}\n')
+    out = plan.collectives(line, [_Chip(0), _Chip(1)])
+    # 32 KiB all-reduced over 2 slices: each chip sends half of it twice, over DCN
+    assert out == {"all-reduce": {"count": 1, "ici_bytes_per_chip": 0.0, "dcn_bytes_per_chip": 32768.0}}
+
+
+def test_two_slices_send_gradients_over_dcn(capsys):
+    result = _plan_cli(capsys, "--topology", "v5e:2x2", "--num-slices", "2", "--mesh", "data=2,tensor=4")
+    assert result["chips"] == 8 and result["num_slices"] == 2 and result["dcn"]["data"] == 2
+    assert result["collectives"]["all-reduce"]["dcn_bytes_per_chip"] > 0 and result["estimate"]["dcn_s"] > 0
+
+
 def test_groups_spellings():
     assert plan._groups("replica_groups=[2,2]<=[4]", 4).tolist() == [[0, 1], [2, 3]]
     assert plan._groups("replica_groups=[2,2]<=[2,2]T(1,0)", 4).tolist() == [[0, 2], [1, 3]]

@@ -35,15 +35,24 @@ PODS = {
 # (config, global batch in sequences of 512): the paper's batch, a pod batch, and the larger shapes at 256.
 MODELS = [("gpt1", 64), ("gpt1", 512), ("gpt1-350m", 256), ("gpt1-1.3b", 256), ("gpt1-6.7b", 256)]
 RUN_AS = ["model.dtype=bfloat16", "model.scan_layers=true"]
-# The memory levers, each on one fixed plan: (label, extra overrides). 1.3B on v5e-256, fsdp over all chips.
-LEVER_PLAN = ("gpt1-1.3b", 256, "v5e-256", "fsdp=256")
+# The memory levers, each on a fixed plan: (label, (config, batch, pod, mesh), extra overrides). Remat on 1.3B
+# over all of a v5e-256 (activations dominate); optimizer state on 6.7B over a v4-32 (the state dominates).
+_13B = ("gpt1-1.3b", 256, "v5e-256", "fsdp=256")
+_67B = ("gpt1-6.7b", 256, "v4-32", "fsdp=16")
 LEVERS = [
-    ("fp32 optimizer state, remat none", []),
-    ("bf16 optimizer state", ["optim.state_dtype=bfloat16"]),
-    ("remat dots", ["model.remat=dots"]),
-    ("remat full", ["model.remat=full"]),
-    ("bf16 state + remat full", ["optim.state_dtype=bfloat16", "model.remat=full"]),
+    ("fp32 optimizer state, remat none", _13B, []),
+    ("bf16 optimizer state", _13B, ["optim.state_dtype=bfloat16"]),
+    ("remat dots", _13B, ["model.remat=dots"]),
+    ("remat full", _13B, ["model.remat=full"]),
+    ("bf16 state + remat full", _13B, ["optim.state_dtype=bfloat16", "model.remat=full"]),
+    ("remat full, fp32 optimizer state", _67B, ["model.remat=full"]),
+    ("remat full, bf16 optimizer state", _67B, ["model.remat=full", "optim.state_dtype=bfloat16"]),
 ]
+
+
+def _lever_path(plan_spec, extra) -> Path:
+    config, _, pod, _ = plan_spec
+    return RECORDS / f"{_key('lever', config, pod, *extra) if extra else _key('lever', config, pod)}.json"
 
 
 def _key(*parts) -> str:
@@ -89,13 +98,12 @@ def run_all(only: str | None) -> None:
         print(f"[{i}/{len(cells)}] {config} batch {batch} on {pod}", end=" ", flush=True)
         result = record(path, lambda: run_plan(config, batch, pod, "auto", []))
         print(_cell_text(result), flush=True)
-    if only in (None, LEVER_PLAN[0]):
-        config, batch, pod, mesh = LEVER_PLAN
-        for label, extra in LEVERS:
-            path = RECORDS / f"{_key('lever', config, pod, *extra) if extra else _key('lever', config, pod)}.json"
-            print(f"lever: {label}", end=" ", flush=True)
-            result = record(path, lambda: run_plan(config, batch, pod, mesh, extra))
-            print(_cell_text(result), flush=True)
+    for label, (config, batch, pod, mesh), extra in LEVERS:
+        if only not in (None, config):
+            continue
+        print(f"lever: {config} on {pod}, {label}", end=" ", flush=True)
+        result = record(_lever_path((config, batch, pod, mesh), extra), lambda: run_plan(config, batch, pod, mesh, extra))
+        print(_cell_text(result), flush=True)
 
 
 def _cell_text(p: dict) -> str:
@@ -116,11 +124,11 @@ def load() -> tuple[list[dict], list[dict]]:
             path = RECORDS / f"{_key(config, f'b{batch}', pod)}.json"
             if path.is_file():
                 cells.append({"model": config, "batch": batch, "pod": pod, **json.loads(path.read_text())})
-    config, batch, pod, mesh = LEVER_PLAN
-    for label, extra in LEVERS:
-        path = RECORDS / f"{_key('lever', config, pod, *extra) if extra else _key('lever', config, pod)}.json"
+    for label, plan_spec, extra in LEVERS:
+        path = _lever_path(plan_spec, extra)
         if path.is_file():
-            levers.append({"lever": label, "overrides": extra, **json.loads(path.read_text())})
+            levers.append({"lever": label, "model": plan_spec[0], "pod": plan_spec[2], "plan_mesh": plan_spec[3],
+                           "overrides": extra, **json.loads(path.read_text())})
     return cells, levers
 
 
@@ -165,14 +173,15 @@ def markdown(rows: list[dict], levers: list[dict]) -> str:
         lines.append(f"| {name} | {r['batch']} | {r['pod']} | {mesh} | {r['remat']} | {r['peak_gb']:.1f} / {r['hbm_gb']:.1f} GB "
                      f"| {r['step_ms']:.1f} ms | {r['mfu']:.0%} | {r['bound']} | {comms} |")
     if levers:
-        lines += ["", "| lever (1.3B, batch 256, v5e-256, fsdp=256) | state per chip | peak HBM per chip | step lower bound |",
-                  "|---|---|---|---|"]
+        lines += ["", "| plan (batch 256) | lever | state per chip | peak HBM per chip | step lower bound |",
+                  "|---|---|---|---|---|"]
         for lv in levers:
+            where = f"{lv['model']} on {lv['pod']}, {lv['plan_mesh']}"
             if lv.get("fits") is False and "peak_bytes_per_chip" not in lv:
-                lines.append(f"| {lv['lever']} | | does not fit | |")
+                lines.append(f"| {where} | {lv['lever']} | | does not fit | |")
                 continue
             step = lv.get("estimate", {}).get("step_s_lower_bound")
-            lines.append(f"| {lv['lever']} | {lv['state_bytes_per_chip'] / 1e9:.3f} GB (optimizer "
+            lines.append(f"| {where} | {lv['lever']} | {lv['state_bytes_per_chip'] / 1e9:.3f} GB (optimizer "
                          f"{lv['opt_state_bytes_per_chip'] / 1e9:.3f}) | {lv['peak_bytes_per_chip'] / 1e9:.2f} GB | "
                          + (f"{step * 1e3:.1f} ms |" if step else "n/a |"))
     return "\n".join(lines)
@@ -199,8 +208,8 @@ def plot(rows: list[dict], out: Path) -> None:
             if p in mine and not mine[p]["fits"]:
                 for ax in (ax_mem, ax_mfu):
                     ax.text(x, 0.02, "x", ha="center", color="red", fontsize=11, fontweight="bold")
-    for ax, title in ((ax_mem, "peak HBM per chip / usable HBM (x: does not fit)"),
-                      (ax_mfu, "MFU upper bound of the roofline (x: does not fit)")):
+    for ax, title in ((ax_mem, "peak HBM per chip / usable HBM (x: no plan)"),
+                      (ax_mfu, "MFU upper bound of the roofline (x: no plan)")):
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(pods))], pods)
         ax.set_title(title, fontsize=10)
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
@@ -211,15 +220,30 @@ def plot(rows: list[dict], out: Path) -> None:
     plt.close(fig)
 
 
+def _into_readme(table: str) -> None:
+    """The table between README.md's plan-table markers, so the README always shows the records."""
+    readme = HERE / "README.md"
+    text = readme.read_text()
+    start, end = "<!-- plan-table -->", "<!-- /plan-table -->"
+    if start not in text:
+        return
+    head, rest = text.split(start, 1)
+    tail = rest.split(end, 1)[1] if end in rest else rest
+    readme.write_text(f"{head}{start}\n{table}\n{end}{tail}")
+
+
 def write_table() -> None:
     cells, levers = load()
     rows = [summary_row(c) for c in cells]
     results = {"rows": rows, "headline": headline(rows), "levers": [
-        {k: lv.get(k) for k in ("lever", "overrides", "fits", "state_bytes_per_chip", "opt_state_bytes_per_chip",
+        {k: lv.get(k) for k in ("lever", "model", "pod", "plan_mesh", "overrides", "fits", "state_bytes_per_chip",
+                                "opt_state_bytes_per_chip",
                                 "peak_bytes_per_chip", "mesh", "remat", "state_dtype")} for lv in levers],
         "command": "python experiments/scale/plan_table.py", "cells": len(rows)}
     (RESULTS / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (RESULTS / "table.md").write_text(markdown(rows, levers) + "\n")
+    table = markdown(rows, levers)
+    (RESULTS / "table.md").write_text(table + "\n")
+    _into_readme(table)
     plot(rows, RESULTS / "scale.png")
     print(f"wrote {RESULTS / 'results.json'}, table.md and scale.png ({len(rows)} cells, {len(levers)} levers)")
 
