@@ -257,7 +257,6 @@ def compile_plan(config: PretrainConfig, where: Target) -> dict[str, Any]:
                          devices=list(where.devices))
     mesh = trainer.mesh
     B, T = config.data.global_batch_size, config.data.seq_len
-    state = _state_split(trainer)
     try:
         with _no_persistent_cache():
             report, compiled = sizing.size_step(trainer, lm_batch_spec(B, T), config.model)
@@ -265,51 +264,51 @@ def compile_plan(config: PretrainConfig, where: Target) -> dict[str, Any]:
         exhausted = topology.out_of_hbm(e)
         if exhausted is None:
             raise
-        return _refused(config, where, mesh_config, mesh, trainer, state, *exhausted)
-    comms = collectives(compiled.as_text(), list(mesh.devices.flat))
+        return _refused(config, where, mesh_config, mesh, trainer, *exhausted)
+    hlo = compiled.as_text()  # one rendering: megabytes for the larger models
+    comms = collectives(hlo, list(mesh.devices.flat))
     plan = {
-        "compiled": True,
-        "topology": where.name, "num_slices": where.num_slices, "chip": where.device_kind,
-        "chips": len(where.devices), "mesh": dict(mesh.shape),
-        "dcn": {a: getattr(mesh_config, f"dcn_{a}") for a in ("data", "fsdp", "tensor")},
-        "remat": config.model.remat, "dtype": config.model.dtype, "state_dtype": config.optim.state_dtype,
-        "num_params": report["num_params"], "global_batch": B, "seq_len": T,
-        "per_chip_batch": B / (mesh.shape["data"] * mesh.shape["fsdp"]), "accum_steps": config.accum_steps,
+        "compiled": True, **_header(config, where, mesh_config, mesh, trainer),
         "compile_s": report["compile_s"], "lower_s": report["lower_s"],
-        "state_bytes_per_chip": report["state_bytes_per_device"], **state,
         "peak_bytes_per_chip": report.get("peak_bytes_per_device"),
         "temp_bytes_per_chip": report.get("temp_bytes_per_device"),
-        "model_flops_per_chip": report["model_flops_per_device"],
         "xla_flops_per_chip": report.get("flops_per_device"),
         "xla_bytes_accessed_per_chip": report.get("bytes_accessed_per_device"),
         "collectives": comms,
-        "replicated_over_limit": _replicated(trainer),
     }
     plan.update(_fit(plan, where))
-    loops = " while(" in compiled.as_text()
+    loops = " while(" in hlo
     plan["estimate"] = roofline(max(plan["xla_flops_per_chip"] or 0.0, plan["model_flops_per_chip"] * _REMAT_FLOPS[config.model.remat]),
                                 plan["model_flops_per_chip"], None if loops else plan["xla_bytes_accessed_per_chip"],
                                 comms, where, B * T)
     return plan
 
 
-def _refused(config, where, mesh_config, mesh, trainer, state, temporaries: int, available: int) -> dict[str, Any]:
-    """The plan of a step the TPU compiler refused for lack of HBM: it stops before a full memory
-    analysis, so the peak is its temporaries plus the state (a lower bound of the real peak)."""
+def _header(config, where, mesh_config, mesh, trainer) -> dict[str, Any]:
+    """What a plan says before the compiler speaks: target, mesh, model, batch, state and model FLOPs."""
     B, T = config.data.global_batch_size, config.data.seq_len
-    peak = temporaries + sizing.state_bytes_per_device(trainer)
     return {
         "topology": where.name, "num_slices": where.num_slices, "chip": where.device_kind, "chips": len(where.devices),
         "mesh": dict(mesh.shape), "dcn": {a: getattr(mesh_config, f"dcn_{a}") for a in ("data", "fsdp", "tensor")},
         "remat": config.model.remat, "dtype": config.model.dtype, "state_dtype": config.optim.state_dtype,
         "num_params": config.model.num_params(), "global_batch": B, "seq_len": T,
         "per_chip_batch": B / (mesh.shape["data"] * mesh.shape["fsdp"]), "accum_steps": config.accum_steps,
-        "compiled": False, "compile_s": None, "state_bytes_per_chip": sizing.state_bytes_per_device(trainer), **state,
+        "state_bytes_per_chip": sizing.state_bytes_per_device(trainer), **_state_split(trainer),
+        "model_flops_per_chip": flops.flops_per_token(config.model, T) * B * T / len(where.devices),
+        "replicated_over_limit": _replicated(trainer),
+    }
+
+
+def _refused(config, where, mesh_config, mesh, trainer, temporaries: int, available: int) -> dict[str, Any]:
+    """The plan of a step the TPU compiler refused for lack of HBM: it stops before a full memory
+    analysis, so the peak is its temporaries plus the state (a lower bound of the real peak)."""
+    header = _header(config, where, mesh_config, mesh, trainer)
+    peak = temporaries + header["state_bytes_per_chip"]
+    return {
+        "compiled": False, **header, "compile_s": None,
         "peak_bytes_per_chip": peak, "temp_bytes_per_chip": temporaries,
         "hbm_bytes_per_chip": available, "fits": False, "margin_bytes": available - peak,
-        "model_flops_per_chip": flops.flops_per_token(config.model, T) * B * T / len(where.devices),
         "collectives": {}, "estimate": {"step_s_lower_bound": None, "note": "the compiler refused: out of HBM"},
-        "replicated_over_limit": _replicated(trainer),
     }
 
 
