@@ -245,7 +245,11 @@ class Checkpointer:
         return restored["state"], restored["data"], step
 
     def close(self) -> None:
-        """Waits for the save in flight (its failure raises CheckpointWriteError, once) and releases orbax."""
+        """Waits for the save in flight (its failure raises CheckpointWriteError, once) and releases orbax.
+        Closing twice is closing once (a job closes what its loop did not take over)."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
         try:
             self.wait()
         finally:

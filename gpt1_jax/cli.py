@@ -9,9 +9,12 @@ The verbs that run a model (pretrain, finetune, evaluate, sample, bench) share, 
   --simulate-devices N   N fake CPU devices (to try meshes, or size a pod job, on one machine)
 Every verb also takes the multi-process flags (launch/README.md).
 
-Errors: a project error (gpt1_jax.errors.GPT1JaxError) or a missing file ends as the one line
-`gpt1-jax VERB: error: ...` on stderr and exit status 2 (a diverged run: exit status 1); anything else
-is a bug and keeps its traceback. `verify` exits with status 1 when a checkpoint is damaged. GPT1_JAX_DEBUG=1 shows the traceback of a project error too.
+Errors: a project error (gpt1_jax.errors.GPT1JaxError) or an OS error (a missing file, a folder it cannot
+write, a full or read-only disk) ends as the one line `gpt1-jax VERB: error: ...` on stderr, naming the
+path and the fix, and exit status 2 (a diverged run: exit status 1); anything else is a bug and keeps its
+traceback. Ctrl-C stops any verb in any phase with one line and exit status 130 (in training after a
+checkpoint; gpt1_jax/interrupt.py); SIGTERM saves and exits 0. `verify` exits with status 1 when a
+checkpoint or the run's config.yaml is damaged. GPT1_JAX_DEBUG=1 shows the traceback of a project error too.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from gpt1_jax import compile_cache, distributed
+from gpt1_jax.interrupt import CtrlC
+from gpt1_jax.metrics import close_open_bars
 from gpt1_jax.errors import ConfigError, DivergenceError, GPT1JaxError
 
 DEBUG_ENV = "GPT1_JAX_DEBUG"
@@ -127,9 +132,11 @@ def _pretrain_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
+    from gpt1_jax import workdir as run_folder
     from gpt1_jax.config import PretrainConfig, resolve
 
     workdir = Path(args.workdir)
+    run_folder.check(workdir, run_folder.Identity("pretrain"), "pretrain")  # before its config.yaml is read as ours
     config = resolve(PretrainConfig, args.config, saved=workdir / "config.yaml",
                      overrides=_overrides(args, PRETRAIN_FLAGS), mesh=args.mesh)
     from gpt1_jax.pretrain import run, with_schedule_span
@@ -272,7 +279,7 @@ def _sample(args: argparse.Namespace) -> int:
     original release, which stores no config, also its architecture (e.g. --config gpt1)."""
     _refuse(args, "sample", {"mesh": "sampling runs on one device"})
     from gpt1_jax.config import PretrainConfig, resolve
-    from gpt1_jax.generate import sample
+    from gpt1_jax.generate import check_room, sample
     from gpt1_jax.tokenizer import find_tokenizer
     from gpt1_jax.weights import load_pretrained
 
@@ -291,7 +298,10 @@ def _sample(args: argparse.Namespace) -> int:
     if tokenizer is None:
         raise FileNotFoundError(f"{source}: no tokenizer in it; pass --tokenizer")
     seed = 0 if args.seed is None else args.seed
-    outputs = sample(model_config, params, tokenizer.encode(args.prompt), max_new_tokens=args.max_new_tokens,
+    prompt_ids = tokenizer.encode(args.prompt)
+    if prompt_ids:  # an empty prompt is sample's own one-line error
+        check_room(model_config, len(prompt_ids), args.max_new_tokens, flag="--max-new-tokens ")
+    outputs = sample(model_config, params, prompt_ids, max_new_tokens=args.max_new_tokens,
                      temperature=args.temperature, top_k=args.top_k, seed=seed, num_samples=args.num_samples)
     print(f"# {source}{'' if step is None else f' step {step}'}, temperature {args.temperature}, top-k {args.top_k}")
     for ids in outputs:
@@ -349,7 +359,22 @@ def _verify(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"{directory}: no checkpoint")
     for step, problem in results:
         print(f"step {step}: " + ("ok" if problem is None else f"damaged: {problem}"), flush=True)
-    return 1 if any(problem is not None for _, problem in results) else 0
+    config_problem = _config_problem(Path(args.workdir) / "config.yaml")
+    print(f"config.yaml: {config_problem or 'ok'}", flush=True)
+    return 1 if config_problem or any(problem is not None for _, problem in results) else 0
+
+
+def _config_problem(path: Path) -> str | None:
+    """What is wrong with a run's config.yaml (its guard, see gpt1_jax/config.py), or None."""
+    from gpt1_jax.config import guarded_text
+
+    if not path.is_file():
+        return "missing"
+    try:
+        guarded_text(path)
+    except ConfigError as e:
+        return str(e).removeprefix(f"{path} ")
+    return None
 
 
 # ---- tokenize -------------------------------------------------------------------------------------
@@ -381,6 +406,10 @@ def _tokenize(args: argparse.Namespace) -> int:
         raise ConfigError("--tokenizer train needs --workdir (where pretrain will look for tokenizer.json)")
     if args.tokenizer != "train" and (args.workdir, args.vocab_size) != (None, None):
         raise ConfigError("--workdir and --vocab-size go with --tokenizer train only")
+    if args.workdir is not None:  # the BPE goes where a pre-training run will look for it
+        from gpt1_jax import workdir
+
+        workdir.check(Path(args.workdir), workdir.Identity("pretrain"), "tokenize")
     fields = {"source": args.data, "tokenizer": args.tokenizer, "cache_dir": args.cache_dir,
               "vocab_size": args.vocab_size, "cache_wait_s": args.wait, "progress": not args.no_progress}
     config = DataConfig(**{k: v for k, v in fields.items() if v is not None})
@@ -465,10 +494,89 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _error_line(verb: str, error: BaseException, status: int) -> int:
+def _last_checkpoint(args: argparse.Namespace) -> int | None:
+    """The newest finished checkpoint of a training verb's workdir (None: none, or not a training verb)."""
+    from gpt1_jax.integrity import checkpoint_steps
+
+    if args.verb not in ("pretrain", "finetune"):
+        return None
+    try:
+        return checkpoint_steps(Path(args.workdir) / "checkpoints")[-1]
+    except (OSError, IndexError):
+        return None
+
+
+def _interrupted_line(args: argparse.Namespace, error: KeyboardInterrupt) -> int:
+    """Ctrl-C: one line saying what state things are in, exit status 130 (128 + SIGINT, as a shell says)."""
+    from gpt1_jax.errors import Interrupted
+
     if os.environ.get(DEBUG_ENV):
         raise error
-    print(f"gpt1-jax {verb}: error: {error}", file=sys.stderr)
+    if isinstance(error, Interrupted):  # in the training loop, which says what it saved
+        what = str(error)
+    elif args.verb in ("pretrain", "finetune"):  # before the loop (or after it finished)
+        last = _last_checkpoint(args)
+        what = ("interrupted (Ctrl-C) before training started; nothing was written half-way; run the same command "
+                "to start again" if last is None else
+                f"interrupted (Ctrl-C) outside training; nothing was written half-way and checkpoint {last} is kept; "
+                "run the same command to resume")
+    else:
+        what = "interrupted (Ctrl-C); nothing was written half-way; run the same command to start again"
+    close_open_bars()
+    print(f"gpt1-jax {args.verb}: {what}", file=sys.stderr, flush=True)
+    return 130
+
+
+def _os_error_message(args: argparse.Namespace, e: OSError) -> str:
+    """`cannot <do> PATH: <the system's words>; <what to do>` for an OSError that escaped a verb."""
+    import errno
+    import re
+
+    name = e.filename if isinstance(e.filename, (str, bytes, os.PathLike)) else None  # not a file descriptor
+    path = Path(os.fsdecode(name)) if name is not None else None
+    where = "" if path is None else f" {path}" + (
+        f" -> {os.fsdecode(e.filename2)}" if isinstance(e.filename2, (str, bytes)) else "")  # a rename's target
+    reason = e.strerror or str(e) or type(e).__name__
+    exists = path is not None and os.path.lexists(path)
+    code = e.errno
+    if code is None and re.fullmatch(r"\d+ requested and \d+ written", str(e)):  # numpy's tofile: a short write
+        code, reason = errno.ENOSPC, f"{e} (the disk is full?)"
+    if code in (errno.EACCES, errno.EPERM):
+        do = "create" if not exists else "read" if not os.access(path, os.R_OK) else "write"
+        fix = "pick a folder you can write to, or fix its permissions (or its parent's)"
+    elif code == errno.EROFS:
+        do, fix = "write", "choose a folder on a writable disk"
+    elif code in (errno.ENOSPC, errno.EDQUOT):
+        do, fix = "write", "free some space or choose a folder on another disk"
+        if (last := _last_checkpoint(args)) is not None:
+            fix += f"; checkpoint {last} is kept, and the same command resumes from it"
+    elif code == errno.EEXIST and exists and not path.is_dir():
+        do, fix = "create the folder", "it is a file: choose another path (e.g. another --workdir) or remove the file"
+    elif code == errno.EEXIST:
+        do, fix = "create", "choose another path or remove what is there"
+    elif code == errno.ENOTDIR and path is not None:
+        file = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        do = "use"
+        fix = (f"{file} is a file, not a folder: " if file is not None else "") + \
+            "choose another path or move the file out of the way"
+    elif code == errno.EISDIR:
+        do, fix = "use", "it is a folder: give the path of a file"
+    elif code in (errno.EMFILE, errno.ENFILE):
+        do, fix = "open", "raise the limit (ulimit -n) and run again"
+    elif code == errno.ENAMETOOLONG:
+        do, fix = "use", "choose a shorter path"
+    elif code == errno.EIO:
+        do, fix = "use", "the disk reported an error: check it (dmesg), or choose another disk"
+    else:
+        do, fix = "use", "check the path and the disk it is on"
+    return f"cannot {do}{where}: {reason}; {fix}" if where else f"{reason}; {fix}"
+
+
+def _error_line(verb: str, error: BaseException, status: int, message: str | None = None) -> int:
+    if os.environ.get(DEBUG_ENV):
+        raise error
+    close_open_bars()
+    print(f"gpt1-jax {verb}: error: {error if message is None else message}", file=sys.stderr)
     # A save that failed (full disk) leaves orbax's async writer with a coroutine nobody awaits; Python warns
     # about it at exit, after this line, and the one line the user reads would no longer be the last.
     warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
@@ -478,16 +586,22 @@ def _error_line(verb: str, error: BaseException, status: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     simulate_devices(getattr(args, "simulate_devices", None))
-    try:
-        # Multi-process start-up (flags, GPT1_* env or a cluster JAX detects); nothing on a plain machine.
-        distributed.initialize(args)
-        if VERBS[args.verb].runs_model:
-            compile_cache.enable()  # before the first compilation (after distributed start-up)
-        status = args.run(args)
-    except DivergenceError as e:  # the run stopped itself, keeping its last good checkpoint
-        status = _error_line(args.verb, e, 1)
-    except (GPT1JaxError, FileNotFoundError) as e:
-        status = _error_line(args.verb, e, 2)
+    with CtrlC() as ctrl_c:
+        try:
+            # Multi-process start-up (flags, GPT1_* env or a cluster JAX detects); nothing on a plain machine.
+            distributed.initialize(args)
+            if VERBS[args.verb].runs_model:
+                compile_cache.enable()  # before the first compilation (after distributed start-up)
+            status = args.run(args)
+        except KeyboardInterrupt as e:  # Ctrl-C, anywhere (SIGTERM stops the training loop with status 0)
+            ctrl_c.caught()
+            status = _interrupted_line(args, e)
+        except DivergenceError as e:  # the run stopped itself, keeping its last good checkpoint
+            status = _error_line(args.verb, e, 1)
+        except (GPT1JaxError, FileNotFoundError) as e:  # CheckpointWriteError too: it says which checkpoints are kept
+            status = _error_line(args.verb, e, 2)
+        except OSError as e:  # a folder it cannot write, a full or read-only disk, a file where a folder goes...
+            status = _error_line(args.verb, e, 2, _os_error_message(args, e))
     return distributed.exit_status(status)  # multi-process: a failing process leaves at once
 
 

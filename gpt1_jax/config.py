@@ -452,12 +452,39 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
     return from_dict(type(config), values)
 
 
+# A run's own config.yaml is guarded like its checkpoints: the first line marks a file gpt1-jax wrote, the
+# last holds the sha256 of everything above it. A file cut short or damaged then names itself on resume
+# instead of filling the lost fields with defaults. Files without the first line (hand-written configs,
+# runs saved before the guard) are read as they are.
+GUARD_LINE = ("# gpt1-jax run config, guarded by the sha256 on its last line: change fields with --set KEY=VALUE "
+              "(to keep a hand edit, delete this line)\n")
+_DIGEST_PREFIX = "# sha256 "
+
+
+def guarded_text(path: Path) -> str:
+    """The YAML of `path`, verified against its digest line when it carries the guard line."""
+    import hashlib
+
+    data = path.read_bytes()
+    text = data.decode("utf-8", errors="replace")
+    if not text.startswith(GUARD_LINE):
+        return text
+    body, _, last = text.rstrip("\n").rpartition("\n")
+    if not last.startswith(_DIGEST_PREFIX):
+        raise ConfigError(f"{path} is cut short (its closing sha256 line is missing): restore it from a copy, or "
+                          "start a new run in another folder")
+    if hashlib.sha256((body + "\n").encode("utf-8")).hexdigest() != last[len(_DIGEST_PREFIX):].strip():
+        raise ConfigError(f"{path} is damaged or was edited by hand (it no longer matches the sha256 on its last "
+                          "line): restore it, or delete its first line to accept it as it is")
+    return body
+
+
 def load_yaml(cls: type[T], path: str | Path) -> T:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        values = yaml.safe_load(path.read_text()) or {}
+        values = yaml.safe_load(guarded_text(path)) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(values, dict):
@@ -466,7 +493,20 @@ def load_yaml(cls: type[T], path: str | Path) -> T:
 
 
 def save_yaml(config: Any, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    """Atomically (readers see the old file or the new one), with the guard and digest lines."""
+    import hashlib
+    import os
+    import uuid
+
+    path = Path(path)
+    body = GUARD_LINE + yaml.safe_dump(to_dict(config), sort_keys=False)
+    text = body + f"{_DIGEST_PREFIX}{hashlib.sha256(body.encode('utf-8')).hexdigest()}\n"
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:  # stopped half-way: no temporary file left behind
+        tmp.unlink(missing_ok=True)
 
 
 def resolve(cls: type[T], spec: str | None, *, saved: str | Path | None = None, overrides=(), mesh: str | None = None) -> T:

@@ -39,6 +39,26 @@ class DivergenceError(GPT1JaxError, FloatingPointError):
         self.step, self.loss, self.last_good = step, loss, last_good
 
 
+class WorkdirError(GPT1JaxError, ValueError):
+    """A run folder this job must not write into: another job's run, its own init source, a file, a stranger's
+    folder, one it cannot write (gpt1_jax/workdir.py)."""
+
+
+class OutputExistsError(GPT1JaxError, FileExistsError):
+    """An output folder that is not empty, which a command replaces only when told to (`convert --overwrite`)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during training, raised once the loop has closed (gpt1_jax/loop.py); `step`: the checkpoint a
+    rerun resumes from (None: none). `gpt1-jax` prints its message as one line and exits 130. A
+    KeyboardInterrupt, not a GPT1JaxError: an
+    `except Exception` on the way up must not turn a Ctrl-C into an error to log and go on from."""
+
+    def __init__(self, message: str, step: int | None = None):
+        super().__init__(message)
+        self.step = step
+
+
 class PlanDoesNotFit(GPT1JaxError):
     """A pod plan whose compiled step needs more memory per chip than the chip has (gpt1_jax/plan.py)."""
 

@@ -28,11 +28,17 @@ def evaluate_workdir(workdir: str | Path, *, data: str | None = None, step: int 
     from gpt1_jax.config import PretrainConfig, apply_overrides, load_yaml
     from gpt1_jax.data.pipeline import BatchIterator, build_pipeline
     from gpt1_jax.step import lm_trainer
+    from gpt1_jax.errors import WorkdirError
     from gpt1_jax.weights import load_pretrained
+    from gpt1_jax.workdir import read as workdir_identity
 
     workdir = Path(workdir)
-    if not (workdir / "config.yaml").is_file():
+    held = workdir_identity(workdir) if workdir.is_dir() else None
+    if held is None or not (workdir / "config.yaml").is_file():
         raise FileNotFoundError(f"{workdir} is not a pre-training workdir (no config.yaml)")
+    if held.kind != "pretrain":
+        raise WorkdirError(f"{workdir} holds {held.describe()}, not a pre-training run: evaluate measures a "
+                           f"pre-training checkpoint's LM loss; this run's dev scores are in {workdir / 'results.json'}")
     config = apply_overrides(load_yaml(PretrainConfig, workdir / "config.yaml"), list(overrides))
     step = step if step is not None else latest_step(workdir / "checkpoints")
     model_config, params = load_pretrained(workdir, config.model, step=step)

@@ -7,7 +7,8 @@ pre-training") or `scratch:DIR` (random init with DIR's architecture and tokeniz
 It runs on the same engine as pre-training (gpt1_jax/step.py, gpt1_jax/loop.py): shuffled batches of
 one epoch after another, the dev evaluation and best-epoch choice as a hook at each epoch's end, and
 checkpoints, so a killed run resumes exactly (same dev metrics, byte-identical prediction files).
-Writes DIR/config.yaml, tokenizer.json, metrics.jsonl, checkpoints/, predictions/<split>.tsv (best epoch),
+Writes DIR/run.json (the folder is this task's, from this init: gpt1_jax/workdir.py), config.yaml, tokenizer.json,
+metrics.jsonl, checkpoints/, predictions/<split>.tsv (best epoch),
 results.json and, with `predict_test`, GLUE's submission file DIR/<Task>.tsv.
 """
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt1_jax.config import ConfigError, FinetuneConfig, ModelConfig, save_yaml, to_dict
+from gpt1_jax.config import ConfigError, FinetuneConfig, ModelConfig, load_yaml, save_yaml, to_dict
 from gpt1_jax.data.tasks import (EpochBatches, Encoded, Splits, Task, encode_task, make_batch, make_task, prepare_once,
                                   process_rows, subset, write_predictions, write_submission)
 from gpt1_jax.data.tokens import atomic_write_text
@@ -195,11 +196,22 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
     from gpt1_jax.checkpoint import Checkpointer
     from gpt1_jax.loop import Hook, Loop
     from gpt1_jax.metrics import MetricsWriter, Progress
-    from gpt1_jax.step import make_trainer
+    from gpt1_jax.sharding import make_mesh
+    from gpt1_jax.step import check_batch_size, make_trainer
+    from gpt1_jax.workdir import Identity, check_same_settings, claim, init_identity
+    from gpt1_jax.workdir import check as check_workdir
 
     workdir = Path(workdir)
+    job = Identity("finetune", config.task, init_identity(init))
+    held = check_workdir(workdir, job, "finetune", init_path=None if init == "none" else init.removeprefix("scratch:"))
+    # What needs no data is checked before the task's files are read and encoded.
+    mesh = make_mesh(config.mesh)
+    check_batch_size(mesh, config.batch_size, config.accum_steps, "batch_size")
+    check_batch_size(mesh, config.eval_batch_size or config.batch_size, 1, "eval_batch_size")
     task, source, config, splits = prepare(config, workdir, init=init, data_dir=data_dir, tokenizer=tokenizer,
                                            predict_test=predict_test, tfds_dir=tfds_dir)
+    if held is not None and (workdir / "config.yaml").is_file():
+        check_same_settings(workdir, config, load_yaml(FinetuneConfig, workdir / "config.yaml"))
     model_config, markers, is_main = config.model, heads.Markers.of(source.tokenizer), jax.process_index() == 0
     init_fn, loss_fn, predict_fn = heads.finetune_functions(model_config, task.kind, task.n_outputs, task.regression,
                                                             config.clf_dropout, config.lm_coef,
@@ -207,32 +219,33 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
     trainer = make_trainer(init_fn, loss_fn, config.optim, config.mesh, accum_steps=config.accum_steps, seed=config.seed,
                            predict_fn=predict_fn)
     eval_batch = config.eval_batch_size or config.batch_size
-    trainer.check_batch_size(config.batch_size, "batch_size")
-    trainer.check_batch_size(eval_batch, "eval_batch_size", train=False)
     ckpt = Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints, save_every=config.checkpoint_every)
-    start = ckpt.latest_intact_step() or 0
-    if start:
-        ckpt.check_model(model_config, start)
-    workdir.mkdir(parents=True, exist_ok=True)
-    if is_main:
-        save_yaml(config, workdir / "config.yaml")
-        source.tokenizer.save(workdir / "tokenizer.json")
+    try:  # until the loop takes the checkpointer over: an error or Ctrl-C must not leave orbax's threads running
+        start = ckpt.latest_intact_step() or 0
+        if start:
+            ckpt.check_model(model_config, start)
+        if is_main:
+            claim(workdir, job, model_config.architecture())
+            save_yaml(config, workdir / "config.yaml")
+            source.tokenizer.save(workdir / "tokenizer.json")
 
-    batches = EpochBatches(splits.train, config.batch_size, config.seed, splits.n_ctx, markers)
-    dev = DevEvaluation(task, splits, trainer, eval_batch, markers, workdir, batches.steps_per_epoch)
-    bar = Progress(config.optim.total_steps, start, enabled=progress and is_main, desc=f"finetune {task.name}")
-    loop = Loop(trainer, config.optim.total_steps, ckpt, model_config, MetricsWriter(workdir, enabled=is_main, resume_step=start,
-                tensorboard=False), bar, [Hook("dev", dev, every=batches.steps_per_epoch, state=dev.state, restore=dev.restore)])
-    if start:
-        state, position, _ = ckpt.restore(trainer.abstract_state_sharded(), start)
-        loop.restore_position(position, batches)
-    else:
-        state = initial_state(trainer, source, model_config, config)
-    bar.write(f"finetune {task.name}: init {source.described}; {model_config.num_params() / 1e6:.2f}M params; "
-              f"{len(splits.train.seqs)} train examples, {', '.join(f'{len(e.seqs)} {s}' for s, e in splits.dev.items())}; "
-              f"{config.optim.total_steps} steps{f', resuming at {start}' if start else ''}; mesh {dict(trainer.mesh.shape)}")
-    t0 = time.perf_counter()
-    _, preempted = loop.run(state, batches)  # a finished run (rerun) only closes, then rewrites its results
+        batches = EpochBatches(splits.train, config.batch_size, config.seed, splits.n_ctx, markers)
+        dev = DevEvaluation(task, splits, trainer, eval_batch, markers, workdir, batches.steps_per_epoch)
+        bar = Progress(config.optim.total_steps, start, enabled=progress and is_main, desc=f"finetune {task.name}")
+        loop = Loop(trainer, config.optim.total_steps, ckpt, model_config, MetricsWriter(workdir, enabled=is_main, resume_step=start,
+                    tensorboard=False), bar, [Hook("dev", dev, every=batches.steps_per_epoch, state=dev.state, restore=dev.restore)])
+        if start:
+            state, position, _ = ckpt.restore(trainer.abstract_state_sharded(), start)
+            loop.restore_position(position, batches)
+        else:
+            state = initial_state(trainer, source, model_config, config)
+        bar.write(f"finetune {task.name}: init {source.described}; {model_config.num_params() / 1e6:.2f}M params; "
+                  f"{len(splits.train.seqs)} train examples, {', '.join(f'{len(e.seqs)} {s}' for s, e in splits.dev.items())}; "
+                  f"{config.optim.total_steps} steps{f', resuming at {start}' if start else ''}; mesh {dict(trainer.mesh.shape)}")
+        t0 = time.perf_counter()
+        _, preempted = loop.run(state, batches)  # a finished run (rerun) only closes, then rewrites its results
+    finally:
+        ckpt.close()
     if preempted:
         return {}
     results = summary(task, source, config, splits, dev, train_seconds=time.perf_counter() - t0)

@@ -54,10 +54,23 @@ def _generate(config: ModelConfig, params, prompt_BP, total: int, temperature, t
     return out_BL
 
 
+def check_room(config: ModelConfig, prompt_len: int, max_new_tokens: int, flag: str = "max_new_tokens=") -> None:
+    """Refuse, in one line and before anything compiles, a prompt plus `max_new_tokens` that does not fit the model's
+    context: the answer would silently be shorter than asked. `flag` spells the setting as the caller's user wrote
+    it."""
+    n = config.n_positions
+    if prompt_len >= n:
+        raise DataError(f"a prompt of {prompt_len} tokens leaves no room in the context of {n}")
+    if prompt_len + max_new_tokens > n:
+        raise ConfigError(f"{flag}{max_new_tokens} with a {prompt_len}-token prompt needs "
+                          f"{prompt_len + max_new_tokens} positions; the model's context is {n} (n_positions): ask for "
+                          f"at most {n - prompt_len}")
+
+
 def generate(config: ModelConfig, params, prompts, *, max_new_tokens: int = 50, temperature: float = 1.0,
              top_k: int = 40, seed: int = 0) -> jax.Array:
     """Token ids [B, P + new] continuing each row of `prompts` ([B, P] ids, one length for all rows);
-    temperature 0 is greedy. The sequence stops at the context's end (n_positions)."""
+    temperature 0 is greedy. P + max_new_tokens must fit the context (n_positions): see `check_room`."""
     prompts = np.asarray(prompts, np.int32)  # checked on the host: ids come from a tokenizer there
     if prompts.ndim != 2 or prompts.shape[1] == 0:
         raise DataError(f"prompts must be ids [batch, length >= 1], got shape {list(prompts.shape)}")
@@ -71,9 +84,8 @@ def generate(config: ModelConfig, params, prompts, *, max_new_tokens: int = 50, 
     if max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     P = prompts.shape[1]
-    total = min(P + max_new_tokens, config.n_positions)
-    if P >= total:
-        raise DataError(f"a prompt of {P} tokens leaves no room in the context of {config.n_positions}")
+    check_room(config, P, max_new_tokens)
+    total = P + max_new_tokens
     top_k = max(1, min(top_k or config.vocab_size, config.vocab_size))
     return _generate(config, params, prompts, total, jnp.float32(temperature), top_k, jax.random.key(seed))
 

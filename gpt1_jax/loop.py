@@ -5,7 +5,8 @@
         read the *previous* step's metrics (no host sync per step: the device keeps working meanwhile)
         at hook steps, checkpoint steps and the end: read this step's metrics first (a diverged step is
         never evaluated or saved), run the hooks (evaluation, best-epoch choice), then save
-        on SIGTERM / SIGINT: save and stop (exit 0; the same command resumes)
+        on SIGTERM / SIGINT: save and stop (SIGTERM: exit 0; Ctrl-C: Interrupted, exit 130; the same
+        command resumes either way)
 
 A NaN/inf loss raises `DivergenceError` naming the newest checkpoint that verifies against its
 digests; a failed save stops the run (CheckpointWriteError). A checkpoint holds the train state and
@@ -52,7 +53,9 @@ class Hook:
 
 
 class Preemption:
-    """SIGTERM/SIGINT -> a flag the loop checks between steps (a checkpoint, then exit 0).
+    """SIGTERM/SIGINT -> a flag the loop checks between steps (a checkpoint, then the loop stops); `signum`
+    says which came first: after SIGTERM (a scheduler's pre-emption) the run ends normally (exit 0), after
+    SIGINT (Ctrl-C) Loop.run raises Interrupted (exit 130). A second signal raises KeyboardInterrupt at once.
     Multi-process: JAX's preemption notifier owns SIGTERM and `poll` agrees on the step with the others
     (multihost_utils.reached_preemption_sync_point), so every process saves the same step.
     `close()` puts the previous handlers back: a process that runs several loops (a study) must not
@@ -60,6 +63,7 @@ class Preemption:
 
     def __init__(self):
         self.requested = False
+        self.signum: int | None = None  # None: JAX's preemption notifier (multi-process), i.e. SIGTERM
         self.multiprocess = jax.process_count() > 1
         self._previous = {}
         if not self.multiprocess:
@@ -82,7 +86,7 @@ class Preemption:
     def _handle(self, signum, frame):
         if self.requested:  # a second Ctrl-C: give up at once
             raise KeyboardInterrupt
-        self.requested = True
+        self.requested, self.signum = True, signum
 
 
 @dataclasses.dataclass
@@ -116,11 +120,12 @@ class Loop:
         self._tally.update({k: list(v) for k, v in position.get("tally", {}).items() if k in self._tally})
 
     def run(self, state, batches: Batches):
-        """Trains from `state.step` to `steps`. Returns (state, preempted)."""
+        """Trains from `state.step` to `steps`. Returns (state, preempted); stopped by Ctrl-C, raises
+        Interrupted once its checkpoint is saved."""
         from gpt1_jax.distributed import abort
 
         start = int(jax.device_get(state.step))
-        preemption, pending, preempted = Preemption(), None, False
+        preemption, pending, preempted, cut, step = Preemption(), None, False, None, start
         self._t_last = time.perf_counter()
         try:
             for step in range(start + 1, self.steps + 1):
@@ -146,12 +151,17 @@ class Loop:
                 if due:
                     self._t_last = time.perf_counter()  # evaluation time is not training throughput
                 if preempted:
-                    self.progress.write(f"preempted: checkpoint saved at step {step}; run the same command to resume")
+                    if preemption.signum != signal.SIGINT:  # Ctrl-C's line comes last, from Interrupted below
+                        self.progress.write(f"preempted: checkpoint saved at step {step}; run the same command to "
+                                            "resume")
                     break
             if pending:
                 self._record(*pending)
             self.checkpointer.wait()  # the last save failing fails the run
-        except BaseException as e:  # multi-process: leave now; the peers may never join a collective
+        except KeyboardInterrupt as e:  # a second Ctrl-C (or one in a multi-process run): stop without saving
+            abort(130, e)  # multi-process: leave now; the peers may never join a collective
+            cut = e
+        except BaseException as e:
             if not isinstance(e, DivergenceError):
                 abort(1, e)
             raise
@@ -160,6 +170,22 @@ class Loop:
             self.progress.close()
             self.checkpointer.close()
             self.metrics.close()
+        # Only now, with every save on disk and everything closed, is it true what the message says.
+        from gpt1_jax.errors import Interrupted
+
+        if cut is not None:
+            from gpt1_jax.integrity import checkpoint_steps
+
+            try:
+                last = checkpoint_steps(self.checkpointer.directory)[-1]
+            except (OSError, IndexError):
+                last = None
+            kept = (f"checkpoint {last} is kept; run the same command to resume from it" if last is not None
+                    else "no checkpoint was saved yet; run the same command to start again")
+            raise Interrupted(f"interrupted (Ctrl-C) in step {step}, without saving it: {kept}", step=last) from cut
+        if preempted and preemption.signum == signal.SIGINT:
+            raise Interrupted(f"interrupted (Ctrl-C) at step {step}: checkpoint saved; run the same command to resume",
+                              step=step)
         return state, preempted
 
     def _record(self, step: int, metrics, epoch) -> None:

@@ -114,3 +114,10 @@ def plot_losses(workdir: str | Path, out: str | Path | None = None) -> Path:
     fig.savefig(out)
     plt.close(fig)
     return out
+
+
+def close_open_bars() -> None:
+    """A bar a job left open (stopped before its loop closed it) redraws itself when garbage-collected, after
+    the one line that must come last: close every open one first."""
+    for bar in list(getattr(tqdm, "_instances", ())):  # every tqdm class's bars (tqdm.auto's too)
+        bar.close()

@@ -31,32 +31,50 @@ def run(config: PretrainConfig, workdir: Path) -> int:
     from gpt1_jax import flops
     from gpt1_jax.checkpoint import Checkpointer
     from gpt1_jax.data.pipeline import build_pipeline
-    from gpt1_jax.evaluate import lm_loss
-    from gpt1_jax.loop import Hook, Loop
-    from gpt1_jax.metrics import MetricsWriter, Progress, plot_losses
-    from gpt1_jax.optim import eval_params
-    from gpt1_jax.step import lm_trainer
+    from gpt1_jax.sharding import make_mesh
+    from gpt1_jax.step import check_batch_size, lm_trainer
+    from gpt1_jax.workdir import Identity
+    from gpt1_jax.workdir import check as check_workdir
 
     workdir = Path(workdir)
     is_main = jax.process_index() == 0
     config = with_schedule_span(config)
+    job = Identity("pretrain")
+    check_workdir(workdir, job, "pretrain")
+    # What needs no data is checked before the corpus is read: tokenizing can take minutes, and writes.
+    check_batch_size(make_mesh(config.mesh), config.data.global_batch_size, config.accum_steps)
     pipeline = build_pipeline(dataclasses.replace(config.data, progress=is_main), workdir)
-    workdir.mkdir(parents=True, exist_ok=True)  # after the data: a corpus that cannot be read leaves nothing behind
     config = dataclasses.replace(config, model=flops.fit_compute_dtype(
         dataclasses.replace(config.model, vocab_size=pipeline.tokenizer.vocab_size)))
     trainer = lm_trainer(config.model, config.optim, config.mesh, accum_steps=config.accum_steps, seed=config.seed)
-    trainer.check_batch_size(config.data.global_batch_size)
     ckpt = Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints, save_every=config.checkpoint_every,
                         keep_steps=config.keep_steps)
+    try:  # until the loop takes the checkpointer over: an error or Ctrl-C must not leave orbax's threads running
+        return _train(config, workdir, job, pipeline, trainer, ckpt, is_main)
+    finally:
+        ckpt.close()
+
+
+def _train(config: PretrainConfig, workdir: Path, job, pipeline, trainer, ckpt, is_main: bool) -> int:
+    import jax
+
+    from gpt1_jax import flops
+    from gpt1_jax.data.tokens import atomic_write_text
+    from gpt1_jax.evaluate import lm_loss
+    from gpt1_jax.loop import Hook, Loop
+    from gpt1_jax.metrics import MetricsWriter, Progress, plot_losses
+    from gpt1_jax.optim import eval_params
+    from gpt1_jax.workdir import claim
+
     start = ckpt.latest_intact_step() or 0
     if start:
         ckpt.check_model(config.model, start)
     if is_main:
+        claim(workdir, job, config.model.architecture())
         save_yaml(config, workdir / "config.yaml")
-        (workdir / "data_info.json").write_text(json.dumps(pipeline.info, indent=2) + "\n")
+        atomic_write_text(workdir / "data_info.json", json.dumps(pipeline.info, indent=2) + "\n")
     if start >= config.steps:
         print(f"{workdir}: already trained to step {start} of {config.steps}; nothing to do", file=sys.stderr)
-        ckpt.close()
         return 0
 
     def evaluate(step, state, train_loss):

@@ -272,12 +272,7 @@ class Trainer:
         )
 
     def check_batch_size(self, global_batch: int, what: str = "global batch", train: bool = True) -> None:
-        """The one divisibility rule: a batch splits over data x fsdp devices and, to train, into micro-batches."""
-        accum = self.accum_steps if train else 1
-        divisor = shd.batch_divisor(self.mesh) * accum
-        if global_batch % divisor:
-            raise ConfigError(f"{what} {global_batch} is not divisible by data x fsdp" + (" x accum_steps" if train else "")
-                              + f" = {divisor} (mesh {dict(self.mesh.shape)}" + (f", accum_steps {accum})" if train else ")"))
+        check_batch_size(self.mesh, global_batch, self.accum_steps if train else 1, what)
 
     def put_batch(self, batch, train: bool = True) -> Batch:
         """This process's rows of a global batch (numpy) -> global arrays, the batch axis over data x fsdp;
@@ -316,6 +311,15 @@ class Trainer:
 def lm_batch_spec(batch: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
     tokens = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
     return {"inputs": tokens, "targets": tokens}
+
+
+def check_batch_size(mesh, global_batch: int, accum_steps: int = 1, what: str = "global batch") -> None:
+    """The one divisibility rule: a batch splits over data x fsdp devices and, to train, into micro-batches
+    (`accum_steps`; 1 for evaluation). Jobs call it with the mesh alone, before reading any data."""
+    divisor = shd.batch_divisor(mesh) * accum_steps
+    if global_batch % divisor:
+        raise ConfigError(f"{what} {global_batch} is not divisible by data x fsdp" + (" x accum_steps" if accum_steps > 1 else "")
+                          + f" = {divisor} (mesh {dict(mesh.shape)}" + (f", accum_steps {accum_steps})" if accum_steps > 1 else ")"))
 
 
 def make_trainer(init_fn, loss_fn, optim: OptimConfig, mesh: MeshConfig | Any, *, accum_steps: int = 1, seed: int = 0,

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
+import uuid
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -285,10 +287,17 @@ class GPT1Tokenizer:
         return cls(_build_backend(vocab, merges, mode), mode)
 
     def save(self, path: str | Path) -> None:
-        """Write one tokenizers JSON file; plain ``tokenizers.Tokenizer.from_file`` can read it too."""
+        """Write one tokenizers JSON file; plain ``tokenizers.Tokenizer.from_file`` can read it too.
+        Atomically: a reader (a resumed run, another process) sees the old file or the whole new one."""
         data = json.loads(self._backend.to_str())
         data["model"][_META_KEY] = {"mode": self._mode, "special_tokens": list(SPECIAL_TOKENS)}
-        Path(path).write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+            os.replace(tmp, path)
+        finally:  # stopped half-way: no temporary file left behind
+            tmp.unlink(missing_ok=True)
 
     def save_hf(self, folder: str | Path, model_max_length: int) -> None:
         """Write the files transformers' tokenizers read into `folder`: vocab.json + merges.txt (the

@@ -452,7 +452,16 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str = "hf", o
 
     if to not in ("hf", "jax"):
         raise ConfigError(f"convert: to={to!r} is not hf or jax")
-    _refuse_overwrite(Path(dst), overwrite)  # before reading the weights, which may take a while
+    if Path(dst).exists() and Path(dst).resolve() in (Path(src).resolve(), *Path(src).resolve().parents):
+        raise ConfigError(f"convert: {dst} is SRC or holds it; --overwrite would delete what is read: pick a new "
+                          "or empty folder")
+    try:
+        _refuse_overwrite(Path(dst), overwrite)  # before reading the weights, which may take a while
+    except FileExistsError:
+        from gpt1_jax.errors import OutputExistsError
+
+        raise OutputExistsError(f"{dst} is not empty; nothing was written: pass --overwrite to replace what is in "
+                                "it, or pick an empty or new folder") from None
     config, params = load_pretrained(src, step=step, overrides=overrides)
     tokenizer = find_tokenizer(None, Path(src), model_vocab_size=config.vocab_size)
     save = save_pretrained if to == "hf" else save_jax

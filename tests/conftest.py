@@ -9,6 +9,7 @@ GPT1_JAX_SHARED=/nonexistent runs the suite as a fresh clone would.
 import atexit
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -47,3 +48,23 @@ def glue_dir() -> Path:
 def vocab_dir() -> Path:
     """A tiny vocabulary in OpenAI's format and file names, plus the release's params_shapes.json."""
     return FIXTURES / "gpt1_vocab"
+
+
+@pytest.fixture
+def mount_tmpfs():
+    """mount_tmpfs(path, size_bytes) mounts a tmpfs there (unmounted at the end); skips where mount is
+    not allowed."""
+    mounted = []
+
+    def mount(path: Path, size: int) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {done.stderr.strip()}")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in reversed(mounted):
+        subprocess.run(["umount", "-l", str(path)], check=False)

@@ -6,6 +6,7 @@ Real orbax on disk, real `gpt1-jax` subprocesses, real tmpfs mounts (we run as r
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 from gpt1_jax import integrity
-from gpt1_jax.errors import CheckpointFormatError, CheckpointWriteError, DivergenceError
+from gpt1_jax.errors import CheckpointFormatError, CheckpointWriteError, DivergenceError, Interrupted
 from test_pretrain import assert_same_tree  # one bit-for-bit comparison of parameter trees
 
 TIMEOUT = 300
@@ -76,26 +77,6 @@ def run40(tmp_path_factory, cache):
 
 def copy_of(workdir: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(workdir, tmp_path / "run"))
-
-
-@pytest.fixture
-def mount_tmpfs():
-    """mount_tmpfs(path, size_bytes) mounts a tmpfs there (unmounted at the end); skips where mount is
-    not allowed."""
-    mounted = []
-
-    def mount(path: Path, size: int) -> Path:
-        path.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {done.stderr.strip()}")
-        mounted.append(path)
-        return path
-
-    yield mount
-    for path in reversed(mounted):
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 # ---- digests ---------------------------------------------------------------------------------------
@@ -252,7 +233,7 @@ def test_read_only_checkpoint_folder_fails_the_save_and_keeps_the_earlier_one(tm
 def test_verify_command(run40, tmp_path):
     done = run("verify", "--workdir", str(run40))
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.splitlines() == ["step 36: ok", "step 39: ok", "step 40: ok"]
+    assert done.stdout.splitlines() == ["step 36: ok", "step 39: ok", "step 40: ok", "config.yaml: ok"]
 
     workdir = copy_of(run40, tmp_path)
     (workdir / "checkpoints" / "39" / "meta" / "metadata").unlink()
@@ -260,7 +241,13 @@ def test_verify_command(run40, tmp_path):
     done = run("verify", "--workdir", str(workdir))
     assert done.returncode == 1
     assert done.stdout.splitlines() == ["step 36: ok", "step 39: damaged: meta/metadata is missing",
-                                        "step 40: damaged: data/metadata differs from its recorded digest"]
+                                        "step 40: damaged: data/metadata differs from its recorded digest",
+                                        "config.yaml: ok"]
+
+    clean = copy_of(run40, tmp_path / "clean")  # the checkpoints intact, the config cut short
+    (clean / "config.yaml").write_text((clean / "config.yaml").read_text()[:200])
+    done = run("verify", "--workdir", str(clean))
+    assert done.returncode == 1 and done.stdout.splitlines()[-1].startswith("config.yaml: is cut short")
 
     done = run("verify", "--workdir", str(tmp_path / "nowhere"))
     assert done.returncode == 2 and last_line(done).startswith("gpt1-jax verify: error: ") and "no checkpoints/" in done.stderr
@@ -270,11 +257,11 @@ def test_verify_records_digests_of_checkpoints_saved_without_them(run40, tmp_pat
     """Checkpoints written before digests existed: damaged until the user vouches for them once."""
     workdir = copy_of(run40, tmp_path)
     (workdir / "checkpoints" / "40" / "integrity.json").unlink()
-    assert run("verify", "--workdir", str(workdir)).stdout.splitlines()[-1].startswith("step 40: damaged: no integrity.json")
+    assert run("verify", "--workdir", str(workdir)).stdout.splitlines()[-2].startswith("step 40: damaged: no integrity.json")
     done = run("verify", "--workdir", str(workdir), "--record-missing")
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["step 40: digests recorded (saved without them)", "step 36: ok", "step 39: ok",
-                                        "step 40: ok"]
+                                        "step 40: ok", "config.yaml: ok"]
 
 
 def test_load_pretrained_refuses_a_damaged_checkpoint(run40, tmp_path):
@@ -371,3 +358,36 @@ def test_sigterm_saves_stops_and_gives_the_handlers_back(tmp_path):
     assert preempted and int(state.step) == 2
     assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [2]
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def _loop(tmp_path, before, save_every=0):
+    from gpt1_jax.checkpoint import Checkpointer
+    from gpt1_jax.config import ModelConfig
+    from gpt1_jax.loop import Loop
+
+    ckpt = Checkpointer(tmp_path / "checkpoints", save_every=save_every)
+    return Loop(Trainer(before), 5, ckpt, ModelConfig(), Quiet(), Quiet())
+
+
+def test_first_ctrl_c_in_the_loop_saves_then_raises_interrupted(tmp_path):
+    def ctrl_c(step):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(Interrupted, match=r"^interrupted \(Ctrl-C\) at step 2: checkpoint saved; run the same") as e:
+        _loop(tmp_path, ctrl_c).run(State(np.int32(0), np.zeros(4, np.float32)), Batches())
+    assert e.value.step == 2 and isinstance(e.value, KeyboardInterrupt)
+    assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [2]
+    assert signal.getsignal(signal.SIGINT) is handler
+
+
+def test_second_ctrl_c_in_the_loop_stops_at_once_naming_the_kept_checkpoint(tmp_path):
+    def twice(step):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(Interrupted, match=r"in step 3, without saving it: checkpoint 2 is kept; run the same") as e:
+        _loop(tmp_path, twice, save_every=1).run(State(np.int32(0), np.zeros(4, np.float32)), Batches())
+    assert e.value.step == 2 and integrity.checkpoint_steps(tmp_path / "checkpoints") == [1, 2]

@@ -77,3 +77,118 @@ def test_a_shared_flag_a_verb_cannot_honour_is_refused(capsys, argv, message):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"gpt1-jax {argv[0]}: error: {message}")
+
+
+# ---- an OSError that escapes a verb: one line naming the path and what to do, exit 2 ---------------------
+
+import errno  # noqa: E402
+import os  # noqa: E402
+
+
+def _one_error_line(capsys, verb: str) -> str:
+    err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+    assert len(err) == 1 and err[0].startswith(f"gpt1-jax {verb}: error: "), err
+    return err[0]
+
+
+def test_workdir_that_is_a_file_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    workdir = tmp_path / "run"
+    workdir.write_text("not a run\n")
+    status = cli.main(["pretrain", "--config", "tiny", "--data", "default", "--workdir", str(workdir),
+                       "--set", f"data.cache_dir={tmp_path / 'cache'}"])
+    line = _one_error_line(capsys, "pretrain")
+    assert status == 2 and str(workdir) in line
+    assert workdir.read_text() == "not a run\n" and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders: no error to see")
+def test_workdir_under_a_folder_without_write_permission_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        status = cli.main(["pretrain", "--config", "tiny", "--data", "default", "--workdir", str(locked / "run"),
+                           "--set", f"data.cache_dir={tmp_path / 'cache'}"])
+        line = _one_error_line(capsys, "pretrain")
+    finally:
+        locked.chmod(0o700)
+    assert status == 2 and str(locked) in line
+    assert not list(locked.iterdir()) and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("where", ["workdir", "cache_dir"])
+def test_a_read_only_disk_is_one_line(tmp_path, capsys, monkeypatch, mount_tmpfs, vocab_dir, where):
+    """A real read-only file system (a tmpfs remounted ro; needs root). The token cache has no up-front check:
+    its OSError reaches the command line's own catch."""
+    import subprocess
+
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    disk = mount_tmpfs(tmp_path / "disk", 1 << 20)
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    workdir = disk / "run" if where == "workdir" else tmp_path / "run"
+    cache = disk / "cache" if where == "cache_dir" else tmp_path / "cache"
+    status = cli.main(["pretrain", "--config", "tiny", "--data", "default", "--workdir", str(workdir),
+                       "--set", f"data.cache_dir={cache}", "--set", f"data.tokenizer={vocab_dir}"])
+    line = _one_error_line(capsys, "pretrain")
+    assert status == 2 and str(disk) in line and "read-only" in line.lower(), line
+    assert not (tmp_path / "run" / "config.yaml").exists() and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_convert_into_a_non_empty_folder_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    assert cli.main(["convert", str(tmp_path / "src"), str(out)]) == 2
+    line = _one_error_line(capsys, "convert")
+    assert line == (f"gpt1-jax convert: error: {out} is not empty; nothing was written: pass --overwrite to replace "
+                    "what is in it, or pick an empty or new folder")
+    assert [p.name for p in out.iterdir()] == ["precious.txt"] and (out / "precious.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert cli.main(["convert", str(out), str(out), "--overwrite"]) == 2  # onto its own source
+    assert _one_error_line(capsys, "convert") == (f"gpt1-jax convert: error: convert: {out} is SRC or holds it; "
+                                                  "--overwrite would delete what is read: pick a new or empty folder")
+    assert (out / "precious.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("make_error, expected", [
+    (lambda d: PermissionError(errno.EACCES, "Permission denied", str(d / "runs" / "new")),
+     "cannot create {d}/runs/new: Permission denied; pick a folder you can write to, or fix its permissions "
+     "(or its parent's)"),
+    (lambda d: OSError(errno.ENOSPC, "No space left on device", str(d / "cache" / "tokens.bin")),
+     "cannot write {d}/cache/tokens.bin: No space left on device; free some space or choose a folder on another disk"),
+    (lambda d: OSError(errno.EROFS, "Read-only file system", str(d / "ro" / "run")),
+     "cannot write {d}/ro/run: Read-only file system; choose a folder on a writable disk"),
+    (lambda d: FileExistsError(errno.EEXIST, "File exists", str(d / "a_file")),
+     "cannot create the folder {d}/a_file: File exists; it is a file: choose another path (e.g. another --workdir) "
+     "or remove the file"),
+    (lambda d: NotADirectoryError(errno.ENOTDIR, "Not a directory", str(d / "a_file" / "run")),
+     "cannot use {d}/a_file/run: Not a directory; {d}/a_file is a file, not a folder: choose another path or move "
+     "the file out of the way"),
+    (lambda d: IsADirectoryError(errno.EISDIR, "Is a directory", str(d)),
+     "cannot use {d}: Is a directory; it is a folder: give the path of a file"),
+    (lambda d: OSError(errno.EMFILE, "Too many open files"),
+     "Too many open files; raise the limit (ulimit -n) and run again"),
+])
+def test_an_os_error_is_one_line_naming_the_path_and_the_fix(failing_bench, capsys, monkeypatch, tmp_path,
+                                                              make_error, expected):
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    (tmp_path / "a_file").write_text("")
+    assert cli.main(failing_bench(make_error(tmp_path))) == 2
+    assert _one_error_line(capsys, "bench") == f"gpt1-jax bench: error: {expected.format(d=tmp_path)}"
+
+
+def test_an_os_error_keeps_its_traceback_with_the_debug_env_and_a_failed_save_keeps_its_line(
+        failing_bench, capsys, monkeypatch):
+    from gpt1_jax.errors import CheckpointWriteError
+
+    monkeypatch.setenv(cli.DEBUG_ENV, "1")
+    with pytest.raises(PermissionError):
+        cli.main(failing_bench(PermissionError(errno.EACCES, "Permission denied", "/somewhere")))
+    monkeypatch.delenv(cli.DEBUG_ENV)
+    error = CheckpointWriteError("could not write checkpoint 8 in /x/checkpoints: No space left on device; the "
+                                 "earlier checkpoints are untouched (steps 4)")
+    assert cli.main(failing_bench(error)) == 2
+    assert _one_error_line(capsys, "bench") == f"gpt1-jax bench: error: {error}"

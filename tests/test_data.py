@@ -186,6 +186,7 @@ def test_tokenizer_for_trains_once(tmp_path: Path) -> None:
     mtime = path.stat().st_mtime_ns
     t2 = tokenizer_for(src, tmp_path, vocab_size=300)
     assert path.stat().st_mtime_ns == mtime and t2.vocab_size == t1.vocab_size
+    (tmp_path / "checkpoints" / "7").mkdir(parents=True)  # a checkpoint uses it: another size is refused
     with pytest.raises(ValueError, match="vocab_size=300"):
         tokenizer_for(src, tmp_path, vocab_size=400)
     with pytest.raises(FileNotFoundError, match="nope"):
@@ -421,3 +422,103 @@ def test_two_real_processes_build_the_global_batch(tmp_path: Path) -> None:
     expected = [hashlib.sha256(next(one)["inputs"].astype(np.int32).tobytes()).hexdigest() for _ in range(3)]
     for out in outs:
         assert [line.split()[1] for line in out.splitlines() if line.startswith("BATCH")] == expected
+
+
+# --- encodings and long documents --------------------------------------------------------------------
+def test_utf16_and_utf32_files_say_so_and_how_to_convert(tmp_path: Path) -> None:
+    """What Windows Notepad saves as "Unicode" (UTF-16 with a byte-order mark) must not be told to convert from
+    latin-1: that turns it into NUL-filled mojibake that trains. NULs in UTF-8 are refused for the same reason; a
+    UTF-8 byte-order mark is dropped; real latin-1 keeps its hint. One line each, also as the CLI's (exit 2)."""
+    import codecs
+    import subprocess
+    import sys
+
+    text = "héllo world\n\nsecond paragraph\n"
+    cases = {
+        "le.txt": (codecs.BOM_UTF16_LE + text.encode("utf-16-le"), "UTF-16 text (little-endian, it starts with a "
+                   "byte-order mark); convert it to UTF-8 first: iconv -f UTF-16 -t UTF-8 {p} > {d}/le.utf8.txt"),
+        "be.txt": (codecs.BOM_UTF16_BE + text.encode("utf-16-be"), "UTF-16 text (big-endian, it starts"),
+        "le32.txt": (codecs.BOM_UTF32_LE + text.encode("utf-32-le"), "UTF-32 text (little-endian, it starts"),
+        "be32.txt": (codecs.BOM_UTF32_BE + text.encode("utf-32-be"), "UTF-32 text (big-endian, it starts"),
+        "nobom.txt": (text.encode("utf-16-le") * 4, "UTF-16 text (little-endian, without a byte-order mark: every "
+                      "other byte is NUL); convert it to UTF-8 first: iconv -f UTF-16LE -t UTF-8 {p} > "
+                      "{d}/nobom.utf8.txt"),
+        "nobom_be.txt": (text.encode("utf-16-be") * 4, "UTF-16 text (big-endian, without a byte-order mark"),
+        "c.txt.gz": (gzip.compress(codecs.BOM_UTF16_LE + text.encode("utf-16-le")),
+                     "convert it to UTF-8 first: gunzip -c {p} | iconv -f UTF-16 -t UTF-8 > {d}/c.utf8.txt"),
+        # what the old hint (iconv -f latin1 -t utf-8) made of a UTF-16 file
+        "mojibake.txt": ((codecs.BOM_UTF16_LE + text.encode("utf-16-le")).decode("latin-1").encode(),
+                         "UTF-16 text converted to UTF-8 as if it were latin-1"),
+        "nul.txt": (b"fine line\n\nvalid utf-8 b\x00u\x00t NULs\n", "NUL bytes on line 3, which no text has"),
+        "latin1.txt": (text.encode("latin-1"), "not UTF-8 text (byte 0xe9 near line 1); convert it first, e.g. "
+                       "iconv -f latin1 -t utf-8"),
+    }
+    for name, (data, message) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(DataError) as err:
+            list(open_source(str(path)).documents())
+        said = str(err.value)
+        assert said.startswith(f"{path}: ") and message.format(p=path, d=tmp_path) in said and "\n" not in said, said
+        assert ("latin1" in said) == (name == "latin1.txt"), said
+
+    bom = tmp_path / "bom.txt"
+    bom.write_bytes(codecs.BOM_UTF8 + text.encode())
+    assert list(open_source(str(bom)).documents()) == ["héllo world", "second paragraph"]
+
+    env = {**os.environ, "XLA_FLAGS": "", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "pretrain", "--workdir", str(tmp_path / "run"),
+                           "--config", "tiny", "--steps", "1", "--data", str(tmp_path / "le.txt")],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.count("\n") == 1, done.stderr[-3000:]
+    said = f"gpt1-jax pretrain: error: {tmp_path / 'le.txt'}: UTF-16 text (little-endian, it starts with a byte-order"
+    assert done.stderr.startswith(said), done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def _long_document(shared_dir: Path, n_chars: int, long_word: int) -> str:
+    """One paragraph of real text with line breaks, plus what the pipelines treat specially around whitespace."""
+    with gzip.open(shared_dir / "data" / "corpus" / "english_mixed.txt.gz", "rt", encoding="utf-8") as f:
+        lines = [line for line in f.read(n_chars).split("\n") if line.strip()]
+    odd = ["AT&T &amp; R&D", "a <b>tag</b> &lt;", "＆ａｍｐ； fullwidth", "café naïve “quoted” — dash…",
+           "Ã© mojibake", "tab\there  two  spaces", "carriage\rreturn", "ctrl\x01char", "中文字符 text",
+           "e\u0301 \u0301x", "ΟΔΟΣ ς", "don't (e.g. U.S.) ?! -- ...", "x" * long_word, "  leading", "trailing  ",
+           "\u2028sep\x85nel", "<3 :)"]
+    step = max(1, len(lines) // (3 * len(odd)))
+    for i, extra in enumerate(odd * 3):
+        lines.insert((i + 1) * step, extra)
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize(("mode", "n_chars", "piece_chars"), [("hf", 2_000_000, None), ("original", 300_000, 8192)])
+def test_long_documents_encode_in_pieces_to_the_ids_of_the_whole(shared_dir: Path, mode: str, n_chars: int,
+                                                                 piece_chars: int | None) -> None:
+    """A document longer than the piece bound is encoded in pieces (a 10 MB one no longer costs gigabytes at once);
+    the ids must be exactly those of the whole, with OpenAI's vocabulary in both modes, a "word" longer than the
+    bound included. (Mode "original" runs spaCy in Python: less text, a smaller bound, the same cuts.)"""
+    if mode == "original":
+        pytest.importorskip("ftfy")
+        pytest.importorskip("spacy")
+    vocab = shared_dir / "data" / "gpt1_vocab"
+    tok = GPT1Tokenizer.from_original(vocab / "encoder_bpe_40000.json", vocab / "vocab_40000.bpe", mode=mode)
+    bound = piece_chars or tokens_mod._PIECE_CHARS
+    doc = _long_document(shared_dir, n_chars, long_word=bound + 1000)
+    pieces = list(tokens_mod._pieces([doc, "short one"], bound, mode))
+    assert len(pieces) > 10 and "".join(p for p, _ in pieces) == doc + "short one"
+    if mode == "original":  # cuts inside lines, cuts at line ends, pieces after a "<": all three are exercised
+        flags = [f for _, f in pieces[:-2]]
+        assert 0 in flags and any(f & tokens_mod._NEWLINE for f in flags)
+        assert any(f & tokens_mod._AFTER_LT for f in flags)
+
+    sep = eod_id(tok)
+    whole = tok.encode(doc) + [sep] + tok.encode("short one") + [sep]
+    extra = {} if piece_chars is None else {"piece_chars": piece_chars}
+    parts = list(tokens_mod.encode_documents([doc, "short one"], tok, np.dtype(np.uint16), sep, **extra))
+    assert np.concatenate([a for a, _ in parts]).tolist() == whole
+    assert sum(n for _, n in parts) == 2
+
+    if mode == "hf":  # BPE training (GPT1Tokenizer.train runs mode "hf") gets the same pieces: the same words
+        texts = [t for batch in tokens_mod._chunks([doc], tokens_mod._CHUNK_CHARS) for t in batch]
+        assert texts == [p for p, _ in tokens_mod._pieces([doc], bound, "hf")]
+        assert max(len(t) for t in texts if "x" * bound not in t) <= bound

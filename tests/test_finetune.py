@@ -334,3 +334,29 @@ def test_two_processes_give_the_one_process_metrics(tmp_path, data_dir):
     assert e1 == e2 and f1 == f2
     for a, b in zip(h1, h2):
         assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6) for k in a)
+
+
+def _snapshot(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_finished_run_refuses_other_jobs_and_settings_byte_for_byte(uninterrupted, tmp_path, data_dir, capsys):
+    """A sweep reusing a folder, a pre-training run or `evaluate` pointed at it: one line each, nothing changed."""
+    own = _argv(uninterrupted, data_dir, tmp_path)[3:]  # the run's own flags, without `python -m gpt1_jax.cli`
+    before = _snapshot(uninterrupted)
+    cases = [
+        ([a if a != "cola" else "stsb" for a in own], f"{uninterrupted} holds a fine-tuning run of cola from none, "
+         "not of stsb: choose another --workdir (one folder per task and setting)"),
+        (own + ["--lr", "1e-3"], f"{uninterrupted} holds a fine-tuning run with other settings (optim.lr=6.25e-05 "
+         "there, 0.001 now): choose another --workdir (one folder per setting), or repeat the run's own flags to "
+         "resume it"),
+        (["pretrain", "--workdir", str(uninterrupted)], f"{uninterrupted} holds a fine-tuning run of cola from none; "
+         "pretrain would overwrite it: choose another --workdir"),
+        (["evaluate", "--workdir", str(uninterrupted)], f"{uninterrupted} holds a fine-tuning run of cola from none, "
+         f"not a pre-training run: evaluate measures a pre-training checkpoint's LM loss; this run's dev scores are in "
+         f"{uninterrupted / 'results.json'}"),
+    ]
+    for argv, message in cases:
+        assert cli.main(argv) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == f"gpt1-jax {argv[0]}: error: {message}"
+    assert _snapshot(uninterrupted) == before

@@ -208,8 +208,9 @@ def test_sample_verb(reference, cache):
         (None, ["--set", "nope=1"], "unknown config key 'nope'"),
         (None, ["--set", "optim.lr=fast"], "optim.lr must be float, got 'fast'"),
         (None, ["--mesh", "data=3"], "mesh data=3,fsdp=1,tensor=1 needs 3 devices, have 8"),
+        (None, ["--mesh", "data=8", "--batch-size", "12"], "global batch 12 is not divisible by data x fsdp = 8"),
     ],
-    ids=["empty-corpus", "not-utf8", "seq-len-too-long", "unknown-key", "bad-value", "bad-mesh"],
+    ids=["empty-corpus", "not-utf8", "seq-len-too-long", "unknown-key", "bad-value", "bad-mesh", "bad-batch"],
 )
 def test_bad_input_is_one_clear_line(tmp_path, cache, capsys, make_input, flags, message):
     from gpt1_jax import cli
@@ -221,4 +222,39 @@ def test_bad_input_is_one_clear_line(tmp_path, cache, capsys, make_input, flags,
     status = cli.main(argv + [f.format(d=tmp_path) for f in flags])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and err[-1].startswith("gpt1-jax pretrain: error: ") and message in err[-1], err
-    assert not (workdir / "checkpoints").exists() and not (workdir / "config.yaml").exists()
+    assert not workdir.exists()  # no tokenizer either: checked before the corpus is read, or trained on nothing
+
+
+def snapshot(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_finetuning_into_its_own_init_run_is_refused_and_changes_nothing(reference, capsys):
+    from gpt1_jax import cli
+
+    before = snapshot(reference)
+    status = cli.main(["finetune", "--task", "rte", "--init", str(reference), "--workdir", str(reference),
+                       "--data-dir", str(reference / "nowhere")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and err[-1] == (f"gpt1-jax finetune: error: --workdir {reference} is the --init source: finetune "
+                                       "would overwrite the run it starts from; choose another --workdir")
+    assert snapshot(reference) == before
+
+
+@pytest.mark.parametrize("damage", [lambda t: t[: len(t) // 2], lambda t: "\n".join(t.splitlines()[:-3]) + "\n"],
+                         ids=["cut-mid-line", "lost-last-lines"])
+def test_a_damaged_config_yaml_is_named_not_replaced_by_defaults(reference, tmp_path, cache, capsys, damage):
+    import shutil
+
+    from gpt1_jax import cli
+
+    workdir = tmp_path / "run"
+    shutil.copytree(reference, workdir)
+    (workdir / "config.yaml").write_text(damage((workdir / "config.yaml").read_text()))
+    before = snapshot(workdir)
+    status = cli.main(["pretrain", "--workdir", str(workdir), "--steps", "14", "--set", f"data.cache_dir={cache}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and err[-1] == (f"gpt1-jax pretrain: error: {workdir}/config.yaml is cut short (its closing "
+                                       "sha256 line is missing): restore it from a copy, or start a new run in another "
+                                       "folder")
+    assert snapshot(workdir) == before

@@ -471,10 +471,17 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     import signal
 
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # between two runs too: stop as Ctrl-C does
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the run in progress saved a checkpoint (or had none yet)
-        print(f"{Path(sys.argv[0]).name}: interrupted{f': {e}' if str(e) else ''}; the same command resumes",
-              file=sys.stderr)
-        sys.exit(130)
+    from gpt1_jax.interrupt import CtrlC
+    from gpt1_jax.metrics import close_open_bars
+
+    # SIGTERM stops as Ctrl-C does, between two runs too; the guard re-raises one Python dropped in a gc callback.
+    with CtrlC(signals=(signal.SIGINT, signal.SIGTERM)) as guard:
+        try:
+            status = main()
+        except KeyboardInterrupt as e:  # the run in progress saved a checkpoint (or had none yet)
+            guard.caught()
+            close_open_bars()
+            print(f"{Path(sys.argv[0]).name}: interrupted{f': {e}' if str(e) else ''}; the same command resumes",
+                  file=sys.stderr)
+            status = 130
+    sys.exit(status)

@@ -22,11 +22,13 @@ mtimes, dataset versions): the token cache is keyed on it, so it must be cheap (
 
 from __future__ import annotations
 
+import codecs
 import glob
 import gzip
 import hashlib
 import json
 import os
+import shlex
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -87,6 +89,45 @@ class PydocSource:
         return _digest({"kind": "pydoc", "python": sys.version_info[:3], "content": content})
 
 
+_BOMS = (  # UTF-32's little-endian mark starts with UTF-16's: longest first
+    (codecs.BOM_UTF32_LE, "UTF-32", "little-endian"),
+    (codecs.BOM_UTF32_BE, "UTF-32", "big-endian"),
+    (codecs.BOM_UTF16_LE, "UTF-16", "little-endian"),
+    (codecs.BOM_UTF16_BE, "UTF-16", "big-endian"),
+)
+_NUL = ("{p}: NUL bytes {where}, which no text has: binary data, UTF-16 or UTF-32 without a byte-order mark, or text "
+        "damaged by a wrong conversion (such as UTF-16 converted as latin-1)")
+_LATIN1_BOMS = (codecs.BOM_UTF16_LE.decode("latin-1").encode(), codecs.BOM_UTF16_BE.decode("latin-1").encode())
+
+
+def _to_utf8(p: Path, encoding: str) -> str:
+    out = shlex.quote(str(p.with_name(p.name.removesuffix(".gz").removesuffix(".txt") + ".utf8.txt")))
+    if p.name.endswith(".gz"):
+        return f"gunzip -c {shlex.quote(str(p))} | iconv -f {encoding} -t UTF-8 > {out}"
+    return f"iconv -f {encoding} -t UTF-8 {shlex.quote(str(p))} > {out}"
+
+
+def _wide_text(p: Path, head: bytes) -> str | None:
+    """The one-line error for UTF-16 or UTF-32 text (what Windows Notepad saves as "Unicode"), else None: read
+    as UTF-8 it is an error at byte 0xff, or without a byte-order mark NUL-filled text that would train."""
+    for bom, name, order in _BOMS:
+        if head.startswith(bom):
+            return (f"{p}: {name} text ({order}, it starts with a byte-order mark); convert it to UTF-8 first: "
+                    f"{_to_utf8(p, name)}")
+    if head.startswith(_LATIN1_BOMS) and 0 in head:
+        return (f"{p}: UTF-16 text converted to UTF-8 as if it were latin-1 (it starts with 'ÿþ' or 'þÿ' and has "
+                f"NUL bytes); convert the UTF-16 original instead: iconv -f UTF-16 -t UTF-8 ORIGINAL > "
+                f"{shlex.quote(str(p))}")
+    half = len(head) // 2
+    nul_even, nul_odd = head[0::2].count(0), head[1::2].count(0)
+    for nul, other, order, name in ((nul_odd, nul_even, "little-endian", "UTF-16LE"),
+                                    (nul_even, nul_odd, "big-endian", "UTF-16BE")):
+        if half >= 8 and nul > half // 4 and other <= nul // 8:  # English in UTF-16: every other byte is NUL
+            return (f"{p}: UTF-16 text ({order}, without a byte-order mark: every other byte is NUL); convert it to "
+                    f"UTF-8 first: {_to_utf8(p, name)}")
+    return None
+
+
 def read_blocks(path: str | Path) -> Iterator[str]:
     """Blank-line separated blocks of a text file (``.gz`` decompressed), trailing newline removed."""
     p = Path(path)
@@ -94,17 +135,28 @@ def read_blocks(path: str | Path) -> Iterator[str]:
     block: list[str] = []
     # newline="" would keep "\r\n"; universal newlines make Windows files split the same way.
     # Bytes that are not UTF-8 are an error, not a silent U+FFFD: a corpus in another encoding would
-    # otherwise train a tokenizer on replacement characters.
-    with opener(p, "rt", encoding="utf-8") as f:
-        lineno = 0
+    # otherwise train a tokenizer on replacement characters. A UTF-8 byte-order mark is dropped.
+    lineno = 0
+    try:
+        with opener(p, "rb") as raw:
+            problem = _wide_text(p, raw.read(4096))
+        if problem:
+            raise DataError(problem)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise DataError(f"{p}: not readable gzip data ({e}) near line 1") from None
+    with opener(p, "rt", encoding="utf-8-sig") as f:
         try:
             for lineno, line in enumerate(f, 1):
+                if "\0" in line:  # valid UTF-8, but no text: it would train on NULs
+                    raise DataError(_NUL.format(p=p, where=f"on line {lineno}"))
                 if line.strip():
                     block.append(line)
                 elif block:
                     yield "".join(block).rstrip("\n")
                     block = []
         except UnicodeDecodeError as e:
+            if 0 in e.object:  # latin-1 is no answer for those: converted, they would train as NULs
+                raise DataError(_NUL.format(p=p, where=f"near line {lineno + 1}")) from None
             raise DataError(
                 f"{p}: not UTF-8 text (byte 0x{e.object[e.start]:02x} near line {lineno + 1}); "
                 f"convert it first, e.g. iconv -f latin1 -t utf-8"

@@ -32,6 +32,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import sys
@@ -92,8 +93,11 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Readers see the old file or the new one, never half of one (a unique temporary name: safe with
     several processes writing the same file)."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:  # stopped half-way (Ctrl-C, a full disk): no temporary file left behind
+        tmp.unlink(missing_ok=True)
 
 
 def tokenizer_for(
@@ -123,7 +127,7 @@ def tokenizer_for(
     # No lock file: it would be written in the workdir before the corpus is read. Separate jobs do
     # not share a workdir; the processes of one job are ordered by process 0 alone.
     return build_once(
-        ready=path.is_file,
+        ready=lambda: path.is_file() and _still_fits(source, workdir, vocab_size, progress),
         build=lambda: _train_tokenizer(source, workdir, vocab_size, progress),
         load=lambda: _load_trained(source, workdir, vocab_size),
         key=f"tokenizer:{workdir}",
@@ -137,16 +141,50 @@ def tokenizer_for(
     )
 
 
+def _has_checkpoints(workdir: Path) -> bool:
+    folder = workdir / "checkpoints"
+    return folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
+
+
+def _meta(workdir: Path) -> dict | None:
+    meta_path = workdir / "tokenizer.meta.json"
+    if not meta_path.is_file():
+        return None  # trained before the meta file existed: nothing to compare
+    try:
+        return json.loads(meta_path.read_text(encoding="utf-8"))
+    except ValueError:
+        raise DataError(f"{meta_path} is damaged (not JSON): restore it, or delete it and {TOKENIZER_FILE} to "
+                        "retrain (only if no checkpoint of the run uses them)") from None
+
+
+def _still_fits(source: TextSource, workdir: Path, vocab_size: int, say: bool) -> bool:
+    """Whether a saved BPE is the one this corpus would train. One that no checkpoint uses yet is retrained when
+    the corpus or the size changed (a BPE trained on an empty or half-filled file must not outlive it); one a
+    checkpoint was trained with stays, since the model's ids mean its tokens (`_load_trained` checks the size)."""
+    meta = _meta(workdir)
+    if meta is None or _has_checkpoints(workdir):
+        return True
+    # No recorded fingerprint: written before there was one, possibly by a run that then failed on its corpus.
+    fits = meta.get("vocab_size") == vocab_size and meta.get("fingerprint") == source.fingerprint()
+    if not fits and say:
+        _say(f"retraining {workdir / TOKENIZER_FILE}: the corpus or vocab_size changed since it was trained, and no "
+             "checkpoint uses it yet")
+    return fits
+
+
 def _load_trained(source: TextSource, workdir: Path, vocab_size: int) -> GPT1Tokenizer:
-    path, meta_path = workdir / TOKENIZER_FILE, workdir / "tokenizer.meta.json"
-    if meta_path.is_file():
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    path = workdir / TOKENIZER_FILE
+    meta = _meta(workdir)
+    if meta is not None:
         if meta.get("vocab_size") != vocab_size:
             raise ConfigError(
-                f"{path} was trained with vocab_size={meta.get('vocab_size')}, not {vocab_size}: "
-                "use another workdir or delete the file to retrain"
+                f"{path} was trained with vocab_size={meta.get('vocab_size')}, not {vocab_size}, and the run's "
+                "checkpoints use it: set data.vocab_size back, or start a new run in another workdir"
             )
-        if meta.get("source") != source.spec:
+        if "sha256" in meta and hashlib.sha256(path.read_bytes()).hexdigest() != meta["sha256"]:
+            raise DataError(f"{path} is damaged (it no longer matches the sha256 in tokenizer.meta.json): restore it "
+                            "from a copy; the run's checkpoints need this very tokenizer")
+        if meta.get("source") != source.spec or meta.get("fingerprint", source.fingerprint()) != source.fingerprint():
             # Reusing is what resuming with a new corpus wants; say so rather than fail.
             log.warning("reusing %s trained on %r for source %r", path, meta.get("source"), source.spec)
     return GPT1Tokenizer.load(path)
@@ -155,44 +193,158 @@ def _load_trained(source: TextSource, workdir: Path, vocab_size: int) -> GPT1Tok
 def _train_tokenizer(source: TextSource, workdir: Path, vocab_size: int, progress: bool) -> GPT1Tokenizer:
     path, meta_path = workdir / TOKENIZER_FILE, workdir / "tokenizer.meta.json"
     log.info("training a %d-token BPE on %s", vocab_size, source.spec)
+    n_docs = 0
+
+    def counted(docs: Iterable[str]) -> Iterator[str]:
+        nonlocal n_docs
+        for n_docs, doc in enumerate(docs, 1):
+            yield doc
+
     # Documents go in as lists (batches): GPT1Tokenizer.train treats a plain string that names an
     # existing file as a file, and Path(doc).is_file() raises on documents with a >255-character
     # line without '/'. tokenizers' trainer accepts lists of strings as batches.
-    batches = _chunks(source.documents(), _CHUNK_CHARS)
+    batches = _chunks(counted(source.documents()), _CHUNK_CHARS)
     tok = GPT1Tokenizer.train(batches, vocab_size=vocab_size, show_progress=progress)
+    if n_docs == 0:  # a BPE of nothing would be reused once the file is filled
+        raise DataError(f"text source {source.spec!r} has no documents")
     workdir.mkdir(parents=True, exist_ok=True)  # only now: a corpus that cannot be read leaves nothing behind
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tok.save(tmp)
-    atomic_write_text(meta_path, json.dumps({"source": source.spec, "vocab_size": vocab_size}))
-    os.replace(tmp, path)  # last: the tokenizer file's presence means "training finished"
+    try:
+        tok.save(tmp)
+        meta = {"source": source.spec, "vocab_size": vocab_size, "fingerprint": source.fingerprint(), "n_docs": n_docs,
+                "sha256": hashlib.sha256(tmp.read_bytes()).hexdigest()}
+        atomic_write_text(meta_path, json.dumps(meta))
+        os.replace(tmp, path)  # last: the tokenizer file's presence means "training finished"
+    finally:  # a Ctrl-C between the two writes leaves no temporary file behind
+        tmp.unlink(missing_ok=True)
     return tok
 
 
-def _chunks(docs: Iterable[str], max_chars: int) -> Iterator[list[str]]:
-    chunk: list[str] = []
+_PIECE_CHARS = 1 << 17  # text per encode of a long document: tokenizers' working set is ~150 bytes per character
+# Flags of a piece: a newline word was cut off after it, its document ends with it, a "<" came before it (see _pieces).
+_NEWLINE, _END, _AFTER_LT = 1, 2, 4
+# What ftfy changes in ASCII text: the control characters it drops, "\r" (made "\n"), HTML entities.
+_FTFY_EDITS_ASCII = re.compile(r"[\x00-\x08\x0b\x0d-\x1f\x7f]|&#?[0-9A-Za-z]{1,24};")
+
+
+def _pieces(docs: Iterable[str], max_chars: int, mode: str) -> Iterator[tuple[str, int]]:
+    """Each document as (piece, flags): pieces of about ``max_chars`` characters (longer where no cut fits), cut
+    where encoding the pieces one by one gives the ids of the whole document.
+
+    Mode "hf": BERT's normaliser works per character and its pre-tokeniser ends words at whitespace, so any cut after
+    a " " or "\\n" is exact. Mode "original" is stricter. ftfy fixes each line as a whole (it judges mojibake per
+    line), and text_standardize strips at a piece's ends the "\\n" that spaCy makes a word: so it cuts after a "\\n"
+    (flag _NEWLINE: the caller puts the newline word back), or at a " " between printable characters of a line ftfy
+    leaves as it is (ASCII without control characters, "\\r" or HTML entities). ftfy also stops unescaping entities
+    for the rest of the text at the first "<": flag _AFTER_LT says one came before the piece.
+    """
+    original = mode == "original"
+    for doc in docs:
+        n = len(doc)
+        if n <= max_chars:
+            yield doc, _END
+            continue
+        first_lt = doc.find("<") if original else -1
+        seen = (0, 0, False)  # the line looked at last: start, end, whether ftfy leaves it as it is
+
+        def solid(i: int) -> bool:
+            return 0 <= i < n and "!" <= doc[i] <= "~"
+
+        def cut_in(lo: int, hi: int) -> tuple[int, int]:
+            """The last cut in (lo, hi], never at the end (-1 if none), and whether it cut off a newline word."""
+            nonlocal seen
+            hi = min(hi, n - 1)
+            nl = doc.rfind("\n", lo, hi)
+            if not original:
+                at = max(nl, doc.rfind(" ", lo, hi))
+                return (at + 1 if at >= 0 else -1), 0
+            line_start, line_end, clean = seen
+            if not line_start <= hi - 1 < line_end:  # the last line of the window
+                line_start, line_end = doc.rfind("\n", 0, hi - 1) + 1, doc.find("\n", hi - 1)
+                line_end = n if line_end < 0 else line_end
+                line = doc[line_start:line_end]
+                clean = line.isascii() and not _FTFY_EDITS_ASCII.search(line)
+                seen = (line_start, line_end, clean)
+            if clean:
+                low = max(lo, line_start)
+                at = doc.rfind(" ", low, hi)
+                while at >= low and not (solid(at - 1) and solid(at + 1)):
+                    at = doc.rfind(" ", low, at)
+                if at >= low:
+                    return at + 1, 0
+            return (nl + 1, _NEWLINE) if nl >= 0 else (-1, 0)
+
+        start = flags = 0
+        while n - start > max_chars:
+            lo, hi = start, start + max_chars
+            cut, newline = cut_in(lo, hi)
+            while cut < 0 and hi < n:  # an unbroken stretch (a long word, or line): the first cut after it
+                lo, hi = hi, hi + max_chars
+                cut, newline = cut_in(lo, hi)
+            if cut < 0:
+                break
+            yield doc[start:cut], flags | newline
+            start = cut
+            flags = _AFTER_LT if 0 <= first_lt < start else 0
+        yield doc[start:], flags | _END
+
+
+def _batches(pieces: Iterable[tuple[str, int]], max_chars: int) -> Iterator[list[tuple[str, int]]]:
+    batch: list[tuple[str, int]] = []
     size = 0
-    for d in docs:
-        chunk.append(d)
-        size += len(d)
+    for piece in pieces:
+        batch.append(piece)
+        size += len(piece[0])
         if size >= max_chars:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _chunks(docs: Iterable[str], max_chars: int, piece_chars: int = _PIECE_CHARS) -> Iterator[list[str]]:
+    """Lists of texts of about ``max_chars`` characters for BPE training (mode "hf"): a long document comes as pieces
+    (`_pieces`) holding the same words, so the trainer counts what it would count on the whole, without the
+    gigabyte a 10 MB document costs it at once."""
+    for batch in _batches(_pieces(docs, piece_chars, "hf"), max_chars):
+        yield [text for text, _ in batch]
 
 
 def encode_documents(
-    docs: Iterable[str], tokenizer: GPT1Tokenizer, dtype: np.dtype, sep: int, chunk_chars: int = _CHUNK_CHARS
+    docs: Iterable[str], tokenizer: GPT1Tokenizer, dtype: np.dtype, sep: int, chunk_chars: int = _CHUNK_CHARS,
+    piece_chars: int = _PIECE_CHARS,
 ) -> Iterator[tuple[np.ndarray, int]]:
-    """(token array, number of documents) per chunk: each document's ids followed by ``sep``."""
-    for chunk in _chunks(docs, chunk_chars):
-        ids = tokenizer.encode_batch(chunk)
-        total = 0
-        for row in ids:
-            row.append(sep)
+    """(token array, number of documents it ends) per chunk: each document's ids followed by ``sep``. A document
+    longer than ``piece_chars`` is encoded in pieces (`_pieces`) whose ids, joined, are those of the whole."""
+    def word(w: str) -> list[int]:
+        return tokenizer.backend.encode([w], is_pretokenized=True, add_special_tokens=False).ids
+
+    newline, lt = (word("\n"), word("<")) if tokenizer.mode == "original" else ([], [])
+    # A piece after a "<" is encoded as "<\n" + piece, so that ftfy keeps its HTML entities as in the whole document;
+    # its ids then start with those of "<" and of the newline word (just "<" where the piece has no words).
+    lead = lt + newline
+    begun = pending = False  # this document has ids so far; a newline word was cut off after them
+    for batch in _batches(_pieces(docs, piece_chars, tokenizer.mode), chunk_chars):
+        ids = tokenizer.encode_batch(["<\n" + text if flags & _AFTER_LT else text for text, flags in batch])
+        total = ends = 0
+        for row, (_, flags) in zip(ids, batch):
+            if flags & _AFTER_LT:
+                if row[: len(lead)] != lead and row != lt:  # a bug, not bad input
+                    raise AssertionError(f'"<\\n" + piece encoded as {row[:len(lead)]}..., not {lead}...')
+                del row[: len(lt) if row == lt else len(lead)]
+            if row:  # the whole document has the newline word only between words
+                if pending and begun:
+                    row[:0] = newline
+                begun, pending = True, False
+            if flags & _NEWLINE:
+                pending = True
+            if flags & _END:
+                row.append(sep)
+                ends += 1
+                begun = pending = False
             total += len(row)
         # fromiter over a flat chain: one C-level pass, no per-document arrays.
-        yield np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=total), len(chunk)
+        yield np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=total), ends
 
 
 @dataclass(frozen=True)

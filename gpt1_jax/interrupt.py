@@ -1,0 +1,81 @@
+"""Ctrl-C that always stops a verb: `CtrlC`, the guard `gpt1_jax.cli.main` runs every verb in.
+
+The training loop keeps its own first-Ctrl-C behaviour (a checkpoint, then `errors.Interrupted`,
+gpt1_jax/loop.py); this guard makes sure a Ctrl-C anywhere else reaches the verb as KeyboardInterrupt.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import signal
+import sys
+import threading
+import time
+
+
+class CtrlC:
+    """For the whole verb: Ctrl-C (SIGINT) raises KeyboardInterrupt, and one that Python dropped is raised again.
+
+    Python runs the handler in whatever Python code the main thread runs next. Where that is a gc callback
+    (JAX's `_xla_gc_callback` runs at every collection, many of them while a corpus is tokenized), a
+    `__del__` or a weakref callback, the exception is printed as "Exception ignored" and dropped, and the
+    run went on. Each drop passes through sys.unraisablehook: ours has a helper thread deliver SIGINT again,
+    until the handler runs where the exception propagates. Only drops are re-delivered: a timer re-sending
+    SIGINT until main has caught it could not tell a dropped interrupt from one still unwinding through slow
+    clean-up (a checkpoint save finishing in a `finally`), which a second KeyboardInterrupt would cut short.
+    Not from the hook itself: the handler would run at once inside the hook, which drops it for good; so
+    the handler never raises there either. Hook and handler only write to a pipe: the handler may run
+    inside the hook, where taking a lock could deadlock. A SIGINT the parent set to be ignored stays so."""
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGINT,)):
+        self.signals = signals  # a script that stops on SIGTERM as on Ctrl-C adds it (experiments/optimizers)
+
+    def __enter__(self):
+        self._installed = (threading.current_thread() is threading.main_thread()
+                           and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)
+        if self._installed:
+            self._wake_r, self._wake_w = os.pipe()
+            self._thread = threading.Thread(target=self._redeliver, name="gpt1-jax Ctrl-C", daemon=True)
+            self._thread.start()
+            self._handlers = {sig: signal.signal(sig, self._handle) for sig in self.signals}
+            self._hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        hook = CtrlC._unraisable.__code__
+        while frame is not None:
+            if frame.f_code is hook:
+                os.write(self._wake_w, b"!")
+                return
+            frame = frame.f_back
+        raise KeyboardInterrupt
+
+    def _unraisable(self, unraisable) -> None:
+        if issubclass(unraisable.exc_type, KeyboardInterrupt):
+            os.write(self._wake_w, b"!")
+        else:
+            self._hook(unraisable)
+
+    def _redeliver(self) -> None:
+        while os.read(self._wake_r, 1):  # b"": closed by __exit__
+            time.sleep(0.005)  # let the main thread leave the hook first (else it asks again)
+            _thread.interrupt_main(signal.SIGINT)  # a no-op once `caught` set SIGINT to be ignored
+
+    def caught(self) -> None:
+        """The interrupt reached main: another Ctrl-C must not cut its one line short."""
+        if self._installed:
+            for sig in self.signals:
+                signal.signal(sig, signal.SIG_IGN)
+
+    def __exit__(self, *exc) -> None:
+        if self._installed:
+            for sig in self.signals:
+                signal.signal(sig, signal.SIG_IGN)  # a re-delivery still on its way lands on nothing
+            os.close(self._wake_w)
+            self._thread.join()
+            os.close(self._wake_r)
+            sys.unraisablehook = self._hook
+            for sig, handler in self._handlers.items():
+                # None: a handler not installed from Python (embedded), which signal() cannot put back.
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)

@@ -1,0 +1,169 @@
+"""Which job a run folder belongs to, and who may write into it.
+
+A workdir belongs to one job. The first time a run writes into one it records `run.json`: the job's kind
+(pre-training or fine-tuning), for fine-tuning the task and the `--init` source, and the architecture.
+Every verb that writes into a workdir first `check`s it, before reading any data, and refuses with one
+line naming the folder, what it holds and what to do:
+  - a folder of another kind (`pretrain` into a fine-tuning run, `finetune` into a pre-training run),
+    of another task or another init source, or the job's own `--init` source;
+  - a path that is a file, or a folder that cannot be written;
+  - a non-empty folder that holds no run (a home directory, a project checkout).
+A fine-tuning run is also refused when its settings differ from the ones its folder was trained with
+(`check_same_settings`): resuming a finished run with other flags would report the old run's scores
+under the new settings. Runs written before `run.json` existed are recognised by their config.yaml.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from gpt1_jax.errors import WorkdirError
+
+__all__ = ["Identity", "WorkdirError", "check", "claim", "read", "check_same_settings", "init_identity"]
+
+RUN_FILE = "run.json"
+FORMAT = 1
+
+
+def _ahead_of_a_run(entry: Path) -> bool:
+    """What may already sit in a folder no run has claimed: the BPE `gpt1-jax tokenize --tokenizer train
+    --workdir W` trains ahead of a pre-training run, and an empty checkpoints/ (a mount point or a link to
+    a bigger disk)."""
+    if entry.name == "checkpoints":
+        return entry.is_dir() and not any(entry.iterdir())
+    return entry.name in ("tokenizer.json", "tokenizer.meta.json")
+# Fine-tuning settings that may change when a run is resumed: how it is checkpointed, evaluated in
+# batches or laid over devices, none of which moves its results.
+RESUMABLE_WITH_OTHER = ("mesh", "keep_checkpoints", "checkpoint_every", "eval_batch_size", "model.attention",
+                        "model.remat")
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    kind: str  # "pretrain" | "finetune"
+    task: str | None = None  # fine-tuning only
+    init: str | None = None  # fine-tuning only: "none", or the resolved source folder ("scratch:" kept)
+
+    def describe(self) -> str:
+        if self.kind == "pretrain":
+            return "a pre-training run"
+        return f"a fine-tuning run of {self.task}" + (f" from {self.init}" if self.init else "")
+
+
+def init_identity(init: str) -> str:
+    """`--init` as recorded: the source folder resolved, so `./run` and `run` are one source."""
+    if init == "none":
+        return init
+    prefix = "scratch:" if init.startswith("scratch:") else ""
+    return prefix + str(Path(init.removeprefix("scratch:")).resolve())
+
+
+def read(workdir: str | Path) -> Identity | None:
+    """The job a folder belongs to; None for a new, empty or not-yet-claimed folder."""
+    workdir = Path(workdir)
+    path = workdir / RUN_FILE
+    if path.is_file():
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            return Identity(raw["kind"], raw.get("task"), raw.get("init"))
+        except (ValueError, KeyError, TypeError):
+            raise WorkdirError(f"{path} is damaged (not the JSON gpt1-jax wrote): restore it, or start the run in "
+                               "another folder") from None
+    if (workdir / "config.yaml").is_file():  # a run from before run.json
+        import yaml
+
+        from gpt1_jax.config import guarded_text
+
+        try:
+            saved = yaml.safe_load(guarded_text(workdir / "config.yaml"))
+        except yaml.YAMLError:
+            saved = None
+        if isinstance(saved, dict) and "task" in saved:
+            return Identity("finetune", str(saved["task"]))
+        return Identity("pretrain")
+    return None
+
+
+def check(workdir: str | Path, job: Identity, verb: str, *, init_path: str | Path | None = None) -> Identity | None:
+    """Refuses (WorkdirError, one line) a workdir this job must not write into; writes nothing.
+    Returns what the folder already holds (None: a new run)."""
+    workdir = Path(workdir)
+    if workdir.exists() and not workdir.is_dir():
+        raise WorkdirError(f"--workdir {workdir} is a file, not a folder: choose another --workdir")
+    _check_writable(workdir)
+    if init_path is not None and workdir.exists() and workdir.resolve() == Path(init_path).resolve():
+        raise WorkdirError(f"--workdir {workdir} is the --init source: {verb} would overwrite the run it starts "
+                           "from; choose another --workdir")
+    held = read(workdir)
+    if held is None:
+        strangers = sorted(p.name for p in workdir.iterdir() if not _ahead_of_a_run(p)) if workdir.is_dir() else []
+        if strangers:
+            raise WorkdirError(f"--workdir {workdir} is not empty and holds no gpt1-jax run ({', '.join(strangers[:3])}"
+                               f"{', ...' if len(strangers) > 3 else ''}): choose a new or empty folder")
+        return None
+    where = f"{workdir} holds {held.describe()}"
+    if held.kind != job.kind:
+        raise WorkdirError(f"{where}; {verb} would overwrite it: choose another --workdir")
+    if held.task is not None and job.task is not None and held.task != job.task:
+        raise WorkdirError(f"{where}, not of {job.task}: choose another --workdir (one folder per task and setting)")
+    if held.init is not None and job.init is not None and held.init != job.init:
+        raise WorkdirError(f"{where}, not from {job.init}: choose another --workdir (one folder per init source)")
+    return held
+
+
+def _check_writable(workdir: Path) -> None:
+    """The nearest existing folder on the way must be writable: found now, not after tokenizing."""
+    existing = workdir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.is_dir() and os.statvfs(existing).f_flag & os.ST_RDONLY:
+        raise WorkdirError(f"cannot write --workdir {workdir}: {existing} is on a read-only file system; choose a "
+                           "folder on a writable disk")
+    if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
+        raise WorkdirError(f"cannot write --workdir {workdir}: {existing} is not writable (permission denied); "
+                           "choose a folder you can write")
+    if existing != workdir and not existing.is_dir():
+        raise WorkdirError(f"cannot create --workdir {workdir}: {existing} is a file, not a folder")
+
+
+def claim(workdir: str | Path, job: Identity, architecture: dict[str, Any]) -> None:
+    """Creates the folder and records the job, unless it is recorded already (call on process 0, after
+    `check` and every other check, right before the run's first write)."""
+    from gpt1_jax.data.tokens import atomic_write_text
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if (workdir / RUN_FILE).is_file():
+        return
+    record = {"format": FORMAT, **{k: v for k, v in dataclasses.asdict(job).items() if v is not None},
+              "architecture": architecture}
+    atomic_write_text(workdir / RUN_FILE, json.dumps(record, indent=1) + "\n")
+
+
+def _flat(values: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in values.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_same_settings(workdir: Path, config, saved) -> None:
+    """A fine-tuning run resumed (or rerun once finished) with other settings than its folder's is refused,
+    naming the first few that differ: its checkpoints and scores belong to the saved settings."""
+    from gpt1_jax.config import to_dict
+
+    new, old = _flat(to_dict(config)), _flat(to_dict(saved))
+    differ = [k for k in sorted(set(new) | set(old)) if new.get(k) != old.get(k)
+              and not any(k == f or k.startswith(f + ".") for f in RESUMABLE_WITH_OTHER)]
+    if differ:
+        shown = ", ".join(f"{k}={old.get(k)!r} there, {new.get(k)!r} now" for k in differ[:3])
+        raise WorkdirError(f"{workdir} holds a fine-tuning run with other settings ({shown}"
+                           f"{', ...' if len(differ) > 3 else ''}): choose another --workdir (one folder per setting), "
+                           "or repeat the run's own flags to resume it")
