@@ -483,12 +483,13 @@ VERBS: dict[str, Verb] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpt1-jax", description=__doc__.splitlines()[0])
+    # No abbreviations: `evaluate --init DIR` must not be read as `--init-timeout DIR`.
+    parser = argparse.ArgumentParser(prog="gpt1-jax", description=__doc__.splitlines()[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     model_flags, multi_process = _model_flags(), _distributed_flags()
     for name, verb in VERBS.items():
         parents = [model_flags, multi_process] if verb.runs_model else [multi_process]
-        p = sub.add_parser(name, help=verb.help, description=verb.help, parents=parents)
+        p = sub.add_parser(name, help=verb.help, description=verb.help, parents=parents, allow_abbrev=False)
         verb.add_flags(p)
         p.set_defaults(run=verb.run)
     return parser

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import time
+from pathlib import Path
 
 from gpt1_jax.config import ModelConfig
 
@@ -113,8 +114,41 @@ def measured_matmul_peak(dtype: str = "float32", n: int = 4096, repeats: int = 3
     return 2.0 * n**3 / float(np.min(times))
 
 
-def peak_flops(dtype: str = "float32", override: float | None = None) -> tuple[float, str]:
-    """(peak FLOP/s of the whole machine the step runs on, where the number comes from)."""
+def remembered_matmul_peak(dtype: str) -> float:
+    """`measured_matmul_peak`, measured once per CPU, dtype and jax version and kept beside the compilation
+    cache (gpt1_jax/compile_cache.py), for what only labels a number: a run's MFU in its log. The
+    measurement costs seconds of both cores (four 4096^3 products), at the start of every run otherwise.
+    `gpt1-jax bench` measures afresh."""
+    import json
+    import os
+
+    import jax
+
+    from gpt1_jax.compile_cache import cpu_identity
+
+    folder = os.environ.get("JAX_COMPILATION_CACHE_DIR")  # set by compile_cache.enable: None where it is off
+    if not folder:
+        return measured_matmul_peak(dtype)
+    path = Path(folder) / "matmul-peak.json"
+    key = f"{cpu_identity()} | {dtype} | jax {jax.__version__}"
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key not in known:
+        known[key] = measured_matmul_peak(dtype)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:  # whole or not at all: concurrent runs may read it
+            tmp.write_text(json.dumps(known, indent=1) + "\n")
+            os.replace(tmp, path)
+        except OSError:  # a read-only cache folder: measure again next time
+            tmp.unlink(missing_ok=True)
+    return float(known[key])
+
+
+def peak_flops(dtype: str = "float32", override: float | None = None, remembered: bool = False) -> tuple[float, str]:
+    """(peak FLOP/s of the whole machine the step runs on, where the number comes from). `remembered`: on CPU,
+    the machine's measurement kept from an earlier run (`remembered_matmul_peak`)."""
     import jax
 
     if override:
@@ -122,7 +156,8 @@ def peak_flops(dtype: str = "float32", override: float | None = None) -> tuple[f
     devices = jax.devices()
     if devices[0].platform == "cpu":
         # Fake CPU devices share the same cores: the machine's peak is one measurement, not n of them.
-        return measured_matmul_peak(dtype), f"measured {dtype} 4096^3 matmul on CPU (fp32 accumulation)"
+        peak = remembered_matmul_peak(dtype) if remembered else measured_matmul_peak(dtype)
+        return peak, f"measured {dtype} 4096^3 matmul on CPU (fp32 accumulation)"
     per_chip = accelerator_peak(devices[0].device_kind)
     if per_chip is None:
         return measured_matmul_peak("bfloat16") * len(devices), f"measured bf16 matmul x {len(devices)} ({devices[0].device_kind})"

@@ -90,7 +90,7 @@ def _train(config: PretrainConfig, workdir: Path, job, pipeline, trainer, ckpt, 
     loop = Loop(trainer, config.steps, ckpt, config.model, metrics, progress, hooks, log_every=config.log_every,
                 tokens_per_step=config.data.global_batch_size * config.data.seq_len,
                 flops_per_token=flops.flops_per_token(config.model, config.data.seq_len),
-                peak_flops=flops.peak_flops(config.model.dtype)[0])
+                peak_flops=flops.peak_flops(config.model.dtype, remembered=True)[0])
     batches = pipeline.train_iter()
     if start:
         state, position, _ = ckpt.restore(trainer.abstract_state_sharded(), start)

@@ -107,3 +107,17 @@ def test_flops_formula_and_peaks():
     assert accelerator_peak("TPU v5 lite") == 197e12 and accelerator_peak("TPU v5") == 459e12
     assert accelerator_peak("Some CPU") is None
     assert mfu(1000.0, 1e9, 1e13) == pytest.approx(0.1)
+
+
+def test_the_peak_a_run_logs_mfu_against_is_measured_once_per_cpu(tmp_path, monkeypatch):
+    """pretrain labels MFU with a matmul peak measured once per CPU, dtype and jax version and kept beside
+    the compilation cache; without a cache folder it measures."""
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path))
+    first = flops.remembered_matmul_peak("float32")
+    kept = json.loads((tmp_path / "matmul-peak.json").read_text())
+    assert list(kept.values()) == [first] and first > 1e9
+    (tmp_path / "matmul-peak.json").write_text(json.dumps({k: 123.0 for k in kept}))
+    assert flops.remembered_matmul_peak("float32") == 123.0  # read back, not measured again
+    assert flops.peak_flops("float32", remembered=True)[0] == 123.0
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+    assert flops.remembered_matmul_peak("float32") == first  # measured (this process's own cache)

@@ -192,3 +192,12 @@ def test_an_os_error_keeps_its_traceback_with_the_debug_env_and_a_failed_save_ke
                                  "earlier checkpoints are untouched (steps 4)")
     assert cli.main(failing_bench(error)) == 2
     assert _one_error_line(capsys, "bench") == f"gpt1-jax bench: error: {error}"
+
+
+def test_flags_are_never_abbreviated(capsys):
+    """argparse's prefix matching read `evaluate --init DIR` as `--init-timeout DIR` ("invalid int value")."""
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(["evaluate", "--workdir", "w", "--init", "experiments/paper/release"])
+    assert e.value.code == 2 and "unrecognized arguments: --init experiments/paper/release" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["pretrain", "--workdir", "w", "--batch", "8"])  # --batch-size, spelled out
