@@ -531,7 +531,6 @@ def _interrupted_line(args: argparse.Namespace, error: KeyboardInterrupt) -> int
 def _os_error_message(args: argparse.Namespace, e: OSError) -> str:
     """`cannot <do> PATH: <the system's words>; <what to do>` for an OSError that escaped a verb."""
     import errno
-    import re
 
     name = e.filename if isinstance(e.filename, (str, bytes, os.PathLike)) else None  # not a file descriptor
     path = Path(os.fsdecode(name)) if name is not None else None
@@ -540,8 +539,6 @@ def _os_error_message(args: argparse.Namespace, e: OSError) -> str:
     reason = e.strerror or str(e) or type(e).__name__
     exists = path is not None and os.path.lexists(path)
     code = e.errno
-    if code is None and re.fullmatch(r"\d+ requested and \d+ written", str(e)):  # numpy's tofile: a short write
-        code, reason = errno.ENOSPC, f"{e} (the disk is full?)"
     if code in (errno.EACCES, errno.EPERM):
         do = "create" if not exists else "read" if not os.access(path, os.R_OK) else "write"
         fix = "pick a folder you can write to, or fix its permissions (or its parent's)"

@@ -436,7 +436,7 @@ def _build_cache(
             unit="tok", unit_scale=True, desc=f"tokenizing {source.spec}", disable=not progress
         ) as bar:
             for arr, docs in encode_documents(source.documents(), tokenizer, dtype, sep):
-                arr.tofile(f)
+                f.write(arr.data)  # not ndarray.tofile, which turns a Ctrl-C inside it into a TypeError
                 n_tokens += arr.size
                 n_docs += docs
                 bar.update(arr.size)
