@@ -24,6 +24,7 @@ from typing import Any, Mapping, TypeVar
 import yaml
 
 from gpt1_jax.errors import ConfigError
+from gpt1_jax.files import atomic_write_text
 
 T = TypeVar("T")
 
@@ -495,18 +496,9 @@ def load_yaml(cls: type[T], path: str | Path) -> T:
 def save_yaml(config: Any, path: str | Path) -> None:
     """Atomically (readers see the old file or the new one), with the guard and digest lines."""
     import hashlib
-    import os
-    import uuid
 
-    path = Path(path)
     body = GUARD_LINE + yaml.safe_dump(to_dict(config), sort_keys=False)
-    text = body + f"{_DIGEST_PREFIX}{hashlib.sha256(body.encode('utf-8')).hexdigest()}\n"
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:  # stopped half-way: no temporary file left behind
-        tmp.unlink(missing_ok=True)
+    atomic_write_text(Path(path), body + f"{_DIGEST_PREFIX}{hashlib.sha256(body.encode('utf-8')).hexdigest()}\n")
 
 
 def resolve(cls: type[T], spec: str | None, *, saved: str | Path | None = None, overrides=(), mesh: str | None = None) -> T:

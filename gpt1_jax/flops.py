@@ -125,6 +125,7 @@ def remembered_matmul_peak(dtype: str) -> float:
     import jax
 
     from gpt1_jax.compile_cache import cpu_identity
+    from gpt1_jax.files import atomic_write_text
 
     folder = os.environ.get("JAX_COMPILATION_CACHE_DIR")  # set by compile_cache.enable: None where it is off
     if not folder:
@@ -137,12 +138,10 @@ def remembered_matmul_peak(dtype: str) -> float:
         known = {}
     if key not in known:
         known[key] = measured_matmul_peak(dtype)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:  # whole or not at all: concurrent runs may read it
-            tmp.write_text(json.dumps(known, indent=1) + "\n")
-            os.replace(tmp, path)
+            atomic_write_text(path, json.dumps(known, indent=1) + "\n")
         except OSError:  # a read-only cache folder: measure again next time
-            tmp.unlink(missing_ok=True)
+            pass
     return float(known[key])
 
 

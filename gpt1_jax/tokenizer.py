@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
-import uuid
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -31,6 +29,7 @@ from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
 from gpt1_jax.errors import ConfigError, DataError
+from gpt1_jax.files import atomic_write_text
 
 __all__ = ["GPT1Tokenizer", "SPECIAL_TOKENS", "UNK_TOKEN", "EOW_SUFFIX", "MODES", "find_tokenizer", "text_standardize"]
 
@@ -291,13 +290,7 @@ class GPT1Tokenizer:
         Atomically: a reader (a resumed run, another process) sees the old file or the whole new one."""
         data = json.loads(self._backend.to_str())
         data["model"][_META_KEY] = {"mode": self._mode, "special_tokens": list(SPECIAL_TOKENS)}
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        try:
-            tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-            os.replace(tmp, path)
-        finally:  # stopped half-way: no temporary file left behind
-            tmp.unlink(missing_ok=True)
+        atomic_write_text(Path(path), json.dumps(data, ensure_ascii=False))
 
     def save_hf(self, folder: str | Path, model_max_length: int) -> None:
         """Write the files transformers' tokenizers read into `folder`: vocab.json + merges.txt (the

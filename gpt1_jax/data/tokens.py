@@ -46,6 +46,7 @@ import numpy as np
 from gpt1_jax.data.once import LOCK_STALE_S, Peers, build_once
 from gpt1_jax.data.sources import TextSource
 from gpt1_jax.errors import ConfigError, DataError
+from gpt1_jax.files import atomic_write_text
 from gpt1_jax.tokenizer import GPT1Tokenizer
 
 __all__ = [
@@ -87,17 +88,6 @@ def tokenizer_hash(tokenizer: GPT1Tokenizer) -> str:
     h = hashlib.sha256(tokenizer.mode.encode())
     h.update(tokenizer.backend.to_str().encode())
     return h.hexdigest()
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Readers see the old file or the new one, never half of one (a unique temporary name: safe with
-    several processes writing the same file)."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:  # stopped half-way (Ctrl-C, a full disk): no temporary file left behind
-        tmp.unlink(missing_ok=True)
 
 
 def tokenizer_for(
