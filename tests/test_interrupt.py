@@ -122,12 +122,15 @@ def test_ctrl_c_in_every_phase_stops_with_one_line_and_the_same_command_goes_on(
         status, err = interrupt(argv, log, ready, delay)
         why = f"{name}, {delay:.2f} s in (seed {seed})"
         line = assert_stopped_cleanly(status, err, [workdir, cache], why)
+        if name == "measuring, compiling" and line.endswith(": checkpoint saved; run the same command to resume"):
+            continue  # a remembered matmul peak makes this phase short: the Ctrl-C came once training had begun
         assert "before training started; nothing was written half-way; run the same command" in line, (why, line)
         assert not list((workdir / "checkpoints").glob("[0-9]*")), why
 
-    # "starting:" comes right before the loop, which compiles the step: the first Ctrl-C saves, then stops.
+    # "starting: ...M params" ("resuming at step N: ..." after a Ctrl-C above came late) comes right before
+    # the loop, which compiles the step: the first Ctrl-C saves, then stops.
     delay = rng.uniform(0.0, 2.0)
-    status, err = interrupt(argv, log, said("starting:"), delay)
+    status, err = interrupt(argv, log, said("M params, "), delay)
     why = f"compiling the step or training, {delay:.2f} s in (seed {seed})"
     line = assert_stopped_cleanly(status, err, [workdir, cache], why)
     assert line.endswith(": checkpoint saved; run the same command to resume"), (why, line)
