@@ -12,7 +12,13 @@ import statistics
 import time
 from typing import Any
 
-from gpt1_jax.config import ConfigError, PretrainConfig
+import jax
+import numpy as np
+
+from gpt1_jax import flops, sizing
+from gpt1_jax.config import PretrainConfig
+from gpt1_jax.errors import ConfigError
+from gpt1_jax.step import lm_batch, lm_batch_spec
 
 
 def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only: bool = False,
@@ -24,13 +30,6 @@ def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only
         raise ConfigError(f"--steps must be >= 1, got {steps}")
     if warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {warmup}")
-
-    import jax
-    import numpy as np
-
-    from gpt1_jax import flops, sizing
-    from gpt1_jax.step import lm_batch, lm_batch_spec
-
     config = dataclasses.replace(config, model=flops.fit_compute_dtype(config.model))
     trainer = sizing.pretrain_trainer(config)
     B, T = config.data.global_batch_size, config.data.seq_len

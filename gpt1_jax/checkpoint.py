@@ -27,6 +27,8 @@ from typing import Any, Sequence
 
 import jax
 import orbax.checkpoint as ocp
+from orbax.checkpoint import multihost
+from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 from gpt1_jax import integrity
 from gpt1_jax.config import ModelConfig
@@ -70,8 +72,6 @@ class Checkpointer:
     every step in `keep_steps` for good (e.g. log-spaced snapshots for curves over training)."""
 
     def __init__(self, directory: str | Path, *, keep: int = 3, save_every: int = 0, keep_steps=(), async_save: bool = True):
-        from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
-
         _quiet_orbax_write_failures()
         self.directory = Path(directory).absolute()
         self.save_every = save_every
@@ -216,8 +216,6 @@ class Checkpointer:
                 print(f"checkpoint {step} is damaged ({problem}); moved to {target}", file=sys.stderr)
             print(f"resuming from checkpoint {resume}, the newest intact one", file=sys.stderr)
         if jax.process_count() > 1:
-            from orbax.checkpoint import multihost
-
             multihost.sync_global_processes("gpt1_jax_checkpoints_set_aside")
         self.manager.reload()
 

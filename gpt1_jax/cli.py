@@ -1,12 +1,19 @@
 """`gpt1-jax VERB ...`: the one command line. Every flag is declared here; each verb turns its flags into
 a typed config (`gpt1_jax.config.resolve`) and makes one library call. No library module parses flags.
 
-The verbs that run a model (pretrain, finetune, evaluate, sample, bench) share, declared once:
+A flag that sets config fields is declared once, in CONFIG_FLAGS: the fields it sets, per config class,
+and its help, which names those fields on every verb that takes it (docs/cli.md lists the table).
+`--seed N` seeds every random choice a verb makes (initial weights, dropout, the order of the training
+data, the tokens `sample` draws) and never which data is held out for evaluation; verbs that draw
+nothing at random (evaluate, plan) do not take it.
+
+The verbs that run a model (pretrain, finetune, evaluate, sample, bench, plan) share, declared once:
   --config PRESET|YAML   the run's config: a preset name or a YAML file of the verb's config class
   --set KEY=VALUE        any field of that config, dotted for nested ones (repeatable; wins over flags)
   --mesh AXIS=N,...      device mesh, e.g. data=2,fsdp=2,tensor=2
-  --seed N
   --simulate-devices N   N fake CPU devices (to try meshes, or size a pod job, on one machine)
+The verbs that read a model (sample, evaluate, finetune --init, convert) read the same sources, through
+`load_pretrained` and `find_tokenizer`: a run workdir, a gpt1-jax or HF checkpoint folder, OpenAI's release.
 Every verb also takes the multi-process flags (launch/README.md).
 
 Errors: a project error (gpt1_jax.errors.GPT1JaxError) or an OS error (a missing file, a folder it cannot
@@ -15,24 +22,116 @@ path and the fix, and exit status 2 (a diverged run: exit status 1); anything el
 traceback. Ctrl-C stops any verb in any phase with one line and exit status 130 (in training after a
 checkpoint; gpt1_jax/interrupt.py); SIGTERM saves and exits 0. `verify` exits with status 1 when a
 checkpoint or the run's config.yaml is damaged. GPT1_JAX_DEBUG=1 shows the traceback of a project error too.
+
+Each verb imports its heavier library modules (orbax's checkpointing, the data pipeline, the training
+loop, ...) inside its own function: `gpt1-jax --help` and a mistyped flag answer without loading them.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import errno
 import json
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from gpt1_jax import compile_cache, distributed
+from gpt1_jax import workdir as run_folder
+from gpt1_jax.config import (DataConfig, FinetuneConfig, ModelConfig, PretrainConfig, apply_overrides, guarded_text,
+                             resolve)
+from gpt1_jax.errors import ConfigError, DivergenceError, GPT1JaxError, Interrupted
+from gpt1_jax.integrity import DIGESTS, checkpoint_steps, record, verify_checkpoints
 from gpt1_jax.interrupt import CtrlC
 from gpt1_jax.metrics import close_open_bars
-from gpt1_jax.errors import ConfigError, DivergenceError, GPT1JaxError
+from gpt1_jax.weights import convert, load_pretrained
 
 DEBUG_ENV = "GPT1_JAX_DEBUG"
+
+
+# ---- flags that set config fields: the one table -------------------------------------------------
+
+class ConfigFlag(NamedTuple):
+    """A flag and the config fields it sets to its value, per config class: PretrainConfig (pretrain, plan,
+    bench, evaluate), FinetuneConfig (finetune), DataConfig (tokenize), ModelConfig (convert). A verb
+    whose class is not listed may still take the flag as a plain argument (sample's --seed)."""
+    fields: dict[type, tuple[str, ...]]
+    help: str
+    type: Callable[[str], Any] = str
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+
+
+SEED_HELP = ("one seed for every random choice the verb makes: initial weights, dropout, the order of the "
+             "training data (finetune: also the --max-train-examples subset; bench: its random tokens), the tokens "
+             "sample draws; never which data is held out for evaluation (data.split_seed, the --max-eval-examples "
+             "subset). Default: the config's (sample: 0)")
+CONFIG_FLAGS: dict[str, ConfigFlag] = {
+    "--data": ConfigFlag({PretrainConfig: ("data.source",), DataConfig: ("source",)},
+                         "the text: 'default' (CPython's docs), a .txt/.txt.gz file, folder or glob, or tfds:NAME"),
+    "--steps": ConfigFlag({PretrainConfig: ("steps",)}, "total optimizer steps", int, "N"),
+    "--batch-size": ConfigFlag({PretrainConfig: ("data.global_batch_size",), FinetuneConfig: ("batch_size",)},
+                               "global batch: sequences (finetune: examples) per step", int, "N"),
+    "--seq-len": ConfigFlag({PretrainConfig: ("data.seq_len",)}, "tokens per sequence", int, "N"),
+    "--accum-steps": ConfigFlag({PretrainConfig: ("accum_steps",), FinetuneConfig: ("accum_steps",)},
+                                "micro-batches per optimizer step", int, "N"),
+    "--lr": ConfigFlag({PretrainConfig: ("optim.lr",), FinetuneConfig: ("optim.lr",)},
+                       "peak learning rate (the schedule's height)", float),
+    "--schedule": ConfigFlag({PretrainConfig: ("optim.schedule",)},
+                             "learning-rate schedule (gpt1_jax/optim.py SCHEDULES): constant (the peak from step "
+                             "0, no warmup), warmup_linear, warmup_cosine or warmup_constant", metavar="NAME"),
+    "--optim": ConfigFlag({PretrainConfig: ("optim.name",)},
+                          "the optimizer (gpt1_jax/optim.py OPTIMIZERS)", metavar="NAME"),
+    "--dtype": ConfigFlag({PretrainConfig: ("model.dtype",)},
+                          "compute dtype (parameters and optimizer state stay in model.param_dtype)",
+                          choices=("float32", "bfloat16")),
+    "--seed": ConfigFlag({PretrainConfig: ("seed", "data.seed"), FinetuneConfig: ("seed",)}, SEED_HELP, int, "N"),
+    "--task": ConfigFlag({FinetuneConfig: ("task",)}, "cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli or race"),
+    "--epochs": ConfigFlag({FinetuneConfig: ("epochs",)}, "passes over the training set", int, "N"),
+    "--lm-coef": ConfigFlag({FinetuneConfig: ("lm_coef",)}, "weight of the auxiliary LM loss (0: off)", float),
+    "--max-train-examples": ConfigFlag({FinetuneConfig: ("max_train_examples",)},
+                                       "a random subset of N training examples (quick runs; 0: all)", int, "N"),
+    "--max-eval-examples": ConfigFlag({FinetuneConfig: ("max_eval_examples",)},
+                                      "a fixed random subset of N of each dev/test split (0: all)", int, "N"),
+    "--tokenizer": ConfigFlag({DataConfig: ("tokenizer",)}, "a tokenizer .json, or a vocabulary folder (OpenAI's "
+                              "encoder_bpe_40000.json + vocab_40000.bpe, or HF's vocab.json + merges.txt)"),
+    "--vocab-size": ConfigFlag({DataConfig: ("vocab_size",)}, "BPE merges to train (without the 3 fine-tuning markers)",
+                               int, "N"),
+    "--cache-dir": ConfigFlag({DataConfig: ("cache_dir",)}, "the token cache (default: ~/.cache/gpt1_jax/tokens)"),
+    "--wait": ConfigFlag({DataConfig: ("cache_wait_s",)}, "seconds to wait for another process building the same cache",
+                         float, "S"),
+    "--n-heads": ConfigFlag({ModelConfig: ("n_heads",)},
+                            "head count of an original release (its files do not record it; default: d_model / 64)",
+                            int, "N"),
+}
+
+
+def _flag(p, config: type | None, name: str, *aliases: str, note: str | None = None, **kwargs) -> None:
+    """Declares CONFIG_FLAGS[name] on `p` for a verb whose config is `config`: its help says which fields it
+    sets (`note` adds what is particular to the verb), and `_overrides` sets them. `config` None: a plain
+    argument the verb reads itself."""
+    flag = CONFIG_FLAGS[name]
+    fields = flag.fields.get(config, ())
+    text = flag.help + (f"; {note}" if note else "") + (f" [sets {', '.join(fields)}]" if fields else "")
+    spec = {"type": flag.type, "metavar": flag.metavar, "choices": flag.choices, "default": None, **kwargs}
+    p.add_argument(name, *aliases, help=text, **spec)
+    if fields:  # by flag, not by dest: a verb's own argument may share a dest (bench --steps)
+        p.set_defaults(config_flags=(*(p.get_default("config_flags") or ()), name))
+
+
+def _overrides(args: argparse.Namespace, config: type) -> list[str]:
+    """`field=value` for each field of `config` that the given CONFIG_FLAGS set, then `--set`'s, so that
+    `--set` wins. Values are JSON (a YAML subset): a path spelled `off` or `1e3` stays a string."""
+    sets = []
+    for name in getattr(args, "config_flags", ()):
+        value = getattr(args, name[2:].replace("-", "_"))
+        if value is not None:
+            sets += [f"{field}={json.dumps(value)}" for field in CONFIG_FLAGS[name].fields[config]]
+    return sets + list(getattr(args, "set", ()))
 
 
 # ---- flags shared by several verbs ----------------------------------------------------------------
@@ -52,10 +151,23 @@ def _model_flags() -> argparse.ArgumentParser:
                 "applied after the other flags)")
     g.add_argument("--mesh", default=None, metavar="AXIS=N,...",
                    help="e.g. data=2,fsdp=2,tensor=2 (default: data over all devices); `plan` also takes auto")
-    g.add_argument("--seed", type=int, default=None, help="random seed (default: the config's)")
     g.add_argument("--simulate-devices", type=int, default=None, metavar="N",
                    help="N fake CPU devices: try a mesh, or size a pod job, on one machine")
     return p
+
+
+INIT_SOURCES = ("a pre-training or fine-tuning run workdir (--step picks its checkpoint), a gpt1-jax or HF "
+                "checkpoint folder, or OpenAI's original release")
+
+
+def _model_source_flags(p: argparse.ArgumentParser, workdir_help: str) -> None:
+    """Where sample and evaluate read their model: the same sources as finetune --init and convert."""
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--workdir", help=workdir_help)
+    where.add_argument("--init", metavar="SOURCE", help=INIT_SOURCES)
+    p.add_argument("--step", type=int, default=None, metavar="N",
+                   help="checkpoint step of a run workdir (default: the latest)")
+    _flag(p, None, "--tokenizer", note="default: the one in the workdir or SOURCE")
 
 
 def _distributed_flags() -> argparse.ArgumentParser:
@@ -80,13 +192,6 @@ def _distributed_flags() -> argparse.ArgumentParser:
                    help=f"seconds to wait for all processes to connect (env {d.ENV_INIT_TIMEOUT}; "
                         f"default {d.DEFAULT_INIT_TIMEOUT_S})")
     return p
-
-
-def _overrides(args: argparse.Namespace, templates: dict[str, tuple[str, ...]]) -> list[str]:
-    """`key=value` overrides for the flags in `templates` that were given ("{}" is the flag's value),
-    then `--set`'s, so that `--set` wins."""
-    given = [(flag, getattr(args, flag)) for flag in templates if getattr(args, flag) is not None]
-    return [t.format(value) for flag, value in given for t in templates[flag]] + list(args.set)
 
 
 def _refuse(args: argparse.Namespace, verb: str, reasons: dict[str, str]) -> None:
@@ -116,29 +221,20 @@ def simulate_devices(n: int | None) -> None:
 
 # ---- pretrain -------------------------------------------------------------------------------------
 
-PRETRAIN_FLAGS = {"data": ("data.source={}",), "steps": ("steps={}",), "batch_size": ("data.global_batch_size={}",),
-                  "seq_len": ("data.seq_len={}",), "seed": ("seed={}", "data.seed={}")}
-
-
 def _pretrain_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", required=True, help="run directory: config, tokenizer, checkpoints, metrics "
                    "(a saved config.yaml there is the default --config: running again resumes)")
-    p.add_argument("--data", default=None, help="'default' (CPython's docs), a .txt/.txt.gz file or glob, or tfds:NAME")
-    p.add_argument("--steps", type=int, default=None, help="total optimizer steps")
-    p.add_argument("--batch-size", type=int, default=None, help="global batch, in sequences")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence")
+    for name in ("--data", "--steps", "--batch-size", "--seq-len", "--seed"):
+        _flag(p, PretrainConfig, name)
     p.add_argument("--dry-run", action="store_true", help="compile the step for the mesh, print per-device memory "
                    "and FLOPs as one JSON line; no data, no training (size a pod job with --simulate-devices)")
 
 
 def _pretrain(args: argparse.Namespace) -> int:
-    from gpt1_jax import workdir as run_folder
-    from gpt1_jax.config import PretrainConfig, resolve
-
     workdir = Path(args.workdir)
     run_folder.check(workdir, run_folder.Identity("pretrain"), "pretrain")  # before its config.yaml is read as ours
     config = resolve(PretrainConfig, args.config, saved=workdir / "config.yaml",
-                     overrides=_overrides(args, PRETRAIN_FLAGS), mesh=args.mesh)
+                     overrides=_overrides(args, PretrainConfig), mesh=args.mesh)
     from gpt1_jax.pretrain import run, with_schedule_span
 
     if args.dry_run:
@@ -146,13 +242,18 @@ def _pretrain(args: argparse.Namespace) -> int:
 
         _print_json(dry_run(with_schedule_span(config)))
         return 0
-    return run(config, workdir)
+    return _exit_status(run(config, workdir))
+
+
+def _exit_status(outcome) -> int:
+    """A training run's outcome as the verb's exit status: finished, or stopped by SIGTERM with its checkpoint
+    saved (a scheduler's pre-emption: the same command resumes), 0; diverged, its error line and 1."""
+    if outcome.status == "diverged":
+        raise outcome.divergence()
+    return 0
 
 
 # ---- plan -----------------------------------------------------------------------------------------
-
-PLAN_FLAGS = {"batch_size": ("data.global_batch_size={}",), "seq_len": ("data.seq_len={}",), "seed": ("seed={}",)}
-
 
 def _plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topology", default=None, metavar="GEN:SHAPE",
@@ -160,8 +261,8 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
                         "(needs pip install -e \".[tpu]\"); default: the visible devices (e.g. one GPU host)")
     p.add_argument("--num-slices", type=int, default=1, metavar="N",
                    help="N slices of --topology joined over DCN (multi-slice; the data axis spans them)")
-    p.add_argument("--batch-size", type=int, default=None, help="global batch, in sequences")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence")
+    _flag(p, PretrainConfig, "--batch-size")
+    _flag(p, PretrainConfig, "--seq-len")
     p.add_argument("--compile-top", type=int, default=3, metavar="K",
                    help="with --mesh auto: how many of the analytically best candidates to compile (default 3)")
     p.add_argument("--skip-baselines", action="store_true",
@@ -171,12 +272,11 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
 def _plan(args: argparse.Namespace) -> int:
     """One JSON line on stdout, a short table on stderr; a plan that does not fit: one line, exit 2."""
     from gpt1_jax import plan
-    from gpt1_jax.config import PretrainConfig, resolve
 
     mesh_auto = args.mesh == "auto"
     if args.compile_top < 1:
         raise ConfigError(f"--compile-top must be >= 1, got {args.compile_top}")
-    config = resolve(PretrainConfig, args.config, overrides=_overrides(args, PLAN_FLAGS),
+    config = resolve(PretrainConfig, args.config, overrides=_overrides(args, PretrainConfig),
                      mesh=None if mesh_auto else args.mesh)
     where = plan.target(args.topology, args.num_slices)
     say = lambda text: print(f"plan: {text}", file=sys.stderr, flush=True)  # noqa: E731
@@ -192,32 +292,20 @@ def _plan(args: argparse.Namespace) -> int:
 
 # ---- finetune -------------------------------------------------------------------------------------
 
-FINETUNE_FLAGS = {"task": ("task={}",), "epochs": ("epochs={}",), "batch_size": ("batch_size={}",),
-                  "accum_steps": ("accum_steps={}",), "lr": ("optim.lr={}",), "lm_coef": ("lm_coef={}",),
-                  "seed": ("seed={}",), "max_train_examples": ("max_train_examples={}",),
-                  "max_eval_examples": ("max_eval_examples={}",)}
-
-
 def _finetune_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--task", required=True, help="cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli or race")
+    _flag(p, FinetuneConfig, "--task", required=True)
     p.add_argument("--init", required=True, metavar="SOURCE",
-                   help="a pre-training workdir, a HF / original / gpt1-jax checkpoint folder, none (random init), "
-                        "or scratch:DIR (random init with DIR's architecture and tokenizer)")
+                   help=f"{INIT_SOURCES}; none (random init), or scratch:DIR (random init with DIR's architecture "
+                        f"and tokenizer)")
     p.add_argument("--workdir", required=True, help="where config, results.json and predictions go")
     p.add_argument("--data-dir", default=None,
                    help="GLUE's TSV distribution (<dir>/<Task>/{train,dev,test}.tsv) or, for race, race.tar.gz; "
                         "default: download through tensorflow-datasets")
-    p.add_argument("--tokenizer", default=None,
-                   help="tokenizer .json or vocabulary folder (default: the one in SOURCE; for --init none, a BPE "
-                        "trained on the task's training text)")
-    p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--accum-steps", type=int, default=None, help="micro-batches per optimizer step")
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--lm-coef", type=float, default=None, help="weight of the auxiliary LM loss (0: off)")
-    p.add_argument("--max-train-examples", type=int, default=None, help="a random subset of this size (quick runs)")
-    p.add_argument("--max-eval-examples", type=int, default=None,
-                   help="a fixed random subset of N of each dev/test split")
+    _flag(p, None, "--tokenizer", note="default: the one in SOURCE; for --init none, a BPE trained on the task's "
+                                       "training text")
+    for name in ("--epochs", "--batch-size", "--accum-steps", "--lr", "--lm-coef", "--seed", "--max-train-examples",
+                 "--max-eval-examples"):
+        _flag(p, FinetuneConfig, name)
     p.add_argument("--predict-test", action="store_true", help="also write GLUE's submission file DIR/<Task>.tsv")
     p.add_argument("--tfds-dir", default=None,
                    help="where tensorflow-datasets prepares GLUE (default: ~/.cache/gpt1_jax/tfds)")
@@ -225,48 +313,91 @@ def _finetune_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _finetune(args: argparse.Namespace) -> int:
-    from gpt1_jax.config import FinetuneConfig, resolve
     from gpt1_jax.finetune import run
 
-    config = resolve(FinetuneConfig, args.config, overrides=_overrides(args, FINETUNE_FLAGS), mesh=args.mesh)
-    run(config, Path(args.workdir), init=args.init, data_dir=args.data_dir, tokenizer=args.tokenizer,
-        predict_test=args.predict_test, progress=not args.no_progress, tfds_dir=args.tfds_dir)
-    return 0
+    config = resolve(FinetuneConfig, args.config, overrides=_overrides(args, FinetuneConfig), mesh=args.mesh)
+    return _exit_status(run(config, Path(args.workdir), init=args.init, data_dir=args.data_dir,
+                            tokenizer=args.tokenizer, predict_test=args.predict_test,
+                            progress=not args.no_progress, tfds_dir=args.tfds_dir))
 
 
-# ---- evaluate -------------------------------------------------------------------------------------
+# ---- sample and evaluate: a model from --workdir or --init -----------------------------------------
+
+class _Model(NamedTuple):
+    config: ModelConfig
+    params: Any
+    tokenizer: Any  # a GPT1Tokenizer
+    tokenizer_path: str  # where a data pipeline reads the same tokenizer
+    step: int | None  # a run workdir's checkpoint; None for a checkpoint folder
+
+
+def _open_model(args: argparse.Namespace, runtime: ModelConfig | None, sets: list[str]) -> _Model:
+    """The model --workdir or --init names (INIT_SOURCES), read as finetune --init and convert read theirs:
+    load_pretrained gives the architecture its files record, run as `runtime` runs (None: as saved) with
+    `sets` (model fields: run-time ones, or any on an original release); find_tokenizer gives --tokenizer,
+    else the one in the folder."""
+    from gpt1_jax.checkpoint import latest_step
+    from gpt1_jax.tokenizer import find_tokenizer
+
+    source = Path(args.workdir or args.init)
+    step = args.step
+    if step is None and (source / "checkpoints").is_dir():  # a run workdir: say which checkpoint it was
+        step = latest_step(source / "checkpoints")
+    model_config, params = load_pretrained(source, runtime, step=step, overrides=sets)
+    tokenizer = find_tokenizer(args.tokenizer, source, model_vocab_size=model_config.vocab_size)
+    if tokenizer is None:
+        raise FileNotFoundError(f"{source}: no tokenizer in it; pass --tokenizer")
+    return _Model(model_config, params, tokenizer, args.tokenizer or str(source), step)
+
+
+def _model_sets(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(the `model.*` overrides, as load_pretrained takes them, the others)."""
+    model = [o.strip().removeprefix("model.") for o in overrides if o.strip().startswith("model.")]
+    return model, [o for o in overrides if not o.strip().startswith("model.")]
+
+
+def _runtime(args: argparse.Namespace) -> ModelConfig | None:
+    """How --config runs a model (its dtype, attention, ...); for OpenAI's release, which records no config,
+    also its architecture (e.g. --config gpt1). None: as the model's files say."""
+    return None if args.config is None else resolve(PretrainConfig, args.config).model
+
 
 def _evaluate_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workdir", required=True, help="a pre-training run directory")
-    p.add_argument("--data", default=None, help="text source (default: the run's own validation split)")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
-    p.add_argument("--batch-size", type=int, default=None, help="sequences per batch (default: the run's)")
-    p.add_argument("--max-batches", type=int, default=0, help="stop after this many batches (0: all)")
+    _model_source_flags(p, "a pre-training run directory (refuses any other run; --init takes every source)")
+    _flag(p, None, "--data", note="default: a pre-training run's own validation split (other sources need it)")
+    _flag(p, PretrainConfig, "--batch-size", note="default: the run's, else --config's")
+    _flag(p, PretrainConfig, "--seq-len", note="default: the run's, else the model's whole context (n_positions)")
+    p.add_argument("--max-batches", type=int, default=0, metavar="N", help="stop after this many batches (0: all)")
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    _refuse(args, "evaluate", {
-        "config": "the run's saved config.yaml is used; change its fields with --set",
-        "mesh": "evaluation runs data-parallel over all devices",
-        "seed": "evaluation is deterministic",
-    })
-    from gpt1_jax.evaluate import evaluate_workdir
+    """A pre-training run is evaluated as it was configured (its saved config.yaml, its validation split);
+    any other model source on --data, in windows of its whole context, with --config's other settings."""
+    from gpt1_jax.evaluate import evaluate, pretraining_run
 
-    result = evaluate_workdir(Path(args.workdir), data=args.data, step=args.step, batch_size=args.batch_size,
-                              max_batches=args.max_batches, overrides=list(args.set))
-    _print_json(result)
+    _refuse(args, "evaluate", {"mesh": "evaluation runs on the run's mesh, or data-parallel over all devices"})
+    source = Path(args.workdir or args.init)
+    run = args.workdir is not None or pretraining_run(source, required=False)
+    if run:
+        _refuse(args, "evaluate", {"config": "the run's saved config.yaml is used; change its fields with --set"})
+        pretraining_run(source, required=True)
+    elif args.data is None:
+        raise ConfigError(f"--init {source} is not a pre-training run, so it has no validation split of its own: "
+                          "pass --data (a text source)")
+    base = resolve(PretrainConfig, args.config, saved=source / "config.yaml" if run else None)
+    sets, others = _model_sets(_overrides(args, PretrainConfig))
+    model = _open_model(args, _runtime(args), sets)
+    data = base.data if run else dataclasses.replace(base.data, seq_len=model.config.n_positions)
+    config = apply_overrides(dataclasses.replace(base, model=model.config, data=data), others)
+    result = evaluate(config, model.params, run=source if run else None, data=args.data,
+                      tokenizer=model.tokenizer_path, max_batches=args.max_batches)
+    _print_json({"source": str(source), "step": model.step, **result})
     return 0
 
 
-# ---- sample ---------------------------------------------------------------------------------------
-
 def _sample_flags(p: argparse.ArgumentParser) -> None:
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--workdir", help="a pre-training run directory (its latest checkpoint and tokenizer)")
-    where.add_argument("--init", help="a HF / original / gpt1-jax checkpoint folder or run directory")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step of a run directory (default: the latest)")
-    p.add_argument("--tokenizer", default=None,
-                   help="tokenizer .json or vocabulary folder (default: the one in --workdir / --init)")
+    _model_source_flags(p, "a run directory (its latest checkpoint and tokenizer)")
+    _flag(p, None, "--seed")
     p.add_argument("--prompt", default="the", help="text to continue")
     p.add_argument("--max-new-tokens", type=int, default=40)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
@@ -275,58 +406,42 @@ def _sample_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _sample(args: argparse.Namespace) -> int:
-    """--config / --set give how the checkpoint runs (model.dtype, model.attention, ...); for OpenAI's
-    original release, which stores no config, also its architecture (e.g. --config gpt1)."""
-    _refuse(args, "sample", {"mesh": "sampling runs on one device"})
-    from gpt1_jax.config import PretrainConfig, resolve
+    """--config / --set model.* give how the checkpoint runs (model.dtype, model.attention, ...)."""
     from gpt1_jax.generate import check_room, sample
-    from gpt1_jax.tokenizer import find_tokenizer
-    from gpt1_jax.weights import load_pretrained
 
-    source = Path(args.workdir or args.init)
-    run_config = None
-    if args.config is not None or args.set:
-        saved = source / "config.yaml" if args.workdir else None
-        run_config = resolve(PretrainConfig, args.config, saved=saved, overrides=args.set).model
-    step = args.step
-    if step is None and (source / "checkpoints").is_dir():  # a run workdir: say which checkpoint speaks
-        from gpt1_jax.checkpoint import latest_step
-
-        step = latest_step(source / "checkpoints")
-    model_config, params = load_pretrained(source, run_config, step=step)
-    tokenizer = find_tokenizer(args.tokenizer, source, model_vocab_size=model_config.vocab_size)
-    if tokenizer is None:
-        raise FileNotFoundError(f"{source}: no tokenizer in it; pass --tokenizer")
-    seed = 0 if args.seed is None else args.seed
-    prompt_ids = tokenizer.encode(args.prompt)
+    _refuse(args, "sample", {"mesh": "sampling runs on one device"})
+    sets, others = _model_sets(args.set)
+    if others:
+        raise ConfigError(f"--set {others[0]} does not apply to sample: it takes model.* fields (how the checkpoint "
+                          "runs)")
+    model = _open_model(args, _runtime(args), sets)
+    prompt_ids = model.tokenizer.encode(args.prompt)
     if prompt_ids:  # an empty prompt is sample's own one-line error
-        check_room(model_config, len(prompt_ids), args.max_new_tokens, flag="--max-new-tokens ")
-    outputs = sample(model_config, params, prompt_ids, max_new_tokens=args.max_new_tokens,
-                     temperature=args.temperature, top_k=args.top_k, seed=seed, num_samples=args.num_samples)
-    print(f"# {source}{'' if step is None else f' step {step}'}, temperature {args.temperature}, top-k {args.top_k}")
+        check_room(model.config, len(prompt_ids), args.max_new_tokens, flag="--max-new-tokens ")
+    outputs = sample(model.config, model.params, prompt_ids, max_new_tokens=args.max_new_tokens,
+                     temperature=args.temperature, top_k=args.top_k, seed=args.seed or 0, num_samples=args.num_samples)
+    step = "" if model.step is None else f" step {model.step}"
+    print(f"# {Path(args.workdir or args.init)}{step}, temperature {args.temperature}, top-k {args.top_k}")
     for ids in outputs:
-        print(f"{args.prompt} >> {tokenizer.decode(ids)}")
+        print(f"{args.prompt} >> {model.tokenizer.decode(ids)}")
     return 0
 
 
 # ---- convert --------------------------------------------------------------------------------------
 
 def _convert_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("src", help="an original release, HF or gpt1-jax checkpoint directory, or a run directory")
+    p.add_argument("src", help=INIT_SOURCES)
     p.add_argument("dst", help="output directory (must not exist or be empty, unless --overwrite)")
     p.add_argument("--to", choices=("hf", "jax"), default="hf", help="output format (default: hf)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty DST")
     p.add_argument("--step", type=int, default=None, help="checkpoint step of a run workdir (default: the latest)")
-    p.add_argument("--n-heads", type=int, default=None,
-                   help="head count of an original release (its files do not record it; default: d_model / 64)")
+    _flag(p, ModelConfig, "--n-heads")
     _add_set(p, "a model config field: run-time ones (dtype, scan_layers, ...) anywhere, any on an original release")
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from gpt1_jax.weights import convert
-
-    overrides = ([f"n_heads={args.n_heads}"] if args.n_heads is not None else []) + list(args.set)
-    config, out = convert(args.src, args.dst, to=args.to, overwrite=args.overwrite, overrides=overrides, step=args.step)
+    config, out = convert(args.src, args.dst, to=args.to, overwrite=args.overwrite,
+                          overrides=_overrides(args, ModelConfig), step=args.step)
     tokenizer = "with its tokenizer" if (out / "tokenizer.json").is_file() else "without a tokenizer (none in SRC)"
     print(f"wrote {args.to} checkpoint of {config.num_params():,} parameters ({config.n_layers} layers x "
           f"{config.d_model}) {tokenizer} to {out}")
@@ -344,8 +459,6 @@ def _verify_flags(p: argparse.ArgumentParser) -> None:
 
 def _verify(args: argparse.Namespace) -> int:
     """One line per checkpoint; exit status 1 if any is damaged."""
-    from gpt1_jax.integrity import DIGESTS, checkpoint_steps, record, verify_checkpoints
-
     directory = Path(args.workdir) / "checkpoints"
     if not directory.is_dir():
         raise FileNotFoundError(f"{args.workdir}: no checkpoints/ folder (not a run directory)")
@@ -366,8 +479,6 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _config_problem(path: Path) -> str | None:
     """What is wrong with a run's config.yaml (its guard, see gpt1_jax/config.py), or None."""
-    from gpt1_jax.config import guarded_text
-
     if not path.is_file():
         return "missing"
     try:
@@ -380,26 +491,20 @@ def _config_problem(path: Path) -> str | None:
 # ---- tokenize -------------------------------------------------------------------------------------
 
 def _tokenize_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", required=True, help="the text source, spelled as the job will spell it (part of the "
-                   "cache key): a .txt/.txt.gz file, directory or glob, 'default', or tfds:NAME")
-    p.add_argument("--tokenizer", required=True, metavar="JSON|VOCAB_DIR|train",
-                   help="the job's data.tokenizer: a tokenizer .json, OpenAI's vocabulary folder, or 'train' (a BPE "
-                        "trained on --data into --workdir, as pretrain does)")
+    # The fields are the job's data.* ones: the cache key is made of them.
+    _flag(p, DataConfig, "--data", required=True, note="spelled as the job spells it: part of the cache key")
+    _flag(p, DataConfig, "--tokenizer", required=True, metavar="JSON|VOCAB_DIR|train",
+          note="or 'train': a BPE trained on --data into --workdir, as pretrain does")
     p.add_argument("--workdir", default=None, help="with --tokenizer train: the run directory that keeps tokenizer.json")
-    p.add_argument("--vocab-size", type=int, default=None, help="with --tokenizer train: BPE size (the job's "
-                   "data.vocab_size; default 40478)")
-    p.add_argument("--cache-dir", default=None, help="the job's data.cache_dir (default: ~/.cache/gpt1_jax/tokens)")
-    p.add_argument("--wait", type=float, default=None, metavar="S",
-                   help="seconds to wait for another process building the same cache (data.cache_wait_s)")
+    _flag(p, DataConfig, "--vocab-size", note="with --tokenizer train (default 40478)")
+    for name in ("--cache-dir", "--wait"):
+        _flag(p, DataConfig, name)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _tokenize(args: argparse.Namespace) -> int:
     """Build the token cache a job would build, ahead of it: one JSON line. Run on several processes
     (a pod), process 0 tokenises and the others wait for it, as inside a job."""
-    import time
-
-    from gpt1_jax.config import DataConfig
     from gpt1_jax.data.pipeline import tokenize_source
 
     if args.tokenizer == "train" and args.workdir is None:
@@ -407,12 +512,8 @@ def _tokenize(args: argparse.Namespace) -> int:
     if args.tokenizer != "train" and (args.workdir, args.vocab_size) != (None, None):
         raise ConfigError("--workdir and --vocab-size go with --tokenizer train only")
     if args.workdir is not None:  # the BPE goes where a pre-training run will look for it
-        from gpt1_jax import workdir
-
-        workdir.check(Path(args.workdir), workdir.Identity("pretrain"), "tokenize")
-    fields = {"source": args.data, "tokenizer": args.tokenizer, "cache_dir": args.cache_dir,
-              "vocab_size": args.vocab_size, "cache_wait_s": args.wait, "progress": not args.no_progress}
-    config = DataConfig(**{k: v for k, v in fields.items() if v is not None})
+        run_folder.check(Path(args.workdir), run_folder.Identity("pretrain"), "tokenize")
+    config = apply_overrides(DataConfig(progress=not args.no_progress), _overrides(args, DataConfig))
     t0 = time.perf_counter()
     _, _, stream = tokenize_source(config, args.workdir)
     _print_json({"cache": str(stream.path), "n_tokens": len(stream), "n_docs": stream.meta["n_docs"],
@@ -423,21 +524,12 @@ def _tokenize(args: argparse.Namespace) -> int:
 
 # ---- bench ----------------------------------------------------------------------------------------
 
-BENCH_FLAGS = {"batch": ("data.global_batch_size={}",), "seq": ("data.seq_len={}",), "dtype": ("model.dtype={}",),
-               "accum_steps": ("accum_steps={}",), "seed": ("seed={}",), "optim": ("optim.name={}",),
-               "lr": ("optim.lr={}", "optim.schedule=constant", "optim.warmup_steps=0")}
-
-
 def _bench_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch", type=int, default=None, help="global batch, in sequences (default: the config's)")
-    p.add_argument("--seq", type=int, default=None, help="tokens per sequence (default: the config's)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
-                   help="compute dtype (params and optimizer state stay in param_dtype)")
-    p.add_argument("--accum-steps", type=int, default=None, help="micro-batches per step")
-    p.add_argument("--lr", type=float, default=None, help="a constant learning rate (default: the config's schedule)")
-    p.add_argument("--optim", default=None, metavar="NAME",
-                   help="the optimizer whose update is timed (gpt1_jax/optim.py OPTIMIZERS; default: the config's)")
-    p.add_argument("--steps", type=int, default=5, help="timed steps")
+    _flag(p, PretrainConfig, "--batch-size", "--batch", note="--batch: its older spelling")
+    _flag(p, PretrainConfig, "--seq-len", "--seq", note="--seq: its older spelling")
+    for name in ("--dtype", "--accum-steps", "--optim", "--lr", "--schedule", "--seed"):
+        _flag(p, PretrainConfig, name)
+    p.add_argument("--steps", type=int, default=5, help="timed steps (bench's own count, not the config's steps)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps after compilation")
     p.add_argument("--compile-only", action="store_true", help="compile and report time, memory and FLOPs; do not run")
     p.add_argument("--peak-flops", type=float, default=None,
@@ -446,9 +538,8 @@ def _bench_flags(p: argparse.ArgumentParser) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     from gpt1_jax import bench
-    from gpt1_jax.config import PretrainConfig, resolve
 
-    config = resolve(PretrainConfig, args.config, overrides=_overrides(args, BENCH_FLAGS), mesh=args.mesh)
+    config = resolve(PretrainConfig, args.config, overrides=_overrides(args, PretrainConfig), mesh=args.mesh)
     _print_json(bench.run(config, steps=args.steps, warmup=args.warmup, compile_only=args.compile_only,
                           peak_flops=args.peak_flops))
     return 0
@@ -465,8 +556,8 @@ class Verb(NamedTuple):
 
 VERBS: dict[str, Verb] = {
     "pretrain": Verb("pre-train GPT-1 on a text corpus (resumable; the main job)", _pretrain_flags, _pretrain),
-    "evaluate": Verb("LM loss and perplexity of a pre-training checkpoint on a text source", _evaluate_flags,
-                     _evaluate),
+    "evaluate": Verb("LM loss and perplexity of a model (a pre-training run, any checkpoint folder, OpenAI's "
+                     "release) on a text source", _evaluate_flags, _evaluate),
     "sample": Verb("generate text from a checkpoint", _sample_flags, _sample),
     "convert": Verb("convert checkpoints between the original release, HF and gpt1-jax", _convert_flags, _convert,
                     runs_model=False),
@@ -497,8 +588,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _last_checkpoint(args: argparse.Namespace) -> int | None:
     """The newest finished checkpoint of a training verb's workdir (None: none, or not a training verb)."""
-    from gpt1_jax.integrity import checkpoint_steps
-
     if args.verb not in ("pretrain", "finetune"):
         return None
     try:
@@ -509,8 +598,6 @@ def _last_checkpoint(args: argparse.Namespace) -> int | None:
 
 def _interrupted_line(args: argparse.Namespace, error: KeyboardInterrupt) -> int:
     """Ctrl-C: one line saying what state things are in, exit status 130 (128 + SIGINT, as a shell says)."""
-    from gpt1_jax.errors import Interrupted
-
     if os.environ.get(DEBUG_ENV):
         raise error
     if isinstance(error, Interrupted):  # in the training loop, which says what it saved
@@ -530,8 +617,6 @@ def _interrupted_line(args: argparse.Namespace, error: KeyboardInterrupt) -> int
 
 def _os_error_message(args: argparse.Namespace, e: OSError) -> str:
     """`cannot <do> PATH: <the system's words>; <what to do>` for an OSError that escaped a verb."""
-    import errno
-
     name = e.filename if isinstance(e.filename, (str, bytes, os.PathLike)) else None  # not a file descriptor
     path = Path(os.fsdecode(name)) if name is not None else None
     where = "" if path is None else f" {path}" + (

@@ -21,6 +21,8 @@ import os
 import platform
 from pathlib import Path
 
+import jax
+
 DEFAULT_ROOT = Path("~/.cache/gpt1_jax/xla")
 OFF = ("0", "off", "none", "false", "no")
 
@@ -50,8 +52,6 @@ def cache_dir(root: str | os.PathLike | None = None) -> Path:
 def enable(root: str | os.PathLike | None = None) -> Path | None:
     """Turn the persistent cache on for this process (before its first compilation) and for the processes
     it starts; -> the directory used, or None when switched off."""
-    import jax
-
     setting = os.environ.get("GPT1_JAX_COMPILE_CACHE", "")
     if setting.lower() in OFF:
         return None

@@ -16,6 +16,7 @@ field, instead of as a shape error deep inside a compiled program.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import typing
 from pathlib import Path
@@ -120,6 +121,14 @@ def model_preset(name: str) -> ModelConfig:
         raise ConfigError(f"unknown model preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}") from None
 
 
+# The names `optim.name` and `optim.schedule` may take. What each means lives beside its code, in
+# gpt1_jax/optim.py's OPTIMIZERS and SCHEDULES; that module imports this one, so the names are kept here
+# (as LOGICAL_AXES and TASK_NAMES below are), and tests/test_config.py holds each tuple to its registry.
+OPTIMIZER_NAMES = ("gpt1_adam", "adamw", "lion", "adafactor", "sgd", "sgd_nesterov", "muon", "schedule_free_adamw",
+                   "lamb")
+SCHEDULE_NAMES = ("warmup_linear", "warmup_cosine", "warmup_constant", "constant")
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
     name: str = "gpt1_adam"
@@ -153,12 +162,10 @@ class OptimConfig:
     adafactor_momentum: float = 0.0
 
     def __post_init__(self):
-        from gpt1_jax.optim import OPTIMIZERS, SCHEDULES  # the registries live beside the code
-
-        if self.name not in OPTIMIZERS:
-            raise ConfigError(f"optim.name={self.name!r} is not one of {', '.join(OPTIMIZERS)}")
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"optim.schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}")
+        if self.name not in OPTIMIZER_NAMES:
+            raise ConfigError(f"optim.name={self.name!r} is not one of {', '.join(OPTIMIZER_NAMES)}")
+        if self.schedule not in SCHEDULE_NAMES:
+            raise ConfigError(f"optim.schedule={self.schedule!r} is not one of {', '.join(SCHEDULE_NAMES)}")
         if self.state_dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"optim.state_dtype={self.state_dtype!r} is not one of float32, bfloat16")
         if self.lr < 0 or self.weight_decay < 0 or self.clip_norm < 0 or self.eps < 0:
@@ -179,6 +186,8 @@ class OptimConfig:
 
 MESH_AXES = ("data", "fsdp", "tensor")
 MeshAxes = str | tuple[str, ...] | None  # one logical axis -> mesh axes (None: replicated)
+# The model's logical axis names, those `mesh.rules` may remap: gpt1_jax/sharding.py's DEFAULT_RULES maps each.
+LOGICAL_AXES = ("batch", "vocab", "heads", "mlp", "embed", "positions", "length", "qkv", "kv", "layers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,11 +217,9 @@ class MeshConfig:
             object.__setattr__(self, "rules", tuple(self.rules.items()))
         elif isinstance(self.rules, list):  # a saved config.yaml writes the tuple as a list of pairs
             object.__setattr__(self, "rules", tuple(tuple(r) for r in self.rules))
-        from gpt1_jax.sharding import DEFAULT_RULES  # the one rules table
-
         for name, _ in self.rules:
-            if name not in dict(DEFAULT_RULES):
-                raise ConfigError(f"mesh.rules: unknown logical axis {name!r}; known: {', '.join(dict(DEFAULT_RULES))}")
+            if name not in LOGICAL_AXES:
+                raise ConfigError(f"mesh.rules: unknown logical axis {name!r}; known: {', '.join(LOGICAL_AXES)}")
 
     def axis_sizes(self, n_devices: int) -> dict[str, int]:
         """{'data': .., 'fsdp': .., 'tensor': ..} resolving -1, checked against the device count."""
@@ -329,6 +336,10 @@ _PRETRAIN_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# GLUE's tasks (gpt1_jax/data/glue.py's GLUE_TASKS), then RACE (gpt1_jax/data/race.py).
+TASK_NAMES = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli", "race")
+
+
 @dataclasses.dataclass(frozen=True)
 class FinetuneConfig:
     """One fine-tuning run; written to `<workdir>/config.yaml`.
@@ -379,11 +390,9 @@ class FinetuneConfig:
 
 def task_key(name: str) -> str:
     """A fine-tuning task's canonical name (`SST-2` -> `sst2`), or one error line naming the known ones."""
-    from gpt1_jax.data.glue import GLUE_TASKS
-
     key = name.lower().replace("-", "")
-    if key not in GLUE_TASKS and key != "race":
-        raise ConfigError(f"unknown task {name!r}; known: {', '.join(list(GLUE_TASKS) + ['race'])}")
+    if key not in TASK_NAMES:
+        raise ConfigError(f"unknown task {name!r}; known: {', '.join(TASK_NAMES)}")
     return key
 
 
@@ -464,8 +473,6 @@ _DIGEST_PREFIX = "# sha256 "
 
 def guarded_text(path: Path) -> str:
     """The YAML of `path`, verified against its digest line when it carries the guard line."""
-    import hashlib
-
     data = path.read_bytes()
     text = data.decode("utf-8", errors="replace")
     if not text.startswith(GUARD_LINE):
@@ -495,8 +502,6 @@ def load_yaml(cls: type[T], path: str | Path) -> T:
 
 def save_yaml(config: Any, path: str | Path) -> None:
     """Atomically (readers see the old file or the new one), with the guard and digest lines."""
-    import hashlib
-
     body = GUARD_LINE + yaml.safe_dump(to_dict(config), sort_keys=False)
     atomic_write_text(Path(path), body + f"{_DIGEST_PREFIX}{hashlib.sha256(body.encode('utf-8')).hexdigest()}\n")
 

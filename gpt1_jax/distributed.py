@@ -21,7 +21,7 @@ for minutes (JAX's defaults: ~100 s heartbeat, ~300 s shutdown; docs/stack.md). 
     coordinator) never pulls the service from under processes still finishing.
 
 The flags themselves are declared in gpt1_jax/cli.py; `resolve` reads them by their argparse names.
-jax is imported only inside `initialize` and `abort`.
+Importing jax starts no backend (and `import gpt1_jax` has imported it): only `initialize` must come first.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ import os
 import sys
 import time
 import traceback
+
+import jax
 
 from gpt1_jax.errors import DistributedConfigError
 
@@ -163,8 +165,6 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
     if cfg.explicit and cfg.num_processes == 1 and cfg.mode == "auto":
         return False  # one process: nothing to coordinate
 
-    import jax
-
     kwargs = dict(
         coordinator_address=cfg.coordinator,
         num_processes=cfg.num_processes,
@@ -207,8 +207,6 @@ def abort(status: int = 1, exc: BaseException | None = None) -> None:
         else:
             traceback.print_exception(exc, file=sys.stderr)
     try:
-        import jax
-
         pid = jax.process_index()
     except Exception:
         pid = "?"

@@ -21,12 +21,24 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
-from gpt1_jax.config import ConfigError, FinetuneConfig, ModelConfig, load_yaml, save_yaml, to_dict
+from gpt1_jax import flops, heads
+from gpt1_jax.checkpoint import Checkpointer
+from gpt1_jax.config import ConfigError, FinetuneConfig, ModelConfig, load_yaml, to_dict
+from gpt1_jax.data.layout import Markers
 from gpt1_jax.data.tasks import (EpochBatches, Encoded, Splits, Task, encode_task, make_batch, make_task, prepare_once,
                                   process_rows, subset, write_predictions, write_submission)
-from gpt1_jax.data.tokens import atomic_write_text
+from gpt1_jax.files import atomic_write_text
+from gpt1_jax.loop import Hook, Outcome, resume_step, start
+from gpt1_jax.optim import eval_params
+from gpt1_jax.sharding import make_mesh
+from gpt1_jax.step import check_batch_size, make_trainer
+from gpt1_jax.tokenizer import GPT1Tokenizer, find_tokenizer
+from gpt1_jax.weights import load_pretrained
+from gpt1_jax.workdir import Identity, check_same_settings, init_identity
+from gpt1_jax.workdir import check as check_workdir
 
 
 # ---- where the weights and the tokenizer come from ----------------------------------------------------
@@ -41,9 +53,6 @@ class Source:
 
 def open_source(init: str, config: FinetuneConfig, tokenizer_spec: str | None) -> Source:
     """Reads the init source: before any task data, so a wrong path fails at once."""
-    from gpt1_jax.tokenizer import find_tokenizer
-    from gpt1_jax.weights import load_pretrained
-
     if init == "none":
         return Source("none", tokenizer=find_tokenizer(tokenizer_spec, None))
     scratch = init.startswith("scratch:")
@@ -73,8 +82,6 @@ def with_marker_rows(model_config: ModelConfig, params, tok, seed: int):
 def transplant(fresh, pretrained, model_config: ModelConfig, n_layers: int):
     """Fresh transformer params with the pre-trained embeddings and first `n_layers` blocks (-1: all):
     Figure 2 (left) of the paper."""
-    import jax
-
     if n_layers < 0 or n_layers >= model_config.n_layers:
         return pretrained
     out = dict(fresh, tokens_embed=pretrained["tokens_embed"], positions_embed=pretrained["positions_embed"])
@@ -90,14 +97,10 @@ def transplant(fresh, pretrained, model_config: ModelConfig, n_layers: int):
 
 def predict_split(trainer, params, enc: Encoded, batch_size: int, n_ctx: int, markers, task: Task) -> np.ndarray:
     """Predictions for every example of `enc`, in order (the last batch padded, its filler dropped)."""
-    import jax
-
-    from gpt1_jax import heads
-
     rows_here = process_rows(batch_size)
     outs = []
-    for start in range(0, len(enc.seqs), batch_size):
-        rows = np.arange(start, min(start + batch_size, len(enc.seqs)))
+    for first in range(0, len(enc.seqs), batch_size):
+        rows = np.arange(first, min(first + batch_size, len(enc.seqs)))
         batch = {k: v[rows_here] for k, v in make_batch(enc, rows, batch_size, n_ctx, markers).items()}
         outs.append(np.asarray(jax.device_get(trainer.predict(params, trainer.put_batch(batch, train=False))))[: len(rows)])
     out = np.concatenate(outs) if outs else np.zeros((0, task.n_outputs), np.float32)
@@ -109,8 +112,6 @@ class DevEvaluation:
     that epoch's dev predictions (and test submissions). Its history is part of every checkpoint."""
 
     def __init__(self, task: Task, splits: Splits, trainer, eval_batch: int, markers, workdir: Path, steps_per_epoch: int):
-        import jax
-
         self.task, self.splits, self.trainer, self.eval_batch, self.markers = task, splits, trainer, eval_batch, markers
         self.workdir, self.steps_per_epoch = workdir, steps_per_epoch
         self.writes = jax.process_index() == 0
@@ -119,8 +120,6 @@ class DevEvaluation:
         self.best: dict | None = None
 
     def __call__(self, step: int, state, train_loss: float) -> dict:
-        from gpt1_jax.optim import eval_params
-
         params = eval_params(state.opt_state, state.params)  # schedule-free: evaluated at x
         predict = lambda enc: predict_split(self.trainer, params, enc, self.eval_batch, self.splits.n_ctx, self.markers, self.task)
         scores, preds = {}, {}
@@ -158,9 +157,6 @@ class DevEvaluation:
 
 def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, tokenizer, predict_test: bool, tfds_dir):
     """-> (task, source, the resolved config, encoded splits): everything before the model is built."""
-    from gpt1_jax import flops
-    from gpt1_jax.tokenizer import GPT1Tokenizer
-
     source = open_source(init, config, tokenizer)
     task = make_task(config, data_dir, tfds_dir)
     prepare_once(task, ("train", *task.dev_splits, *(task.test_splits if predict_test else ())))
@@ -189,18 +185,9 @@ def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, token
 
 
 def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | None = None, tokenizer: str | None = None,
-        predict_test: bool = False, progress: bool = True, tfds_dir: str | None = None) -> dict:
-    import jax
-
-    from gpt1_jax import heads
-    from gpt1_jax.checkpoint import Checkpointer
-    from gpt1_jax.loop import Hook, Loop
-    from gpt1_jax.metrics import MetricsWriter, Progress
-    from gpt1_jax.sharding import make_mesh
-    from gpt1_jax.step import check_batch_size, make_trainer
-    from gpt1_jax.workdir import Identity, check_same_settings, claim, init_identity
-    from gpt1_jax.workdir import check as check_workdir
-
+        predict_test: bool = False, progress: bool = True, tfds_dir: str | None = None) -> Outcome:
+    """Fine-tunes `config.task` from `init` in `workdir` (resuming what is there) -> how it ended; a finished
+    run's outcome carries its results.json as `results` (a rerun of a finished run rewrites them)."""
     workdir = Path(workdir)
     job = Identity("finetune", config.task, init_identity(init))
     held = check_workdir(workdir, job, "finetune", init_path=None if init == "none" else init.removeprefix("scratch:"))
@@ -212,55 +199,52 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
                                            predict_test=predict_test, tfds_dir=tfds_dir)
     if held is not None and (workdir / "config.yaml").is_file():
         check_same_settings(workdir, config, load_yaml(FinetuneConfig, workdir / "config.yaml"))
-    model_config, markers, is_main = config.model, heads.Markers.of(source.tokenizer), jax.process_index() == 0
-    init_fn, loss_fn, predict_fn = heads.finetune_functions(model_config, task.kind, task.n_outputs, task.regression,
+    init_fn, loss_fn, predict_fn = heads.finetune_functions(config.model, task.kind, task.n_outputs, task.regression,
                                                             config.clf_dropout, config.lm_coef,
                                                             2 if task.kind == "similarity" else 1)
     trainer = make_trainer(init_fn, loss_fn, config.optim, config.mesh, accum_steps=config.accum_steps, seed=config.seed,
                            predict_fn=predict_fn)
-    eval_batch = config.eval_batch_size or config.batch_size
     ckpt = Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints, save_every=config.checkpoint_every)
     try:  # until the loop takes the checkpointer over: an error or Ctrl-C must not leave orbax's threads running
-        start = ckpt.latest_intact_step() or 0
-        if start:
-            ckpt.check_model(model_config, start)
-        if is_main:
-            claim(workdir, job, model_config.architecture())
-            save_yaml(config, workdir / "config.yaml")
-            source.tokenizer.save(workdir / "tokenizer.json")
-
-        batches = EpochBatches(splits.train, config.batch_size, config.seed, splits.n_ctx, markers)
-        dev = DevEvaluation(task, splits, trainer, eval_batch, markers, workdir, batches.steps_per_epoch)
-        bar = Progress(config.optim.total_steps, start, enabled=progress and is_main, desc=f"finetune {task.name}")
-        loop = Loop(trainer, config.optim.total_steps, ckpt, model_config, MetricsWriter(workdir, enabled=is_main, resume_step=start,
-                    tensorboard=False), bar, [Hook("dev", dev, every=batches.steps_per_epoch, state=dev.state, restore=dev.restore)])
-        if start:
-            state, position, _ = ckpt.restore(trainer.abstract_state_sharded(), start)
-            loop.restore_position(position, batches)
-        else:
-            state = initial_state(trainer, source, model_config, config)
-        bar.write(f"finetune {task.name}: init {source.described}; {model_config.num_params() / 1e6:.2f}M params; "
-                  f"{len(splits.train.seqs)} train examples, {', '.join(f'{len(e.seqs)} {s}' for s, e in splits.dev.items())}; "
-                  f"{config.optim.total_steps} steps{f', resuming at {start}' if start else ''}; mesh {dict(trainer.mesh.shape)}")
-        t0 = time.perf_counter()
-        _, preempted = loop.run(state, batches)  # a finished run (rerun) only closes, then rewrites its results
+        outcome, dev, seconds = _train(config, workdir, job, task, source, splits, trainer, ckpt, progress)
     finally:
         ckpt.close()
-    if preempted:
-        return {}
-    results = summary(task, source, config, splits, dev, train_seconds=time.perf_counter() - t0)
-    if is_main:
+    if not outcome.finished:
+        return outcome
+    results = summary(task, source, config, splits, dev, train_seconds=seconds)
+    if jax.process_index() == 0:
         atomic_write_text(workdir / "results.json", json.dumps(results, indent=2, default=str) + "\n")
-    if progress and is_main:
-        print(f"best epoch {dev.best['epoch']}: " + "  ".join(f"{k} {v:.4f}" for k, v in dev.best["scores"].items())
-              + f"  -> {workdir / 'results.json'}", file=sys.stderr)
-    return results
+        if progress:
+            print(f"best epoch {dev.best['epoch']}: " + "  ".join(f"{k} {v:.4f}" for k, v in dev.best["scores"].items())
+                  + f"  -> {workdir / 'results.json'}", file=sys.stderr)
+    return dataclasses.replace(outcome, results=results)
+
+
+def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, source: Source, splits: Splits, trainer,
+           ckpt, progress: bool) -> tuple[Outcome, DevEvaluation, float]:
+    """The loop, resumed or new -> (its outcome, the dev evaluation hook, training seconds)."""
+    markers = Markers.of(source.tokenizer)
+    batches = EpochBatches(splits.train, config.batch_size, config.seed, splits.n_ctx, markers)
+    dev = DevEvaluation(task, splits, trainer, config.eval_batch_size or config.batch_size, markers, workdir,
+                        batches.steps_per_epoch)
+    begin = resume_step(ckpt, config.model)
+    loop, state = start(workdir, job, config, trainer, ckpt, batches, begin, steps=config.optim.total_steps,
+                        init_state=lambda: initial_state(trainer, source, config.model, config),
+                        hooks=lambda bar: [Hook("dev", dev, every=batches.steps_per_epoch, state=dev.state,
+                                                restore=dev.restore)],
+                        desc=f"finetune {task.name}", write_files=lambda: source.tokenizer.save(workdir / "tokenizer.json"),
+                        progress=progress, tensorboard=False)
+    loop.progress.write(
+        f"finetune {task.name}: init {source.described}; {config.model.num_params() / 1e6:.2f}M params; "
+        f"{len(splits.train.seqs)} train examples, {', '.join(f'{len(e.seqs)} {s}' for s, e in splits.dev.items())}; "
+        f"{config.optim.total_steps} steps{f', resuming at {begin}' if begin else ''}; mesh {dict(trainer.mesh.shape)}")
+    t0 = time.perf_counter()
+    outcome = loop.run(state, batches)  # a finished run (rerun) only closes, then rewrites its results
+    return outcome, dev, time.perf_counter() - t0
 
 
 def initial_state(trainer, source: Source, model_config: ModelConfig, config: FinetuneConfig):
     """Fresh transformer + head from `config.seed`, with the source's pre-trained weights in place."""
-    import jax
-
     fresh = jax.device_get(trainer.init(config.seed).params)
     if source.params is None:
         return trainer.state_from_params(fresh)

@@ -19,11 +19,21 @@ AVX-512 EPYC this was benchmarked on ~400 / ~850), so the measured number is alw
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
+import os
+import sys
 import time
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gpt1_jax.compile_cache import cpu_identity
 from gpt1_jax.config import ModelConfig
+from gpt1_jax.files import atomic_write_text
 
 # bf16 dense, FLOP/s per chip.
 ACCELERATOR_PEAK_FLOPS: dict[str, float] = {
@@ -52,8 +62,6 @@ def cpu_flags() -> list[str]:
 
 def native_bf16() -> bool:
     """Whether bf16 matmuls can be fast here: any accelerator, or a CPU with AVX512-BF16 or AMX-BF16."""
-    import jax
-
     if jax.devices()[0].platform != "cpu":
         return True
     flags = cpu_flags()
@@ -66,9 +74,6 @@ def fit_compute_dtype(model: ModelConfig) -> ModelConfig:
     float32 either way (param_dtype), so only speed changes; the switch is said once on stderr."""
     if model.dtype != "bfloat16" or native_bf16():
         return model
-    import dataclasses
-    import sys
-
     print("gpt1-jax: this CPU has no native bf16 (no avx512_bf16 or amx_bf16 flag): computing in float32, "
           "which is faster here", file=sys.stderr)
     return dataclasses.replace(model, dtype="float32")
@@ -97,10 +102,6 @@ def measured_matmul_peak(dtype: str = "float32", n: int = 4096, repeats: int = 3
     bf16 inputs accumulate in fp32 (`preferred_element_type`), which is what the model's matmuls ask
     for in spirit and the faster path on this CPU.
     """
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
     device = jax.devices()[0]
     a = jax.device_put(jnp.ones((n, n), dtype), device)
     b = jax.device_put(jnp.ones((n, n), dtype), device)
@@ -119,14 +120,6 @@ def remembered_matmul_peak(dtype: str) -> float:
     cache (gpt1_jax/compile_cache.py), for what only labels a number: a run's MFU in its log. The
     measurement costs seconds of both cores (four 4096^3 products), at the start of every run otherwise.
     `gpt1-jax bench` measures afresh."""
-    import json
-    import os
-
-    import jax
-
-    from gpt1_jax.compile_cache import cpu_identity
-    from gpt1_jax.files import atomic_write_text
-
     folder = os.environ.get("JAX_COMPILATION_CACHE_DIR")  # set by compile_cache.enable: None where it is off
     if not folder:
         return measured_matmul_peak(dtype)
@@ -148,8 +141,6 @@ def remembered_matmul_peak(dtype: str) -> float:
 def peak_flops(dtype: str = "float32", override: float | None = None, remembered: bool = False) -> tuple[float, str]:
     """(peak FLOP/s of the whole machine the step runs on, where the number comes from). `remembered`: on CPU,
     the machine's measurement kept from an earlier run (`remembered_matmul_peak`)."""
-    import jax
-
     if override:
         return float(override), "given"
     devices = jax.devices()

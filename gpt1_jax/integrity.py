@@ -105,6 +105,14 @@ def checkpoint_steps(directory: str | os.PathLike) -> list[int]:
     return sorted(int(p.name) for p in Path(directory).iterdir() if p.name.isdigit() and p.is_dir())
 
 
+def newest_checkpoint(directory: str | os.PathLike) -> int | None:
+    """The newest finished checkpoint's step, None when there is none (or no such folder)."""
+    try:
+        return checkpoint_steps(directory)[-1]
+    except (OSError, IndexError):
+        return None
+
+
 def verify_checkpoints(directory: str | os.PathLike) -> list[tuple[int, str | None]]:
     """[(step, None or what is damaged)] for every checkpoint in `directory`, oldest first."""
     return [(step, verify(Path(directory) / str(step))) for step in checkpoint_steps(directory)]

@@ -8,10 +8,15 @@
         on SIGTERM / SIGINT: save and stop (SIGTERM: exit 0; Ctrl-C: Interrupted, exit 130; the same
         command resumes either way)
 
-A NaN/inf loss raises `DivergenceError` naming the newest checkpoint that verifies against its
-digests; a failed save stops the run (CheckpointWriteError). A checkpoint holds the train state and
-`position()`: the batch source's position plus every hook's state, so a resumed run replays
-exactly what an uninterrupted one would have done.
+`Loop.run` returns an `Outcome`: finished, preempted (SIGTERM: saved, the same command resumes) or
+diverged (a NaN/inf loss: nothing saved at that step; the outcome names the newest checkpoint that
+verifies against its digests). A failed save stops the run (CheckpointWriteError), and a Ctrl-C is the
+user stopping the process, not an outcome: `Interrupted`, once its checkpoint is saved. A checkpoint
+holds the train state and `position()`: the batch source's position plus every hook's state, so a
+resumed run replays exactly what an uninterrupted one would have done.
+
+`start` is what both jobs do around the loop: resume from the newest intact checkpoint or initialise,
+claim the workdir and write its config, open the metrics and the progress bar.
 """
 
 from __future__ import annotations
@@ -21,11 +26,19 @@ import json
 import math
 import signal
 import time
+import typing
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import jax
+from jax.experimental import multihost_utils
 
-from gpt1_jax.errors import DivergenceError
+from gpt1_jax import workdir as run_folder
+from gpt1_jax.config import save_yaml
+from gpt1_jax.distributed import abort
+from gpt1_jax.errors import DivergenceError, Interrupted
+from gpt1_jax.integrity import newest_checkpoint
+from gpt1_jax.metrics import MetricsWriter, Progress
 
 
 class Batches(Protocol):
@@ -34,6 +47,31 @@ class Batches(Protocol):
     def __next__(self) -> dict: ...
 
     def state(self) -> Any: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How a run ended. `step`: the last step trained (diverged: the step whose loss was not finite);
+    `metrics`: the last values logged of every metric (train loss, the hooks' evaluations); `last_good`
+    (diverged): the newest checkpoint that verifies, None if there is none; `results`: what the job adds
+    (fine-tuning: its results.json)."""
+
+    status: typing.Literal["finished", "preempted", "diverged"]
+    step: int
+    metrics: dict = dataclasses.field(default_factory=dict)
+    message: str = ""
+    last_good: int | None = None
+    results: dict | None = None
+    state: Any = dataclasses.field(default=None, repr=False, compare=False)  # the train state it ended with
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "finished"
+
+    def divergence(self) -> DivergenceError:
+        """The diverged outcome as the error a command reports (exit 1)."""
+        return DivergenceError(self.message, step=self.step, loss=self.metrics.get("loss", math.nan),
+                               last_good=self.last_good)
 
 
 @dataclasses.dataclass
@@ -78,8 +116,6 @@ class Preemption:
 
     def poll(self, step: int) -> bool:
         if self.multiprocess and not self.requested:  # call once per step, on every process
-            from jax.experimental import multihost_utils
-
             self.requested = multihost_utils.reached_preemption_sync_point(step)
         return self.requested
 
@@ -119,74 +155,79 @@ class Loop:
                 h.restore(position["hooks"][h.name])
         self._tally.update({k: list(v) for k, v in position.get("tally", {}).items() if k in self._tally})
 
-    def run(self, state, batches: Batches):
-        """Trains from `state.step` to `steps`. Returns (state, preempted); stopped by Ctrl-C, raises
-        Interrupted once its checkpoint is saved."""
-        from gpt1_jax.distributed import abort
-
+    def run(self, state, batches: Batches) -> Outcome:
+        """Trains from `state.step` to `steps` -> Outcome. Stopped by Ctrl-C, raises Interrupted once its
+        checkpoint is saved."""
         start = int(jax.device_get(state.step))
-        preemption, pending, preempted, cut, step = Preemption(), None, False, None, start
-        self._t_last = time.perf_counter()
+        preemption, step, cut, diverged = Preemption(), start, None, None
+        self._t_last, self._last, self._step = time.perf_counter(), {}, start
         try:
-            for step in range(start + 1, self.steps + 1):
-                epoch = getattr(batches, "epoch", None)
-                state, metrics = self.trainer.step(state, self.trainer.put_batch(next(batches)))
-                if pending:
-                    self._record(*pending)  # the previous step's, while this one runs
-                pending = (step, metrics, epoch)
-                preempted = preemption.poll(step)
-                due = [h for h in self.hooks if h.due(step, self.steps)]
-                save = preempted or self.checkpointer.should_save(step) or step == self.steps
-                if due or save:
-                    self._record(*pending)
-                    pending = None
-                for hook in due:
-                    total, count = self._tally[hook.name]
-                    self._tally[hook.name] = [0.0, 0]
-                    logged = hook.fn(step, state, total / max(count, 1))
-                    if logged:
-                        self.metrics.write(step, **logged)
-                if save:
-                    self.checkpointer.save(step, state, self.position(batches), self.model_config)
-                if due:
-                    self._t_last = time.perf_counter()  # evaluation time is not training throughput
-                if preempted:
-                    if preemption.signum != signal.SIGINT:  # Ctrl-C's line comes last, from Interrupted below
-                        self.progress.write(f"preempted: checkpoint saved at step {step}; run the same command to "
-                                            "resume")
-                    break
-            if pending:
-                self._record(*pending)
+            state, step = self._steps(state, batches, start, preemption)
             self.checkpointer.wait()  # the last save failing fails the run
         except KeyboardInterrupt as e:  # a second Ctrl-C (or one in a multi-process run): stop without saving
             abort(130, e)  # multi-process: leave now; the peers may never join a collective
-            cut = e
+            cut, step = e, self._step
+        except DivergenceError as e:  # every process sees the same loss: each stops here, none aborts
+            diverged = e
         except BaseException as e:
-            if not isinstance(e, DivergenceError):
-                abort(1, e)
+            abort(1, e)
             raise
         finally:  # an error still lets the save in flight finish, so the last checkpoint stays whole
             preemption.close()
             self.progress.close()
             self.checkpointer.close()
             self.metrics.close()
-        # Only now, with every save on disk and everything closed, is it true what the message says.
-        from gpt1_jax.errors import Interrupted
-
+        # Only now, with every save on disk and everything closed, is it true what the messages say.
         if cut is not None:
-            from gpt1_jax.integrity import checkpoint_steps
-
-            try:
-                last = checkpoint_steps(self.checkpointer.directory)[-1]
-            except (OSError, IndexError):
-                last = None
+            last = newest_checkpoint(self.checkpointer.directory)
             kept = (f"checkpoint {last} is kept; run the same command to resume from it" if last is not None
                     else "no checkpoint was saved yet; run the same command to start again")
             raise Interrupted(f"interrupted (Ctrl-C) in step {step}, without saving it: {kept}", step=last) from cut
-        if preempted and preemption.signum == signal.SIGINT:
+        if diverged is not None:
+            return Outcome("diverged", diverged.step, dict(self._last), str(diverged), diverged.last_good, state=state)
+        if preemption.requested and preemption.signum == signal.SIGINT:
             raise Interrupted(f"interrupted (Ctrl-C) at step {step}: checkpoint saved; run the same command to resume",
                               step=step)
-        return state, preempted
+        status = "preempted" if preemption.requested else "finished"
+        return Outcome(status, step, dict(self._last), state=state)
+
+    def _steps(self, state, batches: Batches, start: int, preemption: Preemption):
+        """The steps themselves -> (state, the last step run)."""
+        pending = None
+        for step in range(start + 1, self.steps + 1):
+            self._step = step
+            epoch = getattr(batches, "epoch", None)
+            state, metrics = self.trainer.step(state, self.trainer.put_batch(next(batches)))
+            if pending:
+                self._record(*pending)  # the previous step's, while this one runs
+            pending = (step, metrics, epoch)
+            preempted = preemption.poll(step)
+            due = [h for h in self.hooks if h.due(step, self.steps)]
+            save = preempted or self.checkpointer.should_save(step) or step == self.steps
+            if due or save:
+                self._record(*pending)
+                pending = None
+            self._run_hooks(due, step, state)
+            if save:
+                self.checkpointer.save(step, state, self.position(batches), self.model_config)
+            if preempted:
+                if preemption.signum != signal.SIGINT:  # Ctrl-C's line comes last, from Interrupted in run
+                    self.progress.write(f"preempted: checkpoint saved at step {step}; run the same command to resume")
+                return state, step
+        if pending:
+            self._record(*pending)
+        return state, self._step
+
+    def _run_hooks(self, due: list[Hook], step: int, state) -> None:
+        for hook in due:
+            total, count = self._tally[hook.name]
+            self._tally[hook.name] = [0.0, 0]
+            logged = hook.fn(step, state, total / max(count, 1))
+            if logged:
+                self.metrics.write(step, **logged)
+                self._last.update(logged)
+        if due:
+            self._t_last = time.perf_counter()  # evaluation time is not training throughput
 
     def _record(self, step: int, metrics, epoch) -> None:
         m = {k: float(v) for k, v in jax.device_get(metrics).items() if k != "weight"}
@@ -208,6 +249,7 @@ class Loop:
             if self.flops_per_token and self.peak_flops:
                 fields["mfu"] = tokens_per_s * self.flops_per_token / self.peak_flops
         self._t_last = now
+        self._last.update(m, **fields)
         if self.log_every and (step % self.log_every == 0 or step == self.steps):
             self.metrics.write(step, **m, **fields, **({"epoch": epoch} if epoch is not None else {}))
         shown = {"loss": m["loss"]}
@@ -216,3 +258,36 @@ class Loop:
         if "mfu" in fields:
             shown["mfu"] = f"{fields['mfu']:.1%}"
         self.progress.update(1, **shown)
+
+
+
+def resume_step(checkpointer, model_config) -> int:
+    """The step a run resumes at: its newest intact checkpoint's (0: a new run), checked to hold this model."""
+    step = checkpointer.latest_intact_step() or 0
+    if step:
+        checkpointer.check_model(model_config, step)
+    return step
+
+
+def start(workdir: Path, job: run_folder.Identity, config, trainer, checkpointer, batches: Batches, begin: int, *,
+          steps: int, init_state: Callable[[], Any], hooks: Callable[[Progress], list[Hook]], desc: str,
+          write_files: Callable[[], None] = lambda: None, progress: bool = True, tensorboard: bool = True,
+          **loop_options) -> tuple[Loop, Any]:
+    """Everything both jobs do before their loop -> (loop, state at `begin`). Process 0 claims the workdir for
+    `job` and writes config.yaml (and the job's own `write_files`); the state comes from checkpoint `begin`
+    (`resume_step`), with the batches' and the hooks' positions, or from `init_state()` for a new run.
+    `hooks(progress)` makes the hooks, which may write to the progress bar."""
+    is_main = jax.process_index() == 0
+    if is_main:
+        run_folder.claim(workdir, job, config.model.architecture())
+        save_yaml(config, workdir / "config.yaml")
+        write_files()
+    bar = Progress(steps, begin, enabled=progress and is_main, desc=desc)
+    metrics = MetricsWriter(workdir, enabled=is_main, resume_step=begin, tensorboard=tensorboard)
+    loop = Loop(trainer, steps, checkpointer, config.model, metrics, bar, hooks(bar), **loop_options)
+    if begin:
+        state, position, _ = checkpointer.restore(trainer.abstract_state_sharded(), begin)
+        loop.restore_position(position, batches)
+    else:
+        state = init_state()
+    return loop, state

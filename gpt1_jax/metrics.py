@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 
@@ -36,6 +37,7 @@ class MetricsWriter:
             self.path.write_text("".join(l + "\n" for l in kept))
         self._file = open(self.path, "a", buffering=1)
         if tensorboard:
+            # Imported here: tensorboardX takes seconds to import, and every CLI verb imports this module.
             from tensorboardX import SummaryWriter
 
             self._tb = SummaryWriter(str(Path(workdir) / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
@@ -85,11 +87,11 @@ class Progress:
 
 def plot_losses(workdir: str | Path, out: str | Path | None = None) -> Path:
     """`loss.png` beside metrics.jsonl: train loss (raw and smoothed) and validation loss against step."""
+    # Imported here: matplotlib takes ~1 s to import, for a plot few runs ask for (and after use("Agg")).
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers and CI
     import matplotlib.pyplot as plt
-    import numpy as np
 
     records = read_metrics(workdir)
     train = [(r["step"], r["loss"]) for r in records if isinstance(r.get("loss"), float)]

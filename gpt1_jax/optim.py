@@ -4,7 +4,8 @@ The GPT-1 optimizer (docs/gpt1.md): global-norm clipping at 1.0, then Adam (b1 0
 with decoupled weight decay 0.01 on weight matrices and embeddings only. optax.adamw multiplies the
 decay by the scheduled lr, exactly as the original's `p -= lr_t * (m_hat/(sqrt(v_hat)+eps) + 0.01 p)`.
 
-Optimizers and schedules are chosen by name from registries, so adding lion/adafactor/... is one entry.
+Optimizers and schedules are chosen by name from registries, so adding lion/adafactor/... is one entry here
+and its name in gpt1_jax/config.py (OPTIMIZER_NAMES, SCHEDULE_NAMES: what a config may say).
 
 Registered optimizers (all optax; each builds on the real, scanned parameter tree):
   gpt1_adam      clip + AdamW with the paper's constants pinned
@@ -25,8 +26,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import optax
+from optax.contrib import MuonDimensionNumbers, ScheduleFreeState, schedule_free, schedule_free_eval_params
+from optax.contrib import muon as optax_muon
 
 from gpt1_jax.config import ConfigError, OptimConfig
 
@@ -166,8 +171,6 @@ def _dict_keys(path) -> tuple[str, ...]:
 def muon_dimension_numbers(params) -> Any:
     """A tree like `params`: optax MuonDimensionNumbers for the transformer blocks' kernels, None for
     everything else (embeddings, biases, LayerNorm, task heads: those go to AdamW)."""
-    from optax.contrib import MuonDimensionNumbers
-
     def spec(path, leaf):
         keys = _dict_keys(path)
         if not keys or keys[-1] != "kernel":
@@ -191,8 +194,6 @@ def muon(cfg: OptimConfig, schedule: optax.Schedule, params) -> optax.GradientTr
     optax.contrib.muon (all of its leaves are matrices, its inner Adam branch stays empty) with
     decoupled decay `weight_decay` x lr, and the rest to optax.adamw with `decay_mask` (embeddings
     decayed, biases and LayerNorm not) at lr x muon_adam_lr_ratio."""
-    from optax.contrib import muon as optax_muon
-
     dims = muon_dimension_numbers(params)
     labels = jax.tree.map(lambda d: "adam" if d is None else "muon", dims, is_leaf=lambda d: d is None or
                           isinstance(d, tuple))
@@ -215,8 +216,6 @@ def schedule_free_adamw(cfg: OptimConfig, schedule: optax.Schedule, params) -> o
     decay, lr, wrapped in optax.contrib.schedule_free(b1=sf_b1). Use a schedule without decay
     (`warmup_constant` or `constant`); the gradient is taken at y (= TrainState.params) and the model to
     evaluate or keep is x = `eval_params(opt_state, params)`."""
-    from optax.contrib import schedule_free
-
     base = optax.chain(
         optax.scale_by_rms(decay=cfg.b2, eps=cfg.eps, eps_in_sqrt=False, bias_correction=True),
         optax.add_decayed_weights(cfg.weight_decay, decay_mask(params)),
@@ -227,8 +226,6 @@ def schedule_free_adamw(cfg: OptimConfig, schedule: optax.Schedule, params) -> o
 
 
 def _is_sf_state(x) -> bool:
-    from optax.contrib import ScheduleFreeState
-
     return isinstance(x, ScheduleFreeState)
 
 
@@ -236,8 +233,6 @@ def eval_params(opt_state, params):
     """The parameters to evaluate and to export: `params` itself for every optimizer except the
     schedule-free ones, whose x sequence (optax.contrib.schedule_free_eval_params) is returned.
     Works on any nesting of the state (clipping chains, partitions); pure, so it can run under jit."""
-    from optax.contrib import schedule_free_eval_params
-
     found = [s for s in jax.tree_util.tree_leaves(opt_state, is_leaf=_is_sf_state) if _is_sf_state(s)]
     if not found:
         return params
@@ -255,8 +250,6 @@ def optimizer_state_bytes(cfg: OptimConfig, params) -> int:
     """Bytes of `make_optimizer(cfg, params).init(params)` (abstractly evaluated: nothing allocated),
     the number the optimizer study reports."""
     tx = make_optimizer(cfg, params)
-    import flax.linen as nn
-
     shapes = jax.eval_shape(tx.init, nn.meta.unbox(params))
     return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes)))
 
@@ -278,18 +271,14 @@ def make_optimizer(cfg: OptimConfig, params) -> optax.GradientTransformation:
     """The optimizer named by `cfg.name`, its masks derived from `params` (real, abstract or boxed:
     only the tree's structure, names and ranks are read; boxes are stripped first), its float state
     stored in `cfg.state_dtype`."""
-    import flax.linen as nn
-
     tx = OPTIMIZERS[cfg.name](cfg, make_schedule(cfg), nn.meta.unbox(params))
-    return tx if cfg.state_dtype == "float32" else stored_as(tx, jax.numpy.dtype(cfg.state_dtype))
+    return tx if cfg.state_dtype == "float32" else stored_as(tx, jnp.dtype(cfg.state_dtype))
 
 
 def stored_as(tx: optax.GradientTransformation, dtype) -> optax.GradientTransformation:
     """`tx` with its floating-point state kept in `dtype` between steps: each update widens the state back
     to the dtypes `tx` made it in, runs `tx` unchanged, and narrows the new state. Integer leaves (step
     counts) are untouched. Memory, not arithmetic: every optimizer's maths stays in float32."""
-    import jax.numpy as jnp
-
     def narrow(state):
         return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
 

@@ -25,11 +25,13 @@ import time
 from collections import defaultdict
 from typing import Any, Sequence
 
+import jax
 import numpy as np
 
 from gpt1_jax import flops, sizing, topology
 from gpt1_jax.config import MeshConfig, PretrainConfig
 from gpt1_jax.errors import ConfigError, PlanDoesNotFit
+from gpt1_jax.step import lm_batch_spec, lm_trainer
 
 GB = 1e9
 # Hardware FLOPs per model FLOP by remat policy: full recomputes each block's forward (+1/3); dots keeps the
@@ -235,8 +237,6 @@ def target(topology_name: str | None, num_slices: int = 1) -> Target:
         return Target(tuple(topology.tpu_devices(topology_name, num_slices)), topology_name, num_slices)
     if num_slices != 1:
         raise ConfigError("--num-slices needs --topology")
-    import jax
-
     return Target(tuple(jax.devices()), f"visible:{len(jax.devices())}x{jax.devices()[0].device_kind}")
 
 
@@ -250,8 +250,6 @@ def with_slices(mesh: MeshConfig, num_slices: int) -> MeshConfig:
 
 def compile_plan(config: PretrainConfig, where: Target) -> dict[str, Any]:
     """The plan of one mesh: compile `config`'s train step for `where` and read it (see module docstring)."""
-    from gpt1_jax.step import lm_batch_spec, lm_trainer
-
     mesh_config = with_slices(config.mesh, where.num_slices)
     trainer = lm_trainer(config.model, config.optim, mesh_config, accum_steps=config.accum_steps, seed=config.seed,
                          devices=list(where.devices))
@@ -318,8 +316,6 @@ def _no_persistent_cache():
     cache (it needs that chip's client), so plans never write it: JAX decides once per process whether
     the cache is on, so the cache is switched off for a process whose first compilation is a plan, and
     otherwise nothing is slow enough to be written."""
-    import jax
-
     before = (jax.config.jax_enable_compilation_cache, jax.config.jax_persistent_cache_min_compile_time_secs)
     jax.config.update("jax_enable_compilation_cache", False)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
@@ -338,8 +334,6 @@ def _state_split(trainer) -> dict[str, int]:
 
 def _replicated(trainer) -> list[dict[str, Any]]:
     """State tensors held whole on every chip that are larger than REPLICATED_LIMIT_BYTES."""
-    import jax
-
     found = []
     for path, x in jax.tree_util.tree_flatten_with_path(trainer.abstract_state_sharded())[0]:
         nbytes = math.prod(x.shape) * x.dtype.itemsize
@@ -475,8 +469,6 @@ def auto(config: PretrainConfig, where: Target, compile_top: int = 3, baselines:
     """The best plan that fits: rank every candidate analytically, compile the best `compile_top` (and, with
     `baselines`, the data-only and fsdp-only meshes where they may fit), keep the best compiled plan that
     fits; if none of those fits, go on down the ranking until one does."""
-    from gpt1_jax.step import lm_trainer
-
     t0 = time.perf_counter()
     capacity = where.hbm_bytes()
     state_cache: dict[tuple, int] = {}

@@ -15,7 +15,21 @@ import math
 import sys
 from pathlib import Path
 
-from gpt1_jax.config import PretrainConfig, save_yaml
+import jax
+
+from gpt1_jax import flops
+from gpt1_jax.checkpoint import Checkpointer
+from gpt1_jax.config import PretrainConfig
+from gpt1_jax.data.pipeline import build_pipeline
+from gpt1_jax.evaluate import lm_loss
+from gpt1_jax.files import atomic_write_text
+from gpt1_jax.loop import Hook, Outcome, resume_step, start
+from gpt1_jax.metrics import plot_losses
+from gpt1_jax.optim import eval_params
+from gpt1_jax.sharding import make_mesh
+from gpt1_jax.step import check_batch_size, lm_trainer
+from gpt1_jax.workdir import Identity
+from gpt1_jax.workdir import check as check_workdir
 
 
 def with_schedule_span(config: PretrainConfig) -> PretrainConfig:
@@ -25,17 +39,8 @@ def with_schedule_span(config: PretrainConfig) -> PretrainConfig:
     return dataclasses.replace(config, optim=optim)
 
 
-def run(config: PretrainConfig, workdir: Path) -> int:
-    import jax
-
-    from gpt1_jax import flops
-    from gpt1_jax.checkpoint import Checkpointer
-    from gpt1_jax.data.pipeline import build_pipeline
-    from gpt1_jax.sharding import make_mesh
-    from gpt1_jax.step import check_batch_size, lm_trainer
-    from gpt1_jax.workdir import Identity
-    from gpt1_jax.workdir import check as check_workdir
-
+def run(config: PretrainConfig, workdir: Path) -> Outcome:
+    """Trains `config` in `workdir` (resuming what is there) -> how it ended (gpt1_jax/loop.py Outcome)."""
     workdir = Path(workdir)
     is_main = jax.process_index() == 0
     config = with_schedule_span(config)
@@ -55,55 +60,38 @@ def run(config: PretrainConfig, workdir: Path) -> int:
         ckpt.close()
 
 
-def _train(config: PretrainConfig, workdir: Path, job, pipeline, trainer, ckpt, is_main: bool) -> int:
-    import jax
+def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, trainer, ckpt, is_main: bool) -> Outcome:
+    begin = resume_step(ckpt, config.model)
+    if begin >= config.steps:
+        print(f"{workdir}: already trained to step {begin} of {config.steps}; nothing to do", file=sys.stderr)
+        return Outcome("finished", begin)
 
-    from gpt1_jax import flops
-    from gpt1_jax.data.tokens import atomic_write_text
-    from gpt1_jax.evaluate import lm_loss
-    from gpt1_jax.loop import Hook, Loop
-    from gpt1_jax.metrics import MetricsWriter, Progress, plot_losses
-    from gpt1_jax.optim import eval_params
-    from gpt1_jax.workdir import claim
+    def hooks(progress):
+        def evaluate(step, state, train_loss):
+            # Schedule-free optimizers are evaluated at their x sequence; for the others this is params.
+            loss, _ = lm_loss(trainer, eval_params(state.opt_state, state.params), pipeline.val_iter(),
+                              config.eval_batches)
+            ppl = math.exp(min(loss, 50.0))
+            progress.write(f"step {step}: val_loss {loss:.4f}  val_ppl {ppl:.2f}")
+            return {"val_loss": loss, "val_ppl": ppl}
 
-    start = ckpt.latest_intact_step() or 0
-    if start:
-        ckpt.check_model(config.model, start)
-    if is_main:
-        claim(workdir, job, config.model.architecture())
-        save_yaml(config, workdir / "config.yaml")
+        return [Hook("eval", evaluate, every=config.eval_every)] if config.eval_every else []
+
+    def write_files():
         atomic_write_text(workdir / "data_info.json", json.dumps(pipeline.info, indent=2) + "\n")
-    if start >= config.steps:
-        print(f"{workdir}: already trained to step {start} of {config.steps}; nothing to do", file=sys.stderr)
-        return 0
 
-    def evaluate(step, state, train_loss):
-        # Schedule-free optimizers are evaluated at their x sequence; for the others this is params.
-        loss, _ = lm_loss(trainer, eval_params(state.opt_state, state.params), pipeline.val_iter(), config.eval_batches)
-        ppl = math.exp(min(loss, 50.0))
-        progress.write(f"step {step}: val_loss {loss:.4f}  val_ppl {ppl:.2f}")
-        return {"val_loss": loss, "val_ppl": ppl}
-
-    metrics = MetricsWriter(workdir, enabled=is_main, resume_step=start)
-    progress = Progress(config.steps, start, enabled=is_main, desc="pretrain")
-    hooks = [Hook("eval", evaluate, every=config.eval_every)] if config.eval_every else []
-    loop = Loop(trainer, config.steps, ckpt, config.model, metrics, progress, hooks, log_every=config.log_every,
-                tokens_per_step=config.data.global_batch_size * config.data.seq_len,
-                flops_per_token=flops.flops_per_token(config.model, config.data.seq_len),
-                peak_flops=flops.peak_flops(config.model.dtype, remembered=True)[0])
     batches = pipeline.train_iter()
-    if start:
-        state, position, _ = ckpt.restore(trainer.abstract_state_sharded(), start)
-        loop.restore_position(position, batches)
-    else:
-        state = trainer.init()
-    progress.write(
-        f"{'resuming at step ' + str(start) if start else 'starting'}: {config.model.num_params() / 1e6:.2f}M params, "
+    loop, state = start(workdir, job, config, trainer, ckpt, batches, begin, steps=config.steps, init_state=trainer.init,
+                        hooks=hooks, desc="pretrain", write_files=write_files, log_every=config.log_every,
+                        tokens_per_step=config.data.global_batch_size * config.data.seq_len,
+                        flops_per_token=flops.flops_per_token(config.model, config.data.seq_len),
+                        peak_flops=flops.peak_flops(config.model.dtype, remembered=True)[0])
+    loop.progress.write(
+        f"{'resuming at step ' + str(begin) if begin else 'starting'}: {config.model.num_params() / 1e6:.2f}M params, "
         f"{pipeline.info['train_windows']} train windows of {config.data.seq_len} tokens, "
         f"mesh {dict(trainer.mesh.shape)} over {len(jax.devices())} devices"
     )
-    loop.run(state, batches)
+    outcome = loop.run(state, batches)
     if is_main:
         print(f"loss curve: {plot_losses(workdir)}", file=sys.stderr)
-    return 0
-
+    return outcome

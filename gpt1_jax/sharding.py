@@ -17,13 +17,20 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import PartitionSpec
+
 from gpt1_jax.config import MESH_AXES, ConfigError, MeshAxes, MeshConfig, parse_mesh  # noqa: F401 (re-exported)
 
 Rules = tuple[tuple[str, MeshAxes], ...]
 
 # Order matters: flax assigns rules first to last and never reuses a mesh axis within one array. So an
 # activation [batch, length, embed] takes fsdp for `batch` and leaves `embed` whole, while a parameter
-# [vocab, embed] (no batch axis) gets `embed` split over fsdp: FSDP falls out of one table.
+# [vocab, embed] (no batch axis) gets `embed` split over fsdp: FSDP falls out of one table. One entry per
+# name of config.LOGICAL_AXES, the names `mesh.rules` is checked against.
 DEFAULT_RULES: Rules = (
     ("batch", ("data", "fsdp")),
     ("vocab", "tensor"),
@@ -65,10 +72,6 @@ def make_mesh(config: MeshConfig, devices: Sequence[Any] | None = None):
     (docs/stack.md). `tensor` is the innermost (fastest-varying) axis so its all-reduces stay between
     neighbouring devices.
     """
-    import jax
-    import numpy as np
-    from jax.experimental import mesh_utils
-
     devices = list(jax.devices() if devices is None else devices)
     sizes = config.axis_sizes(len(devices))
     shape = tuple(sizes[a] for a in MESH_AXES)
@@ -89,8 +92,6 @@ def make_mesh(config: MeshConfig, devices: Sequence[Any] | None = None):
 def _fit_spec(spec, shape: tuple[int, ...], mesh):
     """Drops mesh axes from dimensions they do not divide (e.g. vocab 40478 over tensor=4): replicated
     along that dimension instead of an error at jit time. Everything else is kept as the rules say."""
-    from jax.sharding import PartitionSpec
-
     fitted = []
     for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
         names = (axes,) if isinstance(axes, str) else tuple(axes or ())
@@ -104,9 +105,6 @@ def _fit_spec(spec, shape: tuple[int, ...], mesh):
 
 def logical_shardings(boxed_tree, mesh, rules: Rules):
     """NamedShardings for a tree of nn.Partitioned boxes (concrete or from jax.eval_shape)."""
-    import flax.linen as nn
-    import jax
-
     specs = nn.get_partition_spec(boxed_tree)
     mesh_specs = nn.logical_to_mesh(specs, rules)
     values = nn.meta.unbox(boxed_tree)
@@ -119,15 +117,11 @@ def logical_shardings(boxed_tree, mesh, rules: Rules):
 
 
 def replicated(mesh):
-    import jax
-
     return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
 
 def batch_sharding(mesh, ndim: int = 2):
     """Leading (batch) dimension over data x fsdp, the rest whole."""
-    import jax
-
     return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
 
 
@@ -139,8 +133,6 @@ def like_params_shardings(abstract_tree, abstract_params, param_shardings, mesh)
     """Shardings for a tree holding copies of the params (optimizer moments): a leaf whose path ends
     with a parameter's path and has that parameter's shape takes its sharding; the rest (step counts,
     factored statistics) are replicated. Works for any optax state without knowing its classes."""
-    import jax
-
     flat_params = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
     flat_shardings = jax.tree.leaves(param_shardings)
     by_path = {_dict_keys(path): (tuple(p.shape), s) for (path, p), s in zip(flat_params, flat_shardings)}
@@ -157,6 +149,4 @@ def like_params_shardings(abstract_tree, abstract_params, param_shardings, mesh)
 
 
 def _dict_keys(path) -> tuple[str, ...]:
-    import jax
-
     return tuple(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))

@@ -15,15 +15,15 @@ import math
 import time
 from typing import Any
 
+import jax
+
 from gpt1_jax import flops
 from gpt1_jax.config import ModelConfig, PretrainConfig
-from gpt1_jax.step import lm_batch_spec
+from gpt1_jax.step import lm_batch_spec, lm_trainer
 
 
 def pretrain_trainer(config: PretrainConfig):
     """The LM trainer of a pre-training config, on a mesh over all visible devices."""
-    from gpt1_jax.step import lm_trainer
-
     return lm_trainer(config.model, config.optim, config.mesh, accum_steps=config.accum_steps, seed=config.seed)
 
 
@@ -32,8 +32,6 @@ def size_step(trainer, batch_spec: dict[str, Any], model: ModelConfig) -> tuple[
 
     The report: mesh and devices, lower/compile seconds, train-state bytes (total and per device, from
     the shardings alone: nothing is allocated), XLA's memory and FLOPs per device, model FLOPs."""
-    import jax
-
     B, T = batch_spec["inputs"].shape
     trainer.check_batch_size(B)
     t0 = time.perf_counter()
@@ -71,8 +69,6 @@ def size_step(trainer, batch_spec: dict[str, Any], model: ModelConfig) -> tuple[
 def state_bytes_per_device(trainer, part: str | None = None) -> int:
     """Bytes of the train state one device holds (all of it, or `part`: "params" / "opt_state"), from the
     shardings alone: nothing is allocated or compiled."""
-    import jax
-
     state = trainer.abstract_state_sharded()
     tree = state if part is None else getattr(state, part)
     return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))

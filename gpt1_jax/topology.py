@@ -22,6 +22,11 @@ import os
 import re
 import tempfile
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import topologies
+
 from gpt1_jax.errors import ConfigError
 
 GiB = 1 << 30
@@ -70,10 +75,6 @@ def usable_hbm_bytes(device) -> int | None:
     """The HBM one chip offers a program, as the TPU compiler itself counts it (less than the sheet's
     capacity: the runtime keeps some). Asked by compiling a program that cannot fit and reading the
     refusal; None where the compiler gives no such number (not a TPU)."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
     if getattr(device, "platform", "") != "tpu":
         return None
     whole = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array([device]), ("x",)), jax.sharding.PartitionSpec())
@@ -96,7 +97,7 @@ def skip_absent_tpu() -> None:
     no start-up noise on stderr, no libtpu lock held by CPU runs. A real TPU VM is left alone."""
     if "tpu" in os.environ.get("JAX_PLATFORMS", "") or os.environ.get("JAX_FORCE_TPU_INIT"):
         return
-    try:
+    try:  # jax's private modules, imported where their absence can be caught
         from jax._src import hardware_utils, xla_bridge
     except ImportError:  # another jax layout: nothing to do
         return
@@ -115,14 +116,12 @@ def tpu_devices(topology: str, num_slices: int = 1) -> list:
         raise ConfigError(f"--num-slices must be >= 1, got {num_slices}")
     if ":" not in topology:
         raise ConfigError(f"--topology {topology!r} is not GENERATION:SHAPE, e.g. v5e:16x16, v5p:8x8x8, v4:2x2x4")
-    try:
+    try:  # optional: the [tpu] extra
         import libtpu  # noqa: F401
     except ImportError:
         raise ConfigError("--topology needs the TPU compiler: pip install -e \".[tpu]\" (libtpu, ~700 MB)") from None
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no cloud metadata server to ask
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # plans side by side, or beside a test run
-    from jax.experimental import topologies
-
     kwargs = {"num_slices": num_slices} if num_slices > 1 else {}
     if topology.lower().startswith(("v4", "v5p")):
         kwargs["chip_config_name"] = "megacore"  # one device per chip (its 2 TensorCores as one), as jax runs them

@@ -26,10 +26,20 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax
 import numpy as np
+import yaml
+from optax.contrib import ScheduleFreeState
+from safetensors import SafetensorError
+from safetensors.numpy import load_file, save_file
 
 from gpt1_jax.config import (RUNTIME_FIELDS, ConfigError, FinetuneConfig, ModelConfig, PretrainConfig, apply_overrides,
                              load_yaml, save_yaml)
-from gpt1_jax.errors import CheckpointFormatError
+from gpt1_jax.errors import CheckpointFormatError, OutputExistsError
+from gpt1_jax.model import init_params
+from gpt1_jax.optim import eval_params, uses_eval_params
+from gpt1_jax.tokenizer import find_tokenizer
+
+# orbax, and gpt1_jax.checkpoint built on it, are imported inside the functions that read or write orbax's
+# format: orbax takes ~0.5 s to import, and `import gpt1_jax` imports this module.
 
 HEAD_DIM = 64  # GPT-1's head size: the original release stores no head count (docs/gpt1.md)
 
@@ -159,15 +169,12 @@ def _config_to_hf(c: ModelConfig) -> dict:
 
 def _read_hf_state(path: Path) -> dict[str, np.ndarray]:
     if (path / "model.safetensors").is_file():
-        from safetensors import SafetensorError
-        from safetensors.numpy import load_file
-
         try:
             return load_file(path / "model.safetensors")
         except SafetensorError as e:  # truncated or not a safetensors file at all
             raise CheckpointFormatError(f"{path}/model.safetensors is unreadable ({e}): truncated or corrupt") from None
     if (path / "pytorch_model.bin").is_file():
-        try:
+        try:  # optional: only HF's older pytorch_model.bin needs it
             import torch
         except ImportError:
             raise CheckpointFormatError(f"{path}/pytorch_model.bin needs torch to read: pip install torch") from None
@@ -239,8 +246,6 @@ def _config_from_original(state: dict[str, np.ndarray], overrides: Sequence[str]
 
 def _run_config(path: Path) -> PretrainConfig | FinetuneConfig:
     """A workdir's config.yaml: a FinetuneConfig when it names a `task`, else a PretrainConfig."""
-    import yaml
-
     try:
         raw = yaml.safe_load((path / "config.yaml").read_text())
     except yaml.YAMLError:
@@ -250,8 +255,6 @@ def _run_config(path: Path) -> PretrainConfig | FinetuneConfig:
 
 def _schedule_free_path(tree: Any, path: tuple = ()) -> tuple | None:
     """Where an optimizer state's ScheduleFreeState (b1, z, ...) sits in a checkpoint's metadata tree."""
-    from optax.contrib import ScheduleFreeState
-
     if isinstance(tree, dict) and set(ScheduleFreeState._fields) <= set(tree):
         return path
     children = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, (list, tuple)) else ()
@@ -265,10 +268,7 @@ def _load_run(path: Path, step: int | None) -> tuple[ModelConfig, dict, int]:
     """-> (saved model config, transformer params, step). A fine-tuning run's params are
     {"transformer", "head"}: the transformer is returned. Schedule-free runs give their x sequence
     (`optim.eval_params`), the point they are evaluated and exported at, not the gradient point y."""
-    from optax.contrib import ScheduleFreeState
-
-    from gpt1_jax.checkpoint import restore_params, state_metadata
-    from gpt1_jax.optim import eval_params, uses_eval_params
+    from gpt1_jax.checkpoint import restore_params, state_metadata  # orbax: see the note at the top
 
     run = _run_config(path)
     model_path = ("params", "transformer") if isinstance(run, FinetuneConfig) else ("params",)
@@ -335,7 +335,7 @@ def load_pretrained(path: str | os.PathLike, config: ModelConfig | None = None, 
         final = _runtime_config(saved, config, overrides, str(path))
         return final, hf_state_to_params(final, _read_hf_state(path), source=str(path))
     if fmt == "jax":
-        import orbax.checkpoint as ocp
+        import orbax.checkpoint as ocp  # see the note at the top
 
         saved = load_yaml(ModelConfig, path / "config.yaml")
         with ocp.StandardCheckpointer() as ckptr:
@@ -366,8 +366,6 @@ def _runtime_config(saved: ModelConfig, config: ModelConfig | None, overrides: S
 
 def _check_tree(config: ModelConfig, params, source: str) -> None:
     """One error unless `params` has exactly the names and shapes of `config`'s model."""
-    from gpt1_jax.model import init_params
-
     def shapes(tree) -> dict[str, tuple[int, ...]]:
         return {jax.tree_util.keystr(k): tuple(v.shape) for k, v in jax.tree_util.tree_leaves_with_path(tree)}
 
@@ -406,8 +404,6 @@ def save_pretrained(config: ModelConfig, params, path: str | os.PathLike, *, ove
                     tokenizer=None) -> Path:
     """Writes a HF directory (config.json + model.safetensors) that `OpenAIGPTLMHeadModel.from_pretrained`
     loads, with `tokenizer` (a GPT1Tokenizer) in the files transformers' tokenizers read."""
-    from safetensors.numpy import save_file
-
     path = Path(path)
     hf_config = _config_to_hf(config)
     tmp = _atomic_dir(path, overwrite)
@@ -427,7 +423,7 @@ def save_jax(config: ModelConfig, params, path: str | os.PathLike, *, overwrite:
              tokenizer=None) -> Path:
     """Our own format: config.yaml + an orbax checkpoint of the (unboxed) parameter tree, and the
     tokenizer (a GPT1Tokenizer) as tokenizer.json."""
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # see the note at the top
 
     path = Path(path).absolute()
     tmp = _atomic_dir(path, overwrite)
@@ -448,8 +444,6 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str = "hf", o
             overrides: Sequence[str] = (), step: int | None = None) -> tuple[ModelConfig, Path]:
     """Any format `load_pretrained` reads -> a HF folder (`to="hf"`) or ours (`"jax"`), with the tokenizer
     SRC holds, if any. `overrides` and `step` are load_pretrained's (e.g. `n_heads=N` for a release)."""
-    from gpt1_jax.tokenizer import find_tokenizer
-
     if to not in ("hf", "jax"):
         raise ConfigError(f"convert: to={to!r} is not hf or jax")
     if Path(dst).exists() and Path(dst).resolve() in (Path(src).resolve(), *Path(src).resolve().parents):
@@ -458,8 +452,6 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str = "hf", o
     try:
         _refuse_overwrite(Path(dst), overwrite)  # before reading the weights, which may take a while
     except FileExistsError:
-        from gpt1_jax.errors import OutputExistsError
-
         raise OutputExistsError(f"{dst} is not empty; nothing was written: pass --overwrite to replace what is in "
                                 "it, or pick an empty or new folder") from None
     config, params = load_pretrained(src, step=step, overrides=overrides)

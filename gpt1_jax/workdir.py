@@ -21,7 +21,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from gpt1_jax.config import guarded_text, to_dict
 from gpt1_jax.errors import WorkdirError
+from gpt1_jax.files import atomic_write_text
 
 __all__ = ["Identity", "WorkdirError", "check", "claim", "read", "check_same_settings", "init_identity"]
 
@@ -74,10 +78,6 @@ def read(workdir: str | Path) -> Identity | None:
             raise WorkdirError(f"{path} is damaged (not the JSON gpt1-jax wrote): restore it, or start the run in "
                                "another folder") from None
     if (workdir / "config.yaml").is_file():  # a run from before run.json
-        import yaml
-
-        from gpt1_jax.config import guarded_text
-
         try:
             saved = yaml.safe_load(guarded_text(workdir / "config.yaml"))
         except yaml.YAMLError:
@@ -133,8 +133,6 @@ def _check_writable(workdir: Path) -> None:
 def claim(workdir: str | Path, job: Identity, architecture: dict[str, Any]) -> None:
     """Creates the folder and records the job, unless it is recorded already (call on process 0, after
     `check` and every other check, right before the run's first write)."""
-    from gpt1_jax.data.tokens import atomic_write_text
-
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     if (workdir / RUN_FILE).is_file():
@@ -157,8 +155,6 @@ def _flat(values: dict, prefix: str = "") -> dict[str, Any]:
 def check_same_settings(workdir: Path, config, saved) -> None:
     """A fine-tuning run resumed (or rerun once finished) with other settings than its folder's is refused,
     naming the first few that differ: its checkpoints and scores belong to the saved settings."""
-    from gpt1_jax.config import to_dict
-
     new, old = _flat(to_dict(config)), _flat(to_dict(saved))
     differ = [k for k in sorted(set(new) | set(old)) if new.get(k) != old.get(k)
               and not any(k == f or k.startswith(f + ".") for f in RESUMABLE_WITH_OTHER)]

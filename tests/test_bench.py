@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpt1_jax import cli, flops
-from gpt1_jax.config import model_preset
+from gpt1_jax.config import PretrainConfig, model_preset, resolve
 from gpt1_jax.flops import accelerator_peak, flops_per_token, mfu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +21,7 @@ KEYS = {"tokens_per_s", "step_s_median", "compile_s", "flops_per_token", "mfu", 
 
 def test_bench_tiny_prints_json(capsys):
     # In-process: this test process already has 8 fake devices (conftest).
-    rc = cli.main(["bench", "--config", "tiny", "--batch", "8", "--seq", "32", "--steps", "2",
+    rc = cli.main(["bench", "--config", "tiny", "--batch-size", "8", "--seq-len", "32", "--steps", "2",
                    "--mesh", "data=2,fsdp=2,tensor=2", "--peak-flops", "1e11"])
     assert rc == 0
     lines = capsys.readouterr().out.strip().splitlines()
@@ -59,18 +59,22 @@ def test_bench_compile_only_is_the_dry_run_report(capsys, tmp_path, monkeypatch)
     assert 0.3 < dry["flops_per_device"] / dry["model_flops_per_device"] < 3  # XLA counts attention etc. too
 
 
-def test_bench_lr_flag_means_a_constant_schedule(monkeypatch):
+def test_bench_lr_and_schedule_each_set_one_field(monkeypatch, capsys):
+    """--lr is the peak learning rate only (it once also switched to a constant schedule without warmup, which
+    --help did not say); --schedule constant is its own flag. --batch and --seq are --batch-size and --seq-len."""
     from gpt1_jax import bench
 
-    seen = {}
-
-    def run(config, **kw):
-        seen["optim"] = config.optim
-        return {}
-
-    monkeypatch.setattr(bench, "run", run)
+    seen = []
+    monkeypatch.setattr(bench, "run", lambda config, **kw: seen.append(config) or {})
+    tiny = resolve(PretrainConfig, "tiny").optim
     assert cli.main(["bench", "--config", "tiny", "--lr", "1e-4"]) == 0
-    assert (seen["optim"].lr, seen["optim"].schedule, seen["optim"].warmup_steps) == (1e-4, "constant", 0)
+    assert seen[-1].optim == dataclasses.replace(tiny, lr=1e-4)
+    assert cli.main(["bench", "--config", "tiny", "--lr", "1e-4", "--schedule", "constant"]) == 0
+    assert seen[-1].optim == dataclasses.replace(tiny, lr=1e-4, schedule="constant")
+    assert cli.main(["bench", "--config", "tiny", "--batch", "4", "--seq", "16"]) == 0
+    assert (seen[-1].data.global_batch_size, seen[-1].data.seq_len) == (4, 16)
+    assert cli.main(["bench", "--config", "tiny", "--schedule", "cosine"]) == 2
+    assert "optim.schedule='cosine' is not one of" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [

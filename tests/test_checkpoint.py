@@ -5,6 +5,7 @@ SIGTERM that saves, stops and leaves the signal handlers as it found them.
 Real orbax on disk, real `gpt1-jax` subprocesses, real tmpfs mounts (we run as root)."""
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -330,10 +331,19 @@ def test_nan_stop_names_only_a_verified_checkpoint(tmp_path):
             corrupt(largest_file(ckpt.folder(2)))
 
     loop = Loop(Trainer(damage, loss=lambda step: np.nan if step == 3 else 1.0), 5, ckpt, ModelConfig(), Quiet(), Quiet())
-    with pytest.raises(DivergenceError, match=r"loss is nan at step 3; .* Last good checkpoint: step 1 in ") as e:
-        loop.run(State(np.int32(0), np.zeros(4, np.float32)), Batches())
-    assert e.value.last_good == 1
+    outcome = loop.run(State(np.int32(0), np.zeros(4, np.float32)), Batches())
+    assert (outcome.status, outcome.step, outcome.last_good) == ("diverged", 3, 1)
+    assert re.match(r"loss is nan at step 3; .* Last good checkpoint: step 1 in ", outcome.message), outcome.message
+    error = outcome.divergence()  # what a command reports, exit 1
+    assert isinstance(error, DivergenceError) and error.last_good == 1 and str(error) == outcome.message
     assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [1, 2]  # reported, not moved
+
+
+def test_a_finished_loop_returns_its_last_step_and_metrics(tmp_path):
+    """The outcome is a value: the last step, the last logged loss, and the state it ended with."""
+    outcome = _loop(tmp_path, lambda step: None).run(State(np.int32(0), np.zeros(4, np.float32)), Batches())
+    assert (outcome.status, outcome.step, outcome.finished) == ("finished", 5, True)
+    assert outcome.metrics["loss"] == 1.0 and int(outcome.state.step) == 5 and outcome.results is None
 
 
 def test_sigterm_saves_stops_and_gives_the_handlers_back(tmp_path):
@@ -353,9 +363,9 @@ def test_sigterm_saves_stops_and_gives_the_handlers_back(tmp_path):
             os.kill(os.getpid(), signal.SIGTERM)
 
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    state, preempted = Loop(Trainer(terminate), 5, ckpt, ModelConfig(), Quiet(), Quiet()).run(
+    outcome = Loop(Trainer(terminate), 5, ckpt, ModelConfig(), Quiet(), Quiet()).run(
         State(np.int32(0), np.zeros(4, np.float32)), Batches())
-    assert preempted and int(state.step) == 2
+    assert (outcome.status, outcome.step, outcome.finished) == ("preempted", 2, False) and int(outcome.state.step) == 2
     assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [2]
     assert {s: signal.getsignal(s) for s in before} == before
 

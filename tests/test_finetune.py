@@ -15,8 +15,9 @@ import jax
 import numpy as np
 import pytest
 
-from gpt1_jax import cli, heads
+from gpt1_jax import cli
 from gpt1_jax.config import FinetuneConfig, load_yaml, model_preset, save_yaml
+from gpt1_jax.data.layout import max_segment_len
 from gpt1_jax.data.tasks import bucket_len
 from gpt1_jax.finetune import open_source, transplant, with_marker_rows
 from gpt1_jax.tokenizer import GPT1Tokenizer
@@ -192,20 +193,19 @@ def test_race_multiple_choice_end_to_end(tmp_path):
 
 def test_bucket_len():
     assert [bucket_len(n, 64) for n in (1, 16, 17, 40, 63, 64)] == [16, 16, 32, 64, 64, 64]
-    assert heads.max_segment_len(512) == 254
+    assert max_segment_len(512) == 254
 
 
 def test_glue_table_script_quick(tmp_path, data_dir):
-    """experiments/glue/glue_table.py --quick: runs, then writes the markdown table beside the paper's numbers."""
+    """python -m experiments.glue.glue_table --quick: runs, then writes the markdown table beside the paper's numbers."""
     import subprocess
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "experiments" / "glue" / "glue_table.py"
     out = tmp_path / "table"
-    proc = subprocess.run([sys.executable, str(script), "--quick", "--init", "none", "--tasks", "cola", "--seeds", "0",
-                           "--data-dir", str(data_dir), "--out", str(out), "--", "--tfds-dir", str(tmp_path / "tfds")],
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "experiments.glue.glue_table", "--quick", "--init", "none", "--tasks", "cola",
+                           "--seeds", "0", "--data-dir", str(data_dir), "--out", str(out), "--", "--tfds-dir", str(tmp_path / "tfds")],
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr[-2000:]
     table = (out / "table.md").read_text()
     assert "| cola | matthews_corr | 45.4 |" in table and (out / "full" / "cola" / "seed0" / "results.json").is_file()
@@ -308,11 +308,11 @@ def test_accumulated_steps_train_like_the_whole_batch(tmp_path, data_dir):
 
 def test_schedule_free_is_scored_at_x(tmp_path, data_dir, monkeypatch):
     """The dev hook evaluates schedule-free runs at their x sequence (optim.eval_params), not at y."""
-    from gpt1_jax import optim
+    from gpt1_jax import finetune, optim
 
     seen = []
     real = optim.eval_params
-    monkeypatch.setattr(optim, "eval_params", lambda opt_state, params: seen.append(real(opt_state, params) is not params) or real(opt_state, params))
+    monkeypatch.setattr(finetune, "eval_params", lambda opt_state, params: seen.append(real(opt_state, params) is not params) or real(opt_state, params))
     _finetune(tmp_path, data_dir, "--epochs", "1", "--set", "optim.name=schedule_free_adamw")
     assert seen and all(seen)
 

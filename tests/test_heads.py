@@ -1,5 +1,6 @@
-"""Task heads: input layouts, classify position, truncation, similarity order-sum, the shared dropout
-mask of multiple choice, and the auxiliary LM loss against a float64 numpy reference."""
+"""Task heads and the token layout they read (gpt1_jax/data/layout.py): layouts, classify position, truncation,
+similarity order-sum, the shared dropout mask of multiple choice, and the auxiliary LM loss against a float64
+numpy reference."""
 
 import dataclasses
 
@@ -10,8 +11,9 @@ import pytest
 
 from gpt1_jax import heads
 from gpt1_jax.config import model_preset
+from gpt1_jax.data.layout import Markers, layout, pad_sequences
 
-M = heads.Markers(start=500, delimiter=501, classify=502)
+M = Markers(start=500, delimiter=501, classify=502)
 TINY = dataclasses.replace(model_preset("tiny"), embd_dropout=0.0, attn_dropout=0.0, resid_dropout=0.0)
 
 
@@ -26,9 +28,9 @@ TINY = dataclasses.replace(model_preset("tiny"), embd_dropout=0.0, attn_dropout=
     ],
 )
 def test_layouts_and_classify_position(kind, segments, expected):
-    seqs = heads.layout(kind, segments, M, n_ctx=64)
+    seqs = layout(kind, segments, M, n_ctx=64)
     assert seqs == expected
-    tokens, mask, clf_pos = heads.pad_sequences([seqs], length=16)
+    tokens, mask, clf_pos = pad_sequences([seqs], length=16)
     assert tokens.shape == (1, len(expected), 16)
     for n, seq in enumerate(expected):
         assert clf_pos[0, n] == len(seq) - 1
@@ -41,14 +43,14 @@ def test_truncation_keeps_n_ctx_half_minus_2_per_segment_and_drops_nothing():
     keep = n_ctx // 2 - 2
     long_a, long_b = list(range(1, 100)), list(range(200, 290))
     examples = [(long_a, long_b), (long_a[:5], long_b), (long_a, long_b[:3])]
-    seqs = [heads.layout("entailment", ex, M, n_ctx) for ex in examples]
+    seqs = [layout("entailment", ex, M, n_ctx) for ex in examples]
     assert len(seqs) == len(examples)
     first = seqs[0][0]
     assert first == [500] + long_a[:keep] + [501] + long_b[:keep] + [502]
     assert seqs[1][0] == [500] + long_a[:5] + [501] + long_b[:keep] + [502]
     assert seqs[2][0] == [500] + long_a[:keep] + [501] + long_b[:3] + [502]
     assert max(len(s[0]) for s in seqs) <= n_ctx
-    (mc,) = [heads.layout("multiple_choice", (long_a, [long_b, long_b[:2]]), M, n_ctx)]
+    (mc,) = [layout("multiple_choice", (long_a, [long_b, long_b[:2]]), M, n_ctx)]
     assert [len(s) for s in mc] == [2 * keep + 3, keep + 2 + 3]
 
 
@@ -69,8 +71,8 @@ def _model(kind, n_out, clf_dropout=0.0, config=TINY):
 
 def test_similarity_adds_the_hidden_states_of_both_orders():
     model, params = _model("similarity", 1)
-    seqs = [heads.layout("similarity", ([5, 6, 7], [8, 9]), M, 64), heads.layout("similarity", ([8, 9], [5, 6, 7]), M, 64)]
-    tokens, _, clf_pos = heads.pad_sequences(seqs, 16)
+    seqs = [layout("similarity", ([5, 6, 7], [8, 9]), M, 64), layout("similarity", ([8, 9], [5, 6, 7]), M, 64)]
+    tokens, _, clf_pos = pad_sequences(seqs, 16)
     out, _ = _apply(model, params, tokens, clf_pos, with_lm=False)
     # (a, b) and (b, a) give the same two sequences in swapped order: the sum makes them equal
     np.testing.assert_allclose(out[0], out[1], rtol=1e-6, atol=1e-6)
@@ -98,8 +100,8 @@ def test_multiple_choice_shares_one_dropout_mask_across_choices():
 
 def test_multiple_choice_identical_choices_identical_scores_through_the_model():
     model, params = _model("multiple_choice", 1, clf_dropout=0.5)
-    seqs = [heads.layout("multiple_choice", ([3, 4, 5], [[7, 8]] * 4), M, 64)] * 3
-    tokens, _, clf_pos = heads.pad_sequences(seqs, 16)
+    seqs = [layout("multiple_choice", ([3, 4, 5], [[7, 8]] * 4), M, 64)] * 3
+    tokens, _, clf_pos = pad_sequences(seqs, 16)
     out, _ = _apply(model, params, tokens, clf_pos, deterministic=False, with_lm=False,
                     rngs={"dropout": jax.random.key(3)})
     np.testing.assert_array_equal(out, np.broadcast_to(out[:, :1], out.shape))
@@ -149,7 +151,7 @@ def test_task_losses():
 
 def test_lm_logits_cover_every_sequence_of_an_example():
     model, params = _model("multiple_choice", 1)
-    seqs = [heads.layout("multiple_choice", ([3, 4], [[7], [8], [9]]), M, 64)] * 2
-    tokens, _, clf_pos = heads.pad_sequences(seqs, 16)
+    seqs = [layout("multiple_choice", ([3, 4], [[7], [8], [9]]), M, 64)] * 2
+    tokens, _, clf_pos = pad_sequences(seqs, 16)
     out, logits = _apply(model, params, tokens, clf_pos)
     assert out.shape == (2, 3) and logits.shape == (6, 16, TINY.vocab_size) and logits.dtype == jnp.float32

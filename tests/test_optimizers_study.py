@@ -1,4 +1,4 @@
-"""experiments/optimizers/run_study.py: the --quick pre-training study on `tiny` produces results.json,
+"""experiments.optimizers.run_study: the --quick pre-training study on `tiny` produces results.json,
 results.md and the PNGs with a row per optimizer; a rerun skips finished runs; a diverged run is recorded
 as diverged; the state bytes in the table are `optimizer_state_bytes` of the real tree.
 
@@ -17,32 +17,24 @@ from pathlib import Path
 
 import pytest
 
+from experiments.optimizers import run_study as rs
+from experiments.optimizers import sweep as sw
+from experiments.optimizers import tables as tb
 from gpt1_jax.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "experiments" / "optimizers" / "run_study.py"
+STUDY = [sys.executable, "-m", "experiments.optimizers.run_study"]  # run with cwd=ROOT
 ENV = {**os.environ, "XLA_FLAGS": ""}  # one real CPU device, as a user runs it (conftest fakes 8 here)
 OPTS = ["gpt1_adam", "schedule_free_adamw"]  # muon's partitioned update has its own tests (test_optim.py)
-
-
-def _study_module(name: str = "run_study"):
-    """run_study.py or one of its modules beside it (sweep.py: the grid and loop; tables.py: the outputs)."""
-    import importlib
-
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.pop(0)
 
 
 @pytest.fixture(scope="module")
 def quick_study(tmp_path_factory):
     out = tmp_path_factory.mktemp("opt-study")
-    argv = [sys.executable, str(SCRIPT), "pretrain", "--quick", "--out", str(out), "--optimizers", ",".join(OPTS),
+    argv = [*STUDY, "pretrain", "--quick", "--out", str(out), "--optimizers", ",".join(OPTS),
             "--steps", "6", "--lr-points", "2", "--max-extensions", "0", "--seeds", "0,1",
             "--cache-dir", str(out / "token-cache"), "--records", str(out / "records"), "--results", str(out / "published")]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=ENV)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=ENV, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-4000:]
     return out / "pretrain", argv
 
@@ -107,37 +99,34 @@ def test_rerun_skips_finished_runs_even_without_their_run_dirs(quick_study):
 
     study, argv = quick_study
     before = {p: p.stat().st_mtime for p in study.glob("runs/*/*/metrics.jsonl")}
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "==" not in done.stderr  # no run started
     assert {p: p.stat().st_mtime for p in study.glob("runs/*/*/metrics.jsonl")} == before
     summary = json.loads((study / "results.json").read_text())["summary"]
     shutil.rmtree(study / "runs")
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
     assert done.returncode == 0 and "==" not in done.stderr, done.stderr[-3000:]
     assert json.loads((study / "results.json").read_text())["summary"] == summary
     records = {p: p.read_text() for p in (study.parent / "records").rglob("*.json")}
     longer = list(argv)
     longer[longer.index("--steps") + 1] = "8"  # another budget over the same records: refused, not mixed in
-    done = subprocess.run(longer, capture_output=True, text=True, timeout=300, env=ENV)
+    done = subprocess.run(longer, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
     assert done.returncode != 0 and "==" not in done.stderr
     assert "another budget (steps=6; this study: steps=8)" in done.stderr.strip().splitlines()[-1]
     assert {p: p.read_text() for p in (study.parent / "records").rglob("*.json")} == records
 
 
 def test_diverged_run_is_recorded_not_raised(tmp_path, monkeypatch):
-    """pretrain.run raising DivergenceError after a NaN loss -> diverged: True, no val loss, and the study goes on."""
+    """pretrain.run's outcome "diverged" after a NaN loss -> diverged: True, no val loss, and the study goes on."""
     import gpt1_jax.pretrain
-    from gpt1_jax.errors import DivergenceError
-
-    rs = _study_module()
-    sw = _study_module("sweep")
+    from gpt1_jax.loop import Outcome
 
     def diverging_run(config, workdir):
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0, "tokens_per_s": 100.0}) + "\n"
                                                + json.dumps({"step": 2, "loss": "nan"}) + "\n")
-        raise DivergenceError("loss is nan at step 2; stopping", step=2, loss=float("nan"))
+        return Outcome("diverged", 2, {"loss": float("nan")}, "loss is nan at step 2; stopping")
 
     monkeypatch.setattr(gpt1_jax.pretrain, "run", diverging_run)
     budget = dict(rs.PRETRAIN["quick"], steps=4, source="default")
@@ -148,17 +137,16 @@ def test_diverged_run_is_recorded_not_raised(tmp_path, monkeypatch):
 
 
 def test_an_interrupted_finetune_run_stops_the_study_without_a_record(tmp_path, monkeypatch):
-    """finetune.run returns {} when SIGTERM/SIGINT stopped it at a checkpoint. A record then would mark the
-    run finished with no score, and every rerun would skip it; instead the study stops (exit 130, one line)
-    and the same command resumes the run."""
+    """finetune.run's outcome is "preempted" when SIGTERM stopped it at a checkpoint. A record then would mark
+    the run finished with no score, and every rerun would skip it; instead there is no record (None), the
+    study stops (exit 130, one line) and the same command resumes the run."""
     import gpt1_jax.finetune
     from gpt1_jax.config import ModelConfig
+    from gpt1_jax.loop import Outcome
 
-    rs = _study_module()
-    monkeypatch.setattr(gpt1_jax.finetune, "run", lambda *args, **kwargs: {})
-    with pytest.raises(KeyboardInterrupt, match="stopped at a checkpoint before its last step"):
-        rs.finetune_run(tmp_path / "study", dict(rs.FINETUNE["quick"]), "sst2", "gpt1_adam", 3e-4, 0, tmp_path,
-                        ModelConfig(), None, tmp_path / "records")
+    monkeypatch.setattr(gpt1_jax.finetune, "run", lambda *args, **kwargs: Outcome("preempted", 3))
+    assert rs.finetune_run(tmp_path / "study", dict(rs.FINETUNE["quick"]), "sst2", "gpt1_adam", 3e-4, 0, tmp_path,
+                           ModelConfig(), None, tmp_path / "records") is None
     assert not list(tmp_path.rglob("*.json"))
 
 
@@ -168,9 +156,9 @@ def test_sigterm_stops_the_study_with_one_line_and_no_record(tmp_path):
     import signal
     import time
 
-    argv = [sys.executable, str(SCRIPT), "pretrain", "--quick", "--out", str(tmp_path), "--optimizers", "gpt1_adam",
+    argv = [*STUDY, "pretrain", "--quick", "--out", str(tmp_path), "--optimizers", "gpt1_adam",
             "--steps", "200", "--lr-points", "2", "--max-extensions", "0", "--seeds", "0"]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
     t0 = time.time()
     while not list(tmp_path.glob("pretrain/runs/gpt1_adam/*")) and time.time() - t0 < 120:
         time.sleep(0.1)
@@ -182,8 +170,6 @@ def test_sigterm_stops_the_study_with_one_line_and_no_record(tmp_path):
 
 
 def test_lr_grid_is_a_log_grid_around_the_centre():
-    rs = _study_module()
-    sw = _study_module("sweep")
     assert sw.lr_grid(3e-3) == [1e-3, 3e-3, 1e-2]
     assert sw.lr_grid(1e-2, 5) == [1e-3, 3e-3, 1e-2, 3e-2, 0.1]
     assert all(len(sw.lr_grid(s["pretrain_lr"])) == 3 for s in rs.SPECS.values())
@@ -199,8 +185,6 @@ def _rec(name, lr, loss, seed=0):
 
 
 def test_the_sweep_grows_until_the_best_lr_is_bracketed():
-    sw = _study_module("sweep")
-    tb = _study_module("tables")
     runs = [_rec("a", 1e-3, 5.0), _rec("a", 3e-3, 4.8), _rec("a", 1e-2, 4.7)]  # best on the upper edge
     assert sw.bracket_gap(runs, "a", 0) == 3e-2
     assert sw.bracket_gap(runs + [_rec("a", 3e-2, 4.9)], "a", 0) is None  # a worse neighbour on both sides
@@ -218,7 +202,9 @@ def test_the_sweep_grows_until_the_best_lr_is_bracketed():
         ran.append((lr, seed))
         return _rec(name, lr, 4.0 + abs(math.log10(lr / 3e-2)) + 0.01 * seed, seed)
 
-    runs = sw.study_loop(Path("."), ["a"], [0, 1, 2], {"a": [1e-3, 3e-3, 1e-2]}, run_one, 4, lambda runs: None)
+    runs, complete = sw.study_loop(Path("."), ["a"], [0, 1, 2], {"a": [1e-3, 3e-3, 1e-2]}, run_one, 4,
+                                   lambda runs: None)
+    assert complete
     assert sorted({lr for lr, s in ran if s == 0}) == [1e-3, 3e-3, 1e-2, 3e-2, 0.1]
     assert sorted(s for lr, s in ran if lr == 3e-2) == [0, 1, 2]
     rows = tb.summarize(runs[::-1], ["a"], [0, 1, 2])
@@ -229,7 +215,6 @@ def test_the_sweep_grows_until_the_best_lr_is_bracketed():
 def test_tables_written_by_a_resumed_study_keep_every_finished_run():
     """A study resumed in a new session revisits its finished runs in loop order; the tables it writes on
     the way (committed between sessions) still show every finished run, not only the ones revisited."""
-    sw = _study_module("sweep")
     finished = [_rec("a", 1e-3, 5.0), _rec("a", 3e-3, 4.8), _rec("a", 1e-2, 4.9), _rec("b", 1e-2, 4.5),
                 _rec("other", 1e-2, 3.0)]
     by_key = {(r["optimizer"], r["lr"], r["seed"]): r for r in finished}
@@ -237,18 +222,18 @@ def test_tables_written_by_a_resumed_study_keep_every_finished_run():
     def run_one(study, name, lr, seed):
         if (name, lr, seed) in by_key:
             return by_key[name, lr, seed]
-        raise KeyboardInterrupt  # the session ends during the first unfinished run
+        return None  # the session ends during the first unfinished run: it stopped at a checkpoint
 
     writes = []
-    with pytest.raises(KeyboardInterrupt):
-        sw.study_loop(Path("."), ["a", "b"], [0, 1], {"a": [1e-3, 3e-3, 1e-2], "b": [3e-3, 1e-2, 3e-2]}, run_one,
-                      4, lambda runs: writes.append(sorted((r["optimizer"], r["lr"]) for r in runs)), finished)
+    _, complete = sw.study_loop(Path("."), ["a", "b"], [0, 1], {"a": [1e-3, 3e-3, 1e-2], "b": [3e-3, 1e-2, 3e-2]},
+                                run_one, 4, lambda runs: writes.append(sorted((r["optimizer"], r["lr"]) for r in runs)),
+                                finished)
+    assert not complete
     assert len(writes) == 5  # a and b at their centres, then a's grid; b at 3e-3 is where the session ended
     assert all(w == sorted(k[:2] for k in by_key if k[0] != "other") for w in writes)
 
 
 def test_rows_mark_differences_beyond_the_seed_noise():
-    tb = _study_module("tables")
     runs = [_rec("a", 1e-3, v, s) for s, v in enumerate((4.00, 4.02, 4.04))]
     runs += [_rec("b", 1e-3, v, s) for s, v in enumerate((4.03, 4.05, 4.07))]  # overlaps a
     runs += [_rec("c", 1e-3, v, s) for s, v in enumerate((4.50, 4.52, 4.54))]  # clearly worse
@@ -259,7 +244,6 @@ def test_rows_mark_differences_beyond_the_seed_noise():
 
 def test_step_times_count_compilation_and_pauses_as_a_median_step():
     """Step 1 (compilation) and a step stretched by a pause count as the median step; the rest as logged."""
-    rs = _study_module()
     logged = [{"step": 1, "tokens_per_s": 10.0}, {"step": 2, "tokens_per_s": 100.0}, {"step": 3, "tokens_per_s": 50.0},
               {"step": 4, "tokens_per_s": 100.0}, {"step": 5, "tokens_per_s": 100.0}, {"step": 6, "tokens_per_s": 1.0},
               {"step": 7, "loss": 3.0}]
@@ -272,7 +256,6 @@ def test_training_time_is_one_machines_when_runs_span_cpus():
     by its kind's factor, so the same optimizer gets the same time on both, and an optimizer whose training
     loop costs more than its bench step (c: 1.2x) keeps that cost; without bench columns the runs' own
     seconds; benches from two CPU kinds are flagged."""
-    tb = _study_module("tables")
 
     def run(name, seed, seconds, flags):
         return dict(_rec(name, 1e-3, 4.0, seed), steps=800, tokens_per_step=4096, train_seconds=seconds, cpu_flags=flags)
@@ -297,7 +280,6 @@ def test_training_time_is_one_machines_when_runs_span_cpus():
 
 
 def test_findings_name_fine_tuning_runs_that_predicted_one_class():
-    tb = _study_module("tables")
     flat = [dict(_rec("c", lr, None), diverged=False, study="finetune", dev_best=f1, dev_classes_predicted=n)
             for lr, f1, n in ((1e-3, 0.81, 1), (3e-3, 0.84, 2), (1e-2, 0.81, 1))]
     text = "\n".join(tb.findings("finetune", tb.summarize(flat, ["c"], [0]), flat))
@@ -312,7 +294,6 @@ def test_findings_name_fine_tuning_runs_that_predicted_one_class():
 
 def test_findings_group_the_rows_by_the_seed_noise():
     """a is ahead of b and c beyond their spread; b and c overlap; d has one seed and an unbracketed best lr."""
-    tb = _study_module("tables")
     runs = ([_rec("a", 1e-3, 4.0), _rec("a", 3e-3, 3.9), _rec("a", 1e-2, 4.1)]
             + [_rec("a", 3e-3, 3.9 + 0.01 * s, s) for s in (1, 2)]
             + [_rec("b", lr, loss) for lr, loss in ((1e-3, 4.6), (3e-3, 4.5), (1e-2, 4.7))]
@@ -339,10 +320,10 @@ def test_bench_columns_are_kept_with_the_records(quick_study):
 
     study, argv = quick_study
     out = argv[argv.index("--out") + 1]
-    bench = [sys.executable, str(SCRIPT), "bench", "--quick", "--out", out, "--optimizers", OPTS[0],
+    bench = [*STUDY, "bench", "--quick", "--out", out, "--optimizers", OPTS[0],
              "--records", str(study.parent / "records")]
     shutil.rmtree(study / "runs")  # a fresh clone: the table's rows come from the kept records
-    done = subprocess.run(bench, capture_output=True, text=True, timeout=600, env=ENV)
+    done = subprocess.run(bench, capture_output=True, text=True, timeout=600, env=ENV, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     timed = json.loads((study / "bench" / f"{OPTS[0]}.json").read_text())
     assert timed["study"]["step_s"] > 0 and (timed["gpt1_117M"]["batch"], timed["gpt1_117M"]["seq"]) == (1, 64)
@@ -350,7 +331,7 @@ def test_bench_columns_are_kept_with_the_records(quick_study):
     row = next(r for r in json.loads((study / "results.json").read_text())["summary"] if r["optimizer"] == OPTS[0])
     assert row["bench"] == timed and len(json.loads((study / "results.json").read_text())["runs"]) == 2 * 2 + 2
     shutil.rmtree(study / "bench")
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV)  # trains nothing, rewrites
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)  # trains nothing, rewrites
     assert done.returncode == 0 and "==" not in done.stderr, done.stderr[-3000:]
     row = next(r for r in json.loads((study / "results.json").read_text())["summary"] if r["optimizer"] == OPTS[0])
     assert row["bench"] == timed
@@ -363,11 +344,11 @@ def test_quick_finetune_study_scores_each_optimizer_and_refuses_another_budget(q
     stops the study with one line and trains nothing."""
     study, argv = quick_study
     out = Path(argv[argv.index("--out") + 1])
-    ft = [sys.executable, str(SCRIPT), "finetune", "--quick", "--out", str(out), "--data-dir", str(glue_dir),
+    ft = [*STUDY, "finetune", "--quick", "--out", str(out), "--data-dir", str(glue_dir),
           "--init", str(ROOT / "experiments" / "paper" / "release"),
           "--optimizers", "schedule_free_adamw", "--lr-points", "2", "--max-extensions", "0", "--seeds", "0,1",
           "--records", str(out / "records")]
-    done = subprocess.run(ft, capture_output=True, text=True, timeout=600, env=ENV)
+    done = subprocess.run(ft, capture_output=True, text=True, timeout=600, env=ENV, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads((out / "finetune" / "sst2" / "results.json").read_text())
     assert len(results["runs"]) == 3 and [r["optimizer"] for r in results["summary"]] == ["schedule_free_adamw"]
@@ -385,6 +366,6 @@ def test_quick_finetune_study_scores_each_optimizer_and_refuses_another_budget(q
     import shutil
 
     shutil.rmtree(out / "finetune" / "sst2" / "runs")
-    done = subprocess.run(ft, capture_output=True, text=True, timeout=300, env=ENV)
+    done = subprocess.run(ft, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
     assert done.returncode != 0 and "== finetune" not in done.stderr
     assert "another budget (epochs=2; this study: epochs=1)" in done.stderr.strip().splitlines()[-1]

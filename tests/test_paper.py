@@ -1,4 +1,4 @@
-"""experiments/paper/run.py: the whole pipeline at --quick (tiny model, 20 updates, the fixtures' GLUE files, a
+"""experiments.paper.run: the whole pipeline at --quick (tiny model, 20 updates, the fixtures' GLUE files, a
 tiny RACE archive) writes the release, every result file and plot, under OUT only; a second run does no work;
 the release is what `gpt1-jax sample --init` reads. For time, Table 5 and Figure 2 (left) run SST-2 only (every
 fine-tuning run is a process that compiles its own step); the pieces the full run adds (the goal over five
@@ -15,19 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from experiments.paper import run, table5, zeroshot
+
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "experiments" / "paper"
 ENV = {**os.environ, "XLA_FLAGS": ""}  # one CPU device, as a user runs it (conftest fakes 8 here)
 WORDS = "the a cat dog sat ran on under mat log quickly slowly big small red blue house tree".split()
-
-
-def _paper_modules():
-    sys.path[:0] = [str(PAPER), str(ROOT / "experiments" / "glue")]
-    try:
-        import release, run, table5, zeroshot  # noqa: E401
-    finally:
-        del sys.path[:2]
-    return release, run, table5, zeroshot
 
 
 def _write_race(path: Path) -> Path:
@@ -53,7 +46,7 @@ def _snapshot(folder: Path) -> dict:
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory, glue_dir):
     out = tmp_path_factory.mktemp("paper")
-    argv = [sys.executable, str(PAPER / "run.py"), "--quick", "--data-dir", str(glue_dir), "--race",
+    argv = [sys.executable, "-m", "experiments.paper.run", "--quick", "--data-dir", str(glue_dir), "--race",
             str(_write_race(out / "race.tar.gz")), "--out", str(out), "--tfds-dir", str(out / "tfds"),
             "--tasks", "sst2", "--layer-tasks", "sst2"]
     committed = {name: _snapshot(PAPER / name) for name in ("release", "results")}
@@ -139,7 +132,6 @@ def test_kept_records_resume_the_sweeps_without_their_workdirs(quick):
 
 
 def test_missing_inputs_are_one_line_errors(tmp_path, capsys):
-    _, run, _, _ = _paper_modules()
     assert run.main(["--stages", "pretrain", "--out", str(tmp_path)]) == 2  # the laptop recipe needs --corpus
     assert "pass --corpus" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
@@ -153,7 +145,6 @@ def test_missing_inputs_are_one_line_errors(tmp_path, capsys):
 
 
 def test_goal_needs_all_five_tasks_a_gain_and_four_wins():
-    _, _, table5, _ = _paper_modules()
     base = {t: {"full": [60.0, 62.0], "no_pretrain": [50.0, 52.0], "no_aux_lm": [59.0]} for t in table5.TASKS}
     assert table5.goal(base)["met"] is True and table5.goal(base)["wins"] == 5
     assert table5.goal({t: base[t] for t in ("sst2", "cola")})["met"] is None
@@ -167,7 +158,6 @@ def test_goal_needs_all_five_tasks_a_gain_and_four_wins():
 def test_best_threshold_maximises_matthews_correlation():
     from sklearn.metrics import matthews_corrcoef
 
-    _, _, _, zeroshot = _paper_modules()
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 2, 200)
     scores = labels + rng.normal(0, 0.8, 200)
@@ -185,7 +175,6 @@ def test_continuation_logprobs_match_the_models_logits():
     from gpt1_jax.config import model_preset
     from gpt1_jax.model import init_params, lm_logits
 
-    _, _, _, zeroshot = _paper_modules()
     config = dataclasses.replace(model_preset("tiny"), n_positions=32)
     params = nn.meta.unbox(init_params(config, 0))
     rng = np.random.default_rng(0)

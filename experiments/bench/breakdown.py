@@ -1,6 +1,6 @@
 """Where one train step's time goes: the step timed whole, then its parts timed alone or by difference.
 
-    python experiments/bench/breakdown.py --config gpt1 --batch 2 --seq 512 [--dtype bfloat16]
+    python -m experiments.bench.breakdown --config gpt1 --batch 2 --seq 512 [--dtype bfloat16]
 
 Prints one JSON line per part, then a summary line. XLA fuses across these parts, so they are estimates
 that need not add up exactly; "rest" is what the step spends beyond their sum (negative: overlap).
@@ -22,9 +22,6 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def median_seconds(fn, *args, repeats: int = 5) -> float:

@@ -2,7 +2,7 @@
 ~1.4 GB, random values) saved and restored by `Checkpointer` with and without its digests. Prints one
 JSON line: medians over `--rounds`, the two variants alternating in order from round to round.
 
-  python experiments/bench/checkpoint_integrity.py --dir /tmp/ckpt-bench --rounds 3
+  python -m experiments.bench.checkpoint_integrity --dir /tmp/ckpt-bench --rounds 3
 
 save_blocking_s: until save() returns (training resumes); save_total_s: until the save is on disk,
 digests included (they are computed in orbax's save thread, so they lengthen save_total_s, not

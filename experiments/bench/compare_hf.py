@@ -1,8 +1,8 @@
 """gpt1-jax vs Hugging Face's OpenAIGPT (torch CPU) at the shapes users run: one command, one JSON line per
 measurement, then one summary line per target with the ratio jax / HF.
 
-    python experiments/bench/compare_hf.py                       # every target below, 2 rounds
-    python experiments/bench/compare_hf.py --targets train_small,generate_b1 --rounds 3
+    python -m experiments.bench.compare_hf                       # every target below, 2 rounds
+    python -m experiments.bench.compare_hf --targets train_small,generate_b1 --rounds 3
 
 Targets (same shapes, same seeded data, same weights where outputs are compared):
   train_117m     GPT-1 117M, batch 2 x 512, forward + backward + optimizer, dropout on; fp32 and bf16
@@ -32,8 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]  # the workers run as `python -m experiments.bench.compare_hf` from here
 
 TARGETS = {
     "train_117m": {"kind": "train", "config": "gpt1", "batch": 2, "seq": 512, "dtypes": ("float32", "bfloat16")},
@@ -146,8 +145,9 @@ def hf_generate(t: dict, args) -> dict:
 # ---- jax workers -------------------------------------------------------------------------------------
 
 def jax_train(t: dict, args) -> dict:
-    cmd = [sys.executable, "-m", "gpt1_jax.cli", "bench", "--config", t["config"], "--batch", str(t["batch"]),
-           "--seq", str(t["seq"]), "--steps", str(args.steps), "--warmup", str(args.warmup), "--lr", str(LR),
+    cmd = [sys.executable, "-m", "gpt1_jax.cli", "bench", "--config", t["config"], "--batch-size", str(t["batch"]),
+           "--seq-len", str(t["seq"]), "--steps", str(args.steps), "--warmup", str(args.warmup), "--lr", str(LR),
+           "--schedule", "constant",  # HF's side trains at a constant lr
            "--seed", str(args.seed), "--dtype", args.dtype, *sum((["--set", s] for s in args.set), [])]
     return _run(cmd)
 
@@ -280,8 +280,8 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.rounds):
                 for dtype in dtypes:
                     for impl in ("hf", "jax"):  # HF first: generation's jax side loads the weights it saved
-                        cmd = [sys.executable, __file__, "--worker", impl, "--target", name, "--dtype", dtype,
-                               "--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(args.seed),
+                        cmd = [sys.executable, "-m", "experiments.bench.compare_hf", "--worker", impl, "--target", name,
+                               "--dtype", dtype, "--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(args.seed),
                                "--weights", str(weights), *sum((["--set", s] for s in args.set), [])]
                         r = _run(cmd)
                         print(json.dumps({k: v for k, v in r.items() if k != "ids"}), flush=True)

@@ -6,8 +6,8 @@ official metric, mean ± std over seeds (x100), beside the paper's number (docs/
 --ablations full,no_pretrain,no_aux_lm it adds Table 5: no pre-training (`--init scratch:SOURCE`,
 or `none`) and no auxiliary LM (`--lm-coef 0`).
 
-    python experiments/glue/glue_table.py --init runs/pretrain --seeds 0 1 2 --out runs/glue
-    python experiments/glue/glue_table.py --quick --init none --out /tmp/glue-quick   # smoke test, ~minutes
+    python -m experiments.glue.glue_table --init runs/pretrain --seeds 0 1 2 --out runs/glue
+    python -m experiments.glue.glue_table --quick --init none --out /tmp/glue-quick   # smoke test, ~minutes
 Extra arguments after `--` go to every `gpt1-jax finetune` call (e.g. `-- --set optim.lr=1e-4`).
 """
 
@@ -17,10 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from common import split_passthrough, ABLATIONS, Run, errors_of, execute, mean_std, metric_values, missing_path, write_table  # noqa: E402
+from experiments.glue.common import split_passthrough, ABLATIONS, Run, errors_of, execute, mean_std, metric_values, missing_path, write_table
 
 # The paper's numbers (docs/gpt1.md, "Results"): task -> [(metric, GPT-1)].
 PAPER = {

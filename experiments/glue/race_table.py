@@ -1,7 +1,7 @@
 """The paper's RACE result (Table 3: middle / high / all accuracy) for one init source and several seeds.
 
-    python experiments/glue/race_table.py --data race.tar.gz --init runs/pretrain --seeds 0 1 2 --out runs/race
-    python experiments/glue/race_table.py --data race.tar.gz --quick --init none --out /tmp/race-quick   # smoke test
+    python -m experiments.glue.race_table --data race.tar.gz --init runs/pretrain --seeds 0 1 2 --out runs/race
+    python -m experiments.glue.race_table --data race.tar.gz --quick --init none --out /tmp/race-quick   # smoke test
 Extra arguments after `--` go to every `gpt1-jax finetune` call. RACE has 88k training questions of
 4 x 512 tokens: a full run wants an accelerator; --quick uses a tiny model and 64 questions.
 """
@@ -12,10 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from common import split_passthrough, ABLATIONS, Run, errors_of, execute, mean_std, metric_values, missing_path, write_table  # noqa: E402
+from experiments.glue.common import split_passthrough, ABLATIONS, Run, errors_of, execute, mean_std, metric_values, missing_path, write_table
 
 PAPER = [("accuracy_middle", "RACE-m", 62.9), ("accuracy_high", "RACE-h", 57.4), ("accuracy", "RACE", 59.0)]
 

@@ -4,12 +4,13 @@ each one's best rate; cost columns; then fine-tuning of the released model with 
 
     # pre-training: the paper-at-laptop-scale recipe (experiments/paper/pretrain.yaml) at 800 of its 2,400
     # updates (3.28M tokens), on the corpus it was trained on; --quick: `tiny`, minutes
-    python experiments/optimizers/run_study.py pretrain --out runs/opt-study --corpus CORPUS [--quick]
+    python -m experiments.optimizers.run_study pretrain --out runs/opt-study --corpus CORPUS [--quick]
     # the cost columns: each optimizer's step at the study's shape and at the 117M `gpt1` shape (quiet machine)
-    python experiments/optimizers/run_study.py bench --out runs/opt-study
+    python -m experiments.optimizers.run_study bench --out runs/opt-study
     # fine-tuning the released laptop-scale model (experiments/paper/release) on SST-2 and MRPC with the best
     # four optimizers of the pre-training study plus gpt1_adam
-    python experiments/optimizers/run_study.py finetune --out runs/opt-study --data-dir GLUE_DIR
+    python -m experiments.optimizers.run_study finetune --out runs/opt-study --data-dir GLUE_DIR
+    # any of them with --tables: the outputs again from the finished runs' records alone, training nothing
 
 This file makes the runs (pre-training, bench, fine-tuning) and holds the command line; sweep.py beside it
 is the lr ladder, the records and the loop, tables.py the outputs read off the records.
@@ -39,9 +40,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from experiments.optimizers.sweep import (finished_runs, finite, load_record, lr_grid, median, run_name, save_record,
+                                          study_loop)
+from experiments.optimizers.tables import REFERENCE, load_bench, write_outputs
+from experiments.paper.settings import shown
 from gpt1_jax.flops import cpu_flags
-from sweep import finished_runs, finite, load_record, lr_grid, median, run_name, save_record, study_loop
-from tables import REFERENCE, load_bench, write_outputs
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "experiments" / "paper" / "pretrain.yaml"  # the paper-at-laptop-scale pre-training recipe
@@ -148,9 +151,10 @@ def prepare_tokenizer(study: Path, budget: dict, tokenizer: str | None) -> str:
 
 
 def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tokenizer: str,
-                 cache_dir: str | None, records: Path | None = None) -> dict:
+                 cache_dir: str | None, records: Path | None = None) -> dict | None:
+    """The run's record (made now, or found); None when the run stopped at a checkpoint before its last step
+    (SIGTERM), which the next invocation resumes."""
     from gpt1_jax.config import PretrainConfig, load_yaml
-    from gpt1_jax.errors import DivergenceError
     from gpt1_jax.metrics import read_metrics
     from gpt1_jax.optim import optimizer_state_bytes, uses_eval_params
     from gpt1_jax.pretrain import run
@@ -161,18 +165,16 @@ def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tok
     config = pretrain_config(budget, name, lr, seed, tokenizer, cache_dir)
     print(f"== {name} lr={lr:.3g} seed={seed} -> {workdir}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    try:
-        status, error = run(config, workdir), None
-    except DivergenceError as e:  # a diverged run is recorded; the study goes on
-        status, error = 1, f"{type(e).__name__}: {e}"
+    outcome = run(config, workdir)
     wall = time.perf_counter() - t0
+    if outcome.status == "preempted":  # no record: the next invocation resumes this run from its checkpoint
+        print(f"{workdir} stopped at step {outcome.step} of {config.steps}", file=sys.stderr)
+        return None
+    diverged = outcome.status == "diverged"  # recorded, and the study goes on
+    error = f"DivergenceError: {outcome.message}" if diverged else None
     if Path(tokenizer).is_file() and not (workdir / "tokenizer.json").exists():  # finetune --init reads it there
         shutil.copy(tokenizer, workdir / "tokenizer.json")
     metrics = read_metrics(workdir)
-    last_step = max((r["step"] for r in metrics if "loss" in r), default=0)
-    diverged = status != 0 or any(isinstance(r.get("loss"), str) for r in metrics)
-    if not diverged and last_step < config.steps:
-        raise KeyboardInterrupt(f"{workdir} stopped at step {last_step} of {config.steps}")
     val = [(r["step"], r["val_loss"]) for r in metrics if finite(r.get("val_loss"))]
     tokens_per_step = config.data.global_batch_size * config.data.seq_len
     times = step_times(metrics, tokens_per_step)
@@ -281,10 +283,10 @@ def _classes_predicted(workdir: Path, results: dict | None) -> int | None:
 
 
 def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, seed: int, init: Path, model,
-                 data_dir: str | None, records: Path | None = None) -> dict:
-    """`model`: the ModelConfig of `init` (read once per study; run() reads the weights itself)."""
+                 data_dir: str | None, records: Path | None = None) -> dict | None:
+    """As pretrain_run. `model`: the ModelConfig of `init` (read once per study; run() reads the weights
+    itself)."""
     from gpt1_jax.config import FinetuneConfig, apply_overrides
-    from gpt1_jax.errors import DivergenceError
     from gpt1_jax.finetune import run
     from gpt1_jax.optim import optimizer_state_bytes, uses_eval_params
 
@@ -300,15 +302,14 @@ def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, see
     config = apply_overrides(FinetuneConfig(model=model), sets)
     print(f"== finetune {task} {name} lr={lr:.3g} seed={seed} -> {workdir}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    error, results = None, None
-    try:
-        results = run(config, workdir, init=str(init), data_dir=data_dir, progress=True)
-    except DivergenceError as e:
-        error = f"{type(e).__name__}: {e}"
-    if results == {}:  # SIGTERM/SIGINT: run() saved a checkpoint and stopped; no record, so a rerun resumes it
-        raise KeyboardInterrupt(f"{workdir} stopped at a checkpoint before its last step")
+    outcome = run(config, workdir, init=str(init), data_dir=data_dir, progress=True)
     wall = time.perf_counter() - t0
-    diverged = results is None
+    if outcome.status == "preempted":  # no record: the next invocation resumes this run from its checkpoint
+        print(f"{workdir} stopped at step {outcome.step} of {config.optim.total_steps}", file=sys.stderr)
+        return None
+    diverged = outcome.status == "diverged"
+    error = f"DivergenceError: {outcome.message}" if diverged else None
+    results = outcome.results
     metric = results["main_metric"] if results else None
     history = results["history"] if results else []
     rec = {
@@ -331,12 +332,6 @@ def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, see
 
 
 # ---- command line -------------------------------------------------------------------------------------
-
-def shown(path: str | Path) -> str:
-    """A path as committed files print it: relative to the repository when inside it."""
-    resolved = Path(path).resolve()
-    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
-
 
 def missing_data(args) -> str | None:
     """What is wrong with the data flags of this study, or None."""
@@ -366,7 +361,7 @@ def finetune_optimizers(args) -> list[str]:
     return ranked[:4] + ([REFERENCE] if REFERENCE not in ranked[:4] else [])
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("study", choices=["pretrain", "bench", "finetune"])
     p.add_argument("--out", required=True, help="study root; outputs go to <out>/<study>/")
@@ -385,6 +380,8 @@ def main(argv=None) -> int:
                    "spanning sessions resumes from it)")
     p.add_argument("--results", default=None, help="also write the results (json, md, plots) to "
                    "<results>/pretrain/ or <results>/finetune/<task>/, e.g. experiments/optimizers/results")
+    p.add_argument("--tables", action="store_true", help="only write the results (json, md, plots) again from "
+                   "the finished runs (their run dirs under --out and --records): trains and benches nothing")
     p.add_argument("--cache-dir", default=None, help="token cache (default: the machine's)")
     p.add_argument("--compile-cache", default=None, help="JAX persistent compilation cache root (default: gpt1_jax/compile_cache.py's, per CPU; "
                    "'none' disables): the init and eval programs are the same for every lr, and a resumed study "
@@ -396,6 +393,12 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", default=None, help="finetune: GLUE's official TSV distribution "
                    "(<dir>/<Task>/{train,dev}.tsv; default: tensorflow-datasets downloads GLUE)")
     p.add_argument("--tasks", default=None, help="finetune: GLUE tasks (default sst2,mrpc)")
+    return p
+
+
+def parse_args(argv) -> tuple[argparse.Namespace, list[str]]:
+    """The checked flags, with the defaults that depend on the study filled in, and the optimizers to compare."""
+    p = parser()
     args = p.parse_args(argv)
     if args.lr_points < (2 if args.quick else 3):
         p.error("--lr-points must be >= 3 (a log grid of at least 3 values; --quick allows 2, for tests)")
@@ -403,7 +406,7 @@ def main(argv=None) -> int:
         args.max_extensions = 2 if args.study == "finetune" else 4
     if args.study == "finetune" and args.init is None:
         args.init = str(Path(args.out) / "pretrain") if args.quick else str(RELEASE)
-    missing = missing_data(args)
+    missing = None if args.tables else missing_data(args)  # --tables reads no data: the tables only name it
     if missing:  # one line, before any compilation; not a usage error, so no usage text
         p.exit(2, f"{p.prog}: error: {missing}\n")
     names = finetune_optimizers(args) if args.study == "finetune" else (
@@ -411,59 +414,116 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in SPECS]
     if unknown:
         p.exit(2, f"{p.prog}: error: unknown optimizer(s) {', '.join(unknown)}; known: {', '.join(SPECS)}\n")
-    seeds = [int(s) for s in args.seeds.split(",")]
-    records = Path(args.records).absolute() if args.records else None
     args.corpus_shown, args.init_shown = shown(args.corpus), shown(args.init) if args.init else None
+    return args, names
 
+
+def _budget_name(args) -> str:
+    return "quick" if args.quick else "full"
+
+
+def study_tables(args) -> list[tuple[Path, str, str]]:
+    """(study dir, kind, title) of each table the invocation writes: the pre-training study's (bench adds its
+    cost columns), or one per fine-tuning task, in <out>/finetune/<task>."""
+    if args.study != "finetune":
+        return [(Path(args.out) / "pretrain", "pretrain", "Optimizer study: pre-training")]
+    tasks = args.tasks.split(",") if args.tasks else FINETUNE[_budget_name(args)]["tasks"]
+    return [(Path(args.out) / "finetune" / t, "finetune", f"Optimizer study: fine-tuning {t}") for t in tasks]
+
+
+def kept_records(args, study: Path) -> Path | None:
+    """The study's folder under --records, which mirrors --out."""
+    return Path(args.records).absolute() / study.relative_to(Path(args.out)) if args.records else None
+
+
+def run_sweep(args, table: tuple[Path, str, str], names: list[str], seeds: list[int], run_one) -> tuple[list[dict], bool]:
+    """One study's loop (`study_loop`) from each optimizer's centre lr, its results rewritten after every run."""
+    study, kind, title = table
+    grids = {n: lr_grid(SPECS[n][f"{kind}_lr"] * args.lr_scale, args.lr_points) for n in names}
+    return study_loop(study, names, seeds, grids, run_one, args.max_extensions,
+                      lambda runs: write_outputs(study, kind, runs, names, seeds, args, title),
+                      finished_runs(study, kept_records(args, study)))
+
+
+def rewrite_tables(args, names: list[str], seeds: list[int]) -> None:
+    """Each study's results from its finished runs alone (a fresh clone has them all under --records)."""
+    for study, kind, title in study_tables(args):
+        runs = [r for r in finished_runs(study, kept_records(args, study)) if r["optimizer"] in names]
+        if runs:
+            study.mkdir(parents=True, exist_ok=True)
+            write_outputs(study, kind, runs, names, seeds, args, title)
+
+
+def pretrain_setup(args, study: Path) -> tuple[dict, str]:
+    """The pre-training budget (--steps shortens it) and the one tokenizer every run and bench uses."""
+    budget = dict(PRETRAIN[_budget_name(args)], source=args.corpus)
+    if args.steps:
+        budget.update(steps=args.steps, eval_every=max(1, min(budget["eval_every"], args.steps // 2)))
+    study.mkdir(parents=True, exist_ok=True)
+    return budget, prepare_tokenizer(study, budget, args.tokenizer)
+
+
+def pretrain_study(args, names: list[str], seeds: list[int]) -> tuple[list[dict], bool]:
+    table = study_tables(args)[0]
+    study, kept = table[0], kept_records(args, table[0])
+    budget, tokenizer = pretrain_setup(args, study)
+    return run_sweep(args, table, names, seeds,
+                     lambda st, n, lr, s: pretrain_run(st, budget, n, lr, s, tokenizer, args.cache_dir, kept))
+
+
+def bench_study(args, names: list[str], seeds: list[int]) -> None:
+    """Each optimizer's bench step, then the pre-training results again with their cost columns; their rows:
+    every optimizer that has runs, benched now or not."""
+    from gpt1_jax.tokenizer import GPT1Tokenizer
+
+    study, _, _ = study_tables(args)[0]
+    budget, tokenizer = pretrain_setup(args, study)
+    vocab = GPT1Tokenizer.from_path(tokenizer).vocab_size
+    for n in names:
+        bench_optimizer(study, budget, n, vocab, kept_records(args, study))
+    rewrite_tables(args, list(SPECS), seeds)
+
+
+def finetune_study(args, names: list[str], seeds: list[int]) -> tuple[list[dict], bool]:
+    """One study per task, in turn; a run stopped at a checkpoint stops them all."""
+    from gpt1_jax.weights import load_pretrained
+
+    budget = dict(FINETUNE[_budget_name(args)])
+    init = best_pretrain_workdir(Path(args.init))
+    model = load_pretrained(init)[0]  # the architecture, for the state bytes
+
+    def task_study(table):
+        study, kept = table[0], kept_records(args, table[0])
+        return run_sweep(args, table, names, seeds, lambda st, n, lr, s: finetune_run(
+            st, budget, study.name, n, lr, s, init, model, args.data_dir, kept))  # study.name: the task
+
+    runs = []
+    for table in study_tables(args):
+        task_runs, complete = task_study(table)
+        runs += task_runs
+        if not complete:
+            return runs, False
+    return runs, True
+
+
+def main(argv=None) -> int:
+    args, names = parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    if args.tables:
+        rewrite_tables(args, names, seeds)
+        return 0
     if args.compile_cache != "none":
         from gpt1_jax import compile_cache
 
         compile_cache.enable(args.compile_cache)
-    mode = "quick" if args.quick else "full"
+    if args.study == "bench":
+        bench_study(args, names, seeds)
+        return 0
     t0 = time.perf_counter()
-    if args.study in ("pretrain", "bench"):
-        budget = dict(PRETRAIN[mode], source=args.corpus)
-        if args.steps:
-            budget.update(steps=args.steps, eval_every=max(1, min(budget["eval_every"], args.steps // 2)))
-        study = Path(args.out) / "pretrain"
-        study.mkdir(parents=True, exist_ok=True)
-        tokenizer = prepare_tokenizer(study, budget, args.tokenizer)
-        if args.study == "bench":
-            from gpt1_jax.tokenizer import GPT1Tokenizer
-
-            vocab = GPT1Tokenizer.from_path(tokenizer).vocab_size
-            for n in names:
-                bench_optimizer(study, budget, n, vocab, records and records / "pretrain")
-            runs = finished_runs(study, records and records / "pretrain")
-            if runs:  # the table gets its cost columns; its rows are every optimizer that has runs
-                ran = [n for n in SPECS if any(r["optimizer"] == n for r in runs)]
-                write_outputs(study, "pretrain", runs, ran, seeds, args, "Optimizer study: pre-training")
-            return 0
-        grids = {n: lr_grid(SPECS[n]["pretrain_lr"] * args.lr_scale, args.lr_points) for n in names}
-        run_one = lambda st, n, lr, s: pretrain_run(st, budget, n, lr, s, tokenizer, args.cache_dir,  # noqa: E731
-                                                    records and records / "pretrain")
-        write = lambda runs: write_outputs(study, "pretrain", runs, names, seeds, args,  # noqa: E731
-                                           "Optimizer study: pre-training")
-        runs = study_loop(study, names, seeds, grids, run_one,
-                          args.max_extensions, write,
-                          finished_runs(study, records and records / "pretrain"))
-    else:
-        budget = dict(FINETUNE[mode])
-        from gpt1_jax.weights import load_pretrained
-
-        init = best_pretrain_workdir(Path(args.init))
-        model = load_pretrained(init)[0]  # the architecture, for the state bytes
-        grids = {n: lr_grid(SPECS[n]["finetune_lr"] * args.lr_scale, args.lr_points) for n in names}
-        runs = []
-        for task in (args.tasks.split(",") if args.tasks else budget["tasks"]):
-            study = Path(args.out) / "finetune" / task
-            run_one = (lambda t: lambda st, n, lr, s: finetune_run(  # noqa: E731
-                st, budget, t, n, lr, s, init, model, args.data_dir, records and records / "finetune" / t))(task)
-            write = (lambda st, t: lambda rs: write_outputs(  # noqa: E731
-                st, "finetune", rs, names, seeds, args, f"Optimizer study: fine-tuning {t}"))(study, task)
-            runs += study_loop(study, names, seeds, grids, run_one,
-                               args.max_extensions, write,
-                               finished_runs(study, records and records / "finetune" / task))
+    runs, complete = (pretrain_study if args.study == "pretrain" else finetune_study)(args, names, seeds)
+    if not complete:  # a run was stopped (SIGTERM) at a checkpoint
+        print(f"{Path(sys.argv[0]).name}: interrupted; the same command resumes", file=sys.stderr)
+        return 130
     print(f"{args.study} study: {len(runs)} runs in {time.perf_counter() - t0:.0f} s -> {Path(args.out)}", file=sys.stderr)
     return 0
 

@@ -128,34 +128,42 @@ def bracket_gap(runs: list[dict], name: str, seed: int) -> float | None:
 
 
 def study_loop(study: Path, names: list[str], seeds: list[int], grids: dict[str, list[float]], run_one,
-               max_extensions: int, write, finished: list[dict] = ()) -> list[dict]:
-    """Breadth-first, so that a study cut short still has a row per optimizer: every optimizer at its centre
-    lr, the rest of its grid, rounds of one more lr for each optimizer whose best is not yet bracketed (at
-    most `max_extensions` each), then the other seeds at each best lr. `finished` (`finished_runs`) are in
-    every table written from the start: a resumed study's tables never drop the runs it has not revisited."""
+               max_extensions: int, write, finished: list[dict] = ()) -> tuple[list[dict], bool]:
+    """Runs the study (`study_order`) -> (its runs, whether it is complete). `run_one(study, name, lr, seed)`
+    gives a run's record, or None when the run stopped before its end (it resumes next time): the study then
+    stops too. `write(runs)` follows every run. `finished` (`finished_runs`) are in every table written from
+    the start: a resumed study's tables never drop the runs it has not revisited."""
     study.mkdir(parents=True, exist_ok=True)
     runs: list[dict] = [r for r in finished if r["optimizer"] in names]
-
-    def do(name, lr, seed):
+    for name, lr, seed in study_order(runs, names, seeds, grids, max_extensions):
         rec = run_one(study, name, lr, seed)
+        if rec is None:
+            return runs, False
         runs[:] = [r for r in runs if (r["optimizer"], r["lr"], r["seed"]) != (name, lr, seed)] + [rec]
         write(runs)
+    write(runs)
+    return runs, True
 
+
+def study_order(runs: list[dict], names: list[str], seeds: list[int], grids: dict[str, list[float]],
+                max_extensions: int):
+    """(optimizer, lr, seed) in the order they run; reads `runs` as it grows, since the extensions and the
+    repeats depend on the scores. Breadth-first, so that a study cut short still has a row per optimizer:
+    every optimizer at its centre lr, the rest of its grid, rounds of one more lr for each optimizer whose
+    best is not yet bracketed (at most `max_extensions` each), then the other seeds at each best lr."""
     for n in names:
-        do(n, grids[n][len(grids[n]) // 2], seeds[0])
+        yield n, grids[n][len(grids[n]) // 2], seeds[0]
     for n in names:
         for lr in grids[n]:
-            do(n, lr, seeds[0])
+            yield n, lr, seeds[0]
     for _ in range(max_extensions):
         gaps = {n: lr for n in names if (lr := bracket_gap(runs, n, seeds[0])) is not None}
         if not gaps:
             break
         for n, lr in gaps.items():
-            do(n, lr, seeds[0])
+            yield n, lr, seeds[0]
     for n in names:
         b = best_lr(runs, n, seeds[0])
         if b is not None:
             for s in seeds[1:]:
-                do(n, b, s)
-    write(runs)
-    return runs
+                yield n, b, s

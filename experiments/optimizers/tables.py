@@ -9,8 +9,8 @@ import shutil
 import statistics
 from pathlib import Path
 
+from experiments.optimizers.sweep import best_lr, bracket_gap, finite, median, score
 from gpt1_jax.flops import cpu_flags
-from sweep import best_lr, bracket_gap, finite, median, score
 
 REFERENCE = "gpt1_adam"  # state memory is reported relative to this one; always in the fine-tuning study
 
@@ -105,26 +105,52 @@ def dev_metric(runs: list[dict]) -> str:
     return next((r["metric"] for r in runs if r.get("metric")), "score")
 
 
+def metric_label(kind: str, runs: list[dict]) -> str:
+    """What the study scores: the table's column and the plots' axis."""
+    return "validation loss (nats/token)" if kind == "pretrain" else f"dev {dev_metric(runs)}"
+
+
 def results_md(kind: str, rows: list[dict], runs: list[dict], args, title: str) -> str:
-    metric = "validation loss (nats/token)" if kind == "pretrain" else f"dev {dev_metric(runs)}"
-    lines = [f"# {title}{' (quick)' if args.quick else ''}", ""]
+    lines = [f"# {title}{' (quick)' if args.quick else ''}", "", _protocol(kind, runs, args), "", _compute_line(runs), "",
+             *_table(kind, rows, runs),
+             "", "Rows are best first. *> next?*: yes when this row's mean ± std interval does not overlap the next "
+             "row's (the difference exceeds the seed noise); ≈ otherwise; ? while either has one seed. *bracketed*: "
+             "the best lr has a worse or diverged neighbour on both sides. Optimizer state = bytes of "
+             "`tx.init(params)` (`gpt1_jax.optim.optimizer_state_bytes`)."]
+    if kind == "pretrain":
+        lines.append(_time_note(rows))
+    if any(r["optimizer"].startswith("schedule_free") for r in runs):
+        lines.append("schedule_free_adamw is evaluated at x (`gpt1_jax.optim.eval_params`) in every validation "
+                     "and dev evaluation; it trains with warmup then a constant lr, the others warmup then "
+                     + ("cosine." if kind == "pretrain" else "linear decay."))
+    lines += ["", "## What the numbers say", "", *(f"- {c}" for c in findings(kind, rows, runs))]
+    return "\n".join(lines) + "\n"
+
+
+def _protocol(kind: str, runs: list[dict], args) -> str:
+    """What every run shares and how the best lr is chosen."""
     if kind == "pretrain":
         r0 = runs[0]
-        lines.append(f"Same model, init, data order, tokenizer and budget per run: {r0['tokens']:,} tokens = {r0['steps']} "
-                     f"updates of {r0['tokens_per_step']:,} tokens of `{args.corpus_shown}`. Best lr = lowest final "
-                     "validation loss (the whole validation split) at the first seed, bracketed: the sweep grows "
-                     "until the best lr has a worse (or diverged) neighbour on both sides. Mean ± std over seeds "
-                     "at that lr.")
-    else:
-        lines.append(f"Fine-tuning `{args.init_shown}`; best lr = highest best-epoch dev score at the first seed, "
-                     f"from a {args.lr_points}-point log grid around each optimizer's centre"
-                     + (f", extended by at most {args.max_extensions} more where the best sat on an edge"
-                        if args.max_extensions else "") + "; mean ± std over seeds at that lr.")
+        return (f"Same model, init, data order, tokenizer and budget per run: {r0['tokens']:,} tokens = {r0['steps']} "
+                f"updates of {r0['tokens_per_step']:,} tokens of `{args.corpus_shown}`. Best lr = lowest final "
+                "validation loss (the whole validation split) at the first seed, bracketed: the sweep grows "
+                "until the best lr has a worse (or diverged) neighbour on both sides. Mean ± std over seeds "
+                "at that lr.")
+    return (f"Fine-tuning `{args.init_shown}`; best lr = highest best-epoch dev score at the first seed, "
+            f"from a {args.lr_points}-point log grid around each optimizer's centre"
+            + (f", extended by at most {args.max_extensions} more where the best sat on an edge"
+               if args.max_extensions else "") + "; mean ± std over seeds at that lr.")
+
+
+def _compute_line(runs: list[dict]) -> str:
     total = sum(r["wall_seconds"] for r in runs if finite(r.get("wall_seconds")))
     kinds = len(cpu_kinds(runs))
-    lines += ["", f"Compute: {len(runs)} runs, {total / 3600:.1f} h of wall-clock in all"
-              + (f", on {kinds} CPU kinds (each run's flags in results.json)." if kinds > 1 else "."), ""]
-    head = f"| optimizer | best lr | {metric}, mean ± std | seeds | > next? | bracketed | schedule |"
+    return (f"Compute: {len(runs)} runs, {total / 3600:.1f} h of wall-clock in all"
+            + (f", on {kinds} CPU kinds (each run's flags in results.json)." if kinds > 1 else "."))
+
+
+def _table(kind: str, rows: list[dict], runs: list[dict]) -> list[str]:
+    head = f"| optimizer | best lr | {metric_label(kind, runs)}, mean ± std | seeds | > next? | bracketed | schedule |"
     sep = "|---|---|---|---|---|---|---|"
     if kind == "pretrain":
         head += " tokens/s | train s | ln V − loss per train min | state (MB) | vs Adam | step s (study) | step s (117M, 2x512) | lrs tried (✗ diverged) |"
@@ -132,46 +158,45 @@ def results_md(kind: str, rows: list[dict], runs: list[dict], args, title: str) 
     else:
         head += " train s | state (MB) | vs Adam | lrs tried (✗ diverged) |"
         sep += "---|---|---|---|"
-    lines += [head, sep]
-    for i, r in enumerate(rows):
-        tried = ", ".join(f"{lr:.3g}" + ("✗" if lr in r["diverged_lrs"] else "") for lr in r["lrs"])
-        cells = [r["optimizer"], _fmt(r["best_lr"], ".3g"), f"{_fmt(r['mean'])} ± {_fmt(r['std'])}", str(r["n_seeds"]),
-                 {True: "yes", None: "?"}.get(r["distinct_from_next"], "-" if i == len(rows) - 1 else "≈"), "yes" if r["bracketed"] else "**no**" if kind == "pretrain" else "no", r["schedule"] or "-"]
-        if kind == "pretrain":
-            vocab = next((x["vocab_size"] for x in runs if x["optimizer"] == r["optimizer"] and x.get("vocab_size")), None)
-            gain = (math.log(vocab) - r["mean"]) / (r["train_seconds"] / 60) if vocab and r["mean"] and r["train_seconds"] else None
-            bench = r["bench"] or {}
-            cells += [_fmt(r["tokens_per_s"], ",.0f"), _fmt(r["train_seconds"], ".0f"), _fmt(gain, ".3f"),
-                      f"{r['state_bytes'] / 2**20:.2f}", f"{_fmt(r['state_vs_ref'], '.2f')}×",
-                      _fmt(bench.get("study", {}).get("step_s"), ".3f"), _fmt(bench.get("gpt1_117M", {}).get("step_s"), ".2f"),
-                      tried]
-        else:
-            cells += [_fmt(r["train_seconds"], ".0f"), f"{r['state_bytes'] / 2**20:.2f}",
-                      f"{_fmt(r['state_vs_ref'], '.2f')}×", tried]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Rows are best first. *> next?*: yes when this row's mean ± std interval does not overlap the next "
-              "row's (the difference exceeds the seed noise); ≈ otherwise; ? while either has one seed. *bracketed*: the best lr has a worse or "
-              "diverged neighbour on both sides. Optimizer state = bytes of `tx.init(params)` "
-              "(`gpt1_jax.optim.optimizer_state_bytes`)."]
+    return [head, sep, *(_row(kind, r, i == len(rows) - 1, runs) for i, r in enumerate(rows))]
+
+
+def _row(kind: str, r: dict, last: bool, runs: list[dict]) -> str:
+    tried = ", ".join(f"{lr:.3g}" + ("✗" if lr in r["diverged_lrs"] else "") for lr in r["lrs"])
+    # pre-training grows its sweep until every optimum is bracketed, so a miss there stands out
+    bracketed = "yes" if r["bracketed"] else "**no**" if kind == "pretrain" else "no"
+    cells = [r["optimizer"], _fmt(r["best_lr"], ".3g"), f"{_fmt(r['mean'])} ± {_fmt(r['std'])}", str(r["n_seeds"]),
+             {True: "yes", None: "?"}.get(r["distinct_from_next"], "-" if last else "≈"), bracketed, r["schedule"] or "-"]
+    state = [f"{r['state_bytes'] / 2**20:.2f}", f"{_fmt(r['state_vs_ref'], '.2f')}×"]
     if kind == "pretrain":
-        basis = {r["time_basis"] for r in rows if r["time_basis"]}
-        converted = ("in the bench machine's seconds: divided by the run's CPU kind's factor, the median over "
-                     "that kind's runs of (seconds per update / the optimizer's step s (study)), so runs made on "
-                     "different CPUs compare and an optimizer's overheads in the training loop still count")
-        lines.append(
-            "Train s and tokens/s: each run's summed step times (compilation and evaluation excluded), median "
+        bench = r["bench"] or {}
+        cells += [_fmt(r["tokens_per_s"], ",.0f"), _fmt(r["train_seconds"], ".0f"),
+                  _fmt(_nats_per_minute(r, runs), ".3f"), *state,
+                  _fmt(bench.get("study", {}).get("step_s"), ".3f"), _fmt(bench.get("gpt1_117M", {}).get("step_s"), ".2f"),
+                  tried]
+    else:
+        cells += [_fmt(r["train_seconds"], ".0f"), *state, tried]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _nats_per_minute(r: dict, runs: list[dict]) -> float | None:
+    """Nats/token gained over a uniform guess (ln V) per minute of training: loss and cost in one number."""
+    vocab = next((x["vocab_size"] for x in runs if x["optimizer"] == r["optimizer"] and x.get("vocab_size")), None)
+    return (math.log(vocab) - r["mean"]) / (r["train_seconds"] / 60) if vocab and r["mean"] and r["train_seconds"] else None
+
+
+def _time_note(rows: list[dict]) -> str:
+    basis = {r["time_basis"] for r in rows if r["time_basis"]}
+    converted = ("in the bench machine's seconds: divided by the run's CPU kind's factor, the median over "
+                 "that kind's runs of (seconds per update / the optimizer's step s (study)), so runs made on "
+                 "different CPUs compare and an optimizer's overheads in the training loop still count")
+    return ("Train s and tokens/s: each run's summed step times (compilation and evaluation excluded), median "
             "over seeds, " + {frozenset({"bench machine"}): converted, frozenset({"measured"}): "as measured"}.get(
                 frozenset(basis), converted + " (where the kind has a factor; as measured otherwise)")
             + "; each run's own seconds and CPU flags are in results.json. ln V − loss per train min: nats/token "
             "gained over a uniform guess per minute of training. Step s: `gpt1-jax bench --optim NAME` (forward "
             "+ backward + update, median of 5) at the study's shape and at GPT-1's 117M shape, batch 2 x 512, "
             "on the bench machine (its CPU flags in the bench records).")
-    if any(r["optimizer"].startswith("schedule_free") for r in runs):
-        lines.append("schedule_free_adamw is evaluated at x (`gpt1_jax.optim.eval_params`) in every validation "
-                     "and dev evaluation; it trains with warmup then a constant lr, the others warmup then "
-                     + ("cosine." if kind == "pretrain" else "linear decay."))
-    lines += ["", "## What the numbers say", "", *(f"- {c}" for c in findings(kind, rows, runs))]
-    return "\n".join(lines) + "\n"
 
 
 TARGET_LOSS = 5.0  # issue 14: the budget must let the best optimizer reach this validation loss (nats/token)
@@ -233,52 +258,77 @@ def findings(kind: str, rows: list[dict], runs: list[dict]) -> list[str]:
 
 
 def plot(study: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list[int]) -> list[Path]:
+    """Each optimizer's curve at its best lr against tokens (fine-tuning: epochs) and against training seconds,
+    and the lr sweep."""
+    pre = kind == "pretrain"
+    by_progress = study / ("val_vs_tokens.png" if pre else "dev_vs_epoch.png")
+    by_time = study / ("val_vs_time.png" if pre else "dev_vs_time.png")
+    by_lr = study / ("loss_vs_lr.png" if pre else "dev_vs_lr.png")
+    _plot_curves(by_progress, "tokens", "tokens seen" if pre else "epoch", kind, runs, rows, seeds)
+    _plot_curves(by_time, "train_seconds", "training seconds (see results.md)", kind, runs, rows, seeds)
+    _plot_lr_sweep(by_lr, kind, runs, rows, seeds)
+    return [by_progress, by_time, by_lr]
+
+
+def _pyplot():
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # files only: no display on servers and CI
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(plt, fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _plot_curves(path: Path, field: str, xlabel: str, kind: str, runs: list[dict], rows: list[dict],
+                 seeds: list[int]) -> None:
     from matplotlib.ticker import MaxNLocator
 
-    key = "val_loss" if kind == "pretrain" else "dev"
-    ylabel = "validation loss (nats/token)" if kind == "pretrain" else f"dev {dev_metric(runs)}"
+    plt = _pyplot()
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    out = []
-    pre = kind == "pretrain"
-    xaxes = [("tokens", "tokens seen" if pre else "epoch", "val_vs_tokens.png" if pre else "dev_vs_epoch.png"),
-             ("train_seconds", "training seconds (see results.md)", "val_vs_time.png" if pre else "dev_vs_time.png")]
-    for field, xlabel, fname in xaxes:
-        fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
-        for i, row in enumerate(rows):
-            r = next((r for r in runs if r["optimizer"] == row["optimizer"] and r["lr"] == row["best_lr"]
-                      and r["seed"] == seeds[0]), None)
-            if r is None or not r["val_curve"]:
-                continue
-            if field == "tokens":
-                scale = r.get("tokens_per_step", 1) if kind == "pretrain" else 1
-                pts = [(p["step"] * scale, p.get(key)) for p in r["val_curve"]]
-            elif kind == "finetune":  # one time per run: spread over the epochs
-                n = len(r["val_curve"])
-                pts = [((j + 1) / n * (r["train_seconds"] or 0), p.get(key)) for j, p in enumerate(r["val_curve"])]
-            else:  # at the row's seconds per update: one machine's time for every optimizer (_training_time)
-                per = (row["train_seconds"] or math.nan) / r["steps"]
-                pts = [(p["step"] * per, p.get(key)) for p in r["val_curve"]]
-            pts = [(x, y) for x, y in pts if finite(x) and finite(y)]
-            if pts:
-                ax.plot(*zip(*pts), "o-", ms=3, color=colors[i % len(colors)], label=f"{row['optimizer']} (lr {row['best_lr']:.3g})")
-        ax.set_xlabel(xlabel)
-        if field == "tokens" and not pre:
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{kind}: best lr per optimizer, seed {seeds[0]}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(study / fname)
-        plt.close(fig)
-        out.append(study / fname)
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
+    for i, row in enumerate(rows):
+        r = next((r for r in runs if r["optimizer"] == row["optimizer"] and r["lr"] == row["best_lr"]
+                  and r["seed"] == seeds[0]), None)
+        pts = _curve_points(field, kind, r, row) if r is not None and r["val_curve"] else []
+        if pts:
+            ax.plot(*zip(*pts), "o-", ms=3, color=colors[i % len(colors)], label=f"{row['optimizer']} (lr {row['best_lr']:.3g})")
+    ax.set_xlabel(xlabel)
+    if field == "tokens" and kind != "pretrain":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs
+    ax.set_ylabel(metric_label(kind, runs))
+    ax.set_title(f"{kind}: best lr per optimizer, seed {seeds[0]}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(plt, fig, path)
+
+
+def _curve_points(field: str, kind: str, r: dict, row: dict) -> list[tuple[float, float]]:
+    """The run's evaluations as (x, score): x in tokens (fine-tuning: epochs) or training seconds."""
+    key = "val_loss" if kind == "pretrain" else "dev"
+    if field == "tokens":
+        scale = r.get("tokens_per_step", 1) if kind == "pretrain" else 1
+        pts = [(p["step"] * scale, p.get(key)) for p in r["val_curve"]]
+    elif kind == "finetune":  # one time per run: spread over the epochs
+        n = len(r["val_curve"])
+        pts = [((j + 1) / n * (r["train_seconds"] or 0), p.get(key)) for j, p in enumerate(r["val_curve"])]
+    else:  # at the row's seconds per update: one machine's time for every optimizer (_training_time)
+        per = (row["train_seconds"] or math.nan) / r["steps"]
+        pts = [(p["step"] * per, p.get(key)) for p in r["val_curve"]]
+    return [(x, y) for x, y in pts if finite(x) and finite(y)]
+
+
+def _plot_lr_sweep(path: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list[int]) -> None:
+    plt = _pyplot()
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
     scores = [s for r in runs if (s := score(r)) is not None]
-    top = (max(scores) if kind == "pretrain" else -min(scores)) if scores else 1.0
+    top = (max(scores) if kind == "pretrain" else -min(scores)) if scores else 1.0  # where diverged runs are drawn
     for i, row in enumerate(rows):
         mine = sorted((r for r in runs if r["optimizer"] == row["optimizer"] and r["seed"] == seeds[0]), key=lambda r: r["lr"])
         ok = [(r["lr"], -score(r) if kind == "finetune" else score(r)) for r in mine if score(r) is not None]
@@ -292,15 +342,12 @@ def plot(study: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list
             ax.errorbar([row["best_lr"]], [row["mean"]], yerr=[row["std"]], fmt="*", ms=12, color=c, capsize=4)
     ax.set_xscale("log")
     ax.set_xlabel("peak learning rate")
+    ylabel = metric_label(kind, runs)
     ax.set_ylabel(f"final {ylabel}" if kind == "pretrain" else f"best-epoch {ylabel}")
     ax.set_title(f"{kind}: lr sweep (seed {seeds[0]}; ★ best lr, mean ± std over seeds; x = diverged)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.append(study / ("loss_vs_lr.png" if pre else "dev_vs_lr.png"))
-    fig.savefig(out[-1])
-    plt.close(fig)
-    return out
+    _save(plt, fig, path)
 
 
 def write_outputs(study: Path, kind: str, runs: list[dict], names: list[str], seeds: list[int], args,

@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from common import Run, errors_of
-from settings import Paper
-from table5 import PAPER, cell, mean, metric_name, run_all, score
+from experiments.glue.common import Run, errors_of
+from experiments.paper.settings import Paper
+from experiments.paper.table5 import PAPER, cell, mean, metric_name, run_all, score
 
 DIAGNOSIS_ARMS = ("full", "no_pretrain")
 

@@ -10,9 +10,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from common import Run, errors_of
-from settings import Paper
-from table5 import best_lr, cell, metric_name, run_all, run_of, score
+from experiments.glue.common import Run, errors_of
+from experiments.paper.settings import Paper
+from experiments.paper.table5 import best_lr, cell, metric_name, run_all, run_of, score
 
 
 def n_layers(paper: Paper) -> int:

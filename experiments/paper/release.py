@@ -10,8 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from settings import RELEASE_MAX_BYTES, Paper, shown
-
+from experiments.paper.settings import RELEASE_MAX_BYTES, Paper, shown
 from gpt1_jax.config import PretrainConfig, resolve
 from gpt1_jax.errors import ConfigError
 
@@ -37,7 +36,7 @@ def trained_step(workdir: Path) -> int | None:
         return None
 
 
-def pretrain_stage(paper: Paper) -> bool:
+def pretrain_stage(paper: Paper) -> bool | None:
     from gpt1_jax import pretrain
 
     config = pretrain_config(paper)
@@ -45,8 +44,10 @@ def pretrain_stage(paper: Paper) -> bool:
     if step is not None and step >= config.steps:
         print(f"pretrain: {paper.pretrain_dir} is trained to step {step}", file=sys.stderr)
         return False
-    pretrain.run(config, paper.pretrain_dir)
-    return True
+    outcome = pretrain.run(config, paper.pretrain_dir)
+    if outcome.status == "diverged":
+        raise outcome.divergence()
+    return True if outcome.finished else None  # preempted (SIGTERM): the pipeline stops; the same command resumes
 
 
 def card_step(release: Path) -> int | None:
@@ -119,7 +120,7 @@ Files: `config.json` + `model.safetensors` (Hugging Face's `OpenAIGPTLMHeadModel
 
     gpt1-jax sample --init {release} --prompt "the old man"
     gpt1-jax finetune --task sst2 --init {release} --data-dir GLUE_DIR --workdir runs/sst2
-    python experiments/glue/glue_table.py --init {release} --data-dir GLUE_DIR --out runs/glue
+    python -m experiments.glue.glue_table --init {release} --data-dir GLUE_DIR --out runs/glue
 
 Limitations: a toy, {config.num_params() / 117e6:.1%} of GPT-1's size, trained on {info['tokens'] / 1e6:.1f}M tokens
 of `{corpus}` (not BooksCorpus) with a {run.data.seq_len}-token context, so long inputs (RACE passages) are cut.

@@ -4,11 +4,12 @@ every stage found, from the files the stages wrote. Rewritten at the end of ever
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
-from settings import ARMS, Paper, shown
-from table5 import cell, goal, goal_line
+from experiments.paper.settings import ARMS, Paper, shown
+from experiments.paper.table5 import cell, goal, goal_line
 
-COMMAND = ("python experiments/paper/run.py --corpus ../shared/data/corpus/english_mixed.txt.gz "
+COMMAND = ("python -m experiments.paper.run --corpus ../shared/data/corpus/english_mixed.txt.gz "
            "--data-dir ../shared/data/glue --race ../shared/data/race.tar.gz")
 
 
@@ -143,7 +144,7 @@ def write_readme(paper: Paper) -> None:
         "",
         "## The same command for GPT-1 itself",
         "",
-        "    python experiments/paper/run.py --pretrain-config gpt1 --budget paper --corpus BOOKS --data-dir GLUE_DIR \\",
+        "    python -m experiments.paper.run --pretrain-config gpt1 --budget paper --corpus BOOKS --data-dir GLUE_DIR \\",
         "        --race RACE_TAR --out runs/gpt1",
         "",
         "`--pretrain-config gpt1` is the `gpt1` preset (117M parameters: 12 blocks of 768, context 512, batch 64 x 512, "
@@ -162,3 +163,33 @@ def write_readme(paper: Paper) -> None:
         "",
     ])
     paper.save_text("README.md", text)
+
+
+def rebuild_results(scratch: Path) -> None:
+    """The committed results/ again from what it keeps (runs/, pretrain.json, zeroshot.json, timings.json),
+    training nothing: Table 5, lr_grid.json, Figure 2's plots and README.md. `scratch`: an empty folder for
+    the run workdirs the kept records are put back into. pretrain_loss.png is the pre-training run's own plot
+    (a copy), so it is not rebuilt."""
+    from unittest import mock
+
+    from experiments.paper import layers, table5, zeroshot
+    from experiments.paper.settings import LAPTOP, RECIPE, TASKS
+
+    paper = Paper(out=scratch, budget_name="laptop", pretrain_config=str(RECIPE), tasks=TASKS,
+                  layer_tasks=LAPTOP.layer_tasks)
+    # the stages start a fine-tuning process for a run without a kept record; a rebuild must not train
+    with mock.patch.object(table5, "execute", _recorded_only(table5.execute)):
+        table5.table5_stage(paper)
+        layers.layers_stage(paper)
+    zeroshot.plot(paper.load_json("zeroshot.json")["steps"], paper.results_dir / "zeroshot.png")
+    write_readme(paper)
+
+
+def _recorded_only(execute):
+    def run_recorded(runs, *args, **kwargs):
+        missing = [str(r.workdir) for r in runs if not (r.workdir / "results.json").is_file()]
+        if missing:
+            raise FileNotFoundError(f"no kept record (results/runs/) for {', '.join(missing)}: a rebuild trains nothing")
+        return execute(runs, *args, **kwargs)
+
+    return run_recorded

@@ -1,7 +1,7 @@
 """The paper at laptop scale, one command: pre-train, release, zero-shot curves, Table 5, Figure 2 (left).
 
-    python experiments/paper/run.py --corpus CORPUS --data-dir GLUE_DIR --race RACE_TAR
-    python experiments/paper/run.py --quick --corpus default --data-dir GLUE_DIR --race RACE_TAR --out /tmp/paper
+    python -m experiments.paper.run --corpus CORPUS --data-dir GLUE_DIR --race RACE_TAR
+    python -m experiments.paper.run --quick --corpus default --data-dir GLUE_DIR --race RACE_TAR --out /tmp/paper
 
 Stages, in order (--stages picks some): pretrain (OUT/pretrain), release (the final parameters + tokenizer as a
 HF folder), zeroshot (Figure 2 right), table5 (ablations), layers (Figure 2 left), diagnosis (full vs no_pretrain
@@ -19,11 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "glue"), str(HERE.parents[1])]
-
-from common import missing_path  # noqa: E402
-from settings import BUDGETS, RECIPE, STAGES, TASKS, Paper  # noqa: E402
+from experiments.glue.common import missing_path
+from experiments.paper.settings import BUDGETS, RECIPE, STAGES, TASKS, Paper
 
 PER_RUN_TIMES = ("table5", "layers", "diagnosis")  # their fine-tuning runs add their own time as each finishes (table5.run_all)
 
@@ -78,7 +75,7 @@ def check_inputs(paper: Paper, stages: list[str]) -> None:
     """What a later stage needs that an earlier one will not make: fail now, not after an hour of training."""
     from gpt1_jax.errors import ConfigError
 
-    from release import pretrain_config, trained_step
+    from experiments.paper.release import pretrain_config, trained_step
 
     if "pretrain" in stages and paper.corpus is None:
         step = trained_step(paper.pretrain_dir)
@@ -101,12 +98,12 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     paper = paper_of(args)
-    from diagnosis import diagnosis_stage
-    from layers import layers_stage
-    from release import pretrain_stage, release_stage
-    from report import write_readme
-    from table5 import table5_stage
-    from zeroshot import zeroshot_stage
+    from experiments.paper.diagnosis import diagnosis_stage
+    from experiments.paper.layers import layers_stage
+    from experiments.paper.release import pretrain_stage, release_stage
+    from experiments.paper.report import write_readme
+    from experiments.paper.table5 import table5_stage
+    from experiments.paper.zeroshot import zeroshot_stage
 
     run = {"pretrain": pretrain_stage, "release": release_stage, "zeroshot": zeroshot_stage,
            "table5": table5_stage, "layers": layers_stage, "diagnosis": diagnosis_stage}
@@ -116,7 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         for stage in [s for s in STAGES if s in args.stages]:
             print(f"== {stage}", file=sys.stderr)
             t0 = time.perf_counter()
-            if run[stage](paper) and stage not in PER_RUN_TIMES:
+            ran = run[stage](paper)  # True: it did work; False: done before; None: stopped at a checkpoint
+            if ran is None:
+                print(f"{stage}: stopped at a checkpoint (SIGTERM); the same command resumes", file=sys.stderr)
+                return 0
+            if ran and stage not in PER_RUN_TIMES:
                 paper.add_time(stage, time.perf_counter() - t0)
         write_readme(paper)
     except (GPT1JaxError, FileNotFoundError) as e:

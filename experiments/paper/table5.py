@@ -12,8 +12,8 @@ import math
 import statistics
 import sys
 
-from common import Run, errors_of, execute
-from settings import ARMS, Paper, TASKS
+from experiments.glue.common import Run, errors_of, execute
+from experiments.paper.settings import ARMS, Paper, TASKS
 
 # Paper Table 5 (docs/gpt1.md), our five tasks: task -> (arm -> score).
 PAPER = {

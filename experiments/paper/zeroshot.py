@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from settings import Paper
+from experiments.paper.settings import Paper
 
 CHANCE = {"sst2": 50.0, "cola": 0.0, "race": 25.0}  # a coin, a constant guess, one of four
 TOKENS_PER_BATCH = 8192  # rows x padded length per forward pass

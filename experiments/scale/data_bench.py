@@ -1,8 +1,8 @@
 """The data pipeline at pod scale: a corpus of BooksCorpus size (~1B tokens) through tokenize-once and the
 batch iterator, measured as a pod job meets it. One JSON line at the end.
 
-    python experiments/scale/data_bench.py --out runs/data-bench --tokens 50e6     # a check: minutes
-    python experiments/scale/data_bench.py --out runs/data-1b --tokens 1e9         # the record
+    python -m experiments.scale.data_bench --out runs/data-bench --tokens 50e6     # a check: minutes
+    python -m experiments.scale.data_bench --out runs/data-1b --tokens 1e9         # the record
 
 1. The corpus (generated once into OUT/corpus, reused while its manifest matches): the documents of the
    shared corpus (../shared/data/corpus/english_mixed.txt.gz beside the repo root), every pass in a fresh

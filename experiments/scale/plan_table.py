@@ -1,9 +1,9 @@
 """The scale table: GPT-1 117M and GPT-1-shaped 350M / 1.3B / 6.7B models planned for TPU pods by the TPU
 compiler on this CPU (`gpt1-jax plan --mesh auto`), plus the memory levers measured on one plan.
 
-    python experiments/scale/plan_table.py                    # every cell not yet recorded, then the table
-    python experiments/scale/plan_table.py --only gpt1        # one model's cells
-    python experiments/scale/plan_table.py --table            # rebuild results.json / README table / plot only
+    python -m experiments.scale.plan_table                    # every cell not yet recorded, then the table
+    python -m experiments.scale.plan_table --only gpt1        # one model's cells
+    python -m experiments.scale.plan_table --table            # rebuild results.json / README table / plot only
 
 Each cell is one `gpt1-jax plan` process (so a 6.7B compile's memory is returned between cells), recorded
 as records/<model>_b<batch>__<pod>.json the moment it finishes: a rerun skips finished cells.
@@ -239,7 +239,7 @@ def write_table() -> None:
         {k: lv.get(k) for k in ("lever", "model", "pod", "plan_mesh", "overrides", "fits", "state_bytes_per_chip",
                                 "opt_state_bytes_per_chip",
                                 "peak_bytes_per_chip", "mesh", "remat", "state_dtype")} for lv in levers],
-        "command": "python experiments/scale/plan_table.py", "cells": len(rows)}
+        "command": "python -m experiments.scale.plan_table", "cells": len(rows)}
     (RESULTS / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     table = markdown(rows, levers)
     (RESULTS / "table.md").write_text(table + "\n")

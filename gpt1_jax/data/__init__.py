@@ -9,7 +9,8 @@ Modules: ``sources`` (documents from pydoc/files/tfds), ``tfds_text`` (tfds with
 ``tokens`` (tokenizer choice, end-of-document id, on-disk token cache), ``once`` (the cache and a
 trained BPE built by one process while the others wait: process 0 of a job, a lock across jobs;
 ``gpt1-jax tokenize`` builds them ahead), ``pipeline`` (packing, split, iterator, global arrays),
-``bench`` (``python -m gpt1_jax.data``: throughput, JSON lines).
+``bench`` (``python -m gpt1_jax.data``: throughput, JSON lines). Fine-tuning data: ``glue`` and ``race``
+(the tasks' examples), ``layout`` (the token layout of the heads' inputs), ``tasks`` (both as padded batches).
 """
 
 from gpt1_jax.data.pipeline import (

@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import numpy as np
+
+from gpt1_jax.data.pipeline import default_cache_dir
 from gpt1_jax.errors import ConfigError, DataError
 
 __all__ = [
@@ -172,8 +175,6 @@ def read_tsv(path: str | Path, task: GlueTask | str, split: str) -> Iterator[dic
 # ---- the tfds builder of our own: the same features from a local TSV directory ---------------------
 
 def _features(tfds: Any, task: GlueTask) -> Any:
-    import numpy as np
-
     feats: dict[str, Any] = {f: tfds.features.Text() for f in task.features}
     feats["label"] = (tfds.features.Scalar(np.float32) if task.regression
                       else tfds.features.ClassLabel(names=list(task.label_classes)))
@@ -223,7 +224,7 @@ def _builder_class() -> Any:
 
 
 def _import_tfds() -> Any:
-    try:
+    try:  # imported here: tensorflow-datasets takes ~0.4 s to import, and reading a TSV needs none of it
         import tensorflow_datasets as tfds
     except ImportError as e:
         raise ImportError(f"GLUE needs tensorflow-datasets ({e.name} is missing): "
@@ -232,8 +233,6 @@ def _import_tfds() -> Any:
 
 
 def default_tfds_dir() -> Path:
-    from gpt1_jax.data.pipeline import default_cache_dir
-
     return default_cache_dir().parent / "tfds"
 
 
@@ -342,6 +341,7 @@ def split_available(task: GlueTask | str, split: str, data_dir: str | Path | Non
 
 
 # ---- the official metrics ----------------------------------------------------------------------------
+# scikit-learn and scipy take seconds to import: each metric imports its function when first asked.
 
 def _matthews(labels, preds) -> float:
     from sklearn.metrics import matthews_corrcoef

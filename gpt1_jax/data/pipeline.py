@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from gpt1_jax.config import DataConfig
@@ -136,8 +137,6 @@ class BatchIterator:
         process_count: int | None = None,
     ) -> None:
         if process_index is None or process_count is None:
-            import jax
-
             process_index = jax.process_index() if process_index is None else process_index
             process_count = jax.process_count() if process_count is None else process_count
         if not 0 <= process_index < process_count:

@@ -29,12 +29,16 @@ import hashlib
 import json
 import os
 import shlex
+import sys
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from pydoc_data import topics
+
+from gpt1_jax.data.tfds_text import TfdsSource
 from gpt1_jax.errors import ConfigError, DataError
 
 __all__ = ["TextSource", "PydocSource", "FileSource", "open_source", "read_blocks"]
@@ -70,19 +74,13 @@ class PydocSource:
     spec: str = "default"
 
     def documents(self) -> Iterator[str]:
-        from pydoc_data.topics import topics
-
         # Sorted by topic name: dict order is an implementation detail of the generated module.
-        for name in sorted(topics):
-            text = topics[name].strip()
+        for name in sorted(topics.topics):
+            text = topics.topics[name].strip()
             if text:
                 yield text
 
     def fingerprint(self) -> str:
-        import sys
-
-        from pydoc_data import topics
-
         # Hash of the content itself: it is small (0.5 MB) and the module mtime is meaningless in
         # relocated or zipped installs.
         content = hashlib.sha256(json.dumps(topics.topics, sort_keys=True).encode()).hexdigest()
@@ -222,7 +220,5 @@ def open_source(spec: str) -> TextSource:
     if spec in DEFAULT_SPECS:
         return PydocSource(spec)
     if spec.startswith(TFDS_PREFIX):
-        from gpt1_jax.data.tfds_text import TfdsSource
-
         return TfdsSource.open(spec)
     return FileSource.open(spec)

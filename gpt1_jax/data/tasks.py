@@ -1,7 +1,7 @@
 """Fine-tuning tasks (GLUE's and RACE) behind one interface, and their examples as padded batches.
 
 A `Task` knows how to load a split, which strings of an example to tokenise, how those tokens become the
-head's input layout (gpt1_jax/heads.py), and how predictions are scored with the official metrics.
+head's input layout (gpt1_jax/data/layout.py), and how predictions are scored with the official metrics.
 `encode_split` tokenises a split once; `make_batch` pads rows of it to fixed shapes; `EpochBatches` serves
 them epoch after epoch, resumably; `write_predictions` / `write_submission` write GLUE's file formats.
 """
@@ -13,16 +13,21 @@ import math
 from pathlib import Path
 from typing import Callable
 
+import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from gpt1_jax.config import ConfigError, FinetuneConfig, task_key
-from gpt1_jax.data.tokens import atomic_write_text
+from gpt1_jax.data import glue
+from gpt1_jax.data.layout import Markers, layout, max_segment_len, pad_sequences
+from gpt1_jax.data.race import load_race
+from gpt1_jax.files import atomic_write_text
 
 
 @dataclasses.dataclass(frozen=True)
 class Task:
     name: str
-    kind: str  # a gpt1_jax.heads kind
+    kind: str  # one of gpt1_jax.data.layout.KINDS
     n_outputs: int
     regression: bool
     metrics: tuple[str, ...]  # the first picks the best epoch
@@ -31,15 +36,13 @@ class Task:
     label_names: tuple[str, ...] | None
     load: Callable[[str], list[dict]]  # split -> examples (text fields, label, idx)
     texts: Callable[[dict], list[str]]  # the strings of one example, to tokenise
-    segments: Callable[[list[list[int]], int], tuple]  # their tokens, segment length -> heads.layout input
+    segments: Callable[[list[list[int]], int], tuple]  # their tokens, segment length -> layout()'s segments
     score: Callable[[list[dict], np.ndarray], dict[str, float]]  # examples, predictions -> metrics
     submission: Callable[[str], str] | None = None  # test split -> GLUE file stem
     submit_names: bool = False  # the GLUE server wants label names (MNLI, QNLI, RTE), not indices
 
 
 def make_task(config: FinetuneConfig, data_dir: str | None, tfds_dir: str | None = None) -> Task:
-    from gpt1_jax.data import glue
-
     key = task_key(config.task)
     if key == "race":
         return _race_task(config, data_dir)
@@ -60,8 +63,6 @@ def make_task(config: FinetuneConfig, data_dir: str | None, tfds_dir: str | None
 
 
 def _race_task(config: FinetuneConfig, data_dir: str | None) -> Task:
-    from gpt1_jax.data.race import load_race
-
     if not data_dir:
         raise ConfigError("task race reads RACE from a local race.tar.gz: pass --data-dir PATH")
     path = Path(data_dir)
@@ -102,10 +103,8 @@ class Encoded:
 
 
 def encode_split(task: Task, examples: list[dict], tok, n_ctx: int) -> Encoded:
-    from gpt1_jax import heads
-
-    markers = heads.Markers.of(tok)
-    keep = heads.max_segment_len(n_ctx)
+    markers = Markers.of(tok)
+    keep = max_segment_len(n_ctx)
     texts = [task.texts(ex) for ex in examples]
     flat = [t for ts in texts for t in ts]
     ids = tok.encode_batch(flat) if flat else []
@@ -113,7 +112,7 @@ def encode_split(task: Task, examples: list[dict], tok, n_ctx: int) -> Encoded:
     for ts in texts:
         toks = ids[i: i + len(ts)]
         i += len(ts)
-        seqs.append(heads.layout(task.kind, task.segments(toks, keep), markers, n_ctx))
+        seqs.append(layout(task.kind, task.segments(toks, keep), markers, n_ctx))
     dtype = np.float32 if task.regression else np.int32
     labels = np.asarray([ex["label"] for ex in examples], dtype)
     return Encoded(seqs, labels, examples)
@@ -124,16 +123,14 @@ def bucket_len(n: int, n_ctx: int) -> int:
     return min(n_ctx, max(16, 1 << (max(n, 1) - 1).bit_length()))
 
 
-def make_batch(enc: Encoded, rows: np.ndarray, batch_size: int, n_ctx: int, markers) -> dict[str, np.ndarray]:
+def make_batch(enc: Encoded, rows: np.ndarray, batch_size: int, n_ctx: int, markers: Markers) -> dict[str, np.ndarray]:
     """Rows of `enc` padded to `batch_size` with weight-0 filler examples (shapes stay fixed)."""
-    from gpt1_jax import heads
-
     seqs = [enc.seqs[r] for r in rows]
     n_seq = len(seqs[0])
     filler = [[markers.start, markers.classify]] * n_seq
     seqs = seqs + [filler] * (batch_size - len(seqs))
     length = bucket_len(max(len(s) for ex in seqs for s in ex), n_ctx)
-    tokens, mask, clf_pos = heads.pad_sequences(seqs, length)
+    tokens, mask, clf_pos = pad_sequences(seqs, length)
     labels = np.zeros((batch_size,), enc.labels.dtype)
     labels[: len(rows)] = enc.labels[rows]
     labels = np.where(labels < 0, 0, labels) if labels.dtype != np.float32 else labels  # test rows: -1
@@ -173,12 +170,8 @@ def encode_task(task: Task, config: FinetuneConfig, tok, n_ctx: int, predict_tes
 def prepare_once(task: Task, splits) -> None:
     """Multi-process: process 0 prepares the splits (tensorflow-datasets writes them once) before the
     others read them."""
-    import jax
-
     if jax.process_count() == 1:
         return
-    from jax.experimental import multihost_utils
-
     if jax.process_index() == 0:
         for split in splits:
             task.load(split)
@@ -187,8 +180,6 @@ def prepare_once(task: Task, splits) -> None:
 
 def process_rows(global_batch: int) -> slice:
     """This process's rows of a global batch (every process builds the same global batch)."""
-    import jax
-
     n = global_batch // jax.process_count()
     return slice(jax.process_index() * n, (jax.process_index() + 1) * n)
 
@@ -197,7 +188,7 @@ class EpochBatches:
     """One epoch after another, each in a (seed, epoch)-seeded order; the last batch of an epoch is padded
     with weight-0 rows. Its position is the step alone. Yields this process's rows of each global batch."""
 
-    def __init__(self, enc: Encoded, batch_size: int, seed: int, n_ctx: int, markers):
+    def __init__(self, enc: Encoded, batch_size: int, seed: int, n_ctx: int, markers: Markers):
         self.enc, self.batch_size, self.seed, self.n_ctx, self.markers = enc, batch_size, seed, n_ctx, markers
         self.steps_per_epoch = math.ceil(len(enc.seqs) / batch_size)
         self.step = 0

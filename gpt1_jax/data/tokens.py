@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from gpt1_jax.data.once import LOCK_STALE_S, Peers, build_once
 from gpt1_jax.data.sources import TextSource
@@ -413,8 +414,6 @@ def _build_cache(
     source: TextSource, tokenizer: GPT1Tokenizer, final: Path, sep: int, dtype: np.dtype, peers: Peers, progress: bool
 ) -> TokenStream:
     """Tokenise into a temporary directory beside ``final``, then rename it into place."""
-    from tqdm.auto import tqdm
-
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:

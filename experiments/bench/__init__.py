@@ -1,0 +1,1 @@
+"""Benchmarks: gpt1-jax vs Hugging Face transformers, step breakdowns and checkpoint integrity costs."""

@@ -1,0 +1,1 @@
+"""Scale experiments: TPU pod plans and the data pipeline at BooksCorpus size."""
