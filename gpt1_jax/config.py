@@ -123,7 +123,7 @@ def model_preset(name: str) -> ModelConfig:
 
 # The names `optim.name` and `optim.schedule` may take. What each means lives beside its code, in
 # gpt1_jax/optim.py's OPTIMIZERS and SCHEDULES; that module imports this one, so the names are kept here
-# (as LOGICAL_AXES and TASK_NAMES below are), and tests/test_config.py holds each tuple to its registry.
+# (as LOGICAL_AXES and TASK_NAMES below are), and tests/unit/test_config.py holds each tuple to its registry.
 OPTIMIZER_NAMES = ("gpt1_adam", "adamw", "lion", "adafactor", "sgd", "sgd_nesterov", "muon", "schedule_free_adamw",
                    "lamb")
 SCHEDULE_NAMES = ("warmup_linear", "warmup_cosine", "warmup_constant", "constant")

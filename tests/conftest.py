@@ -1,5 +1,10 @@
 """Every test sees 8 fake CPU devices, so sharding runs on a laptop (must happen before jax starts).
 
+Two tiers: tests/unit runs in process, a few seconds a test at most (a developer's loop, ~3 minutes);
+tests/e2e holds what needs real processes or whole runs: subprocess commands, pipelines, multi-host,
+kill and resume, compiled pod plans, fine-tuning runs, parity on the full data. tests/support/ holds
+what a file's two halves share.
+
 Data: tests read the small files in tests/fixtures/ (a fresh clone has them). The full data sets
 live in ../shared beside the repo root on this project's machines only; the few tests that need
 them take `shared_dir` and skip without it. GPT1_JAX_SHARED=DIR points there instead, and

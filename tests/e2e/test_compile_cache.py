@@ -1,0 +1,34 @@
+"""The persistent compilation cache: keyed by this CPU, reused by a second process, switchable off; and
+bf16 compute falls back to float32 on a CPU without native bf16."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from gpt1_jax import compile_cache
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench(env):
+    cmd = [sys.executable, "-m", "gpt1_jax.cli", "bench", "--config", "tiny", "--compile-only"]
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_a_second_process_reuses_the_first_ones_programs(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env.update(GPT1_JAX_COMPILE_CACHE=str(tmp_path), XLA_FLAGS="")
+    _bench(env)
+    (cache,) = tmp_path.iterdir()
+    assert cache.name.startswith(compile_cache.cache_dir(tmp_path).name)
+    first = sorted(p.name for p in cache.iterdir())
+    assert first, "nothing was cached"
+    _bench(env)
+    assert sorted(p.name for p in cache.iterdir()) == first  # every program found: no new entry
+
+    off = tmp_path / "off"
+    _bench({**env, "GPT1_JAX_COMPILE_CACHE": "off", "HOME": str(off)})
+    assert not off.exists()

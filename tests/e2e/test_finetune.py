@@ -1,0 +1,301 @@
+"""`gpt1-jax finetune` end to end on a tiny model and a few dozen examples: results.json, predictions,
+GLUE's submission file; init from none, from a HF directory and from a pre-training workdir."""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from gpt1_jax import cli
+from gpt1_jax.config import FinetuneConfig, load_yaml, model_preset, save_yaml
+from gpt1_jax.finetune import open_source, transplant, with_marker_rows
+from gpt1_jax.tokenizer import GPT1Tokenizer
+from tests.support.finetune import WORDS, _hf_dir, _sentences, data_dir, tokenizer  # noqa: F401 (pytest fixtures)
+
+
+def _finetune(tmp_path, data_dir, *extra, task="cola"):
+    workdir = tmp_path / "run"
+    argv = ["finetune", "--task", task, "--workdir", str(workdir), "--data-dir", str(data_dir), "--config", "tiny",
+            "--tfds-dir", str(tmp_path / "tfds"), "--batch-size", "8", "--no-progress", *extra]
+    if "--init" not in extra:
+        argv += ["--init", "none"]
+    assert cli.main(argv) == 0
+    return workdir, json.loads((workdir / "results.json").read_text())
+
+
+def test_finetune_from_scratch_writes_results_predictions_and_submission(tmp_path, data_dir):
+    workdir, results = _finetune(tmp_path, data_dir, "--epochs", "2", "--predict-test", "--seed", "3",
+                                 "--set", "optim.lr=1e-3")
+    assert results["task"] == "cola" and results["seed"] == 3 and results["init"] == "none"
+    assert results["metric_names"] == ["matthews_corr"] and -1 <= results["metrics"]["matthews_corr"] <= 1
+    assert results["epoch"] in (1, 2) and len(results["history"]) == 2
+    assert results["n_train"] == 40 and results["n_dev"] == {"validation": 12}
+    assert results["steps"] == 10  # ceil(40 / 8) x 2: the last partial batch is padded, not dropped
+    assert results["config"]["optim"]["lr"] == 1e-3 and results["config"]["lm_coef"] == 0.5
+    dev = (workdir / "predictions" / "validation.tsv").read_text().splitlines()
+    assert dev[0] == "index\tprediction\tlabel" and len(dev) == 13
+    assert {line.split("\t")[1] for line in dev[1:]} <= {"acceptable", "unacceptable"}
+    sub = (workdir / "CoLA.tsv").read_text().splitlines()
+    assert sub[0] == "index\tprediction" and len(sub) == 10
+    assert [line.split("\t")[0] for line in sub[1:]] == [str(i) for i in range(9)]
+    assert {line.split("\t")[1] for line in sub[1:]} <= {"0", "1"}
+    metrics = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert {"loss", "task_loss", "lm_loss", "lr"} <= set(metrics[0])
+    saved = load_yaml(FinetuneConfig, workdir / "config.yaml")  # the resolved config round-trips
+    assert saved.optim.total_steps == 10 and saved.model.vocab_size == GPT1Tokenizer.load(workdir / "tokenizer.json").vocab_size
+
+
+def test_similarity_regression_without_aux_lm(tmp_path, data_dir):
+    _, results = _finetune(tmp_path, data_dir, "--epochs", "1", "--lm-coef", "0", task="stsb")
+    assert results["metric_names"] == ["pearson", "spearman"]
+    assert results["config"]["lm_coef"] == 0.0
+
+
+def test_init_from_hf_dir_appends_the_marker_rows(tmp_path, data_dir, tokenizer):
+    tok_path = tmp_path / "tok.json"
+    tokenizer.save(tok_path)
+    hf, config, params = _hf_dir(tmp_path, tokenizer)
+    fcfg = FinetuneConfig(model=model_preset("tiny"))
+    source = open_source(str(hf), fcfg, str(tok_path))
+    model_config, loaded = with_marker_rows(source.model_config, source.params, source.tokenizer, seed=0)
+    table = np.asarray(loaded["tokens_embed"]["embedding"])
+    assert model_config.vocab_size == source.tokenizer.vocab_size == table.shape[0] == config.vocab_size + 3
+    np.testing.assert_array_equal(table[:-3], np.asarray(params["tokens_embed"]["embedding"].value))
+    assert 0.005 < table[-3:].std() < 0.05  # N(0, 0.02)
+    _, results = _finetune(tmp_path, data_dir, "--init", str(hf), "--tokenizer", str(tok_path), "--epochs", "1")
+    assert results["init"] == str(hf)
+    # scratch:DIR = the same architecture and vocabulary, random weights (Table 5's no pre-training)
+    scratch = open_source(f"scratch:{hf}", fcfg, str(tok_path))
+    assert scratch.params is None and scratch.model_config == source.model_config
+    assert scratch.described.startswith("scratch")
+
+
+def test_init_from_pretrain_workdir_restores_the_params(tmp_path, tokenizer):
+    from gpt1_jax.checkpoint import Checkpointer
+    from gpt1_jax.config import MeshConfig, OptimConfig, PretrainConfig, preset
+    from gpt1_jax.step import lm_trainer
+
+    config = dataclasses.replace(model_preset("tiny"), vocab_size=tokenizer.vocab_size)
+    workdir = tmp_path / "pre"
+    workdir.mkdir()
+    state = lm_trainer(config, OptimConfig(total_steps=10, warmup_steps=1), MeshConfig()).init(seed=5)
+    ckpt = Checkpointer(workdir / "checkpoints")
+    ckpt.save(4, state, {"batches": {}}, config)
+    ckpt.close()
+    save_yaml(dataclasses.replace(preset(PretrainConfig, "tiny"), model=config), workdir / "config.yaml")
+    tokenizer.save(workdir / "tokenizer.json")
+    source = open_source(str(workdir), FinetuneConfig(), None)
+    assert source.model_config.vocab_size == source.tokenizer.vocab_size
+    assert source.model_config.embd_dropout == 0.1  # run-time fields from the fine-tuning config
+    for a, b in zip(jax.tree.leaves(source.params), jax.tree.leaves(state.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("scan_layers", [False, True], ids=["loop", "scan"])
+def test_transplant_keeps_embeddings_and_the_first_layers(scan_layers):
+    from gpt1_jax.model import init_params
+
+    config = dataclasses.replace(model_preset("tiny"), n_layers=3, scan_layers=scan_layers)
+    fresh, pre = (jax.tree.map(np.asarray, nn.meta.unbox(init_params(config, s))) for s in (0, 1))
+    out = transplant(fresh, pre, config, 1)
+    np.testing.assert_array_equal(out["tokens_embed"]["embedding"], pre["tokens_embed"]["embedding"])
+    np.testing.assert_array_equal(out["positions_embed"]["embedding"], pre["positions_embed"]["embedding"])
+    stack = (lambda t: t["h"]) if scan_layers else (lambda t: jax.tree.map(lambda *a: np.stack(a), *(t[f"h_{i}"] for i in range(3))))
+    for got, p, f in zip(*(jax.tree.leaves(stack(t)) for t in (out, pre, fresh))):
+        np.testing.assert_array_equal(got[:1], p[:1])
+        np.testing.assert_array_equal(got[1:], f[1:])
+    assert transplant(fresh, pre, config, -1) is pre and transplant(fresh, pre, config, 3) is pre
+
+
+def test_race_multiple_choice_end_to_end(tmp_path):
+    import io
+    import tarfile
+
+    path = tmp_path / "race.tar.gz"
+    rng = np.random.default_rng(0)
+    with tarfile.open(path, "w:gz") as tar:
+        for split, n in (("train", 6), ("dev", 2)):
+            for level in ("middle", "high"):
+                for k in range(n):
+                    doc = {"id": f"{k}.txt", "article": " ".join(_sentences(30, k)), "questions": ["what sat?", "who ran?"],
+                           "options": [WORDS[:4], WORDS[4:8]], "answers": [str("ABCD"[rng.integers(4)]), "B"]}
+                    data = json.dumps(doc).encode()
+                    info = tarfile.TarInfo(f"race/{split}/{level}/{k}.txt")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    _, results = _finetune(tmp_path, path, "--epochs", "1", task="race")
+    assert results["n_train"] == 24 and results["n_dev"] == {"validation": 8}
+    assert set(results["metrics"]) == {"accuracy", "accuracy_middle", "accuracy_high"}
+
+
+def test_glue_table_script_quick(tmp_path, data_dir):
+    """python -m experiments.glue.glue_table --quick: runs, then writes the markdown table beside the paper's numbers."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "table"
+    proc = subprocess.run([sys.executable, "-m", "experiments.glue.glue_table", "--quick", "--init", "none", "--tasks", "cola",
+                           "--seeds", "0", "--data-dir", str(data_dir), "--out", str(out), "--", "--tfds-dir", str(tmp_path / "tfds")],
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = (out / "table.md").read_text()
+    assert "| cola | matthews_corr | 45.4 |" in table and (out / "full" / "cola" / "seed0" / "results.json").is_file()
+
+
+def test_short_real_finetune_beats_the_majority_class(tmp_path, shared_dir):
+    """Real SST-2 (4,000 training sentences, the whole dev set), tiny model from scratch, 250 steps."""
+    workdir = tmp_path / "sst2"
+    argv = ["finetune", "--task", "sst2", "--init", "none", "--config", "tiny", "--workdir", str(workdir),
+            "--data-dir", str(shared_dir / "data" / "glue"), "--tfds-dir", str(tmp_path / "tfds"),
+            "--max-train-examples", "4000", "--epochs", "2", "--lr", "3e-3", "--lm-coef", "0", "--no-progress"]
+    assert cli.main(argv) == 0
+    results = json.loads((workdir / "results.json").read_text())
+    labels = [line.split("\t")[2] for line in (workdir / "predictions" / "validation.tsv").read_text().splitlines()[1:]]
+    majority = max(labels.count(l) for l in set(labels)) / len(labels)
+    assert len(labels) == 872 and majority < 0.52
+    assert results["metrics"]["accuracy"] > majority + 0.05, (results["metrics"], majority)
+
+
+def _argv(workdir, data_dir, tmp_path, *extra):
+    """A tiny CoLA run in a real subprocess: 40 examples, batch 8, 3 epochs of 5 steps, a checkpoint every step."""
+    return [sys.executable, "-m", "gpt1_jax.cli", "finetune", "--task", "cola", "--init", "none", "--config", "tiny",
+            "--workdir", str(workdir), "--data-dir", str(data_dir), "--tfds-dir", str(tmp_path / "tfds"),
+            "--batch-size", "8", "--epochs", "3", "--predict-test", "--set", "checkpoint_every=1", *extra]
+
+
+ENV = {**os.environ, "XLA_FLAGS": ""}  # one CPU device
+
+
+def _outputs(workdir):
+    """What an interrupted run must reproduce: dev scores per epoch, best epoch, prediction files' bytes."""
+    results = json.loads((workdir / "results.json").read_text())
+    files = {p.name: p.read_bytes() for p in [*(workdir / "predictions").iterdir(), workdir / "CoLA.tsv"]}
+    return [{k: v for k, v in h.items()} for h in results["history"]], results["epoch"], files
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, data_dir):
+    tmp = tmp_path_factory.mktemp("ft-ref")
+    done = subprocess.run(_argv(tmp / "run", data_dir, tmp), capture_output=True, text=True, timeout=300, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return tmp / "run"
+
+
+def _start_and_wait(argv, workdir, log, step):
+    proc = subprocess.Popen(argv, stderr=open(log, "w"), stdout=subprocess.DEVNULL, env=ENV)
+    t0 = time.time()
+    while time.time() - t0 < 300:
+        path = workdir / "metrics.jsonl"
+        if path.exists() and any(json.loads(l).get("step", 0) >= step for l in path.read_text().splitlines() if l.strip()):
+            return proc
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early: {open(log).read()[-2000:]}")
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("timed out")
+
+
+def test_finetune_kill_9_then_rerun_equals_an_uninterrupted_run(uninterrupted, tmp_path, data_dir):
+    """Killed in the second epoch: the rerun restores the state, the batch position and the dev history."""
+    workdir = tmp_path / "run"
+    argv = _argv(workdir, data_dir, tmp_path)
+    proc = _start_and_wait(argv, workdir, tmp_path / "log", 7)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not (workdir / "results.json").exists()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming at" in done.stderr  # not a second run from scratch (which would give the same files)
+    assert _outputs(workdir) == _outputs(uninterrupted)
+
+
+def test_finetune_sigterm_saves_exits_0_and_resumes(uninterrupted, tmp_path, data_dir):
+    workdir = tmp_path / "run"
+    argv = _argv(workdir, data_dir, tmp_path, "--set", "checkpoint_every=0")  # epoch ends and the preemption only
+    proc = _start_and_wait(argv, workdir, tmp_path / "log", 2)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    assert proc.returncode == 0 and "preempted: checkpoint saved at step" in open(tmp_path / "log").read()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _outputs(workdir) == _outputs(uninterrupted)
+
+
+def test_accumulated_steps_train_like_the_whole_batch(tmp_path, data_dir):
+    """--accum-steps 2 runs each batch of 16 as two micro-batches of 8 (one row per fake device): the same
+    first loss and gradient norm (no dropout, so the masks' different streams cannot matter)."""
+    runs = {}
+    for k in (1, 2):
+        workdir, results = _finetune(tmp_path / f"k{k}", data_dir, "--epochs", "1", "--accum-steps", str(k), "--batch-size", "16",
+                                     "--set", "model.embd_dropout=0", "--set", "model.attn_dropout=0",
+                                     "--set", "model.resid_dropout=0", "--set", "clf_dropout=0")
+        runs[k] = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    first = [next(r for r in runs[k] if "loss" in r) for k in (1, 2)]
+    assert first[0]["loss"] == pytest.approx(first[1]["loss"], rel=1e-5)
+    assert first[0]["grad_norm"] == pytest.approx(first[1]["grad_norm"], rel=1e-4)
+
+
+def test_schedule_free_is_scored_at_x(tmp_path, data_dir, monkeypatch):
+    """The dev hook evaluates schedule-free runs at their x sequence (optim.eval_params), not at y."""
+    from gpt1_jax import finetune, optim
+
+    seen = []
+    real = optim.eval_params
+    monkeypatch.setattr(finetune, "eval_params", lambda opt_state, params: seen.append(real(opt_state, params) is not params) or real(opt_state, params))
+    _finetune(tmp_path, data_dir, "--epochs", "1", "--set", "optim.name=schedule_free_adamw")
+    assert seen and all(seen)
+
+
+def test_two_processes_give_the_one_process_metrics(tmp_path, data_dir):
+    """launch/local.py -n 2 -d 2 against one process with 4 devices: same dev scores, same prediction files."""
+    repo = Path(__file__).resolve().parents[2]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GPT1_")}
+    args = _argv(tmp_path / "one", data_dir, tmp_path, "--epochs", "2", "--set", "checkpoint_every=0")[1:]
+    one = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300,
+                         env={**base, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"})
+    assert one.returncode == 0, one.stderr[-3000:]
+    args = _argv(tmp_path / "two", data_dir, tmp_path, "--epochs", "2", "--set", "checkpoint_every=0")[1:]
+    two = subprocess.run([sys.executable, str(repo / "launch" / "local.py"), "-n", "2", "-d", "2", "--grace", "20", "--",
+                          sys.executable, *args], capture_output=True, text=True, timeout=300,
+                         env={**base, "JAX_PLATFORMS": "cpu"})
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-2000:]
+    (h1, e1, f1), (h2, e2, f2) = _outputs(tmp_path / "one"), _outputs(tmp_path / "two")
+    assert e1 == e2 and f1 == f2
+    for a, b in zip(h1, h2):
+        assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6) for k in a)
+
+
+def _snapshot(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_finished_run_refuses_other_jobs_and_settings_byte_for_byte(uninterrupted, tmp_path, data_dir, capsys):
+    """A sweep reusing a folder, a pre-training run or `evaluate` pointed at it: one line each, nothing changed."""
+    own = _argv(uninterrupted, data_dir, tmp_path)[3:]  # the run's own flags, without `python -m gpt1_jax.cli`
+    before = _snapshot(uninterrupted)
+    cases = [
+        ([a if a != "cola" else "stsb" for a in own], f"{uninterrupted} holds a fine-tuning run of cola from none, "
+         "not of stsb: choose another --workdir (one folder per task and setting)"),
+        (own + ["--lr", "1e-3"], f"{uninterrupted} holds a fine-tuning run with other settings (optim.lr=6.25e-05 "
+         "there, 0.001 now): choose another --workdir (one folder per setting), or repeat the run's own flags to "
+         "resume it"),
+        (["pretrain", "--workdir", str(uninterrupted)], f"{uninterrupted} holds a fine-tuning run of cola from none; "
+         "pretrain would overwrite it: choose another --workdir"),
+        (["evaluate", "--workdir", str(uninterrupted)], f"{uninterrupted} holds a fine-tuning run of cola from none, "
+         f"not a pre-training run: evaluate measures a pre-training checkpoint's LM loss; this run's dev scores are in "
+         f"{uninterrupted / 'results.json'}"),
+    ]
+    for argv, message in cases:
+        assert cli.main(argv) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == f"gpt1-jax {argv[0]}: error: {message}"
+    assert _snapshot(uninterrupted) == before

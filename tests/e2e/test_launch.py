@@ -1,0 +1,131 @@
+"""The launchers: the local one with trivial child processes (prefixes, environment, failure, signals),
+the SLURM/TPU/Kubernetes ones checked for syntax and for generating the commands launch/README.md shows,
+and the distributed start-up's flag/environment resolution. No jax start-up, no network: seconds."""
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.support.launch import LAUNCH, README
+
+
+def local(*args, timeout=60, **kw):
+    return subprocess.run([sys.executable, str(LAUNCH / "local.py"), *args], capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def test_local_launcher_env_and_prefixes():
+    child = "import os; print(os.environ['GPT1_PROCESS_ID'], os.environ['GPT1_NUM_PROCESSES'], os.environ['GPT1_COORDINATOR'], os.environ['XLA_FLAGS'])"
+    done = local("-n", "3", "-d", "2", "--", sys.executable, "-c", child)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = {l[:5]: l[5:].split() for l in done.stdout.splitlines() if l.startswith("[p")}
+    assert sorted(lines) == ["[p0] ", "[p1] ", "[p2] "]
+    for i in range(3):
+        pid, n, coord, flags = lines[f"[p{i}] "]
+        assert (pid, n, flags) == (str(i), "3", "--xla_force_host_platform_device_count=2")
+        assert coord.startswith("127.0.0.1:")
+    assert "[launcher] exit statuses [0, 0, 0]" in done.stdout
+
+
+def test_local_sh_wrapper():
+    done = subprocess.run([str(LAUNCH / "local.sh"), "2", "--", sys.executable, "-c", "print('hi')"],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHON": sys.executable})
+    assert done.returncode == 0, done.stderr
+    assert sorted(l for l in done.stdout.splitlines() if l.endswith("hi")) == ["[p0] hi", "[p1] hi"]
+
+
+def test_local_launcher_failure_stops_the_others():
+    child = "import os, sys, time; i = int(os.environ['GPT1_PROCESS_ID']); time.sleep(0.5); sys.exit(3) if i == 1 else time.sleep(60)"
+    t0 = time.monotonic()
+    done = local("-n", "2", "--grace", "1", "--", sys.executable, "-c", child)
+    assert done.returncode == 3
+    assert time.monotonic() - t0 < 20
+    assert "[launcher] process 1 failed with status 3" in done.stdout
+    assert "[launcher] exit statuses [137, 3]" in done.stdout  # p0 SIGKILLed after the grace period
+
+
+def test_local_launcher_forwards_sigterm():
+    child = ("import signal, sys, time, os\n"
+             "signal.signal(signal.SIGTERM, lambda *a: (print('p', os.environ['GPT1_PROCESS_ID'], 'got SIGTERM', flush=True), sys.exit(0)))\n"
+             "print('ready', flush=True)\n"
+             "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, str(LAUNCH / "local.py"), "-n", "2", "--", sys.executable, "-c", child],
+                            stdout=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if sum(l.startswith("[p") and l.endswith("] ready\n") for l in seen) == 2:
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert "[p0] p 0 got SIGTERM" in out and "[p1] p 1 got SIGTERM" in out
+
+
+@pytest.mark.parametrize("script", ["local.sh", "tpu.sh", "slurm.sbatch"])
+def test_shell_scripts_parse(script):
+    done = subprocess.run(["bash", "-n", str(LAUNCH / script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def documented(prefix: str) -> list[tuple[str, str]]:
+    """(`$ command` line, the line after it) pairs of launch/README.md whose command starts with prefix."""
+    lines = README.splitlines()
+    return [(l[2:], lines[i + 1]) for i, l in enumerate(lines) if l.startswith("$ " + prefix)]
+
+
+def test_tpu_commands_are_the_documented_ones():
+    pairs = documented("launch/tpu.sh")
+    assert {shlex.split(c)[1] for c, _ in pairs} == {"create", "install", "run", "stop", "delete"}
+    env = {k: v for k, v in os.environ.items() if k not in ("TPU_NAME", "ZONE", "PROJECT", "ACCELERATOR_TYPE",
+                                                               "RUNTIME_VERSION", "REMOTE_DIR", "WORKDIR")}
+    for command, expected in pairs:
+        argv = shlex.split(command)
+        done = subprocess.run(["bash", str(LAUNCH / "tpu.sh"), *argv[1:]], capture_output=True, text=True,
+                              env={**env, "DRY_RUN": "1"}, timeout=30)
+        assert done.returncode == 0, done.stderr
+        assert shlex.split(done.stdout.strip()) == shlex.split(expected), command
+    # The 2-host run reaches every worker and starts the pre-training there.
+    run = shlex.split(next(e for c, e in pairs if " run " in c + " "))
+    assert "--worker=all" in run and "gpt1-jax pretrain --workdir" in run[-1]
+
+
+def test_tpu_copy_and_project(tmp_path):
+    done = subprocess.run(["bash", str(LAUNCH / "tpu.sh"), "copy"], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "DRY_RUN": "1", "PROJECT": "my-proj", "TPU_NAME": "pod"})
+    assert done.returncode == 0, done.stderr
+    tar, scp, ssh = (shlex.split(l) for l in done.stdout.strip().splitlines())
+    assert tar[:2] == ["tar", "-czf"] and "--exclude=.git" in tar
+    assert scp[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "scp"] and "--worker=all" in scp and "--project=my-proj" in scp
+    assert ssh[4:6] == ["ssh", "pod"] and "--worker=all" in ssh
+
+
+def test_slurm_command_is_the_documented_one(tmp_path):
+    (command, expected), = documented("WORKDIR=")
+    srun = tmp_path / "bin" / "srun"
+    srun.parent.mkdir()
+    srun.write_text(f"#!{sys.executable}\nimport shlex, sys\nprint(shlex.join(['srun', *sys.argv[1:]]))\n")
+    srun.chmod(0o755)
+    argv = shlex.split(command)
+    env_assign, script_args = argv[0], argv[3:]
+    assert argv[1:3] == ["sbatch", "launch/slurm.sbatch"]
+    env = {k: v for k, v in os.environ.items() if k not in ("WORKDIR", "GPT1_JAX")}
+    env.update(PATH=f"{srun.parent}:{env['PATH']}", WORKDIR=env_assign.split("=", 1)[1])
+    done = subprocess.run(["bash", str(LAUNCH / "slurm.sbatch"), *script_args], capture_output=True, text=True,
+                          env=env, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert shlex.split(done.stdout.strip()) == shlex.split(expected)
+    text = (LAUNCH / "slurm.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=1" in text
+
+
+def test_cli_reports_bad_distributed_flags_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "pretrain", "--workdir", str(tmp_path / "w"),
+                           "--coordinator", "127.0.0.1:1"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("gpt1-jax pretrain: error: multi-process start needs")

@@ -1,0 +1,160 @@
+"""experiments.paper.run: the whole pipeline at --quick (tiny model, 20 updates, the fixtures' GLUE files, a
+tiny RACE archive) writes the release, every result file and plot, under OUT only; a second run does no work;
+the release is what `gpt1-jax sample --init` reads. For time, Table 5 and Figure 2 (left) run SST-2 only (every
+fine-tuning run is a process that compiles its own step); the pieces the full run adds (the goal over five
+tasks, the CoLA threshold, batched continuation scoring) are checked directly."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments.paper import zeroshot
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+PAPER = ROOT / "experiments" / "paper"
+
+
+ENV = {**os.environ, "XLA_FLAGS": ""}  # one CPU device, as a user runs it (conftest fakes 8 here)
+
+
+WORDS = "the a cat dog sat ran on under mat log quickly slowly big small red blue house tree".split()
+
+
+def _write_race(path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    with tarfile.open(path, "w:gz") as tar:
+        for split in ("train", "dev"):
+            for level in ("middle", "high"):
+                for k in range(2):
+                    article = " ".join(" ".join(rng.choice(WORDS, 6)) + "." for _ in range(8))
+                    doc = {"id": f"{k}.txt", "article": article, "questions": ["what sat?", "who ran?"],
+                           "options": [WORDS[:4], WORDS[4:8]], "answers": ["A", "C"]}
+                    data = json.dumps(doc).encode()
+                    info = tarfile.TarInfo(f"race/{split}/{level}/{k}.txt")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _snapshot(folder: Path) -> dict:
+    return {p: p.stat().st_mtime_ns for p in folder.rglob("*")} if folder.exists() else {}
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory, glue_dir):
+    out = tmp_path_factory.mktemp("paper")
+    argv = [sys.executable, "-m", "experiments.paper.run", "--quick", "--data-dir", str(glue_dir), "--race",
+            str(_write_race(out / "race.tar.gz")), "--out", str(out), "--tfds-dir", str(out / "tfds"),
+            "--tasks", "sst2", "--layer-tasks", "sst2"]
+    committed = {name: _snapshot(PAPER / name) for name in ("release", "results")}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=ENV, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert {name: _snapshot(PAPER / name) for name in committed} == committed  # --quick never writes there
+    return out, argv
+
+
+def test_quick_pipeline_writes_every_output(quick):
+    out, _ = quick
+    results = out / "results"
+    for name in ("README.md", "timings.json", "pretrain.json", "pretrain_loss.png", "table5.json", "table5.md",
+                 "lr_grid.json", "layers.json", "layers.png", "zeroshot.json", "zeroshot.png", "diagnosis.json",
+                 "diagnosis.md"):
+        assert (results / name).is_file(), name
+    table = json.loads((results / "table5.json").read_text())
+    assert list(table) == ["sst2"] and list(table["sst2"]) == ["full", "no_pretrain", "no_aux_lm"]
+    assert all(len(scores) == 1 and 0 <= scores[0] <= 100 for scores in table["sst2"].values())
+    layers = json.loads((results / "layers.json").read_text())["sst2"]
+    assert list(layers["scores"]) == ["0", "1", "2"] and layers["metric"] == "accuracy"
+    zs = json.loads((results / "zeroshot.json").read_text())
+    assert sorted(zs["steps"], key=int) == ["5", "10", "20"]  # keep_steps of the quick recipe
+    assert set(zs["steps"]["20"]) == {"sst2", "cola", "race"}
+    timings = json.loads((results / "timings.json").read_text())["stages"]
+    assert list(timings) == ["pretrain", "release", "zeroshot", "table5", "layers", "diagnosis"]
+    diagnosis = json.loads((results / "diagnosis.json").read_text())
+    assert diagnosis["max_train"] == 32 and set(diagnosis["tasks"]["sst2"]) == {"full", "no_pretrain"}
+    lr_grid = json.loads((results / "lr_grid.json").read_text())
+    for arm, found in diagnosis["tasks"]["sst2"].items():  # each arm at Table 5's lr for it, with its scores beside
+        assert found["lr"] == lr_grid["sst2"][arm]["lr"] and found["table5"] == table["sst2"][arm]
+        assert 0 <= found["score"] <= 100
+    readme = (results / "README.md").read_text()
+    assert "goal not assessed" in readme and "/tmp" not in readme and str(ROOT) not in readme
+
+
+def test_release_is_a_hf_folder_that_sample_reads(quick):
+    from gpt1_jax.tokenizer import find_tokenizer
+    from gpt1_jax.weights import load_pretrained
+
+    out, _ = quick
+    release = out / "release"
+    config, _ = load_pretrained(release)
+    assert (config.n_layers, config.d_model) == (2, 64)
+    assert find_tokenizer(None, release, model_vocab_size=config.vocab_size).vocab_size == config.vocab_size
+    assert "pretrain_step: 20" in (release / "README.md").read_text()
+    done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "sample", "--init", str(release), "--prompt", "the",
+                           "--max-new-tokens", "3", "--num-samples", "1"], capture_output=True, text=True, env=ENV,
+                          cwd=ROOT)
+    assert done.returncode == 0 and "the >> " in done.stdout, done.stderr[-2000:]
+
+
+def test_rerun_does_no_work(quick):
+    out, argv = quick
+    before = (out / "results" / "timings.json").read_text()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "done before" in done.stderr and "trained to step 20" in done.stderr and "holds step 20" in done.stderr
+    assert (out / "results" / "timings.json").read_text() == before  # no stage did any work
+
+
+def test_kept_records_resume_the_sweeps_without_their_workdirs(quick):
+    """A sweep that spans sessions (or a fresh clone) resumes from results/runs/, the records committed beside the
+    results: with every fine-tuning workdir gone, the stages run nothing and give the same table."""
+    import shutil
+
+    out, argv = quick
+    records = sorted((out / "results" / "runs").rglob("*.json"))
+    # sst2 x 3 arms at seed 0; layers k=0, 1 (k=2 is the full arm's own run); diagnosis full and no_pretrain
+    assert len(records) == 3 + 2 + 2
+    assert all(str(ROOT) not in r.read_text() and "/tmp" not in r.read_text() for r in records)
+    table = (out / "results" / "table5.json").read_text()
+    curve = (out / "results" / "README.md").read_text().split("## Pre-training")[1].split("##")[0]
+    for sweep in ("table5", "layers", "diagnosis", "pretrain"):  # the pre-training run too: results/ keeps its curve
+        shutil.rmtree(out / sweep)
+    done = subprocess.run(argv + ["--stages", "table5,layers,diagnosis"], capture_output=True, text=True, timeout=300, env=ENV,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "gpt1_jax.cli finetune" not in done.stderr and "finetune --task" not in done.stderr
+    assert (out / "results" / "table5.json").read_text() == table
+    assert "Validation perplexity" in curve
+    assert (out / "results" / "README.md").read_text().split("## Pre-training")[1].split("##")[0] == curve
+
+
+def test_continuation_logprobs_match_the_models_logits():
+    import dataclasses
+
+    import flax.linen as nn
+    import jax
+
+    from gpt1_jax.config import model_preset
+    from gpt1_jax.model import init_params, lm_logits
+
+    config = dataclasses.replace(model_preset("tiny"), n_positions=32)
+    params = nn.meta.unbox(init_params(config, 0))
+    rng = np.random.default_rng(0)
+    pairs = [(list(rng.integers(1, 500, n)), list(rng.integers(1, 500, c))) for n, c in ((1, 5), (7, 1), (40, 3), (3, 20))]
+    got = zeroshot.continuation_logprobs(config, params, pairs)
+    for (context, continuation), (total, count) in zip(pairs, got):
+        seq = (context + continuation)[-(config.n_positions + 1):]  # the context gives way
+        logp = jax.nn.log_softmax(lm_logits(config, params, np.asarray([seq[:-1]])))[0]
+        c = len(continuation)
+        want = sum(float(logp[len(seq) - 1 - c + j, t]) for j, t in enumerate(continuation))
+        assert count == c and total == pytest.approx(want, abs=1e-4)

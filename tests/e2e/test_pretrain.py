@@ -1,0 +1,218 @@
+"""`gpt1-jax pretrain` end to end, in real subprocesses: falling loss, exact resume after kill -9 and SIGTERM,
+mismatched workdirs, NaN stops, resharding on restore, and `evaluate`."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpt1_jax.metrics import read_metrics
+from tests.support.pretrain import assert_same_tree, cache, cli  # noqa: F401 (pytest fixtures)
+
+
+TIMEOUT = 300
+
+
+# One real CPU device unless a test asks for more (conftest gives this process 8 fake ones).
+ENV = {**os.environ, "XLA_FLAGS": ""}
+
+
+def run(argv, **kw):
+    return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, env=ENV, **kw)
+
+
+def tiny(workdir, cache, *more):
+    return cli("pretrain", "--config", "tiny", "--steps", "12", "--set", "checkpoint_every=4", "--set", "eval_every=6",
+               *more, workdir=workdir, cache=cache)
+
+
+def losses(workdir):
+    return {r["step"]: r["loss"] for r in read_metrics(workdir) if "loss" in r}
+
+
+def final_params(workdir):
+    import orbax.checkpoint as ocp
+
+    ckpt_dir = Path(workdir) / "checkpoints"
+    step = max(int(p.name) for p in ckpt_dir.iterdir() if p.name.isdigit())
+    with ocp.StandardCheckpointer() as c:
+        state = c.restore(ckpt_dir.absolute() / str(step) / "state")
+    return step, state["params"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, cache):
+    """One uninterrupted 12-step run that the interrupted ones must reproduce bit for bit."""
+    workdir = tmp_path_factory.mktemp("reference")
+    done = run(tiny(workdir, cache))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return workdir
+
+
+def test_run_writes_everything_and_learns(reference):
+    names = {p.name for p in reference.iterdir()}
+    assert {"config.yaml", "tokenizer.json", "metrics.jsonl", "checkpoints", "tensorboard", "loss.png"} <= names
+    assert list((reference / "tensorboard").glob("events.out.tfevents.*"))
+    steps = losses(reference)
+    assert sorted(steps) == list(range(1, 13))
+    first, last = np.mean([steps[s] for s in (1, 2, 3)]), np.mean([steps[s] for s in (10, 11, 12)])
+    assert last < first - 0.3, (first, last)
+    val = [r for r in read_metrics(reference) if "val_loss" in r]
+    assert [r["step"] for r in val] == [6, 12] and all(r["val_ppl"] > 1 for r in val)
+    assert sorted(int(p.name) for p in (reference / "checkpoints").iterdir() if p.name.isdigit()) == [4, 8, 12]
+
+
+def test_rerun_of_a_finished_run_changes_nothing(reference, cache):
+    before = (reference / "metrics.jsonl").read_text()
+    done = run(tiny(reference, cache))
+    assert done.returncode == 0 and "nothing to do" in done.stderr
+    assert (reference / "metrics.jsonl").read_text() == before
+
+
+def start(argv, log):
+    """A background run whose stderr goes to a file (a pipe nobody reads could fill and block it)."""
+    return subprocess.Popen(argv, stderr=open(log, "w"), stdout=subprocess.DEVNULL, text=True, env=ENV)
+
+
+def wait_for_step(workdir, step, proc, deadline=TIMEOUT):
+    t0 = time.time()
+    while time.time() - t0 < deadline:
+        if any(s >= step for s in losses(workdir)) if (workdir / "metrics.jsonl").exists() else False:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early with status {proc.returncode}")
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting for the run")
+
+
+@pytest.mark.parametrize("kill_after", [5, 9], ids=["between-saves", "after-second-save"])
+def test_kill_9_then_resume_is_bit_identical(reference, tmp_path, cache, kill_after):
+    workdir = tmp_path / "run"
+    # Save every step so the kill lands in or right after an asynchronous save.
+    argv = tiny(workdir, cache, "--set", "checkpoint_every=1")
+    proc = start(argv, tmp_path / "log")
+    try:
+        wait_for_step(workdir, kill_after, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    resumed = run(tiny(workdir, cache, "--set", "checkpoint_every=1"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming at step" in resumed.stderr
+    assert losses(workdir) == losses(reference)
+    step_a, params_a = final_params(reference)
+    step_b, params_b = final_params(workdir)
+    assert step_a == step_b == 12
+    assert_same_tree(params_a, params_b)
+
+
+def test_sigterm_saves_and_exits_0(tmp_path, cache, reference):
+    workdir = tmp_path / "run"
+    proc = start(tiny(workdir, cache), tmp_path / "log")
+    wait_for_step(workdir, 2, proc)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    err = (tmp_path / "log").read_text()
+    assert proc.returncode == 0, err[-2000:]
+    assert "preempted: checkpoint saved at step" in err
+    saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert 2 <= saved < 12
+    resumed = run(tiny(workdir, cache))
+    assert resumed.returncode == 0 and losses(workdir) == losses(reference)
+
+
+def test_workdir_of_another_model_is_refused(reference, cache, tmp_path):
+    before = {p: p.read_bytes() for p in [reference / "config.yaml", reference / "metrics.jsonl"]}
+    done = run(tiny(reference, cache, "--set", "model.d_model=128", "--steps", "20"))
+    assert done.returncode == 2
+    lines = [l for l in done.stderr.splitlines() if l.strip()]
+    assert lines[-1].startswith("gpt1-jax pretrain: error:") and "d_model 64 (checkpoint) vs 128 (requested)" in lines[-1]
+    assert all(p.read_bytes() == b for p, b in before.items())
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, cache):
+    workdir = tmp_path / "run"
+    done = run(tiny(workdir, cache, "--set", "optim.lr=1e9", "--set", "optim.clip_norm=0", "--set", "checkpoint_every=1"))
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "error: loss is nan" in done.stderr
+    bad = max(losses(workdir))
+    saved = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert saved and max(saved) == bad - 1
+
+
+def test_resume_on_another_mesh(reference, tmp_path, cache):
+    """Half the run on 1 device, the rest on 4 fake devices with FSDP: the same losses (to fp32 rounding)."""
+    workdir = tmp_path / "run"
+    first = run(tiny(workdir, cache, "--steps", "6", "--simulate-devices", "1"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = run(tiny(workdir, cache, "--simulate-devices", "4", "--mesh", "data=2,fsdp=2"))
+    assert second.returncode == 0, second.stderr[-2000:]
+    a, b = losses(reference), losses(workdir)
+    assert sorted(b) == list(range(1, 13))
+    np.testing.assert_allclose([b[s] for s in range(1, 13)], [a[s] for s in range(1, 13)], rtol=2e-4)
+
+
+def test_evaluate_verb(reference, cache):
+    done = run(cli("evaluate", "--data", "default", workdir=reference, cache=cache))
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["step"] == 12 and result["tokens"] > 1000
+    assert np.isclose(result["perplexity"], np.exp(result["loss"]), rtol=1e-6) and result["loss"] < 6.3
+
+
+def test_bad_data_source_is_one_clear_line(tmp_path, cache):
+    done = run(tiny(tmp_path / "run", cache, "--data", str(tmp_path / "missing-*.txt")))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("gpt1-jax pretrain: error:")
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_sample_verb(reference, cache):
+    done = run([sys.executable, "-m", "gpt1_jax.cli", "sample", "--workdir", str(reference), "--prompt", "the python",
+                "--max-new-tokens", "8", "--num-samples", "2"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("# ") and "step 12" in lines[0]
+    assert len(lines) == 3 and all(l.startswith("the python >> ") and len(l) > len("the python >> ") for l in lines[1:])
+
+
+def snapshot(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_finetuning_into_its_own_init_run_is_refused_and_changes_nothing(reference, capsys):
+    from gpt1_jax import cli
+
+    before = snapshot(reference)
+    status = cli.main(["finetune", "--task", "rte", "--init", str(reference), "--workdir", str(reference),
+                       "--data-dir", str(reference / "nowhere")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and err[-1] == (f"gpt1-jax finetune: error: --workdir {reference} is the --init source: finetune "
+                                       "would overwrite the run it starts from; choose another --workdir")
+    assert snapshot(reference) == before
+
+
+@pytest.mark.parametrize("damage", [lambda t: t[: len(t) // 2], lambda t: "\n".join(t.splitlines()[:-3]) + "\n"],
+                         ids=["cut-mid-line", "lost-last-lines"])
+def test_a_damaged_config_yaml_is_named_not_replaced_by_defaults(reference, tmp_path, cache, capsys, damage):
+    import shutil
+
+    from gpt1_jax import cli
+
+    workdir = tmp_path / "run"
+    shutil.copytree(reference, workdir)
+    (workdir / "config.yaml").write_text(damage((workdir / "config.yaml").read_text()))
+    before = snapshot(workdir)
+    status = cli.main(["pretrain", "--workdir", str(workdir), "--steps", "14", "--set", f"data.cache_dir={cache}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and err[-1] == (f"gpt1-jax pretrain: error: {workdir}/config.yaml is cut short (its closing "
+                                       "sha256 line is missing): restore it from a copy, or start a new run in another "
+                                       "folder")
+    assert snapshot(workdir) == before

@@ -1,0 +1,161 @@
+"""Checkpoints you can trust: digests recorded at save and checked before use, the fall-back to the newest
+intact checkpoint (bit-identical to an undamaged run), failed saves (full disk, read-only folder),
+`gpt1-jax verify`, load_pretrained's refusal, the NaN stop naming only a verified checkpoint, and a
+SIGTERM that saves, stops and leaves the signal handlers as it found them.
+Real orbax on disk, real `gpt1-jax` subprocesses, real tmpfs mounts (we run as root)."""
+
+import os
+import re
+import signal
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+
+from gpt1_jax import integrity
+from gpt1_jax.errors import DivergenceError, Interrupted
+from tests.support.checkpoint import corrupt, largest_file
+
+
+def test_digests_catch_changed_missing_and_resized_files(tmp_path):
+    folder = tmp_path / "7"
+    (folder / "state" / "d").mkdir(parents=True)
+    (folder / "state" / "d" / "big").write_bytes(np.random.default_rng(1).bytes(3 * integrity.BLOCK_BYTES // 2))
+    (folder / "data").mkdir()
+    (folder / "data" / "metadata").write_text('{"batches": 3}')
+    (folder / "commit_success.txt").write_text("rewritten by orbax after the digests")
+    assert integrity.verify(folder).startswith("no integrity.json")
+    integrity.record(folder)
+    assert integrity.verify(folder) is None
+    (folder / "commit_success.txt").write_text("not recorded: may change")
+    assert integrity.verify(folder) is None
+    corrupt(folder / "state" / "d" / "big")
+    assert integrity.verify(folder) == "state/d/big differs from its recorded digest"
+    (folder / "data" / "metadata").write_text('{"batches": 30}')
+    (folder / "state" / "d" / "big").unlink()
+    assert integrity.verify(folder) == "data/metadata has 15 bytes, 14 recorded; state/d/big is missing"
+    assert integrity.verify_checkpoints(tmp_path) == [(7, integrity.verify(folder))]
+
+
+class State(NamedTuple):
+    step: np.ndarray
+    w: np.ndarray
+
+
+class Quiet:
+    """Metrics writer and progress bar that record nothing."""
+
+    def write(self, *args, **kw): ...
+    def update(self, *args, **kw): ...
+    def close(self): ...
+
+
+class Trainer:
+    """Each step adds 1 to w and reports `loss(step)`; `before(step)` runs first (damage a checkpoint, send a
+    signal)."""
+
+    def __init__(self, before, loss=lambda step: 1.0):
+        self.before, self.loss = before, loss
+
+    def put_batch(self, batch):
+        return batch
+
+    def step(self, state, batch):
+        step = int(state.step) + 1
+        self.before(step)
+        return State(np.int32(step), state.w + 1), {"loss": np.float32(self.loss(step))}
+
+
+class Batches:
+    def __next__(self):
+        return {}
+
+    def state(self):
+        return {}
+
+
+def test_nan_stop_names_only_a_verified_checkpoint(tmp_path):
+    """Checkpoints at steps 1 and 2; checkpoint 2 is damaged before step 3's loss turns NaN: the stop
+    names step 1."""
+    from gpt1_jax.checkpoint import Checkpointer
+    from gpt1_jax.config import ModelConfig
+    from gpt1_jax.loop import Loop
+
+    ckpt = Checkpointer(tmp_path / "checkpoints", save_every=1)
+
+    def damage(step):
+        if step == 3:
+            ckpt.wait()
+            corrupt(largest_file(ckpt.folder(2)))
+
+    loop = Loop(Trainer(damage, loss=lambda step: np.nan if step == 3 else 1.0), 5, ckpt, ModelConfig(), Quiet(), Quiet())
+    outcome = loop.run(State(np.int32(0), np.zeros(4, np.float32)), Batches())
+    assert (outcome.status, outcome.step, outcome.last_good) == ("diverged", 3, 1)
+    assert re.match(r"loss is nan at step 3; .* Last good checkpoint: step 1 in ", outcome.message), outcome.message
+    error = outcome.divergence()  # what a command reports, exit 1
+    assert isinstance(error, DivergenceError) and error.last_good == 1 and str(error) == outcome.message
+    assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [1, 2]  # reported, not moved
+
+
+def test_a_finished_loop_returns_its_last_step_and_metrics(tmp_path):
+    """The outcome is a value: the last step, the last logged loss, and the state it ended with."""
+    outcome = _loop(tmp_path, lambda step: None).run(State(np.int32(0), np.zeros(4, np.float32)), Batches())
+    assert (outcome.status, outcome.step, outcome.finished) == ("finished", 5, True)
+    assert outcome.metrics["loss"] == 1.0 and int(outcome.state.step) == 5 and outcome.results is None
+
+
+def test_sigterm_saves_stops_and_gives_the_handlers_back(tmp_path):
+    """A real SIGTERM at step 2 of 5: checkpoint 2, stop, preempted. Then the process's own handlers are
+    back, so a study that runs loop after loop in one process (experiments/optimizers) stops on a signal
+    that arrives between two runs instead of a finished loop's handler swallowing it."""
+    import signal
+
+    from gpt1_jax.checkpoint import Checkpointer
+    from gpt1_jax.config import ModelConfig
+    from gpt1_jax.loop import Loop
+
+    ckpt = Checkpointer(tmp_path / "checkpoints", save_every=0)
+
+    def terminate(step):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    outcome = Loop(Trainer(terminate), 5, ckpt, ModelConfig(), Quiet(), Quiet()).run(
+        State(np.int32(0), np.zeros(4, np.float32)), Batches())
+    assert (outcome.status, outcome.step, outcome.finished) == ("preempted", 2, False) and int(outcome.state.step) == 2
+    assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [2]
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def _loop(tmp_path, before, save_every=0):
+    from gpt1_jax.checkpoint import Checkpointer
+    from gpt1_jax.config import ModelConfig
+    from gpt1_jax.loop import Loop
+
+    ckpt = Checkpointer(tmp_path / "checkpoints", save_every=save_every)
+    return Loop(Trainer(before), 5, ckpt, ModelConfig(), Quiet(), Quiet())
+
+
+def test_first_ctrl_c_in_the_loop_saves_then_raises_interrupted(tmp_path):
+    def ctrl_c(step):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(Interrupted, match=r"^interrupted \(Ctrl-C\) at step 2: checkpoint saved; run the same") as e:
+        _loop(tmp_path, ctrl_c).run(State(np.int32(0), np.zeros(4, np.float32)), Batches())
+    assert e.value.step == 2 and isinstance(e.value, KeyboardInterrupt)
+    assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [2]
+    assert signal.getsignal(signal.SIGINT) is handler
+
+
+def test_second_ctrl_c_in_the_loop_stops_at_once_naming_the_kept_checkpoint(tmp_path):
+    def twice(step):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(Interrupted, match=r"in step 3, without saving it: checkpoint 2 is kept; run the same") as e:
+        _loop(tmp_path, twice, save_every=1).run(State(np.int32(0), np.zeros(4, np.float32)), Batches())
+    assert e.value.step == 2 and integrity.checkpoint_steps(tmp_path / "checkpoints") == [1, 2]

@@ -1,0 +1,277 @@
+"""The one command line: every verb that runs a model takes the shared flags; a flag that sets config fields
+is declared once and says which in --help; --seed means one thing everywhere; evaluate and sample read the
+same model sources; a project error ends as one line (exit 2, or 1 for a diverged run), anything else keeps
+its traceback. One model runs: evaluate on the committed 5M release, seconds."""
+
+import json
+import re
+from pathlib import Path
+import errno  # noqa: E402
+import os  # noqa: E402
+
+import pytest
+
+from gpt1_jax import cli
+from gpt1_jax.config import DataConfig, FinetuneConfig, ModelConfig, PretrainConfig, resolve
+from gpt1_jax.errors import CheckpointFormatError, DataError, DivergenceError
+from tests.support.cli import _one_error_line
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+RELEASE = ROOT / "experiments" / "paper" / "release"
+
+
+SHARED = ["--config", "tiny", "--set", "a=1", "--set", "b.c=2", "--mesh", "fsdp=2", "--simulate-devices", "2"]
+
+
+REQUIRED = {"pretrain": ["--workdir", "w"], "finetune": ["--task", "cola", "--init", "none", "--workdir", "w"],
+            "evaluate": ["--workdir", "w"], "sample": ["--workdir", "w"], "bench": [], "plan": []}
+
+
+def test_every_model_verb_takes_the_shared_flags():
+    assert {name for name, verb in cli.VERBS.items() if verb.runs_model} == set(REQUIRED)
+    parser = cli.build_parser()
+    for verb, required in REQUIRED.items():
+        args = parser.parse_args([verb, *required, *SHARED])
+        assert (args.config, args.set, args.mesh, args.simulate_devices) == \
+            ("tiny", ["a=1", "b.c=2"], "fsdp=2", 2), verb
+        assert args.coordinator is None  # and the multi-process flags, on every verb
+    with pytest.raises(SystemExit):  # convert runs no model
+        parser.parse_args(["convert", "src", "dst", "--mesh", "fsdp=2"])
+
+
+def test_flags_then_set_in_that_order():
+    args = cli.build_parser().parse_args(["pretrain", "--workdir", "w", "--seed", "5", "--steps", "9",
+                                          "--set", "seed=6"])
+    assert cli._overrides(args, PretrainConfig) == ["steps=9", "seed=5", "data.seed=5", "seed=6"]
+    for text in ("off", "1e3", "null"):  # YAML would read these as a bool, a number, None: a --data is a path
+        args = cli.build_parser().parse_args(["pretrain", "--workdir", "w", "--data", text])
+        assert resolve(PretrainConfig, None, overrides=cli._overrides(args, PretrainConfig)).data.source == text
+
+
+def _subparsers() -> dict:
+    parser = cli.build_parser()
+    return next(a for a in parser._actions if a.dest == "verb").choices
+
+
+CONFIG_OF = {"pretrain": PretrainConfig, "plan": PretrainConfig, "bench": PretrainConfig, "evaluate": PretrainConfig,
+             "finetune": FinetuneConfig, "tokenize": DataConfig, "convert": ModelConfig}
+
+
+POSITIONAL = {"tokenize": ["--data", "d", "--tokenizer", "t"], "convert": ["src", "dst"]}
+
+
+def test_every_config_flag_says_in_help_which_fields_it_sets_and_sets_exactly_those():
+    """One table: a verb's flag that sets config fields names them all in --help, and `_overrides` sets them
+    and nothing else (bench --lr no longer switches the schedule behind the user's back)."""
+    checked = 0
+    for verb, sub in _subparsers().items():
+        for name in sub.get_default("config_flags") or ():
+            fields = cli.CONFIG_FLAGS[name].fields[CONFIG_OF[verb]]
+            action = sub._option_string_actions[name]
+            assert action.help.endswith(f"[sets {', '.join(fields)}]"), (verb, name, action.help)
+            value = action.choices[0] if action.choices else "7"
+            args = sub.parse_args(REQUIRED.get(verb, POSITIONAL.get(verb, [])) + [name, value])
+            given = [s for s in cli._overrides(args, CONFIG_OF[verb]) if s.split("=")[0] in fields]
+            assert [s.split("=")[0] for s in given] == list(fields), (verb, name)
+            checked += 1
+    assert checked >= 30
+    assert cli.CONFIG_FLAGS["--lr"].fields[PretrainConfig] == ("optim.lr",)
+
+
+def test_seed_means_every_random_choice_on_every_verb_that_takes_it():
+    """pretrain and bench: init, dropout and the data order (seed and data.seed); finetune: seed (init,
+    dropout, order, its training subset); sample: its draws. Never the held-out split."""
+    parser = cli.build_parser()
+    pretrain = resolve(PretrainConfig, "tiny", overrides=cli._overrides(
+        parser.parse_args(["pretrain", "--workdir", "w", "--seed", "5"]), PretrainConfig))
+    assert (pretrain.seed, pretrain.data.seed, pretrain.data.split_seed) == (5, 5, 0)
+    bench = parser.parse_args(["bench", "--seed", "5"])
+    assert cli._overrides(bench, PretrainConfig) == ["seed=5", "data.seed=5"]
+    finetune = resolve(FinetuneConfig, "tiny", overrides=cli._overrides(
+        parser.parse_args(["finetune", *REQUIRED["finetune"], "--seed", "5"]), FinetuneConfig))
+    assert finetune.seed == 5 and finetune.max_eval_examples == 0
+    assert parser.parse_args(["sample", "--init", "m", "--seed", "5"]).seed == 5
+    for verb in ("evaluate", "plan"):  # nothing random to seed: no --seed
+        with pytest.raises(SystemExit):
+            parser.parse_args([verb, *REQUIRED[verb], "--seed", "5"])
+    helps = {verb: next(a.help for a in sub._actions if "--seed" in a.option_strings)
+             for verb, sub in _subparsers().items() if "--seed" in sub._option_string_actions}
+    assert set(helps) == {"pretrain", "finetune", "bench", "sample"}
+    assert all(h.startswith(cli.SEED_HELP) for h in helps.values())
+    assert helps["pretrain"].endswith("[sets seed, data.seed]") and helps["finetune"].endswith("[sets seed]")
+
+
+def test_the_cli_docs_list_the_flag_table():
+    """docs/cli.md's table is CONFIG_FLAGS: a row per flag and config class."""
+    docs = (ROOT / "docs" / "cli.md").read_text()
+    rows = set(re.findall(r"^\| `(--[a-z-]+)` \| (\w+) \| ([^|]+) \|", docs, re.M))
+    expected = {(flag, c.__name__, ", ".join(f"`{f}`" for f in fields))
+                for flag, spec in cli.CONFIG_FLAGS.items() for c, fields in spec.fields.items()}
+    assert {(f, c, v.strip()) for f, c, v in rows} == expected
+
+
+@pytest.fixture
+def failing_bench(monkeypatch):
+    """`gpt1-jax bench` whose library call raises the given exception (after the real flag handling)."""
+    from gpt1_jax import bench
+
+    def fail_with(error):
+        def run(config, **kw):
+            raise error
+        monkeypatch.setattr(bench, "run", run)
+        return ["bench", "--config", "tiny"]
+    return fail_with
+
+
+@pytest.mark.parametrize("error, status", [
+    (DataError("corpus.txt: not UTF-8 text"), 2),
+    (CheckpointFormatError("model.safetensors is truncated"), 2),
+    (FileNotFoundError("no such directory: runs/x"), 2),
+    (DivergenceError("loss is nan at step 7; last good checkpoint: step 6", step=7, loss=float("nan")), 1),
+])
+def test_a_project_error_is_one_line(failing_bench, capsys, monkeypatch, error, status):
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    assert cli.main(failing_bench(error)) == status
+    assert capsys.readouterr().err.splitlines() == [f"gpt1-jax bench: error: {error}"]
+
+
+def test_a_bug_keeps_its_traceback(failing_bench, monkeypatch):
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    for bug in (RuntimeError("a bug"), ValueError("a plain ValueError is a bug too"), KeyError("params")):
+        with pytest.raises(type(bug)):
+            cli.main(failing_bench(bug))
+
+
+def test_debug_env_shows_the_traceback_of_a_project_error(failing_bench, monkeypatch):
+    monkeypatch.setenv(cli.DEBUG_ENV, "1")
+    with pytest.raises(DataError):
+        cli.main(failing_bench(DataError("bad data")))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["evaluate", "--workdir", "w", "--mesh", "data=2"], "--mesh does not apply to evaluate"),
+    (["evaluate", "--workdir", "w", "--config", "tiny"], "--config does not apply to evaluate"),
+    (["sample", "--workdir", "w", "--mesh", "data=2"], "--mesh does not apply to sample"),
+    (["sample", "--init", str(RELEASE), "--set", "seed=2"], "--set seed=2 does not apply to sample"),
+    (["evaluate", "--init", str(RELEASE)], f"--init {RELEASE} is not a pre-training run, so it has no validation "
+                                           "split of its own: pass --data"),
+    (["evaluate", "--workdir", str(RELEASE), "--data", "x"], f"{RELEASE} is not a pre-training workdir"),
+    (["evaluate", "--init", str(RELEASE), "--data", "x", "--step", "3"], f"{RELEASE}: step=3 only applies to a run"),
+])
+def test_a_flag_a_verb_or_its_source_cannot_honour_is_one_line(capsys, argv, message):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"gpt1-jax {argv[0]}: error: {message}")
+
+
+def test_workdir_that_is_a_file_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    workdir = tmp_path / "run"
+    workdir.write_text("not a run\n")
+    status = cli.main(["pretrain", "--config", "tiny", "--data", "default", "--workdir", str(workdir),
+                       "--set", f"data.cache_dir={tmp_path / 'cache'}"])
+    line = _one_error_line(capsys, "pretrain")
+    assert status == 2 and str(workdir) in line
+    assert workdir.read_text() == "not a run\n" and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders: no error to see")
+def test_workdir_under_a_folder_without_write_permission_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        status = cli.main(["pretrain", "--config", "tiny", "--data", "default", "--workdir", str(locked / "run"),
+                           "--set", f"data.cache_dir={tmp_path / 'cache'}"])
+        line = _one_error_line(capsys, "pretrain")
+    finally:
+        locked.chmod(0o700)
+    assert status == 2 and str(locked) in line
+    assert not list(locked.iterdir()) and not (tmp_path / "cache").exists()
+
+
+def test_convert_into_a_non_empty_folder_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    assert cli.main(["convert", str(tmp_path / "src"), str(out)]) == 2
+    line = _one_error_line(capsys, "convert")
+    assert line == (f"gpt1-jax convert: error: {out} is not empty; nothing was written: pass --overwrite to replace "
+                    "what is in it, or pick an empty or new folder")
+    assert [p.name for p in out.iterdir()] == ["precious.txt"] and (out / "precious.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert cli.main(["convert", str(out), str(out), "--overwrite"]) == 2  # onto its own source
+    assert _one_error_line(capsys, "convert") == (f"gpt1-jax convert: error: convert: {out} is SRC or holds it; "
+                                                  "--overwrite would delete what is read: pick a new or empty folder")
+    assert (out / "precious.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("make_error, expected", [
+    (lambda d: PermissionError(errno.EACCES, "Permission denied", str(d / "runs" / "new")),
+     "cannot create {d}/runs/new: Permission denied; pick a folder you can write to, or fix its permissions "
+     "(or its parent's)"),
+    (lambda d: OSError(errno.ENOSPC, "No space left on device", str(d / "cache" / "tokens.bin")),
+     "cannot write {d}/cache/tokens.bin: No space left on device; free some space or choose a folder on another disk"),
+    (lambda d: OSError(errno.EROFS, "Read-only file system", str(d / "ro" / "run")),
+     "cannot write {d}/ro/run: Read-only file system; choose a folder on a writable disk"),
+    (lambda d: FileExistsError(errno.EEXIST, "File exists", str(d / "a_file")),
+     "cannot create the folder {d}/a_file: File exists; it is a file: choose another path (e.g. another --workdir) "
+     "or remove the file"),
+    (lambda d: NotADirectoryError(errno.ENOTDIR, "Not a directory", str(d / "a_file" / "run")),
+     "cannot use {d}/a_file/run: Not a directory; {d}/a_file is a file, not a folder: choose another path or move "
+     "the file out of the way"),
+    (lambda d: IsADirectoryError(errno.EISDIR, "Is a directory", str(d)),
+     "cannot use {d}: Is a directory; it is a folder: give the path of a file"),
+    (lambda d: OSError(errno.EMFILE, "Too many open files"),
+     "Too many open files; raise the limit (ulimit -n) and run again"),
+])
+def test_an_os_error_is_one_line_naming_the_path_and_the_fix(failing_bench, capsys, monkeypatch, tmp_path,
+                                                              make_error, expected):
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    (tmp_path / "a_file").write_text("")
+    assert cli.main(failing_bench(make_error(tmp_path))) == 2
+    assert _one_error_line(capsys, "bench") == f"gpt1-jax bench: error: {expected.format(d=tmp_path)}"
+
+
+def test_an_os_error_keeps_its_traceback_with_the_debug_env_and_a_failed_save_keeps_its_line(
+        failing_bench, capsys, monkeypatch):
+    from gpt1_jax.errors import CheckpointWriteError
+
+    monkeypatch.setenv(cli.DEBUG_ENV, "1")
+    with pytest.raises(PermissionError):
+        cli.main(failing_bench(PermissionError(errno.EACCES, "Permission denied", "/somewhere")))
+    monkeypatch.delenv(cli.DEBUG_ENV)
+    error = CheckpointWriteError("could not write checkpoint 8 in /x/checkpoints: No space left on device; the "
+                                 "earlier checkpoints are untouched (steps 4)")
+    assert cli.main(failing_bench(error)) == 2
+    assert _one_error_line(capsys, "bench") == f"gpt1-jax bench: error: {error}"
+
+
+def test_flags_are_never_abbreviated(capsys):
+    """argparse's prefix matching once read `evaluate --init DIR` as `--init-timeout DIR` ("invalid int value")."""
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(["evaluate", "--init", "m", "--data", "d", "--max-batch", "2"])
+    assert e.value.code == 2 and "unrecognized arguments: --max-batch 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["pretrain", "--workdir", "w", "--batch", "8"])  # --batch-size, spelled out
+
+
+def test_evaluate_takes_any_model_source_as_sample_does(tmp_path, capsys):
+    """`evaluate --init` reads what `sample --init` reads (here the committed release, a HF folder) through
+    the same function, in windows of its whole context unless --seq-len says otherwise."""
+    text = tmp_path / "text.txt"
+    text.write_text("the module defines a class and a function that returns the value of the name\n" * 40)
+    for verb in ("evaluate", "sample"):
+        assert "--init" in _subparsers()[verb]._option_string_actions
+    assert cli.main(["evaluate", "--init", str(RELEASE), "--data", str(text), "--seq-len", "32", "--max-batches", "1",
+                     "--set", f"data.cache_dir={tmp_path / 'cache'}"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["source"], result["step"], result["seq_len"], result["split"]) == (str(RELEASE), None, 32,
+                                                                                     "all windows")
+    assert result["tokens"] == 16 * 32 and 0 < result["loss"] < 9.1  # 16: the default batch; ln(8192) = 9.01
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "text.txt"]  # nothing written beside the model

@@ -1,0 +1,61 @@
+"""Ctrl-C stops `gpt1-jax` in every phase: exit 130, one last line saying what state things are in, no
+traceback, nothing half-written, and the same command then goes on. Real subprocesses and real SIGINTs,
+plus in-process checks of the re-raise of a dropped interrupt and of the one line (the loop's
+save-then-stop is tested beside its SIGTERM twin in test_checkpoint.py)."""
+
+import gc
+import signal
+import sys
+import time
+
+import pytest
+
+from gpt1_jax.errors import Interrupted
+from gpt1_jax.interrupt import CtrlC
+
+
+def test_a_ctrl_c_python_drops_in_a_gc_callback_is_raised_again(capsys):
+    """What made Ctrl-C while tokenizing go unheeded: the handler ran inside JAX's gc callback, and Python
+    printed "Exception ignored" and went on. Without CtrlC this loop runs its 10 s out."""
+    dropped = []
+
+    def callback(phase, info):  # SIGINT's handler runs inside it: the KeyboardInterrupt is dropped
+        if phase == "start" and not dropped:
+            dropped.append(phase)
+            signal.raise_signal(signal.SIGINT)
+            sum(range(10))
+
+    gc.callbacks.append(callback)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt), CtrlC():
+            gc.collect()
+            while time.monotonic() - t0 < 10:
+                time.sleep(0.001)
+    finally:
+        gc.callbacks.remove(callback)
+    assert dropped and time.monotonic() - t0 < 5
+    assert "Exception ignored" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("error, line", [
+    (KeyboardInterrupt(), "gpt1-jax bench: interrupted (Ctrl-C); nothing was written half-way; run the same command "
+                          "to start again"),
+    (Interrupted("interrupted (Ctrl-C) at step 7: checkpoint saved; run the same command to resume", step=7),
+     "gpt1-jax bench: interrupted (Ctrl-C) at step 7: checkpoint saved; run the same command to resume"),
+])
+def test_cli_maps_ctrl_c_to_one_line_and_130_and_puts_the_handlers_back(monkeypatch, capsys, error, line):
+    from gpt1_jax import bench, cli
+
+    def run(config, **kw):
+        raise error
+
+    monkeypatch.setattr(bench, "run", run)
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    before = signal.getsignal(signal.SIGINT), sys.unraisablehook
+    assert cli.main(["bench", "--config", "tiny"]) == 130
+    assert capsys.readouterr().err.splitlines() == [line]
+    assert (signal.getsignal(signal.SIGINT), sys.unraisablehook) == before
+    monkeypatch.setenv(cli.DEBUG_ENV, "1")
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["bench", "--config", "tiny"])

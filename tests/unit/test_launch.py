@@ -1,0 +1,76 @@
+"""The launchers: the local one with trivial child processes (prefixes, environment, failure, signals),
+the SLURM/TPU/Kubernetes ones checked for syntax and for generating the commands launch/README.md shows,
+and the distributed start-up's flag/environment resolution. No jax start-up, no network: seconds."""
+
+import os
+
+import pytest
+import yaml
+
+from gpt1_jax import distributed
+from tests.support.launch import LAUNCH, README
+
+
+def test_kubernetes_manifests():
+    jobset, = yaml.safe_load_all((LAUNCH / "k8s" / "jobset-tpu.yaml").read_text())
+    assert jobset["kind"] == "JobSet"
+    job = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert job["parallelism"] == job["completions"] == 2
+    container = job["template"]["spec"]["containers"][0]
+    assert container["command"] == ["gpt1-jax"] and container["args"][:3] == ["pretrain", "--workdir", "/workdir/gpt1"]
+
+    service, job = yaml.safe_load_all((LAUNCH / "k8s" / "indexed-job-gpu.yaml").read_text())
+    assert service["kind"] == "Service" and service["spec"]["clusterIP"] == "None"
+    assert job["kind"] == "Job" and job["spec"]["completionMode"] == "Indexed"
+    n = job["spec"]["parallelism"]
+    assert n == job["spec"]["completions"] == 2
+    pod = job["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["GPT1_NUM_PROCESSES"]["value"] == str(n)
+    host, port = env["GPT1_COORDINATOR"]["value"].split(":")
+    assert host == f"{job['metadata']['name']}-0.{pod['subdomain']}" and pod["subdomain"] == service["metadata"]["name"]
+    assert int(port) == service["spec"]["ports"][0]["port"]
+    assert "job-completion-index" in env["GPT1_PROCESS_ID"]["valueFrom"]["fieldRef"]["fieldPath"]
+    for cmd in ("kubectl apply -f launch/k8s/jobset-tpu.yaml", "kubectl apply -f launch/k8s/indexed-job-gpu.yaml"):
+        assert cmd in README
+
+
+def test_resolve_flags_over_env():
+    env = {"GPT1_COORDINATOR": "10.0.0.1:1234", "GPT1_NUM_PROCESSES": "4", "GPT1_PROCESS_ID": "3"}
+    cfg = distributed.resolve(None, env)
+    assert (cfg.coordinator, cfg.num_processes, cfg.process_id, cfg.explicit) == ("10.0.0.1:1234", 4, 3, True)
+    import argparse
+
+    args = argparse.Namespace(coordinator=None, num_processes=None, process_id=1, distributed=None,
+                              heartbeat_timeout=5, shutdown_timeout=None, init_timeout=None)
+    cfg = distributed.resolve(args, env)
+    assert cfg.process_id == 1 and cfg.heartbeat_timeout_s == 5 and cfg.shutdown_timeout_s == distributed.DEFAULT_SHUTDOWN_S
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"GPT1_COORDINATOR": "10.0.0.1:1234"}, "missing --num-processes, --process-id"),
+    ({"GPT1_COORDINATOR": "nohost", "GPT1_NUM_PROCESSES": "2", "GPT1_PROCESS_ID": "0"}, "HOST:PORT"),
+    ({"GPT1_COORDINATOR": "h:1", "GPT1_NUM_PROCESSES": "2", "GPT1_PROCESS_ID": "2"}, "not in [0, 2)"),
+    ({"GPT1_NUM_PROCESSES": "two"}, "must be an integer"),
+    ({"GPT1_DISTRIBUTED": "maybe"}, "auto, on or off"),
+])
+def test_resolve_rejects_inconsistent_settings(env, message):
+    with pytest.raises(distributed.DistributedConfigError, match=message.replace("[", r"\[").replace(")", r"\)")):
+        distributed.resolve(None, env)
+
+
+def test_no_cluster_no_initialize(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith(("SLURM_", "OMPI_", "GPT1_", "TPU_", "KUBERNETES_")):
+            monkeypatch.delenv(k)
+    assert distributed.detected_cluster() is None
+    assert distributed.initialize(None) is False
+
+
+def test_slurm_is_detected_through_jax(monkeypatch):
+    for k, v in dict(SLURM_JOB_ID="7", SLURM_STEP_NODELIST="node[1-2]", SLURM_NTASKS="2", SLURM_PROCID="0",
+                     SLURM_LOCALID="0").items():
+        monkeypatch.setenv(k, v)
+    assert distributed.detected_cluster() == "SlurmCluster"
+    monkeypatch.setenv("SLURM_NTASKS", "1")  # an interactive allocation running one process
+    assert distributed.detected_cluster() is None

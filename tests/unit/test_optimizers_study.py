@@ -1,0 +1,194 @@
+"""experiments.optimizers.run_study: the --quick pre-training study on `tiny` produces results.json,
+results.md and the PNGs with a row per optimizer; a rerun skips finished runs; a diverged run is recorded
+as diverged; the state bytes in the table are `optimizer_state_bytes` of the real tree.
+
+For time, the end-to-end test restricts --optimizers to 2 (gpt1_adam and schedule_free_adamw: the plain one
+and the one evaluated at x), --steps to 6, --lr-points to 2 and --max-extensions to 0,
+with 2 seeds (6 runs; the study itself sweeps >= 3 lrs, grows them until the best is bracketed and repeats it
+with 3 seeds): every run compiles its own train step (the lr is a constant in it), and compilation, not
+training, is what costs here. The bracketing rule has its own test on records."""
+
+import json
+import math
+from pathlib import Path
+
+from experiments.optimizers import run_study as rs
+from experiments.optimizers import sweep as sw
+from experiments.optimizers import tables as tb
+
+
+def test_diverged_run_is_recorded_not_raised(tmp_path, monkeypatch):
+    """pretrain.run's outcome "diverged" after a NaN loss -> diverged: True, no val loss, and the study goes on."""
+    import gpt1_jax.pretrain
+    from gpt1_jax.loop import Outcome
+
+    def diverging_run(config, workdir):
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0, "tokens_per_s": 100.0}) + "\n"
+                                               + json.dumps({"step": 2, "loss": "nan"}) + "\n")
+        return Outcome("diverged", 2, {"loss": float("nan")}, "loss is nan at step 2; stopping")
+
+    monkeypatch.setattr(gpt1_jax.pretrain, "run", diverging_run)
+    budget = dict(rs.PRETRAIN["quick"], steps=4, source="default")
+    rec = rs.pretrain_run(tmp_path, budget, "sgd_nesterov", 1.0, 0, "train", None)
+    assert rec["diverged"] and rec["final_val_loss"] is None and rec["error"].startswith("DivergenceError: loss is nan")
+    assert json.loads((tmp_path / "runs" / "sgd_nesterov" / "lr1_s0" / "record.json").read_text())["diverged"]
+    assert sw.score(rec) is None and sw.best_lr([rec], "sgd_nesterov", 0) is None
+
+
+def test_an_interrupted_finetune_run_stops_the_study_without_a_record(tmp_path, monkeypatch):
+    """finetune.run's outcome is "preempted" when SIGTERM stopped it at a checkpoint. A record then would mark
+    the run finished with no score, and every rerun would skip it; instead there is no record (None), the
+    study stops (exit 130, one line) and the same command resumes the run."""
+    import gpt1_jax.finetune
+    from gpt1_jax.config import ModelConfig
+    from gpt1_jax.loop import Outcome
+
+    monkeypatch.setattr(gpt1_jax.finetune, "run", lambda *args, **kwargs: Outcome("preempted", 3))
+    assert rs.finetune_run(tmp_path / "study", dict(rs.FINETUNE["quick"]), "sst2", "gpt1_adam", 3e-4, 0, tmp_path,
+                           ModelConfig(), None, tmp_path / "records") is None
+    assert not list(tmp_path.rglob("*.json"))
+
+
+def test_lr_grid_is_a_log_grid_around_the_centre():
+    assert sw.lr_grid(3e-3) == [1e-3, 3e-3, 1e-2]
+    assert sw.lr_grid(1e-2, 5) == [1e-3, 3e-3, 1e-2, 3e-2, 0.1]
+    assert all(len(sw.lr_grid(s["pretrain_lr"])) == 3 for s in rs.SPECS.values())
+    from gpt1_jax.optim import OPTIMIZERS
+
+    assert set(rs.SPECS) <= set(OPTIMIZERS) and len(rs.SPECS) >= 8
+
+
+def _rec(name, lr, loss, seed=0):
+    return {"study": "pretrain", "optimizer": name, "lr": lr, "seed": seed, "diverged": loss is None,
+            "final_val_loss": loss, "optimizer_state_bytes": 1, "wall_seconds": 1.0, "train_seconds": 1.0,
+            "tokens_per_s": 1.0}
+
+
+def test_the_sweep_grows_until_the_best_lr_is_bracketed():
+    runs = [_rec("a", 1e-3, 5.0), _rec("a", 3e-3, 4.8), _rec("a", 1e-2, 4.7)]  # best on the upper edge
+    assert sw.bracket_gap(runs, "a", 0) == 3e-2
+    assert sw.bracket_gap(runs + [_rec("a", 3e-2, 4.9)], "a", 0) is None  # a worse neighbour on both sides
+    assert sw.bracket_gap(runs + [_rec("a", 3e-2, None)], "a", 0) is None  # ... or a diverged one
+    low = [_rec("b", 1e-3, 4.0), _rec("b", 3e-3, 4.5), _rec("b", 1e-2, None)]
+    assert sw.bracket_gap(low, "b", 0) == 3e-4
+    assert sw.bracket_gap([_rec("c", 1.0, None)], "c", 0) == 0.3  # all diverged: go lower
+    # a neighbour that ties the best is no worse: the plateau needs a worse lr past its lower end
+    flat = [_rec("d", 1e-4, 4.2), _rec("d", 3e-4, 4.2), _rec("d", 1e-3, 4.5)]
+    assert sw.bracket_gap(flat, "d", 0) == 3e-5
+    assert sw.bracket_gap(flat + [_rec("d", 3e-5, 4.3)], "d", 0) is None
+    ran = []
+
+    def run_one(study, name, lr, seed):  # a loss curve in lr with its minimum at 3e-2, seeds add noise
+        ran.append((lr, seed))
+        return _rec(name, lr, 4.0 + abs(math.log10(lr / 3e-2)) + 0.01 * seed, seed)
+
+    runs, complete = sw.study_loop(Path("."), ["a"], [0, 1, 2], {"a": [1e-3, 3e-3, 1e-2]}, run_one, 4,
+                                   lambda runs: None)
+    assert complete
+    assert sorted({lr for lr, s in ran if s == 0}) == [1e-3, 3e-3, 1e-2, 3e-2, 0.1]
+    assert sorted(s for lr, s in ran if lr == 3e-2) == [0, 1, 2]
+    rows = tb.summarize(runs[::-1], ["a"], [0, 1, 2])
+    assert rows[0]["best_lr"] == 3e-2 and rows[0]["bracketed"] and rows[0]["n_seeds"] == 3
+    assert rows[0]["values"] == sorted(rows[0]["values"])  # seed order, whatever order the runs came in
+
+
+def test_tables_written_by_a_resumed_study_keep_every_finished_run():
+    """A study resumed in a new session revisits its finished runs in loop order; the tables it writes on
+    the way (committed between sessions) still show every finished run, not only the ones revisited."""
+    finished = [_rec("a", 1e-3, 5.0), _rec("a", 3e-3, 4.8), _rec("a", 1e-2, 4.9), _rec("b", 1e-2, 4.5),
+                _rec("other", 1e-2, 3.0)]
+    by_key = {(r["optimizer"], r["lr"], r["seed"]): r for r in finished}
+
+    def run_one(study, name, lr, seed):
+        if (name, lr, seed) in by_key:
+            return by_key[name, lr, seed]
+        return None  # the session ends during the first unfinished run: it stopped at a checkpoint
+
+    writes = []
+    _, complete = sw.study_loop(Path("."), ["a", "b"], [0, 1], {"a": [1e-3, 3e-3, 1e-2], "b": [3e-3, 1e-2, 3e-2]},
+                                run_one, 4, lambda runs: writes.append(sorted((r["optimizer"], r["lr"]) for r in runs)),
+                                finished)
+    assert not complete
+    assert len(writes) == 5  # a and b at their centres, then a's grid; b at 3e-3 is where the session ended
+    assert all(w == sorted(k[:2] for k in by_key if k[0] != "other") for w in writes)
+
+
+def test_rows_mark_differences_beyond_the_seed_noise():
+    runs = [_rec("a", 1e-3, v, s) for s, v in enumerate((4.00, 4.02, 4.04))]
+    runs += [_rec("b", 1e-3, v, s) for s, v in enumerate((4.03, 4.05, 4.07))]  # overlaps a
+    runs += [_rec("c", 1e-3, v, s) for s, v in enumerate((4.50, 4.52, 4.54))]  # clearly worse
+    rows = tb.summarize(runs, ["c", "b", "a"], [0, 1, 2])
+    assert [r["optimizer"] for r in rows] == ["a", "b", "c"]
+    assert [r["distinct_from_next"] for r in rows] == [False, True, False]
+
+
+def test_step_times_count_compilation_and_pauses_as_a_median_step():
+    """Step 1 (compilation) and a step stretched by a pause count as the median step; the rest as logged."""
+    logged = [{"step": 1, "tokens_per_s": 10.0}, {"step": 2, "tokens_per_s": 100.0}, {"step": 3, "tokens_per_s": 50.0},
+              {"step": 4, "tokens_per_s": 100.0}, {"step": 5, "tokens_per_s": 100.0}, {"step": 6, "tokens_per_s": 1.0},
+              {"step": 7, "loss": 3.0}]
+    times = rs.step_times(logged, tokens_per_step=100)
+    assert times == {1: 1.0, 2: 1.0, 3: 2.0, 4: 1.0, 5: 1.0, 6: 1.0}
+
+
+def test_training_time_is_one_machines_when_runs_span_cpus():
+    """Runs on two CPU kinds, one twice the other's speed: each run's seconds are put in the bench machine's
+    by its kind's factor, so the same optimizer gets the same time on both, and an optimizer whose training
+    loop costs more than its bench step (c: 1.2x) keeps that cost; without bench columns the runs' own
+    seconds; benches from two CPU kinds are flagged."""
+
+    def run(name, seed, seconds, flags):
+        return dict(_rec(name, 1e-3, 4.0, seed), steps=800, tokens_per_step=4096, train_seconds=seconds, cpu_flags=flags)
+
+    fast, slow = "avx avx_vnni", "avx"
+    runs = [run("a", 0, 600.0, fast), run("a", 1, 1200.0, slow), run("b", 0, 400.0, fast), run("b", 1, 800.0, slow),
+            run("c", 0, 480.0, fast)]
+    bench = {"a": {"study": {"step_s": 1.5}, "cpu_flags": ["avx"]}, "b": {"study": {"step_s": 1.0}, "cpu_flags": ["avx"]},
+             "c": {"study": {"step_s": 1.0}, "cpu_flags": ["avx"]}}
+    assert tb.machine_factors(runs, bench) == {fast: 0.5, slow: 1.0}
+    rows = {r["optimizer"]: r for r in tb.summarize(runs, ["a", "b", "c"], [0, 1], bench)}
+    assert (rows["a"]["time_basis"], rows["a"]["train_seconds"], rows["a"]["tokens_per_s"]) == ("bench machine", 1200.0, 800 * 4096 / 1200)
+    assert rows["b"]["train_seconds"] == 800.0 and rows["c"]["train_seconds"] == 960.0
+    text = "\n".join(tb.findings("pretrain", list(rows.values()), runs))
+    assert "slower than the optimizer's bench step by more than 10% (on the bench machine's clock): c (+20%);" in text
+    (row,) = tb.summarize(runs[:2], ["a"], [0, 1], {})
+    assert (row["time_basis"], row["train_seconds"]) == ("measured", 900.0)
+    bench["b"]["cpu_flags"] = ["avx", "avx_vnni"]
+    rows = tb.summarize(runs, ["a", "b", "c"], [0, 1], bench)
+    assert "timed on 2 CPU kinds" in "\n".join(tb.findings("pretrain", rows, runs))
+    assert tb.cpu_kinds(runs + [{}]) == ["avx", "avx avx_vnni", "unknown"]
+
+
+def test_findings_name_fine_tuning_runs_that_predicted_one_class():
+    flat = [dict(_rec("c", lr, None), diverged=False, study="finetune", dev_best=f1, dev_classes_predicted=n)
+            for lr, f1, n in ((1e-3, 0.81, 1), (3e-3, 0.84, 2), (1e-2, 0.81, 1))]
+    text = "\n".join(tb.findings("finetune", tb.summarize(flat, ["c"], [0]), flat))
+    assert "2 of 3 runs predicted one class for all of dev (0 of them at an optimizer's best lr)" in text
+    other = [dict(flat[1], optimizer="e", dev_best=0.8, metric="f1")]  # one lr: its best is not bracketed
+    text = "\n".join(tb.findings("finetune", tb.summarize(flat + other, ["c", "e"], [0]), flat + other))
+    assert "c leads e by 0.040 in dev f1" in text and "not yet bracketed (its optimum may lie beyond the rates tried): e." in text
+    flat[1]["dev_classes_predicted"] = 1
+    text = "\n".join(tb.findings("finetune", tb.summarize(flat, ["c"], [0]), flat))
+    assert "3 of 3 runs predicted one class for all of dev (1 of them at an optimizer's best lr)" in text
+
+
+def test_findings_group_the_rows_by_the_seed_noise():
+    """a is ahead of b and c beyond their spread; b and c overlap; d has one seed and an unbracketed best lr."""
+    runs = ([_rec("a", 1e-3, 4.0), _rec("a", 3e-3, 3.9), _rec("a", 1e-2, 4.1)]
+            + [_rec("a", 3e-3, 3.9 + 0.01 * s, s) for s in (1, 2)]
+            + [_rec("b", lr, loss) for lr, loss in ((1e-3, 4.6), (3e-3, 4.5), (1e-2, 4.7))]
+            + [_rec("b", 3e-3, 4.5 + 0.05 * s, s) for s in (1, 2)]
+            + [_rec("c", lr, loss) for lr, loss in ((1e-3, 4.7), (3e-3, 4.55), (1e-2, None))]
+            + [_rec("c", 3e-3, 4.55 + 0.05 * s, s) for s in (1, 2)]
+            + [_rec("d", 1e-3, 5.5), _rec("d", 3e-3, 5.2)])
+    rows = tb.summarize(runs, ["a", "b", "c", "d"], [0, 1, 2])
+    text = "\n".join(tb.findings("pretrain", rows, runs))
+    assert "a (3.910 ± 0.010, 3 seeds) > b (4.550 ± 0.050, 3 seeds) ≈ c (4.600 ± 0.050, 3 seeds) ? d (5.200" in text
+    assert "a leads b by 0.640 nats: more than the seed noise" in text
+    assert "One seed so far (no noise estimate yet): d." in text
+    assert "not yet bracketed (its optimum may lie beyond the rates tried): d." in text
+    assert "Diverged: c at 0.01." in text
+    assert "final validation loss is 3.910 nats/token, within the 5" in text
+    lone = tb.summarize(runs[-2:] + [_rec("e", 1e-3, 5.0)], ["d", "e"], [0, 1, 2])  # one seed each
+    assert "e leads d by 0.200 nats: the seed noise is not measured yet" in "\n".join(tb.findings("pretrain", lone, runs))

@@ -1,0 +1,68 @@
+"""Pod plans compiled by the TPU compiler (libtpu, the `tpu` extra) on this CPU: fit, collectives, roofline,
+--mesh auto, state bytes, and an installed libtpu staying out of CPU runs."""
+
+import pytest
+
+from gpt1_jax import plan
+
+
+pytest.importorskip("libtpu", reason="the TPU compiler is not installed: pip install -e \".[tpu]\"")
+
+
+class _Chip:
+    def __init__(self, slice_index=0):
+        self.slice_index = slice_index
+
+
+HLO = """\
+%body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %ar = f32[8]{0} all-reduce(%x), channel_id=1, replica_groups=[2,2]<=[4], use_global_device_ids=true, to_apply=%add
+}
+
+%cond (p: (s32[], f32[8])) -> pred[] {
+  %c = s32[]{:T(128)} constant(12)
+  ROOT %lt = pred[] compare(%i, %c), direction=LT
+}
+
+ENTRY %main (a: bf16[16,4]) -> f32[8] {
+  %ag = bf16[16,4]{1,0} all-gather(%a), channel_id=2, replica_groups=mesh['axis_0'=2,'axis_1'=2], device_ids=([2,2]T(1,0)) {'axis_0'}, dimensions={0}
+  %rs = f32[2]{0} reduce-scatter(%b), channel_id=3, replica_groups={{0,1,2,3}}, dimensions={0}, to_apply=%add
+  %w = (s32[], f32[8]) while(%t), condition=%cond, body=%body
+}
+"""
+
+
+def test_collectives_count_loops_and_ring_bytes():
+    out = plan.collectives(HLO, [_Chip()] * 4)
+    # the all-reduce runs 12 times (the loop bound), groups of 2: 2*(2-1)/2 * 32 bytes each time
+    assert out["all-reduce"]["count"] == 12 and out["all-reduce"]["ici_bytes_per_chip"] == 12 * 32.0
+    # gathered bf16[16,4] = 128 bytes over groups of 2: half of it sent
+    assert out["all-gather"]["count"] == 1 and out["all-gather"]["ici_bytes_per_chip"] == 64.0
+    # a reduce-scatter whose shard is 8 bytes over 4 devices sends 3 shards
+    assert out["reduce-scatter"]["ici_bytes_per_chip"] == 24.0
+
+
+def test_collectives_across_slices_go_over_dcn():
+    out = plan.collectives(HLO, [_Chip(0), _Chip(0), _Chip(1), _Chip(1)])
+    # {0,1,2,3} spans both slices: ICI within each pair, the cross-slice share over DCN
+    rs = out["reduce-scatter"]
+    assert rs["dcn_bytes_per_chip"] > 0 and rs["ici_bytes_per_chip"] == 8.0
+    # the mesh spelling's groups ({0,1}, {2,3}: axis_0 of the transposed ids) stay within a slice
+    assert out["all-gather"]["dcn_bytes_per_chip"] == 0 and out["all-gather"]["ici_bytes_per_chip"] == 64.0
+
+
+def test_megascale_transfers_count_as_dcn_collectives():
+    line = ('ENTRY %main () -> () {\n  %send.3 = (f32[8,8,128]{2,1,0}, u32[], token[]) send(%f, %a), channel_id=9, '
+            'is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",'
+            '_xla_megascale_reduce_operation="SUM",_xla_megascale_transfer_type="ALL_REDUCE"}\n}\n')
+    out = plan.collectives(line, [_Chip(0), _Chip(1)])
+    # 32 KiB all-reduced over 2 slices: each chip sends half of it twice, over DCN
+    assert out == {"all-reduce": {"count": 1, "ici_bytes_per_chip": 0.0, "dcn_bytes_per_chip": 32768.0}}
+
+
+def test_groups_spellings():
+    assert plan._groups("replica_groups=[2,2]<=[4]", 4).tolist() == [[0, 1], [2, 3]]
+    assert plan._groups("replica_groups=[2,2]<=[2,2]T(1,0)", 4).tolist() == [[0, 2], [1, 3]]
+    assert plan._groups("replica_groups={{0,3},{1,2}}, x", 4).tolist() == [[0, 3], [1, 2]]
+    assert plan._groups("replica_groups=mesh['axis_0'=2,'axis_1'=2] {'axis_1'}, x", 4).tolist() == [[0, 1], [2, 3]]
+    assert plan._groups("replica_groups={}, x", 4).tolist() == [[0, 1, 2, 3]]

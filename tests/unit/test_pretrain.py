@@ -1,0 +1,33 @@
+"""`gpt1-jax pretrain`'s refusals of bad input, in process: one line, nothing written (the runs themselves:
+tests/e2e/test_pretrain.py)."""
+
+import pytest
+
+from tests.support.pretrain import cache  # noqa: F401 (a pytest fixture)
+
+
+@pytest.mark.parametrize(
+    "make_input, flags, message",
+    [
+        (lambda d: (d / "empty.txt").write_text(""), ["--data", "{d}/empty.txt"], "has no documents"),
+        (lambda d: (d / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin1")), ["--data", "{d}/latin1.txt"],
+         "latin1.txt: not UTF-8 text (byte 0xe9 near line 1)"),
+        (None, ["--seq-len", "100"], "data.seq_len=100 is longer than the model's context model.n_positions=64"),
+        (None, ["--set", "nope=1"], "unknown config key 'nope'"),
+        (None, ["--set", "optim.lr=fast"], "optim.lr must be float, got 'fast'"),
+        (None, ["--mesh", "data=3"], "mesh data=3,fsdp=1,tensor=1 needs 3 devices, have 8"),
+        (None, ["--mesh", "data=8", "--batch-size", "12"], "global batch 12 is not divisible by data x fsdp = 8"),
+    ],
+    ids=["empty-corpus", "not-utf8", "seq-len-too-long", "unknown-key", "bad-value", "bad-mesh", "bad-batch"],
+)
+def test_bad_input_is_one_clear_line(tmp_path, cache, capsys, make_input, flags, message):
+    from gpt1_jax import cli
+
+    if make_input:
+        make_input(tmp_path)
+    workdir = tmp_path / "run"
+    argv = ["pretrain", "--config", "tiny", "--workdir", str(workdir), "--set", f"data.cache_dir={cache}"]
+    status = cli.main(argv + [f.format(d=tmp_path) for f in flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and err[-1].startswith("gpt1-jax pretrain: error: ") and message in err[-1], err
+    assert not workdir.exists()  # no tokenizer either: checked before the corpus is read, or trained on nothing

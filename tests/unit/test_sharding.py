@@ -1,0 +1,55 @@
+"""Sharded loss and gradients equal the single-device ones on DP, FSDP, TP and mixed meshes (8 fake
+CPU devices); FSDP really spreads params and optimizer state; mesh parsing and rules fail clearly."""
+
+import dataclasses
+
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from gpt1_jax import sharding as shd
+from gpt1_jax.config import ConfigError
+from gpt1_jax.step import lm_trainer, state_bytes
+from tests.support.sharding import OPTIM, TINY
+
+
+def test_fsdp_spreads_params_and_optimizer_state():
+    # Shapes divisible by 8 everywhere it matters; only small biases stay replicated.
+    config = dataclasses.replace(TINY, vocab_size=1024, d_model=128, d_mlp=512)
+    trainer = lm_trainer(config, OPTIM, shd.make_mesh(shd.parse_mesh("fsdp=8")))
+    state = trainer.init()
+    total, per_device = state_bytes(state)
+    assert per_device <= total / 8 * 1.05, (per_device, total / 8)
+    emb = state.opt_state[1][0].mu["tokens_embed"]["embedding"]  # Adam's first moment
+    assert emb.sharding.shard_shape(emb.shape) == (1024, 128 // 8)
+
+
+def test_pure_data_parallel_replicates_params():
+    trainer = lm_trainer(TINY, OPTIM, shd.make_mesh(shd.parse_mesh("data=8")))
+    total, per_device = state_bytes(trainer.init())
+    assert per_device == total
+
+
+def test_parse_mesh_and_sizes():
+    assert shd.parse_mesh("data=2,fsdp=2,tensor=2").axis_sizes(8) == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert shd.parse_mesh("").axis_sizes(8) == {"data": 8, "fsdp": 1, "tensor": 1}
+    assert shd.parse_mesh("fsdp=-1,tensor=2").axis_sizes(8) == {"data": 1, "fsdp": 4, "tensor": 2}
+    assert shd.parse_mesh("tensor=2").axis_sizes(8) == {"data": 4, "fsdp": 1, "tensor": 2}
+    for bad in ("data=3", "pipe=2", "data=x", "data=-1,fsdp=-1"):
+        with pytest.raises(ConfigError):
+            shd.parse_mesh(bad).axis_sizes(8)
+
+
+def test_rules_overridable_in_one_place():
+    rules = dict(shd.logical_rules({"vocab": None, "embed": "data,fsdp"}))
+    assert rules["vocab"] is None and rules["embed"] == ("data", "fsdp")
+    assert rules["heads"] == "tensor"
+    with pytest.raises(ConfigError):
+        shd.logical_rules({"embed": "pipeline"})
+    with pytest.raises(ConfigError):
+        shd.MeshConfig(rules={"nope": "data"})
+
+
+def test_undivisible_dimension_falls_back_to_replicated():
+    mesh = shd.make_mesh(shd.parse_mesh("tensor=8"))
+    assert shd._fit_spec(P("tensor", None), (40478, 768), mesh) == P(None, None)
+    assert shd._fit_spec(P("tensor", None), (40480, 768), mesh) == P("tensor", None)

@@ -1,0 +1,100 @@
+"""Tokenize once (gpt1_jax/data/once.py), with real processes on 127.0.0.1 and real files: two processes of
+one job tokenise a corpus once and read the same cache; a process whose builder never comes, or whose
+disk is not the builder's, fails with one line; separate jobs meet through a lock that a dead builder
+cannot hold forever; and the `gpt1-jax tokenize` verb builds the cache a job then reuses. Seconds each.
+
+Subprocesses run with JAX_PLATFORMS=cpu: with libtpu installed, every JAX process would otherwise try to
+open the TPU (and its lock file) side by side."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from gpt1_jax import cli
+from gpt1_jax.config import DataConfig
+from gpt1_jax.data.once import Peers, build_once
+from gpt1_jax.data.pipeline import build_pipeline
+from gpt1_jax.data.sources import open_source
+from gpt1_jax.data.tokens import tokenize_to_cache
+from gpt1_jax.tokenizer import GPT1Tokenizer
+from tests.support.tokenize_once import ERROR, HeldLock, cache_name, corpus, tok_path  # noqa: F401 (pytest fixtures)
+
+
+# --- separate jobs: the lock ------------------------------------------------------------------------
+def test_a_live_lock_makes_a_lone_process_wait_then_fail_in_one_line(tmp_path, corpus, tok_path, capsys):
+    cache = tmp_path / "cache"
+    final = cache / cache_name(corpus, tok_path, tmp_path / "probe")
+    with HeldLock(cache / f".{final.name}.lock"):
+        status = cli.main(["tokenize", "--data", str(corpus), "--tokenizer", str(tok_path), "--cache-dir", str(cache),
+                           "--wait", "1", "--no-progress"])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and err.startswith(ERROR), err
+    assert "still being built by pid 4242 on elsewhere" in err and "(waited 1 s, data.cache_wait_s=1)" in err
+
+
+def test_a_dead_builders_lock_goes_stale_and_is_taken_over(tmp_path, corpus, tok_path):
+    cache = tmp_path / "cache"
+    final = cache / cache_name(corpus, tok_path, tmp_path / "probe")
+    lock = cache / f".{final.name}.lock"
+    cache.mkdir()
+    lock.write_text(json.dumps({"host": "elsewhere", "pid": 4242, "started": 0}))  # nobody touches it
+    t0 = time.monotonic()
+    stream = tokenize_to_cache(open_source(str(corpus)), GPT1Tokenizer.load(tok_path), cache, progress=False,
+                               wait_s=30, stale_s=0.5)
+    assert not stream.from_cache and stream.path == final and time.monotonic() - t0 < 10
+    assert sorted(p.name for p in cache.iterdir()) == [final.name]  # the stale lock is gone with ours
+
+
+def test_a_builders_heartbeat_keeps_its_lock_alive_and_it_goes_after(tmp_path):
+    lock, result, mtimes = tmp_path / ".x.lock", tmp_path / "x", []
+
+    def build():
+        for _ in range(6):
+            time.sleep(0.1)
+            mtimes.append(lock.stat().st_mtime_ns)
+        result.write_text("done")
+        return "built"
+
+    out = build_once(result.is_file, build, lambda: "loaded", key="x", what="x", path=result, wait_s=5, remedy="",
+                     lock=lock, peers=Peers(), heartbeat_s=0.05)
+    assert out == "built" and len(set(mtimes)) >= 3 and not lock.exists()
+    assert build_once(result.is_file, build, lambda: "loaded", key="x", what="x", path=result, wait_s=5, remedy="",
+                      lock=lock, peers=Peers()) == "loaded"
+
+
+# --- the verb ---------------------------------------------------------------------------------------
+def test_tokenize_verb_builds_the_cache_pretrain_reads(tmp_path, corpus, tok_path, capsys):
+    cache = tmp_path / "cache"
+    argv = ["tokenize", "--data", str(corpus), "--tokenizer", str(tok_path), "--cache-dir", str(cache), "--no-progress"]
+    assert cli.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"cache", "n_tokens", "n_docs", "bytes", "seconds", "from_cache"}
+    path = Path(out["cache"])
+    n_docs = sum(1 for _ in open_source(str(corpus)).documents())
+    assert out["from_cache"] is False and out["n_docs"] == n_docs and path.parent == cache
+    assert out["bytes"] == sum(f.stat().st_size for f in path.iterdir()) >= 2 * out["n_tokens"]
+    assert cli.main(argv) == 0 and json.loads(capsys.readouterr().out)["from_cache"] is True
+    # pretrain's data pipeline, with the same data.source / data.tokenizer / data.cache_dir: the same cache.
+    config = DataConfig(source=str(corpus), tokenizer=str(tok_path), cache_dir=str(cache), progress=False)
+    stream = build_pipeline(config, tmp_path / "run").stream
+    assert stream.from_cache and stream.path == path and len(stream) == out["n_tokens"]
+
+
+@pytest.mark.parametrize("case", ["missing data", "bad gzip", "missing tokenizer", "train without workdir"])
+def test_tokenize_verb_bad_input_is_one_line_and_writes_nothing(tmp_path, corpus, tok_path, capsys, case):
+    bad_gzip = tmp_path / "x.txt.gz"
+    bad_gzip.write_bytes(b"not gzip at all" * 100)
+    data, tokenizer, more, message = {
+        "missing data": (tmp_path / "nope.txt", tok_path, [], "no such file or directory"),
+        "bad gzip": (bad_gzip, tok_path, [], "x.txt.gz: not readable gzip data"),
+        "missing tokenizer": (corpus, tmp_path / "nope.json", [], "expected 'train', a tokenizer .json"),
+        "train without workdir": (corpus, "train", [], "--tokenizer train needs --workdir"),
+    }[case]
+    cache = tmp_path / "cache"
+    status = cli.main(["tokenize", "--data", str(data), "--tokenizer", str(tokenizer), "--cache-dir", str(cache),
+                       "--no-progress", *more])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and err.startswith(ERROR) and message in err, err
+    assert not [p for p in cache.rglob("*") if p.is_file()] if cache.exists() else True

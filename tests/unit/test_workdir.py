@@ -1,0 +1,175 @@
+"""A run folder belongs to one job (gpt1_jax/workdir.py), a run's config.yaml is guarded by a digest
+(gpt1_jax/config.py), and a trained BPE is kept only while it fits its corpus (gpt1_jax/data/tokens.py):
+in-process, no training. The command-line cases are in test_pretrain.py and test_finetune.py."""
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+from gpt1_jax import workdir as wd
+from gpt1_jax.config import GUARD_LINE, FinetuneConfig, PretrainConfig, load_yaml, save_yaml
+from gpt1_jax.data.sources import open_source
+from gpt1_jax.data.tokens import tokenizer_for
+from gpt1_jax.errors import ConfigError, DataError, WorkdirError
+from tests.support.workdir import PRETRAIN
+
+
+def snapshot(folder):
+    """Every file's bytes: what 'nothing changed' means."""
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def saved(tmp_path):
+    path = tmp_path / "config.yaml"
+    save_yaml(dataclasses.replace(PretrainConfig(), checkpoint_every=25, eval_every=25), path)
+    return path
+
+
+def test_a_saved_config_round_trips_and_starts_with_the_guard(saved):
+    text = saved.read_text()
+    assert text.startswith(GUARD_LINE) and text.splitlines()[-1].startswith("# sha256 ")
+    assert load_yaml(PretrainConfig, saved).checkpoint_every == 25
+    assert not [p for p in saved.parent.iterdir() if p.name.endswith(".tmp")]  # written atomically
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda t: t[: len(t) // 2], "is cut short"),  # cut mid-line
+    (lambda t: "\n".join(t.splitlines()[:-4]) + "\n", "is cut short"),  # lost its last lines
+    (lambda t: t[:-20] + "\n", "is damaged or was edited by hand"),  # cut inside the digest
+    (lambda t: t.replace("checkpoint_every: 25", "checkpoint_every: 26"), "is damaged or was edited by hand"),
+], ids=["cut-mid-line", "lost-last-lines", "cut-in-digest", "edited"])
+def test_a_damaged_config_names_itself(saved, damage, message):
+    saved.write_text(damage(saved.read_text()))
+    with pytest.raises(ConfigError, match=message) as e:
+        load_yaml(PretrainConfig, saved)
+    assert str(saved) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_deleting_the_guard_line_accepts_a_hand_edit(saved):
+    text = saved.read_text().removeprefix(GUARD_LINE).replace("checkpoint_every: 25", "checkpoint_every: 26")
+    saved.write_text(text)
+    assert load_yaml(PretrainConfig, saved).checkpoint_every == 26
+
+
+def _claimed(folder, job, config):
+    wd.claim(folder, job, config.model.architecture())
+    save_yaml(config, folder / "config.yaml")
+    return folder
+
+
+def test_a_new_or_empty_folder_or_a_tokenizer_trained_ahead_is_free(tmp_path):
+    assert wd.check(tmp_path / "new" / "run", PRETRAIN, "pretrain") is None
+    assert wd.check(tmp_path, PRETRAIN, "pretrain") is None
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert wd.check(tmp_path, PRETRAIN, "pretrain") is None
+    assert not (tmp_path / "new").exists()  # checking writes nothing
+
+
+def test_refusals_name_the_folder_and_change_nothing(tmp_path):
+    pre = _claimed(tmp_path / "pre", PRETRAIN, PretrainConfig())
+    ft_job = wd.Identity("finetune", "rte", wd.init_identity(str(pre)))
+    ft = _claimed(tmp_path / "ft", ft_job, FinetuneConfig(task="rte"))
+    (tmp_path / "stranger").mkdir()
+    (tmp_path / "stranger" / "notes.txt").write_text("mine")
+    (tmp_path / "a-file").write_text("x")
+    before = snapshot(tmp_path)
+    cases = [
+        (tmp_path / "a-file", PRETRAIN, {}, "is a file, not a folder"),
+        (tmp_path / "a-file" / "run", PRETRAIN, {}, "is a file, not a folder"),
+        (tmp_path / "stranger", PRETRAIN, {}, r"is not empty and holds no gpt1-jax run \(notes.txt\)"),
+        (ft, PRETRAIN, {}, "holds a fine-tuning run of rte from"),
+        (pre, ft_job, {}, "holds a pre-training run; finetune would overwrite it"),
+        (pre, ft_job, {"init_path": pre}, "is the --init source"),
+        (ft, dataclasses.replace(ft_job, task="mrpc"), {}, "not of mrpc"),
+        (ft, dataclasses.replace(ft_job, init="none"), {}, "not from none"),
+    ]
+    for folder, job, kw, message in cases:
+        with pytest.raises(WorkdirError, match=message) as e:
+            wd.check(folder, job, "finetune" if job.kind == "finetune" else "pretrain", **kw)
+        assert "\n" not in str(e.value)
+    assert wd.check(ft, ft_job, "finetune") == ft_job  # the same job resumes
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere (and a child as nobody cannot run this venv's "
+                                             "interpreter where it lives under /root)")
+def test_an_unwritable_folder_is_refused_before_anything_runs(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        with pytest.raises(WorkdirError, match="is not writable"):
+            wd.check(locked / "run", PRETRAIN, "pretrain")
+    finally:
+        locked.chmod(0o700)
+
+
+def test_runs_from_before_run_json_are_recognised_by_their_config(tmp_path):
+    save_yaml(FinetuneConfig(task="sst2"), tmp_path / "config.yaml")
+    assert wd.read(tmp_path) == wd.Identity("finetune", "sst2")
+    with pytest.raises(WorkdirError, match="holds a fine-tuning run of sst2"):
+        wd.check(tmp_path, PRETRAIN, "pretrain")
+
+
+def test_a_damaged_run_json_is_named(tmp_path):
+    (tmp_path / wd.RUN_FILE).write_text('{"kind": "pre')
+    with pytest.raises(WorkdirError, match="run.json is damaged"):
+        wd.read(tmp_path)
+
+
+def test_a_finetune_rerun_with_other_settings_is_refused(tmp_path):
+    saved = FinetuneConfig(task="rte")
+    wd.check_same_settings(tmp_path, dataclasses.replace(saved, keep_checkpoints=5, eval_batch_size=64), saved)
+    with pytest.raises(WorkdirError, match=r"epochs=3 there, 4 now, optim.lr=6.25e-05 there, 0.001 now"):
+        wd.check_same_settings(tmp_path, dataclasses.replace(saved, epochs=4, optim=dataclasses.replace(
+            saved.optim, lr=1e-3)), saved)
+
+
+def _corpus(path, words, n=60):
+    path.write_text("\n\n".join(" ".join(words[(i + j) % len(words)] for j in range(30)) for i in range(n)))
+    return open_source(str(path))
+
+
+WORDS = "alpha beta gamma delta python code tree river stone light".split()
+
+
+OTHER_WORDS = "zebra yak wolf vole urchin tapir seal rook quail puma".split()
+
+
+def test_an_empty_corpus_leaves_no_tokenizer_and_a_changed_one_retrains(tmp_path):
+    run = tmp_path / "run"
+    (tmp_path / "c.txt").write_text("")
+    with pytest.raises(DataError, match="has no documents"):
+        tokenizer_for(open_source(str(tmp_path / "c.txt")), run, vocab_size=80)
+    assert not run.exists()
+    first = tokenizer_for(_corpus(tmp_path / "c.txt", WORDS), run, vocab_size=80)
+    assert first.vocab_size > 10
+    meta = json.loads((run / "tokenizer.meta.json").read_text())
+    assert meta["n_docs"] == 60 and len(meta["sha256"]) == 64
+    # The corpus changed and no checkpoint uses the BPE: retrained.
+    second = tokenizer_for(_corpus(tmp_path / "c.txt", OTHER_WORDS), run, vocab_size=80)
+    assert second.token_to_id("zebra</w>") is not None and first.token_to_id("zebra</w>") is None
+
+
+def test_a_bpe_a_checkpoint_uses_is_kept_and_verified(tmp_path):
+    run = tmp_path / "run"
+    first = tokenizer_for(_corpus(tmp_path / "c.txt", WORDS), run, vocab_size=80)
+    (run / "checkpoints" / "5").mkdir(parents=True)
+    kept = tokenizer_for(_corpus(tmp_path / "c.txt", OTHER_WORDS), run, vocab_size=80)
+    assert kept.backend.to_str() == first.backend.to_str()
+    (run / "tokenizer.json").write_text((run / "tokenizer.json").read_text()[:-10])
+    with pytest.raises(DataError, match="tokenizer.json is damaged"):
+        tokenizer_for(open_source(str(tmp_path / "c.txt")), run, vocab_size=80)
+
+
+def test_a_bpe_from_before_fingerprints_is_retrained_while_no_checkpoint_uses_it(tmp_path):
+    run = tmp_path / "run"
+    tokenizer_for(_corpus(tmp_path / "c.txt", WORDS), run, vocab_size=80)
+    (run / "tokenizer.meta.json").write_text(json.dumps({"source": str(tmp_path / "c.txt"), "vocab_size": 80}))
+    stale = (run / "tokenizer.json").read_text()
+    (run / "tokenizer.json").write_text(stale.replace("python", "pythn"))  # not what this corpus trains
+    tokenizer_for(open_source(str(tmp_path / "c.txt")), run, vocab_size=80)
+    assert "fingerprint" in json.loads((run / "tokenizer.meta.json").read_text())
+    assert (run / "tokenizer.json").read_text() != stale.replace("python", "pythn")
