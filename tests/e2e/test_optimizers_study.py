@@ -1,12 +1,10 @@
-"""experiments.optimizers.run_study: the --quick pre-training study on `tiny` produces results.json,
-results.md and the PNGs with a row per optimizer; a rerun skips finished runs; a diverged run is recorded
-as diverged; the state bytes in the table are `optimizer_state_bytes` of the real tree.
+"""experiments.optimizers.run_study for real: the --quick pre-training study on `tiny` produces results.json,
+results.md and the PNGs with a row per optimizer; a rerun skips finished runs; SIGTERM stops it with one
+line and no record; the state bytes in the table are `optimizer_state_bytes` of the real tree.
 
-For time, the end-to-end test restricts --optimizers to 2 (gpt1_adam and schedule_free_adamw: the plain one
-and the one evaluated at x), --steps to 6, --lr-points to 2 and --max-extensions to 0,
-with 2 seeds (6 runs; the study itself sweeps >= 3 lrs, grows them until the best is bracketed and repeats it
-with 3 seeds): every run compiles its own train step (the lr is a constant in it), and compilation, not
-training, is what costs here. The bracketing rule has its own test on records."""
+For time, --optimizers is 2 (gpt1_adam and schedule_free_adamw: the plain one and the one evaluated at x),
+--steps 6, --lr-points 2, --max-extensions 0, with 2 seeds (6 runs): every run compiles its own train step
+(the lr is a constant in it), and compilation, not training, is what costs here."""
 
 import json
 import os

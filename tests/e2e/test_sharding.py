@@ -1,5 +1,5 @@
-"""Sharded loss and gradients equal the single-device ones on DP, FSDP, TP and mixed meshes (8 fake
-CPU devices); FSDP really spreads params and optimizer state; mesh parsing and rules fail clearly."""
+"""Sharded loss and gradients equal the single-device ones on DP, FSDP, TP and mixed meshes (8 fake CPU
+devices)."""
 
 import functools
 

@@ -1,5 +1,5 @@
-"""The train step: next-token loss with weights, gradient accumulation == one large batch, metrics,
-deterministic dropout on resume, mixed precision keeps fp32 state, remat leaves gradients unchanged."""
+"""The train step, compiled: gradient accumulation == one large batch, metrics, deterministic dropout on
+resume, mixed precision keeps fp32 state, remat leaves gradients unchanged."""
 
 import dataclasses
 

@@ -1,8 +1,7 @@
-"""Checkpoints you can trust: digests recorded at save and checked before use, the fall-back to the newest
-intact checkpoint (bit-identical to an undamaged run), failed saves (full disk, read-only folder),
-`gpt1-jax verify`, load_pretrained's refusal, the NaN stop naming only a verified checkpoint, and a
-SIGTERM that saves, stops and leaves the signal handlers as it found them.
-Real orbax on disk, real `gpt1-jax` subprocesses, real tmpfs mounts (we run as root)."""
+"""Checkpoints and the training loop, in process on real orbax folders: digests catch changed, missing and
+resized files; the NaN stop names only a verified checkpoint; a finished or pre-empted loop returns its
+outcome; SIGTERM and Ctrl-C save, stop and leave the signal handlers as they found them. Damaged runs,
+full and read-only disks through `gpt1-jax`: tests/e2e/test_checkpoint.py."""
 
 import os
 import re

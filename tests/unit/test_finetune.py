@@ -1,5 +1,5 @@
-"""`gpt1-jax finetune` end to end on a tiny model and a few dozen examples: results.json, predictions,
-GLUE's submission file; init from none, from a HF directory and from a pre-training workdir."""
+"""Fine-tuning's checks before any training: bad --init sources are one line; sequence-length buckets.
+The runs themselves: tests/e2e/test_finetune.py."""
 
 
 from gpt1_jax import cli

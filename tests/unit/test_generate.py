@@ -1,4 +1,5 @@
-"""KV-cache sampling: greedy decoding equals argmax over full forward passes; sampling is seeded."""
+"""Sampling refuses prompt ids outside the vocabulary before generating. KV-cache decoding against full
+recompute, seeding and the `sample` verb: tests/e2e/test_generate.py."""
 
 import flax.linen as nn
 import numpy as np

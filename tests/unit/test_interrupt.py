@@ -1,7 +1,6 @@
-"""Ctrl-C stops `gpt1-jax` in every phase: exit 130, one last line saying what state things are in, no
-traceback, nothing half-written, and the same command then goes on. Real subprocesses and real SIGINTs,
-plus in-process checks of the re-raise of a dropped interrupt and of the one line (the loop's
-save-then-stop is tested beside its SIGTERM twin in test_checkpoint.py)."""
+"""Ctrl-C, in process: an interrupt Python drops in a gc callback is raised again, and the CLI turns every
+kind of Ctrl-C into its one line and exit 130. A real pretrain SIGINTed in every phase:
+tests/e2e/test_interrupt.py."""
 
 import gc
 import signal

@@ -1,12 +1,7 @@
-"""experiments.optimizers.run_study: the --quick pre-training study on `tiny` produces results.json,
-results.md and the PNGs with a row per optimizer; a rerun skips finished runs; a diverged run is recorded
-as diverged; the state bytes in the table are `optimizer_state_bytes` of the real tree.
-
-For time, the end-to-end test restricts --optimizers to 2 (gpt1_adam and schedule_free_adamw: the plain one
-and the one evaluated at x), --steps to 6, --lr-points to 2 and --max-extensions to 0,
-with 2 seeds (6 runs; the study itself sweeps >= 3 lrs, grows them until the best is bracketed and repeats it
-with 3 seeds): every run compiles its own train step (the lr is a constant in it), and compilation, not
-training, is what costs here. The bracketing rule has its own test on records."""
+"""experiments.optimizers: the study's logic on records, in process: the lr ladder, the sweep growing until
+the best lr is bracketed, a diverged run recorded (not raised), a run stopped at a checkpoint leaving no
+record, tables that keep every finished run, seed-noise marks, step times and the findings. The study run
+for real: tests/e2e/test_optimizers_study.py."""
 
 import json
 import math

@@ -1,5 +1,6 @@
-"""Pod plans compiled by the TPU compiler (libtpu, the `tpu` extra) on this CPU: fit, collectives, roofline,
---mesh auto, state bytes, and an installed libtpu staying out of CPU runs."""
+"""Pod plans' HLO reading, without compiling: collectives counted in loops with their ring bytes, across
+slices over DCN, megascale transfers, replica-group spellings. Plans compiled by the TPU compiler:
+tests/e2e/test_plan.py."""
 
 import pytest
 

@@ -1,5 +1,5 @@
-"""The train step: next-token loss with weights, gradient accumulation == one large batch, metrics,
-deterministic dropout on resume, mixed precision keeps fp32 state, remat leaves gradients unchanged."""
+"""The train step's loss: next-token cross-entropy with weights. Accumulation, resume determinism, mixed
+precision and remat, each a compiled step or several: tests/e2e/test_step.py."""
 
 import jax.numpy as jnp
 import numpy as np
