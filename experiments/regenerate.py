@@ -23,6 +23,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from experiments.optimizers import run_study
+from experiments.paper.report import rebuild_results
+from experiments.scale.plan_table import write_table
+
 ROOT = Path(__file__).resolve().parents[1]
 OPTIMIZERS = ROOT / "experiments" / "optimizers" / "results"
 OUTPUTS = ["experiments/paper/results", "experiments/optimizers/results", "experiments/scale/results",
@@ -31,10 +35,6 @@ CORPUS = "../shared/data/corpus/english_mixed.txt.gz"  # the pre-training study'
 
 
 def regenerate() -> None:
-    from experiments.optimizers import run_study
-    from experiments.paper.report import rebuild_results
-    from experiments.scale.plan_table import write_table
-
     with tempfile.TemporaryDirectory() as scratch, contextlib.redirect_stderr(io.StringIO()):  # "done before" x 100
         rebuild_results(Path(scratch) / "paper")
         for study in ("pretrain", "finetune"):  # finetune's optimizers: the best of <out>/pretrain/results.json

@@ -23,11 +23,20 @@ import statistics
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from gpt1_jax import flops, sizing
+from gpt1_jax.attention import causal_attention
+from gpt1_jax.config import PretrainConfig, resolve
+from gpt1_jax.model import layer_norm
+from gpt1_jax.step import lm_batch
+
 
 def median_seconds(fn, *args, repeats: int = 5) -> float:
     """Median wall time of `fn(*args)` (compiled on a first, untimed call), blocking on its result."""
-    import jax
-
     jax.block_until_ready(fn(*args))
     times = []
     for _ in range(repeats):
@@ -40,12 +49,6 @@ def median_seconds(fn, *args, repeats: int = 5) -> float:
 def step_seconds(config, steps: int, block_each: bool = True) -> float:
     """Median seconds of `config`'s compiled train step on seeded tokens (as `gpt1-jax bench` runs it);
     `block_each=False`: the mean over `steps` dispatched back to back, blocking once at the end."""
-    import jax
-    import numpy as np
-
-    from gpt1_jax import sizing
-    from gpt1_jax.step import lm_batch
-
     trainer = sizing.pretrain_trainer(config)
     B, T = config.data.global_batch_size, config.data.seq_len
     tokens = np.random.default_rng(config.seed).integers(0, config.model.vocab_size, (steps + 1, B, T + 1), dtype=np.int32)
@@ -69,11 +72,6 @@ def step_seconds(config, steps: int, block_each: bool = True) -> float:
 
 
 def attention_core_seconds(model, B: int, T: int) -> float:
-    import jax
-    import jax.numpy as jnp
-
-    from gpt1_jax.attention import causal_attention
-
     dtype = jnp.dtype(model.dtype)
     keys = jax.random.split(jax.random.key(0), 4)
     q, k, v, g = (jax.random.normal(key, (B, T, model.n_heads, model.head_dim), dtype) for key in keys)
@@ -86,11 +84,6 @@ def attention_core_seconds(model, B: int, T: int) -> float:
 
 
 def layer_norm_seconds(model, B: int, T: int) -> float:
-    import jax
-    import jax.numpy as jnp
-
-    from gpt1_jax.model import layer_norm
-
     ln = layer_norm(model, "ln")
     x = jax.random.normal(jax.random.key(0), (B, T, model.d_model), jnp.dtype(model.dtype))
     params = ln.init(jax.random.key(1), x)
@@ -100,11 +93,6 @@ def layer_norm_seconds(model, B: int, T: int) -> float:
 
 
 def optimizer_seconds(config) -> float:
-    import jax
-    import optax
-
-    from gpt1_jax import sizing
-
     trainer = sizing.pretrain_trainer(config)
     state = trainer.init()
     grads = jax.tree.map(lambda p: p * 1e-3, state.params)
@@ -126,10 +114,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=4, help="timed steps per variant")
     p.add_argument("--set", action="append", default=[], help="config override (e.g. model.scan_layers=true)")
     args = p.parse_args(argv)
-
-    from gpt1_jax import flops
-    from gpt1_jax.config import PretrainConfig, resolve
-
     overrides = [f"data.global_batch_size={args.batch}", f"data.seq_len={args.seq}", f"model.dtype={args.dtype}",
                  "optim.schedule=constant", "optim.warmup_steps=0", *args.set]
     config = resolve(PretrainConfig, args.config, overrides=overrides)

@@ -21,6 +21,15 @@ import statistics
 import time
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+
+from gpt1_jax import integrity
+from gpt1_jax.checkpoint import Checkpointer
+from gpt1_jax.config import MeshConfig, OptimConfig, model_preset
+from gpt1_jax.flops import cpu_flags
+from gpt1_jax.step import lm_trainer
+
 
 def timed(fn) -> float:
     t0 = time.perf_counter()
@@ -33,16 +42,6 @@ def main() -> None:
     parser.add_argument("--dir", required=True, help="scratch folder (removed afterwards)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-
-    import jax
-    import jax.numpy as jnp
-
-    from gpt1_jax import integrity
-    from gpt1_jax.checkpoint import Checkpointer
-    from gpt1_jax.config import MeshConfig, OptimConfig, model_preset
-    from gpt1_jax.flops import cpu_flags
-    from gpt1_jax.step import lm_trainer
-
     config = model_preset("gpt1")
     trainer = lm_trainer(config, OptimConfig(total_steps=10, warmup_steps=1), MeshConfig())
     # Random values everywhere, as after some training: a fresh Adam state is zeros, which compress to nothing.

@@ -32,6 +32,16 @@ import tempfile
 import time
 from pathlib import Path
 
+import jax
+import numpy as np
+
+from gpt1_jax import heads
+from gpt1_jax.config import MeshConfig, OptimConfig, PretrainConfig, resolve
+from gpt1_jax.flops import cpu_flags
+from gpt1_jax.generate import generate
+from gpt1_jax.step import lm_batch, lm_trainer, make_trainer
+from gpt1_jax.weights import load_pretrained
+
 ROOT = Path(__file__).resolve().parents[2]  # the workers run as `python -m experiments.bench.compare_hf` from here
 
 TARGETS = {
@@ -45,13 +55,11 @@ LR = 1e-4
 
 
 def model_config(name: str):
-    from gpt1_jax.config import PretrainConfig, resolve
-
     return resolve(PretrainConfig, name).model  # as `gpt1-jax bench` resolves it
 
 
 def hf_config(c, **extra):
-    from transformers import OpenAIGPTConfig
+    from transformers import OpenAIGPTConfig  # optional: see "HF workers" below
 
     return OpenAIGPTConfig(
         vocab_size=c.vocab_size, n_positions=c.n_positions, n_embd=c.d_model, n_layer=c.n_layers, n_head=c.n_heads,
@@ -61,8 +69,6 @@ def hf_config(c, **extra):
 
 
 def tokens(seed: int, shape: tuple[int, ...], vocab: int):
-    import numpy as np
-
     return np.random.default_rng(seed).integers(0, vocab, shape, dtype=np.int32)
 
 
@@ -76,12 +82,13 @@ def median_time(fn, n: int) -> tuple[float, list[float]]:
 
 
 # ---- HF workers ------------------------------------------------------------------------------------
+# torch and transformers are imported inside these functions: they are optional (the `dev` extra, which
+# only this script and the parity tests need), and a jax worker or the driver runs without loading them.
 
 def hf_train(t: dict, args) -> dict:
     """HF training steps (AdamW + clip 1.0, dropout on) on `gpt1-jax bench`'s seeded tokens; finetune: the
     double-heads model with its multiple-choice head over one choice and the LM loss at lambda 0.5."""
-    import numpy as np
-    import torch
+    import torch  # optional: see above
     from transformers import OpenAIGPTDoubleHeadsModel, OpenAIGPTLMHeadModel
 
     c = model_config(t["config"])
@@ -118,7 +125,7 @@ def hf_train(t: dict, args) -> dict:
 
 def hf_generate(t: dict, args) -> dict:
     """HF `generate`, greedy; saves its random model to `args.weights` (once) for the jax side to load."""
-    import torch
+    import torch  # optional: see above
     from transformers import OpenAIGPTLMHeadModel
 
     c = model_config(t["config"])
@@ -153,12 +160,6 @@ def jax_train(t: dict, args) -> dict:
 
 
 def jax_generate(t: dict, args) -> dict:
-    import jax
-    import numpy as np
-
-    from gpt1_jax.generate import generate
-    from gpt1_jax.weights import load_pretrained
-
     config, params = load_pretrained(args.weights)[:2]
     prompt = tokens(args.seed, (t["batch"], t["seq"]), config.vocab_size)
 
@@ -176,12 +177,6 @@ def jax_generate(t: dict, args) -> dict:
 def jax_finetune(t: dict, args) -> dict:
     """The fine-tuning step `gpt1-jax finetune` runs (classifier head + lambda 0.5 LM loss, gpt1_adam), and
     the pre-training step on the same tokens, for the per-token cost ratio."""
-    import numpy as np
-
-    from gpt1_jax import heads
-    from gpt1_jax.config import MeshConfig, OptimConfig
-    from gpt1_jax.step import lm_batch, lm_trainer, make_trainer
-
     c = model_config(t["config"])
     B, T, n = t["batch"], t["seq"], args.warmup + args.steps
     optim = OptimConfig(lr=LR, schedule="constant", warmup_steps=0)
@@ -227,8 +222,6 @@ def _run(cmd: list[str]) -> dict:
 
 
 def summarize(name: str, t: dict, results: dict[str, dict[str, list[dict]]]) -> dict:
-    from gpt1_jax.flops import cpu_flags
-
     summary: dict = {"summary": True, "target": name, "config": t["config"], "batch": t["batch"], "seq": t["seq"],
                      "cpu_flags": cpu_flags()}
     for dtype, by_impl in results.items():

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from experiments.glue.common import split_passthrough, ABLATIONS, Run, errors_of, execute, mean_std, metric_values, missing_path, write_table
+from gpt1_jax.data.glue import GLUE_TASKS, split_available
 
 # The paper's numbers (docs/gpt1.md, "Results"): task -> [(metric, GPT-1)].
 PAPER = {
@@ -37,8 +38,6 @@ NOTE = ("Paper numbers are on GLUE's test server, ours on the dev sets (x100). T
 
 
 def available_tasks(data_dir: str | None) -> tuple[list[str], list[str]]:
-    from gpt1_jax.data.glue import GLUE_TASKS, split_available
-
     ok, missing = [], []
     for name, task in GLUE_TASKS.items():
         have = split_available(task, "train", data_dir) and all(split_available(task, s, data_dir) for s in task.dev_splits)

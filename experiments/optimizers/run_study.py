@@ -33,18 +33,33 @@ use x, so this runner reports what the runs log.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import flax.linen as nn
+import jax
+
 from experiments.optimizers.sweep import (finished_runs, finite, load_record, lr_grid, median, run_name, save_record,
                                           study_loop)
 from experiments.optimizers.tables import REFERENCE, load_bench, write_outputs
 from experiments.paper.settings import shown
+from gpt1_jax import bench, compile_cache, finetune, pretrain  # the modules: tests patch pretrain.run, finetune.run
+from gpt1_jax.config import FinetuneConfig, PretrainConfig, apply_overrides, load_yaml, preset, resolve
+from gpt1_jax.data.sources import open_source
+from gpt1_jax.data.tokens import tokenizer_for
 from gpt1_jax.flops import cpu_flags
+from gpt1_jax.interrupt import CtrlC
+from gpt1_jax.metrics import close_open_bars, read_metrics
+from gpt1_jax.model import init_params
+from gpt1_jax.optim import optimizer_state_bytes, uses_eval_params
+from gpt1_jax.tokenizer import GPT1Tokenizer
+from gpt1_jax.weights import load_pretrained
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "experiments" / "paper" / "pretrain.yaml"  # the paper-at-laptop-scale pre-training recipe
@@ -116,8 +131,6 @@ def curve_with_time(val: list[tuple[int, float]], times: dict[int, float]) -> li
 def pretrain_config(budget: dict, name: str, lr: float, seed: int, tokenizer: str, cache_dir: str | None):
     """The budget's base config (the recipe, or a preset) cut to `budget["steps"]` updates with the same
     schedule shape; the warmup is `warmup_share` of the run (default: the base config's share)."""
-    from gpt1_jax.config import PretrainConfig, apply_overrides, resolve
-
     b = budget
     base = resolve(PretrainConfig, b["config"], overrides=b["overrides"])
     warmup = max(1, round(b["steps"] * b.get("warmup_share", base.optim.warmup_steps / base.steps)))
@@ -136,10 +149,6 @@ def pretrain_config(budget: dict, name: str, lr: float, seed: int, tokenizer: st
 def prepare_tokenizer(study: Path, budget: dict, tokenizer: str | None) -> str:
     """One tokenizer for every run (the token cache, keyed by it, is then shared): `tokenizer` if given; for the
     full budget the recipe's own, from the release; otherwise a BPE trained once on the corpus."""
-    from gpt1_jax.config import PretrainConfig, resolve
-    from gpt1_jax.data.sources import open_source
-    from gpt1_jax.data.tokens import tokenizer_for
-
     if tokenizer:
         return str(Path(tokenizer).absolute()) if Path(tokenizer).exists() else tokenizer
     if budget["config"] == str(RECIPE) and (RELEASE / "tokenizer.json").is_file():
@@ -154,18 +163,13 @@ def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tok
                  cache_dir: str | None, records: Path | None = None) -> dict | None:
     """The run's record (made now, or found); None when the run stopped at a checkpoint before its last step
     (SIGTERM), which the next invocation resumes."""
-    from gpt1_jax.config import PretrainConfig, load_yaml
-    from gpt1_jax.metrics import read_metrics
-    from gpt1_jax.optim import optimizer_state_bytes, uses_eval_params
-    from gpt1_jax.pretrain import run
-
     workdir = study / "runs" / name / run_name(lr, seed)
     if (rec := load_record(workdir, records, study, {"steps": budget["steps"]})) is not None:
         return rec
     config = pretrain_config(budget, name, lr, seed, tokenizer, cache_dir)
     print(f"== {name} lr={lr:.3g} seed={seed} -> {workdir}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    outcome = run(config, workdir)
+    outcome = pretrain.run(config, workdir)
     wall = time.perf_counter() - t0
     if outcome.status == "preempted":  # no record: the next invocation resumes this run from its checkpoint
         print(f"{workdir} stopped at step {outcome.step} of {config.steps}", file=sys.stderr)
@@ -202,13 +206,6 @@ def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tok
 
 
 def _abstract_params(model):
-    import functools
-
-    import flax.linen as nn
-    import jax
-
-    from gpt1_jax.model import init_params
-
     return nn.meta.unbox(jax.eval_shape(functools.partial(init_params, model), jax.random.key(0)))
 
 
@@ -226,9 +223,6 @@ def bench_optimizer(study: Path, budget: dict, name: str, tokenizer_vocab: int, 
     """Median step time of `name`'s train step (forward + backward + update, `gpt1_jax.bench`) at the study's
     shape and at the 117M shape; written to <study>/bench/<name>.json (and kept under `records`, like a run's
     record) and merged into the table."""
-    from gpt1_jax import bench
-    from gpt1_jax.config import PretrainConfig, apply_overrides, preset
-
     out = study / "bench" / f"{name}.json"
     if (done := load_bench(study, records).get(name)) is not None:
         return done
@@ -286,10 +280,6 @@ def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, see
                  data_dir: str | None, records: Path | None = None) -> dict | None:
     """As pretrain_run. `model`: the ModelConfig of `init` (read once per study; run() reads the weights
     itself)."""
-    from gpt1_jax.config import FinetuneConfig, apply_overrides
-    from gpt1_jax.finetune import run
-    from gpt1_jax.optim import optimizer_state_bytes, uses_eval_params
-
     workdir = study / "runs" / name / run_name(lr, seed)
     b = budget
     same = {k: b[k] for k in ("epochs", "batch", "max_train", "max_eval", "n_ctx")} | {"init": shown(init)}
@@ -302,7 +292,7 @@ def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, see
     config = apply_overrides(FinetuneConfig(model=model), sets)
     print(f"== finetune {task} {name} lr={lr:.3g} seed={seed} -> {workdir}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    outcome = run(config, workdir, init=str(init), data_dir=data_dir, progress=True)
+    outcome = finetune.run(config, workdir, init=str(init), data_dir=data_dir, progress=True)
     wall = time.perf_counter() - t0
     if outcome.status == "preempted":  # no record: the next invocation resumes this run from its checkpoint
         print(f"{workdir} stopped at step {outcome.step} of {config.optim.total_steps}", file=sys.stderr)
@@ -336,8 +326,6 @@ def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, see
 def missing_data(args) -> str | None:
     """What is wrong with the data flags of this study, or None."""
     if args.study in ("pretrain", "bench"):
-        from gpt1_jax.data.sources import open_source
-
         try:
             open_source(args.corpus)  # parses the spec and checks the files exist; reads nothing
         except (OSError, ValueError) as e:
@@ -474,8 +462,6 @@ def pretrain_study(args, names: list[str], seeds: list[int]) -> tuple[list[dict]
 def bench_study(args, names: list[str], seeds: list[int]) -> None:
     """Each optimizer's bench step, then the pre-training results again with their cost columns; their rows:
     every optimizer that has runs, benched now or not."""
-    from gpt1_jax.tokenizer import GPT1Tokenizer
-
     study, _, _ = study_tables(args)[0]
     budget, tokenizer = pretrain_setup(args, study)
     vocab = GPT1Tokenizer.from_path(tokenizer).vocab_size
@@ -486,8 +472,6 @@ def bench_study(args, names: list[str], seeds: list[int]) -> None:
 
 def finetune_study(args, names: list[str], seeds: list[int]) -> tuple[list[dict], bool]:
     """One study per task, in turn; a run stopped at a checkpoint stops them all."""
-    from gpt1_jax.weights import load_pretrained
-
     budget = dict(FINETUNE[_budget_name(args)])
     init = best_pretrain_workdir(Path(args.init))
     model = load_pretrained(init)[0]  # the architecture, for the state bytes
@@ -513,8 +497,6 @@ def main(argv=None) -> int:
         rewrite_tables(args, names, seeds)
         return 0
     if args.compile_cache != "none":
-        from gpt1_jax import compile_cache
-
         compile_cache.enable(args.compile_cache)
     if args.study == "bench":
         bench_study(args, names, seeds)
@@ -529,11 +511,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    import signal
-
-    from gpt1_jax.interrupt import CtrlC
-    from gpt1_jax.metrics import close_open_bars
-
     # SIGTERM stops as Ctrl-C does, between two runs too; the guard re-raises one Python dropped in a gc callback.
     with CtrlC(signals=(signal.SIGINT, signal.SIGTERM)) as guard:
         try:

@@ -10,6 +10,8 @@ import shutil
 import statistics
 from pathlib import Path
 
+from gpt1_jax.files import atomic_write_text
+
 
 # ---- the grid ----------------------------------------------------------------------------------------
 
@@ -82,8 +84,6 @@ def finished_runs(study: Path, records: Path | None) -> list[dict]:
 
 def save_record(rec: dict, workdir: Path, records: Path | None, study: Path) -> None:
     """Whole files or none: a half-written record would stop the resumed study on a JSON error."""
-    from gpt1_jax.data.tokens import atomic_write_text
-
     atomic_write_text(workdir / "record.json", json.dumps(rec, indent=2) + "\n")
     if records is not None:  # the kept copy names no machine path: the run dir is relative to the study
         kept = _kept(workdir, records, study)

@@ -9,6 +9,9 @@ import shutil
 import statistics
 from pathlib import Path
 
+import matplotlib
+from matplotlib.ticker import MaxNLocator
+
 from experiments.optimizers.sweep import best_lr, bracket_gap, finite, median, score
 from gpt1_jax.flops import cpu_flags
 
@@ -271,9 +274,8 @@ def plot(study: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list
 
 
 def _pyplot():
-    import matplotlib
-
     matplotlib.use("Agg")  # files only: no display on servers and CI
+    # Imported after use("Agg"), matplotlib's order: at the top, use() would set the backend for every importer.
     import matplotlib.pyplot as plt
 
     return plt
@@ -287,8 +289,6 @@ def _save(plt, fig, path: Path) -> None:
 
 def _plot_curves(path: Path, field: str, xlabel: str, kind: str, runs: list[dict], rows: list[dict],
                  seeds: list[int]) -> None:
-    from matplotlib.ticker import MaxNLocator
-
     plt = _pyplot()
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)

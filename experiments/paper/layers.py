@@ -10,14 +10,15 @@ import statistics
 import sys
 from pathlib import Path
 
+import matplotlib
+
 from experiments.glue.common import Run, errors_of
 from experiments.paper.settings import Paper
 from experiments.paper.table5 import best_lr, cell, metric_name, run_all, run_of, score
+from gpt1_jax.weights import load_pretrained
 
 
 def n_layers(paper: Paper) -> int:
-    from gpt1_jax.weights import load_pretrained
-
     return load_pretrained(paper.release_dir)[0].n_layers
 
 
@@ -43,9 +44,8 @@ def layers_stage(paper: Paper) -> bool:
 
 
 def plot(curves: dict, out: Path) -> None:
-    import matplotlib
-
     matplotlib.use("Agg")
+    # Imported after use("Agg"), matplotlib's order: at the top, use() would set the backend for every importer.
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, max(len(curves), 1), figsize=(4.5 * max(len(curves), 1), 3.6), dpi=110, squeeze=False)

@@ -11,8 +11,13 @@ from pathlib import Path
 import yaml
 
 from experiments.paper.settings import RELEASE_MAX_BYTES, Paper, shown
+from gpt1_jax import pretrain
+from gpt1_jax.checkpoint import latest_step
 from gpt1_jax.config import PretrainConfig, resolve
 from gpt1_jax.errors import ConfigError
+from gpt1_jax.metrics import read_metrics
+from gpt1_jax.tokenizer import find_tokenizer
+from gpt1_jax.weights import load_pretrained, save_pretrained
 
 
 def pretrain_config(paper: Paper) -> PretrainConfig:
@@ -28,8 +33,6 @@ def pretrain_config(paper: Paper) -> PretrainConfig:
 
 def trained_step(workdir: Path) -> int | None:
     """The newest checkpoint's step, or None before the first one."""
-    from gpt1_jax.checkpoint import latest_step
-
     try:
         return latest_step(workdir / "checkpoints")
     except FileNotFoundError:
@@ -37,8 +40,6 @@ def trained_step(workdir: Path) -> int | None:
 
 
 def pretrain_stage(paper: Paper) -> bool | None:
-    from gpt1_jax import pretrain
-
     config = pretrain_config(paper)
     step = trained_step(paper.pretrain_dir)
     if step is not None and step >= config.steps:
@@ -61,10 +62,6 @@ def card_step(release: Path) -> int | None:
 
 def release_stage(paper: Paper) -> bool:
     """Exports the pre-training run's last checkpoint, unless the release already is that checkpoint."""
-    from gpt1_jax.metrics import read_metrics
-    from gpt1_jax.tokenizer import find_tokenizer
-    from gpt1_jax.weights import load_pretrained, save_pretrained
-
     step = trained_step(paper.pretrain_dir)
     if step is None:
         if (paper.release_dir / "config.json").is_file():

@@ -3,11 +3,16 @@ every stage found, from the files the stages wrote. Rewritten at the end of ever
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
+from unittest import mock
 
-from experiments.paper.settings import ARMS, Paper, shown
+from experiments.paper import layers, table5, zeroshot
+from experiments.paper.settings import ARMS, LAPTOP, RECIPE, TASKS, Paper, shown
 from experiments.paper.table5 import cell, goal, goal_line
+from gpt1_jax.config import PretrainConfig, load_yaml
+from gpt1_jax.metrics import read_metrics
 
 COMMAND = ("python -m experiments.paper.run --corpus ../shared/data/corpus/english_mixed.txt.gz "
            "--data-dir ../shared/data/glue --race ../shared/data/race.tar.gz")
@@ -22,9 +27,6 @@ def duration(seconds: float) -> str:
 def pretrain_seconds(paper: Paper) -> float | None:
     """Pre-training's step time from its metrics.jsonl (evaluations and saves aside), for a run that run.py
     did not time because it ran elsewhere."""
-    from gpt1_jax.config import PretrainConfig, load_yaml
-    from gpt1_jax.metrics import read_metrics
-
     if not (paper.pretrain_dir / "config.yaml").is_file():
         return None
     config = load_yaml(PretrainConfig, paper.pretrain_dir / "config.yaml")
@@ -35,8 +37,6 @@ def pretrain_seconds(paper: Paper) -> float | None:
 
 def pretrain_summary(paper: Paper) -> list[str]:
     """The validation curve of the pre-training run, and its loss plot copied beside the results."""
-    from gpt1_jax.metrics import read_metrics
-
     val = [{"step": r["step"], "val_loss": r["val_loss"], "val_ppl": r["val_ppl"]}
            for r in read_metrics(paper.pretrain_dir) if "val_ppl" in r]
     if val:
@@ -104,8 +104,6 @@ def zeroshot_summary(paper: Paper) -> list[str]:
 
 
 def write_readme(paper: Paper) -> None:
-    import os
-
     timings = paper.load_json("timings.json", {"stages": {}, "machine": ""})
     b = paper.budget
     stage_rows = [f"| {stage} | {duration(seconds)} |" for stage, seconds in timings["stages"].items()]
@@ -170,11 +168,6 @@ def rebuild_results(scratch: Path) -> None:
     training nothing: Table 5, lr_grid.json, Figure 2's plots and README.md. `scratch`: an empty folder for
     the run workdirs the kept records are put back into. pretrain_loss.png is the pre-training run's own plot
     (a copy), so it is not rebuilt."""
-    from unittest import mock
-
-    from experiments.paper import layers, table5, zeroshot
-    from experiments.paper.settings import LAPTOP, RECIPE, TASKS
-
     paper = Paper(out=scratch, budget_name="laptop", pretrain_config=str(RECIPE), tasks=TASKS,
                   layer_tasks=LAPTOP.layer_tasks)
     # the stages start a fine-tuning process for a run without a kept record; a rebuild must not train

@@ -20,7 +20,15 @@ import time
 from pathlib import Path
 
 from experiments.glue.common import missing_path
+from experiments.paper.diagnosis import diagnosis_stage
+from experiments.paper.layers import layers_stage
+from experiments.paper.release import pretrain_config, pretrain_stage, release_stage, trained_step
+from experiments.paper.report import write_readme
 from experiments.paper.settings import BUDGETS, RECIPE, STAGES, TASKS, Paper
+from experiments.paper.table5 import table5_stage
+from experiments.paper.zeroshot import zeroshot_stage
+from gpt1_jax import compile_cache
+from gpt1_jax.errors import ConfigError, GPT1JaxError
 
 PER_RUN_TIMES = ("table5", "layers", "diagnosis")  # their fine-tuning runs add their own time as each finishes (table5.run_all)
 
@@ -73,10 +81,6 @@ def paper_of(args: argparse.Namespace) -> Paper:
 
 def check_inputs(paper: Paper, stages: list[str]) -> None:
     """What a later stage needs that an earlier one will not make: fail now, not after an hour of training."""
-    from gpt1_jax.errors import ConfigError
-
-    from experiments.paper.release import pretrain_config, trained_step
-
     if "pretrain" in stages and paper.corpus is None:
         step = trained_step(paper.pretrain_dir)
         if step is None or step < pretrain_config(paper).steps:
@@ -93,18 +97,8 @@ def check_inputs(paper: Paper, stages: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gpt1_jax import compile_cache
-    from gpt1_jax.errors import GPT1JaxError
-
     args = parse_args(argv)
     paper = paper_of(args)
-    from experiments.paper.diagnosis import diagnosis_stage
-    from experiments.paper.layers import layers_stage
-    from experiments.paper.release import pretrain_stage, release_stage
-    from experiments.paper.report import write_readme
-    from experiments.paper.table5 import table5_stage
-    from experiments.paper.zeroshot import zeroshot_stage
-
     run = {"pretrain": pretrain_stage, "release": release_stage, "zeroshot": zeroshot_stage,
            "table5": table5_stage, "layers": layers_stage, "diagnosis": diagnosis_stage}
     try:

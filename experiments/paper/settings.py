@@ -7,7 +7,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
+
+import jax
+
+from gpt1_jax.files import atomic_write_text
 
 TASKS = ("cola", "sst2", "mrpc", "stsb", "rte")  # the GLUE tasks with train and dev files offline
 ARMS = ("full", "no_pretrain", "no_aux_lm")  # Table 5's rows (experiments/glue/common.py ABLATIONS)
@@ -147,10 +152,6 @@ class Paper:
 
     def add_time(self, stage: str, seconds: float) -> None:
         """Adds to the stage's wall-clock in results/timings.json (summed over sessions)."""
-        import os
-
-        import jax
-
         timings = self.load_json("timings.json", {"stages": {}})
         timings["stages"][stage] = timings["stages"].get(stage, 0.0) + seconds
         timings["machine"] = f"{os.cpu_count()} CPU cores, JAX on {jax.devices()[0].device_kind}"
@@ -164,8 +165,6 @@ class Paper:
             done.write_text(record.read_text())
 
     def save_text(self, name: str, text: str) -> Path:
-        from gpt1_jax.data.tokens import atomic_write_text
-
         path = self.results_dir / name
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, text)

@@ -19,9 +19,17 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import matplotlib
 import numpy as np
 
 from experiments.paper.settings import Paper
+from gpt1_jax.data.glue import load_split
+from gpt1_jax.data.race import load_race
+from gpt1_jax.data.tasks import bucket_len, subset
+from gpt1_jax.data.tokens import eod_id
+from gpt1_jax.model import GPT1
+from gpt1_jax.tokenizer import find_tokenizer
+from gpt1_jax.weights import load_pretrained
 
 CHANCE = {"sst2": 50.0, "cola": 0.0, "race": 25.0}  # a coin, a constant guess, one of four
 TOKENS_PER_BATCH = 8192  # rows x padded length per forward pass
@@ -32,8 +40,6 @@ TOKENS_PER_BATCH = 8192  # rows x padded length per forward pass
 @functools.partial(jax.jit, static_argnums=0)
 def _target_logprobs(config, params, tokens_BT, positions_BK, targets_BK):
     """log p(targets[b, k] | tokens[b, :positions[b, k] + 1]): the LM head only at the K scored positions."""
-    from gpt1_jax.model import GPT1
-
     model = GPT1(config)
     h_BTD = model.apply({"params": params}, tokens_BT)
     h_BKD = jnp.take_along_axis(h_BTD, positions_BK[..., None], axis=1)
@@ -47,8 +53,6 @@ def continuation_logprobs(config, params, pairs: list[tuple[list[int], list[int]
 
     Sequences are sorted by length and padded to a few bucketed shapes (powers of two), so a whole set
     costs a handful of compilations."""
-    from gpt1_jax.data.tasks import bucket_len
-
     n_ctx = config.n_positions
     seqs = []
     for context, continuation in pairs:
@@ -98,6 +102,8 @@ def sentence_scores(config, params, tok, examples: list[dict]) -> np.ndarray:
 
 def best_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
     """The cut (predict acceptable above it) with the highest Matthews correlation on these examples."""
+    # Imported here: sklearn takes ~1.6 s to import (more than jax), and only scoring CoLA needs it, not
+    # run.py's --help, report.py or regenerate, which import this module.
     from sklearn.metrics import matthews_corrcoef
 
     values = np.unique(scores)
@@ -106,7 +112,7 @@ def best_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
 
 
 def cola_mcc(config, params, tok, train: list[dict], dev: list[dict]) -> float:
-    from sklearn.metrics import matthews_corrcoef
+    from sklearn.metrics import matthews_corrcoef  # here: see best_threshold
 
     cut = best_threshold(sentence_scores(config, params, tok, train), np.asarray([ex["label"] for ex in train]))
     dev_scores = sentence_scores(config, params, tok, dev)
@@ -122,8 +128,6 @@ def race_accuracy(config, params, tok, examples: list[dict]) -> float:
 
 
 def _eod(tok) -> int:
-    from gpt1_jax.data.tokens import eod_id
-
     return eod_id(tok)
 
 
@@ -131,10 +135,6 @@ def _eod(tok) -> int:
 
 def load_sets(paper: Paper) -> dict[str, list[dict]]:
     """The evaluation sets, each a fixed subset (the same at every checkpoint)."""
-    from gpt1_jax.data.glue import load_split
-    from gpt1_jax.data.race import load_race
-    from gpt1_jax.data.tasks import subset
-
     n = paper.budget.zeroshot_examples
     glue = lambda task, split: load_split(task, split, paper.data_dir, paper.tfds_dir)
     sets = {"sst2": glue("sst2", "validation"), "cola_train": glue("cola", "train"), "cola": glue("cola", "validation"),
@@ -148,9 +148,6 @@ def kept_steps(workdir: Path) -> list[int]:
 
 
 def zeroshot_stage(paper: Paper) -> bool:
-    from gpt1_jax.tokenizer import find_tokenizer
-    from gpt1_jax.weights import load_pretrained
-
     if not (paper.pretrain_dir / "checkpoints").is_dir():
         raise FileNotFoundError(f"{paper.pretrain_dir}: no pre-training checkpoints (run the pretrain stage first)")
     sets = None
@@ -191,9 +188,8 @@ def tick_labels(xs: list[str], min_ratio: float = 1.25) -> list[str]:
 
 
 def plot(steps: dict[str, dict[str, float]], out: Path) -> None:
-    import matplotlib
-
     matplotlib.use("Agg")
+    # Imported after use("Agg"), matplotlib's order: at the top, use() would set the backend for every importer.
     import matplotlib.pyplot as plt
 
     xs = sorted(steps, key=int)

@@ -30,8 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-SHARED = REPO.parent / "shared" / "data"
+from tqdm.auto import tqdm
 
 from gpt1_jax.config import MODEL_PRESETS
 from gpt1_jax.data.bench import benchmark_iterator
@@ -40,6 +39,8 @@ from gpt1_jax.data.sources import open_source
 from gpt1_jax.data.tokens import encode_documents, eod_id, token_dtype, tokenize_to_cache, tokenizer_for
 from gpt1_jax.flops import ACCELERATOR_PEAK_FLOPS, flops_per_token
 
+REPO = Path(__file__).resolve().parents[2]
+SHARED = REPO.parent / "shared" / "data"
 MANIFEST = "manifest.json"
 SAMPLE_DOCS = 5000  # documents tokenised to estimate tokens per character
 
@@ -54,8 +55,6 @@ def tokens_per_char(docs: list[str], tokenizer) -> float:
 
 def generate_corpus(out: Path, docs: list[str], target_chars: int, n_files: int, seed: int) -> int:
     """Shuffled passes over `docs` until `target_chars`, dealt to `n_files` gzip files; returns chars written."""
-    from tqdm.auto import tqdm
-
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

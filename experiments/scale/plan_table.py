@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+import matplotlib
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 RECORDS = RESULTS / "records"
@@ -188,9 +190,8 @@ def markdown(rows: list[dict], levers: list[dict]) -> str:
 
 
 def plot(rows: list[dict], out: Path) -> None:
-    import matplotlib
-
     matplotlib.use("Agg")
+    # Imported after use("Agg"), matplotlib's order: at the top, use() would set the backend for every importer.
     import matplotlib.pyplot as plt
 
     pods = list(PODS)
