@@ -14,6 +14,7 @@ GPT1_JAX_SHARED=/nonexistent runs the suite as a fresh clone would.
 import atexit
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -25,6 +26,10 @@ os.environ["XLA_FLAGS"] = " ".join(
     + ["--xla_force_host_platform_device_count=8"]
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# A suite started in the background of a shell without job control (`nohup ... &`) inherits SIGINT ignored and
+# hands that to every process it starts: the Ctrl-C tests need Python's own handler, as a terminal gives it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # The many short runs in subprocesses compile the same tiny programs: JAX's persistent cache (keyed by the
 # program, jax's version and the devices) lets them share the compilations within one test session.
 _XLA_CACHE = tempfile.mkdtemp(prefix="gpt1-jax-tests-xla-")
