@@ -222,7 +222,8 @@ class GPT1(nn.Module):
         """Tied LM head over the token rows (specials included once appended), in float32 for the loss."""
         if self.config.dtype == "float32":
             return self.tokens_embed.attend(h_BTD).astype(jnp.float32)
-        return mixed_einsum("btd,vd->btv", h_BTD, self.tokens_embed.embedding, jnp.dtype(self.config.dtype))
+        # "...": generation asks for the last position only, (B, D)
+        return mixed_einsum("...d,vd->...v", h_BTD, self.tokens_embed.embedding, jnp.dtype(self.config.dtype))
 
 
 def init_params(config: ModelConfig, rng: jax.Array | int = 0, seq_len: int | None = None):

@@ -29,6 +29,17 @@ def test_greedy_with_kv_cache_equals_full_recompute(scan_layers):
     assert len(set(got)) > 1  # not a degenerate repetition that would hide a position bug
 
 
+def test_bf16_compute_samples_what_its_own_forward_pass_predicts():
+    """A bfloat16 model generates (its tied LM head once took only (B, T, D)): greedy from the cache is the argmax
+    of a full bf16 forward pass."""
+    config = dataclasses.replace(model_preset("tiny"), dtype="bfloat16")
+    params = nn.meta.unbox(gpt1_jax.init_params(config, 2))
+    prompt = [5, 17, 3]
+    first = sample(config, params, prompt, max_new_tokens=1, temperature=0.0)[0]
+    logits = np.asarray(gpt1_jax.lm_logits(config, params, np.asarray([prompt])))[0, -1]
+    assert first == [int(np.argmax(logits))]
+
+
 def test_sampling_is_seeded_and_respects_the_context():
     config = model_preset("tiny")
     params = nn.meta.unbox(gpt1_jax.init_params(config, 1))
