@@ -45,7 +45,7 @@ from gpt1_jax import workdir as run_folder
 from gpt1_jax.config import (DataConfig, FinetuneConfig, ModelConfig, PretrainConfig, apply_overrides, guarded_text,
                              resolve)
 from gpt1_jax.errors import ConfigError, DivergenceError, GPT1JaxError, Interrupted
-from gpt1_jax.integrity import DIGESTS, checkpoint_steps, record, verify_checkpoints
+from gpt1_jax.integrity import DIGESTS, checkpoint_steps, newest_checkpoint, record, verify_checkpoints
 from gpt1_jax.interrupt import CtrlC
 from gpt1_jax.metrics import close_open_bars
 from gpt1_jax.weights import convert, load_pretrained
@@ -590,10 +590,7 @@ def _last_checkpoint(args: argparse.Namespace) -> int | None:
     """The newest finished checkpoint of a training verb's workdir (None: none, or not a training verb)."""
     if args.verb not in ("pretrain", "finetune"):
         return None
-    try:
-        return checkpoint_steps(Path(args.workdir) / "checkpoints")[-1]
-    except (OSError, IndexError):
-        return None
+    return newest_checkpoint(Path(args.workdir) / "checkpoints")
 
 
 def _interrupted_line(args: argparse.Namespace, error: KeyboardInterrupt) -> int:

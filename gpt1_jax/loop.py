@@ -188,8 +188,8 @@ class Loop:
         if preemption.requested and preemption.signum == signal.SIGINT:
             raise Interrupted(f"interrupted (Ctrl-C) at step {step}: checkpoint saved; run the same command to resume",
                               step=step)
-        status = "preempted" if preemption.requested else "finished"
-        return Outcome(status, step, dict(self._last), state=state)
+        # A signal that came after the last step, or with it, stopped nothing: the run is finished.
+        return Outcome("finished" if step == self.steps else "preempted", step, dict(self._last), state=state)
 
     def _steps(self, state, batches: Batches, start: int, preemption: Preemption):
         """The steps themselves -> (state, the last step run)."""
@@ -258,7 +258,6 @@ class Loop:
         if "mfu" in fields:
             shown["mfu"] = f"{fields['mfu']:.1%}"
         self.progress.update(1, **shown)
-
 
 
 def resume_step(checkpointer, model_config) -> int:
