@@ -103,6 +103,7 @@ class Paper:
     data_dir: str | None = None  # GLUE's TSV distribution; None: tensorflow-datasets downloads it
     race: str | None = None
     tfds_dir: str | None = None
+    train: bool = True  # False: only what kept records hold (experiments.regenerate); a missing run is an error
 
     @property
     def budget(self) -> Budget:

@@ -49,7 +49,10 @@ def run_all(paper: Paper, runs: list[Run], stage: str = "table5") -> int:
     wall-clock to `stage` as it finishes (a stage spanning sessions keeps its time); -> how many ran now."""
     for r in runs:
         paper.restore_record(r.workdir)
-    fresh = sum(not (r.workdir / "results.json").is_file() for r in runs)
+    missing = [str(r.workdir) for r in runs if not (r.workdir / "results.json").is_file()]
+    if missing and not paper.train:
+        raise FileNotFoundError(f"no kept record (results/runs/) for {', '.join(missing)}: a rebuild trains nothing")
+    fresh = len(missing)
 
     def keep(r: Run) -> None:
         paper.save_record(r.workdir, r.results)
