@@ -1,58 +1,39 @@
-"""Shared by the paper-table scripts: run `gpt1-jax finetune` per (ablation, task, seed) in a subprocess,
-collect results.json files, and format mean ± std tables beside the paper's numbers.
-
-Runs are resumable: a run whose results.json exists is not repeated. Each run is its own process, so
-one task's failure (e.g. a split that is not available) is recorded and the others go on.
+"""Shared by the GLUE tables (glue_table.py, race_table.py) and the paper's Table 5 (experiments/paper/): what
+makes each of Table 5's arms, the --quick fine-tuning config, and the mean ± std cells. The runs themselves go
+through experiments/harness.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
-import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from experiments.harness import Done
+from gpt1_jax.config import FinetuneConfig, apply_overrides, preset
 
-# Table 5 (docs/gpt1.md): which finetune flags make each ablation.
-ABLATIONS = {
-    "full": [],
-    "no_pretrain": ["no-pretrain"],  # marker: --init scratch:SOURCE (or none)
-    "no_aux_lm": ["--lm-coef", "0"],
-}
-QUICK_FLAGS = ["--config", "tiny", "--epochs", "1", "--batch-size", "8", "--max-train-examples", "64",
-               "--max-eval-examples", "32"]
+# Table 5 (docs/gpt1.md): no_pretrain starts from random weights at the init source's architecture and
+# vocabulary (--init scratch:SOURCE; `none` stays none), no_aux_lm fine-tunes without the auxiliary LM loss.
+ABLATIONS = ("full", "no_pretrain", "no_aux_lm")
 
 
-@dataclasses.dataclass
-class Run:
-    ablation: str
-    task: str
-    seed: int
-    workdir: Path
-    flags: list[str] = dataclasses.field(default_factory=list)  # this run's own finetune flags (lr, layers, ...)
-    results: dict | None = None
-    error: str | None = None
-    seconds: float = 0.0  # wall-clock of the process that made `results` here (0: done before)
+def ablation(arm: str, config: FinetuneConfig, init: str) -> tuple[FinetuneConfig, str]:
+    """(the arm's config, its init source) from the full arm's."""
+    if arm == "no_aux_lm":
+        return dataclasses.replace(config, lm_coef=0.0), init
+    if arm == "no_pretrain" and init != "none":
+        return config, f"scratch:{init}"
+    return config, init
 
 
-def split_passthrough(argv: list[str] | None) -> tuple[list[str], list[str]]:
-    """(the script's own arguments, those after `--`, which go to every `gpt1-jax finetune` call)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--" not in argv:
-        return argv, []
-    i = argv.index("--")
-    return argv[:i], argv[i + 1:]
-
-
-def init_for(ablation: str, init: str) -> str:
-    if ablation != "no_pretrain" or init == "none":
-        return init
-    return f"scratch:{init}"  # the same architecture and vocabulary, random weights
+def table_config(quick: bool, sets: list[str]) -> FinetuneConfig:
+    """The GLUE/RACE tables' base config: the paper's recipe, or --quick's (the `tiny` model, one epoch of 64
+    examples, 32 dev examples), then the user's --set KEY=VALUE (checked now, before any run starts)."""
+    config = FinetuneConfig()
+    if quick:
+        config = dataclasses.replace(preset(FinetuneConfig, "tiny"), epochs=1, batch_size=8, max_train_examples=64,
+                                     max_eval_examples=32)
+    return apply_overrides(config, sets)
 
 
 def missing_path(flag: str, path: str | None) -> str | None:
@@ -60,44 +41,6 @@ def missing_path(flag: str, path: str | None) -> str | None:
     if path is None or Path(path).exists():
         return None
     return f"{flag} {path}: no such file or directory"
-
-
-def finetune_argv(run: Run, init: str, data_dir: str | None, quick: bool, extra: list[str]) -> list[str]:
-    argv = [sys.executable, "-m", "gpt1_jax.cli", "finetune", "--task", run.task, "--init", init_for(run.ablation, init),
-            "--workdir", str(run.workdir), "--seed", str(run.seed), "--no-progress"]
-    if data_dir is not None:  # else gpt1-jax finetune downloads GLUE with tensorflow-datasets
-        argv += ["--data-dir", data_dir]
-    argv += [a for a in ABLATIONS[run.ablation] if a != "no-pretrain"]
-    if quick:
-        argv += QUICK_FLAGS
-    return argv + run.flags + extra
-
-
-def execute(runs: list[Run], init: str, data_dir: str | None, quick: bool, extra: list[str],
-            on_result: Callable[[Run], None] | None = None) -> None:
-    """Runs each run not done before, one `gpt1-jax finetune` process at a time. `on_result(run)` is called as
-    soon as a run has its results (done before or now), so a sweep stopped mid-way has kept what finished."""
-    for i, run in enumerate(runs, 1):
-        out = run.workdir / "results.json"
-        if out.is_file():
-            run.results = json.loads(out.read_text())
-            print(f"[{i}/{len(runs)}] {run.workdir}: done before", file=sys.stderr)
-            if on_result:
-                on_result(run)
-            continue
-        argv = finetune_argv(run, init, data_dir, quick, extra)
-        print(f"[{i}/{len(runs)}] {' '.join(argv[2:])}", file=sys.stderr)
-        t0 = time.perf_counter()
-        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
-        run.seconds = time.perf_counter() - t0
-        if proc.returncode == 0 and out.is_file():
-            run.results = json.loads(out.read_text())
-            if on_result:
-                on_result(run)
-        else:
-            lines = (proc.stderr or proc.stdout).strip().splitlines()
-            run.error = lines[-1] if lines else f"exit status {proc.returncode}"
-            print(f"    failed: {run.error}", file=sys.stderr)
 
 
 def mean_std(values: list[float], scale: float = 100.0) -> str:
@@ -109,13 +52,12 @@ def mean_std(values: list[float], scale: float = 100.0) -> str:
     return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
 
 
-def metric_values(runs: list[Run], metric: str) -> list[float]:
-    return [r.results["metrics"][metric] for r in runs if r.results and metric in r.results["metrics"]]
+def metric_values(dones: list[Done], metric: str) -> list[float]:
+    return [d.record["metrics"][metric] for d in dones if d.record and d.record["metrics"].get(metric) is not None]
 
 
-def errors_of(runs: list[Run]) -> str:
-    errs = sorted({r.error for r in runs if r.error})
-    return "; ".join(errs)
+def errors_of(dones: list[Done]) -> str:
+    return "; ".join(sorted({d.error for d in dones if d.error}))
 
 
 def write_table(path: Path, title: str, lines: list[str]) -> str:

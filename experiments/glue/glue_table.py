@@ -8,17 +8,21 @@ or `none`) and no auxiliary LM (`--lm-coef 0`).
 
     python -m experiments.glue.glue_table --init runs/pretrain --seeds 0 1 2 --out runs/glue
     python -m experiments.glue.glue_table --quick --init none --out /tmp/glue-quick   # smoke test, ~minutes
-Extra arguments after `--` go to every `gpt1-jax finetune` call (e.g. `-- --set optim.lr=1e-4`).
+`--set KEY=VALUE` (repeatable) changes any FinetuneConfig field of every run (e.g. `--set optim.lr=1e-4`).
+Runs go through experiments/harness.py: each is done once its OUT/<ablation>/<task>/seed<k>/record.json exists.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
-from experiments.glue.common import split_passthrough, ABLATIONS, Run, errors_of, execute, mean_std, metric_values, missing_path, write_table
+from experiments import harness
+from experiments.glue.common import ABLATIONS, ablation, errors_of, mean_std, metric_values, missing_path, table_config, write_table
 from gpt1_jax.data.glue import GLUE_TASKS, split_available
+from gpt1_jax.errors import ConfigError
 
 # The paper's numbers (docs/gpt1.md, "Results"): task -> [(metric, GPT-1)].
 PAPER = {
@@ -45,9 +49,8 @@ def available_tasks(data_dir: str | None) -> tuple[list[str], list[str]]:
     return ok, missing
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv, extra = split_passthrough(argv)
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--init", required=True, help="pre-training workdir, HF/original checkpoint folder, or none")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--tasks", default=None, help="comma-separated (default: every task available in --data-dir)")
@@ -56,20 +59,37 @@ def main(argv: list[str] | None = None) -> int:
                    "default: tensorflow-datasets downloads GLUE)")
     p.add_argument("--out", required=True, help="folder for runs (OUT/<ablation>/<task>/seed<k>/) and table.md")
     p.add_argument("--quick", action="store_true", help="tiny model, 64 train / 32 dev examples, 1 epoch: a smoke test")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a FinetuneConfig field of every run")
+    p.add_argument("--tfds-dir", default=None, help="where tensorflow-datasets prepares GLUE (default: ~/.cache/gpt1_jax/tfds)")
     args = p.parse_args(argv)
-
-    ablations = args.ablations.split(",")
-    bad = [a for a in ablations if a not in ABLATIONS]
+    args.ablations = args.ablations.split(",")
+    bad = [a for a in args.ablations if a not in ABLATIONS]
     if bad:
         p.error(f"unknown ablation(s) {bad}; known: {', '.join(ABLATIONS)}")
-    bad_path = missing_path("--data-dir", args.data_dir)
-    if bad_path:
+    if bad_path := missing_path("--data-dir", args.data_dir):
         p.exit(2, f"{p.prog}: error: {bad_path}\n")
+    try:
+        args.config = table_config(args.quick, args.set)
+    except ConfigError as e:
+        p.exit(2, f"{p.prog}: error: --set: {e}\n")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    ablations = args.ablations
     available, missing = available_tasks(args.data_dir)
     tasks = args.tasks.split(",") if args.tasks else available
     out = Path(args.out)
-    runs = [Run(a, t, s, out / a / t / f"seed{s}") for a in ablations for t in tasks for s in args.seeds]
-    execute(runs, args.init, args.data_dir, args.quick, extra)
+    keys = [(a, t, s) for a in ablations for t in tasks for s in args.seeds]
+    runs = []
+    for a, t, s in keys:
+        config, init = ablation(a, dataclasses.replace(args.config, task=t, seed=s), args.init)
+        runs.append(harness.Run(config, out / a / t / f"seed{s}", init, args.data_dir, args.tfds_dir))
+    dones = harness.sweep(runs, harness.Records(out), harness.finetune_record)
+    if dones is None:  # a run stopped at a checkpoint (SIGTERM)
+        return 130
+    by_key = dict(zip(keys, dones))
 
     data = f"`{args.data_dir}`" if args.data_dir else "tensorflow-datasets' GLUE download"
     lines = [f"init: `{args.init}`; seeds: {args.seeds}; data: {data}" + ("; **quick mode**" if args.quick else ""),
@@ -80,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, (metric, paper) in enumerate(PAPER.get(task, [("accuracy", None)])):
             cells = []
             for a in ablations:
-                group = [r for r in runs if r.task == task and r.ablation == a]
+                group = [d for (ka, kt, _), d in by_key.items() if kt == task and ka == a]
                 values = metric_values(group, metric)
                 cells.append(mean_std(values) if values else f"failed: {errors_of(group)}" if errors_of(group) else "–")
                 if i == 0 and values:
@@ -95,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["", f"Not run (train or dev split not in {args.data_dir}): {', '.join(missing)}"]
     text = write_table(out / "table.md", "GPT-1 fine-tuning on GLUE (dev)", lines)
     print(text)
-    return 0 if all(r.results for r in runs) else 1
+    return 0 if all(d.record for d in dones) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(main, "glue_table"))

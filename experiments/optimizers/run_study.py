@@ -33,10 +33,10 @@ use x, so this runner reports what the runs log.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import shutil
-import signal
 import sys
 import time
 from pathlib import Path
@@ -45,17 +45,17 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from experiments.optimizers.sweep import (finished_runs, finite, load_record, lr_grid, median, run_name, save_record,
-                                          study_loop)
+from experiments import harness
+from experiments.optimizers.sweep import finite, lr_grid, median, run_name, study_loop
 from experiments.optimizers.tables import REFERENCE, load_bench, write_outputs
 from experiments.paper.settings import shown
-from gpt1_jax import bench, compile_cache, finetune, pretrain  # the modules: tests patch pretrain.run, finetune.run
-from gpt1_jax.config import FinetuneConfig, PretrainConfig, apply_overrides, load_yaml, preset, resolve
+from gpt1_jax import bench, compile_cache
+from gpt1_jax.config import FinetuneConfig, PretrainConfig, load_yaml, preset, resolve
 from gpt1_jax.data.sources import open_source
 from gpt1_jax.data.tokens import tokenizer_for
 from gpt1_jax.flops import cpu_flags
-from gpt1_jax.interrupt import CtrlC
-from gpt1_jax.metrics import close_open_bars, read_metrics
+from gpt1_jax.loop import Outcome
+from gpt1_jax.metrics import read_metrics
 from gpt1_jax.model import init_params
 from gpt1_jax.optim import optimizer_state_bytes, uses_eval_params
 from gpt1_jax.tokenizer import GPT1Tokenizer
@@ -87,10 +87,10 @@ SPECS: dict[str, dict[str, Any]] = {
 # 2 cores at the recipe's ~2,400 tokens/s.
 PRETRAIN = {
     "full": dict(config=str(RECIPE), steps=800, warmup_share=300 / 800, eval_every=100, eval_batches=0,
-                 overrides=()),
+                 data={}),
     "quick": dict(config="tiny", steps=24, eval_every=8, eval_batches=4, bench_steps=1, bench_warmup=0,
                   bench_shapes={"gpt1_117M": ("gpt1", 1, 64)},
-                  overrides=("data.global_batch_size=8", "data.seq_len=64")),
+                  data=dict(global_batch_size=8, seq_len=64)),
 }
 # Fine-tuning: the paper's recipe (batch 32, 3 epochs, linear decay after 0.2% warmup, lambda 0.5) on 1,000
 # training examples per task (a fixed subset per seed) and the whole dev set.
@@ -128,22 +128,22 @@ def curve_with_time(val: list[tuple[int, float]], times: dict[int, float]) -> li
 
 # ---- pre-training -------------------------------------------------------------------------------------
 
+def base_config(budget: dict) -> PretrainConfig:
+    """The budget's config before the study sets anything: the recipe or a preset, at the budget's data shape."""
+    base = resolve(PretrainConfig, budget["config"])
+    return dataclasses.replace(base, data=dataclasses.replace(base.data, **budget["data"]))
+
+
 def pretrain_config(budget: dict, name: str, lr: float, seed: int, tokenizer: str, cache_dir: str | None):
     """The budget's base config (the recipe, or a preset) cut to `budget["steps"]` updates with the same
     schedule shape; the warmup is `warmup_share` of the run (default: the base config's share)."""
-    b = budget
-    base = resolve(PretrainConfig, b["config"], overrides=b["overrides"])
+    b, base, r = budget, base_config(budget), dataclasses.replace
     warmup = max(1, round(b["steps"] * b.get("warmup_share", base.optim.warmup_steps / base.steps)))
-    sets = [
-        f"data.source={b['source']}", f"data.tokenizer={tokenizer}", f"steps={b['steps']}", f"seed={seed}",
-        f"data.seed={seed}", f"eval_every={b['eval_every']}", f"eval_batches={b['eval_batches']}",
-        f"checkpoint_every={b['eval_every']}", "log_every=1", "keep_checkpoints=1", "keep_steps=[]",
-        f"optim.name={name}", f"optim.lr={lr}", f"optim.warmup_steps={warmup}", f"optim.total_steps={b['steps']}",
-    ]
-    if cache_dir:
-        sets.append(f"data.cache_dir={cache_dir}")
-    sets += [f"optim.{k}={v}" for k, v in SPECS[name]["overrides"].items()]
-    return apply_overrides(base, sets)
+    data = r(base.data, source=b["source"], tokenizer=tokenizer, seed=seed, cache_dir=cache_dir or base.data.cache_dir)
+    optim = r(base.optim, name=name, lr=lr, warmup_steps=warmup, total_steps=b["steps"], **SPECS[name]["overrides"])
+    return r(base, data=data, optim=optim, steps=b["steps"], seed=seed, eval_every=b["eval_every"],
+             eval_batches=b["eval_batches"], checkpoint_every=b["eval_every"], log_every=1, keep_checkpoints=1,
+             keep_steps=())
 
 
 def prepare_tokenizer(study: Path, budget: dict, tokenizer: str | None) -> str:
@@ -153,7 +153,7 @@ def prepare_tokenizer(study: Path, budget: dict, tokenizer: str | None) -> str:
         return str(Path(tokenizer).absolute()) if Path(tokenizer).exists() else tokenizer
     if budget["config"] == str(RECIPE) and (RELEASE / "tokenizer.json").is_file():
         return str(RELEASE / "tokenizer.json")
-    vocab = resolve(PretrainConfig, budget["config"], overrides=budget["overrides"]).data.vocab_size
+    vocab = base_config(budget).data.vocab_size
     tokdir = study / "tokenizer"
     tokenizer_for(open_source(budget["source"]), tokdir, vocab_size=vocab, tokenizer="train")
     return str((tokdir / "tokenizer.json").absolute())
@@ -163,19 +163,22 @@ def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tok
                  cache_dir: str | None, records: Path | None = None) -> dict | None:
     """The run's record (made now, or found); None when the run stopped at a checkpoint before its last step
     (SIGTERM), which the next invocation resumes."""
-    workdir = study / "runs" / name / run_name(lr, seed)
-    if (rec := load_record(workdir, records, study, {"steps": budget["steps"]})) is not None:
+    workdir, kept, same = study / "runs" / name / run_name(lr, seed), harness.Records(study, records), {"steps": budget["steps"]}
+    if (rec := kept.load(workdir, same)) is not None:
         return rec
-    config = pretrain_config(budget, name, lr, seed, tokenizer, cache_dir)
     print(f"== {name} lr={lr:.3g} seed={seed} -> {workdir}", file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    outcome = pretrain.run(config, workdir)
-    wall = time.perf_counter() - t0
-    if outcome.status == "preempted":  # no record: the next invocation resumes this run from its checkpoint
-        print(f"{workdir} stopped at step {outcome.step} of {config.steps}", file=sys.stderr)
-        return None
-    diverged = outcome.status == "diverged"  # recorded, and the study goes on
-    error = f"DivergenceError: {outcome.message}" if diverged else None
+    run = harness.Run(pretrain_config(budget, name, lr, seed, tokenizer, cache_dir), workdir)
+    summarize = functools.partial(pretrain_record, study=study, name=name, lr=lr, seed=seed, tokenizer=tokenizer)
+    done = harness.make(run, kept, summarize, same)
+    return None if done is None else done.record
+
+
+def pretrain_record(run: harness.Run, outcome: Outcome, wall: float, *, study: Path, name: str, lr: float, seed: int,
+                    tokenizer: str) -> dict:
+    """A pre-training run's record: its validation curve and costs; a diverged run is recorded as diverged (the
+    study goes on)."""
+    config, workdir = run.config, run.workdir
+    diverged = outcome.status == "diverged"
     if Path(tokenizer).is_file() and not (workdir / "tokenizer.json").exists():  # finetune --init reads it there
         shutil.copy(tokenizer, workdir / "tokenizer.json")
     metrics = read_metrics(workdir)
@@ -185,8 +188,9 @@ def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tok
     saved = workdir / "config.yaml"  # run() writes it with the tokenizer's real vocabulary size
     model = load_yaml(PretrainConfig, saved).model if saved.is_file() else config.model
     finals = [l for _, l in val]
-    rec = {
-        "study": "pretrain", "optimizer": name, "lr": lr, "seed": seed, "workdir": str(workdir),
+    _prune_checkpoints(workdir)
+    return {
+        "study": "pretrain", "optimizer": name, "lr": lr, "seed": seed, "workdir": str(workdir.relative_to(study)),
         "steps": config.steps, "tokens": config.steps * tokens_per_step, "tokens_per_step": tokens_per_step,
         "schedule": f"{config.optim.schedule}, warmup {config.optim.warmup_steps} of {config.optim.total_steps}",
         "vocab_size": model.vocab_size,
@@ -197,12 +201,9 @@ def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tok
         "tokens_per_s": median(r.get("tokens_per_s") for r in metrics if r.get("step", 0) > 1),
         "train_seconds": round(sum(times.values()), 2), "wall_seconds": round(wall, 2),
         "optimizer_state_bytes": optimizer_state_bytes(config.optim, _abstract_params(model)),
-        "diverged": diverged, "error": error,
+        "diverged": diverged, "error": f"DivergenceError: {outcome.message}" if diverged else None,
         "cpu_flags": " ".join(cpu_flags()),  # a study spanning sessions may span CPU kinds: its seconds differ
     }
-    _prune_checkpoints(workdir)
-    save_record(rec, workdir, records, study)
-    return rec
 
 
 def _abstract_params(model):
@@ -230,13 +231,14 @@ def bench_optimizer(study: Path, budget: dict, name: str, tokenizer_vocab: int, 
     shapes = dict(BENCH_SHAPES, **budget.get("bench_shapes", {}))
     for shape, spec in shapes.items():
         if spec is None:  # the study's own config, its vocabulary as the tokenizer makes it
-            config = apply_overrides(pretrain_config(budget, name, SPECS[name]["pretrain_lr"], 0, "train", None),
-                                     [f"model.vocab_size={tokenizer_vocab}"])
+            config = pretrain_config(budget, name, SPECS[name]["pretrain_lr"], 0, "train", None)
+            config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=tokenizer_vocab))
         else:
             preset_name, batch, seq = spec
-            config = apply_overrides(preset(PretrainConfig, preset_name), [
-                f"data.global_batch_size={batch}", f"data.seq_len={seq}", f"optim.name={name}",
-                *(f"optim.{k}={v}" for k, v in SPECS[name]["overrides"].items())])
+            config = preset(PretrainConfig, preset_name)
+            config = dataclasses.replace(
+                config, data=dataclasses.replace(config.data, global_batch_size=batch, seq_len=seq),
+                optim=dataclasses.replace(config.optim, name=name, **SPECS[name]["overrides"]))
         print(f"== bench {name} at {shape}", file=sys.stderr, flush=True)
         r = bench.run(config, steps=budget.get("bench_steps", 5), warmup=budget.get("bench_warmup", 2))
         B, T = config.data.global_batch_size, config.data.seq_len
@@ -280,31 +282,32 @@ def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, see
                  data_dir: str | None, records: Path | None = None) -> dict | None:
     """As pretrain_run. `model`: the ModelConfig of `init` (read once per study; run() reads the weights
     itself)."""
-    workdir = study / "runs" / name / run_name(lr, seed)
-    b = budget
+    b, workdir, kept = budget, study / "runs" / name / run_name(lr, seed), harness.Records(study, records)
     same = {k: b[k] for k in ("epochs", "batch", "max_train", "max_eval", "n_ctx")} | {"init": shown(init)}
-    if (rec := load_record(workdir, records, study, same)) is not None:
+    if (rec := kept.load(workdir, same)) is not None:
         return rec
-    sets = [f"task={task}", f"epochs={b['epochs']}", f"batch_size={b['batch']}", f"seed={seed}",
-            f"max_train_examples={b['max_train']}", f"max_eval_examples={b['max_eval']}", f"n_ctx={b['n_ctx']}",
-            f"optim.name={name}", f"optim.lr={lr}"]
-    sets += [f"optim.{k}={v}" for k, v in SPECS[name]["overrides"].items()]
-    config = apply_overrides(FinetuneConfig(model=model), sets)
     print(f"== finetune {task} {name} lr={lr:.3g} seed={seed} -> {workdir}", file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    outcome = finetune.run(config, workdir, init=str(init), data_dir=data_dir, progress=True)
-    wall = time.perf_counter() - t0
-    if outcome.status == "preempted":  # no record: the next invocation resumes this run from its checkpoint
-        print(f"{workdir} stopped at step {outcome.step} of {config.optim.total_steps}", file=sys.stderr)
-        return None
+    base = FinetuneConfig(model=model)
+    config = dataclasses.replace(
+        base, task=task, epochs=b["epochs"], batch_size=b["batch"], seed=seed, max_train_examples=b["max_train"],
+        max_eval_examples=b["max_eval"], n_ctx=b["n_ctx"],
+        optim=dataclasses.replace(base.optim, name=name, lr=lr, **SPECS[name]["overrides"]))
+    run = harness.Run(config, workdir, str(init), data_dir)
+    summarize = functools.partial(finetune_record, study=study, name=name, lr=lr, seed=seed, same=same)
+    done = harness.make(run, kept, summarize, same)
+    return None if done is None else done.record
+
+
+def finetune_record(run: harness.Run, outcome: Outcome, wall: float, *, study: Path, name: str, lr: float, seed: int,
+                    same: dict) -> dict:
+    config, workdir = run.config, run.workdir
     diverged = outcome.status == "diverged"
-    error = f"DivergenceError: {outcome.message}" if diverged else None
     results = outcome.results
     metric = results["main_metric"] if results else None
     history = results["history"] if results else []
-    rec = {
-        "study": "finetune", "optimizer": name, "lr": lr, "seed": seed, "workdir": str(workdir), "task": task,
-        "metric": metric, "final_val_loss": None, "best_val_loss": None,  # one schema; see dev_*
+    return {
+        "study": "finetune", "optimizer": name, "lr": lr, "seed": seed, "workdir": str(workdir.relative_to(study)),
+        "task": config.task, "metric": metric, "final_val_loss": None, "best_val_loss": None,  # one schema; see dev_*
         "dev_final": history[-1].get(metric) if history else None,
         "dev_best": results["metrics"][metric] if results else None,
         "dev_metrics": results["metrics"] if results else None,
@@ -314,11 +317,10 @@ def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, see
         "schedule": f"{config.optim.schedule}, warmup {config.warmup_fraction:g} of the updates",
         "tokens_per_s": None, "train_seconds": results["train_seconds"] if results else None,
         "wall_seconds": round(wall, 2),
-        "optimizer_state_bytes": optimizer_state_bytes(config.optim, _abstract_params(model)),
-        "diverged": diverged, "error": error, **same,
+        "optimizer_state_bytes": optimizer_state_bytes(config.optim, _abstract_params(config.model)),
+        "diverged": diverged, "error": f"DivergenceError: {outcome.message}" if diverged else None,
+        "cpu_flags": " ".join(cpu_flags()), **same,
     }
-    save_record(rec, workdir, records, study)
-    return rec
 
 
 # ---- command line -------------------------------------------------------------------------------------
@@ -430,13 +432,13 @@ def run_sweep(args, table: tuple[Path, str, str], names: list[str], seeds: list[
     grids = {n: lr_grid(SPECS[n][f"{kind}_lr"] * args.lr_scale, args.lr_points) for n in names}
     return study_loop(study, names, seeds, grids, run_one, args.max_extensions,
                       lambda runs: write_outputs(study, kind, runs, names, seeds, args, title),
-                      finished_runs(study, kept_records(args, study)))
+                      harness.Records(study, kept_records(args, study)).finished("runs"))
 
 
 def rewrite_tables(args, names: list[str], seeds: list[int]) -> None:
     """Each study's results from its finished runs alone (a fresh clone has them all under --records)."""
     for study, kind, title in study_tables(args):
-        runs = [r for r in finished_runs(study, kept_records(args, study)) if r["optimizer"] in names]
+        runs = [r for r in harness.Records(study, kept_records(args, study)).finished("runs") if r["optimizer"] in names]
         if runs:
             study.mkdir(parents=True, exist_ok=True)
             write_outputs(study, kind, runs, names, seeds, args, title)
@@ -511,14 +513,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    # SIGTERM stops as Ctrl-C does, between two runs too; the guard re-raises one Python dropped in a gc callback.
-    with CtrlC(signals=(signal.SIGINT, signal.SIGTERM)) as guard:
-        try:
-            status = main()
-        except KeyboardInterrupt as e:  # the run in progress saved a checkpoint (or had none yet)
-            guard.caught()
-            close_open_bars()
-            print(f"{Path(sys.argv[0]).name}: interrupted{f': {e}' if str(e) else ''}; the same command resumes",
-                  file=sys.stderr)
-            status = 130
-    sys.exit(status)
+    sys.exit(harness.main(main, Path(sys.argv[0]).name))

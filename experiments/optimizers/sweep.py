@@ -1,16 +1,12 @@
-"""The optimizer study's sweep: the learning-rate ladder, finished runs on disk (records, kept copies that
-let a study span sessions) and the breadth-first loop that grows each grid until its best lr is bracketed,
-then repeats it with the other seeds. run_study.py makes the runs; tables.py reads them."""
+"""The optimizer study's sweep: the learning-rate ladder and the breadth-first loop that grows each grid until
+its best lr is bracketed, then repeats it with the other seeds. run_study.py makes the runs (through
+experiments/harness.py, which keeps their records); tables.py reads them."""
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
 import statistics
 from pathlib import Path
-
-from gpt1_jax.files import atomic_write_text
 
 
 # ---- the grid ----------------------------------------------------------------------------------------
@@ -46,49 +42,6 @@ def finite(x) -> bool:
 def median(xs):
     xs = [x for x in xs if finite(x)]
     return statistics.median(xs) if xs else None
-
-
-# ---- finished runs on disk -------------------------------------------------------------------------------
-
-def _kept(workdir: Path, records: Path, study: Path) -> Path:
-    return records / f"{workdir.relative_to(study)}.json"  # not with_suffix: "lr0.001_s0" has a dot
-
-
-def load_record(workdir: Path, records: Path | None, study: Path, budget: dict) -> dict | None:
-    """A finished run's record: its run dir's record.json, or the kept copy under `records` (put back). A
-    record made under another budget (`budget`: the record fields that must match) stops the study with one
-    line: its score is not comparable with this study's."""
-    done = workdir / "record.json"
-    if not done.is_file() and records is not None:
-        kept = _kept(workdir, records, study)
-        if kept.is_file():
-            done.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(kept, done)
-    if not done.is_file():
-        return None
-    rec = json.loads(done.read_text())
-    other = {k: rec.get(k) for k, v in budget.items() if rec.get(k) != v}
-    if other:
-        raise SystemExit(f"{workdir}: finished under another budget ({', '.join(f'{k}={v}' for k, v in other.items())}; "
-                         f"this study: {', '.join(f'{k}={budget[k]}' for k in other)}); give it its own --out and --records")
-    return rec
-
-
-def finished_runs(study: Path, records: Path | None) -> list[dict]:
-    """Every finished run of `study`: its run dirs' records and the kept ones (all a fresh clone has)."""
-    kept = sorted((records / "runs").glob("*/*.json")) if records is not None else []
-    found = {(r["optimizer"], r["lr"], r["seed"]): r for r in
-             (json.loads(p.read_text()) for p in kept + sorted(study.glob("runs/*/*/record.json")))}
-    return list(found.values())
-
-
-def save_record(rec: dict, workdir: Path, records: Path | None, study: Path) -> None:
-    """Whole files or none: a half-written record would stop the resumed study on a JSON error."""
-    atomic_write_text(workdir / "record.json", json.dumps(rec, indent=2) + "\n")
-    if records is not None:  # the kept copy names no machine path: the run dir is relative to the study
-        kept = _kept(workdir, records, study)
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(kept, json.dumps(dict(rec, workdir=str(workdir.relative_to(study))), indent=2) + "\n")
 
 
 # ---- the study loop -----------------------------------------------------------------------------------
@@ -131,7 +84,7 @@ def study_loop(study: Path, names: list[str], seeds: list[int], grids: dict[str,
                max_extensions: int, write, finished: list[dict] = ()) -> tuple[list[dict], bool]:
     """Runs the study (`study_order`) -> (its runs, whether it is complete). `run_one(study, name, lr, seed)`
     gives a run's record, or None when the run stopped before its end (it resumes next time): the study then
-    stops too. `write(runs)` follows every run. `finished` (`finished_runs`) are in every table written from
+    stops too. `write(runs)` follows every run. `finished` (harness.Records.finished) are in every table written from
     the start: a resumed study's tables never drop the runs it has not revisited."""
     study.mkdir(parents=True, exist_ok=True)
     runs: list[dict] = [r for r in finished if r["optimizer"] in names]

@@ -13,7 +13,6 @@ import matplotlib
 from matplotlib.ticker import MaxNLocator
 
 from experiments.optimizers.sweep import best_lr, bracket_gap, finite, median, score
-from gpt1_jax.flops import cpu_flags
 
 REFERENCE = "gpt1_adam"  # state memory is reported relative to this one; always in the fine-tuning study
 
@@ -354,10 +353,12 @@ def write_outputs(study: Path, kind: str, runs: list[dict], names: list[str], se
                   title: str) -> None:
     bench = load_bench(study, Path(args.records).absolute() / "pretrain" if args.records and kind == "pretrain" else None)
     rows = summarize(runs, names, seeds, bench)
-    shown = [dict(r, workdir=str(Path(r["workdir"]).relative_to(study)) if Path(r["workdir"]).is_relative_to(study)
-                  else r["workdir"]) for r in runs]
+    # The records alone decide the file (a rebuild from them gives it byte for byte): runs in workdir order, and
+    # the CPU kinds they ran on, not the writer's.
+    shown = sorted((dict(r, workdir=str(Path(r["workdir"]).relative_to(study)) if Path(r["workdir"]).is_relative_to(study)
+                         else r["workdir"]) for r in runs), key=lambda r: r["workdir"])
     (study / "results.json").write_text(json.dumps(
-        {"study": kind, "quick": args.quick, "seeds": seeds, "cpu_flags": " ".join(cpu_flags()), "summary": rows, "runs": shown},
+        {"study": kind, "quick": args.quick, "seeds": seeds, "cpu_kinds": cpu_kinds(runs), "summary": rows, "runs": shown},
         indent=2) + "\n")
     (study / "results.md").write_text(results_md(kind, rows, runs, args, title))
     plots = plot(study, kind, runs, rows, seeds)

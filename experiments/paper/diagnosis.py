@@ -11,43 +11,45 @@ results/diagnosis.json ({task: {arm: {lr, score, table5}}}) and diagnosis.md.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
-from experiments.glue.common import Run, errors_of
+from experiments.glue.common import errors_of
+from experiments.harness import Run
 from experiments.paper.settings import Paper
-from experiments.paper.table5 import PAPER, cell, mean, metric_name, run_all, score
+from experiments.paper.table5 import PAPER, cell, mean, metric_name, ran_now, run_all, run_of, score
 
 DIAGNOSIS_ARMS = ("full", "no_pretrain")
 
 
-def diagnosis_stage(paper: Paper) -> bool:
+def diagnosis_stage(paper: Paper) -> bool | None:
     chosen = paper.load_json("lr_grid.json")
     if not chosen:
         raise FileNotFoundError(f"{paper.results_dir / 'lr_grid.json'}: no Table 5 learning rates (run the table5 stage)")
     table5 = paper.load_json("table5.json", {})
     n = paper.budget.diagnosis_max_train
-    flags = dataclasses.replace(paper.budget, max_train=n).finetune_flags()
     seed = paper.budget.seeds[0]
     runs: dict[tuple[str, str], Run] = {}
     for task in paper.tasks:
         for arm in DIAGNOSIS_ARMS:
             lr = chosen.get(task, {}).get(arm, {}).get("lr")
             if lr is not None:
-                runs[task, arm] = Run(arm, task, seed, paper.out / "diagnosis" / f"train{n or 'all'}" / arm / task
-                                      / f"lr{lr:g}" / f"seed{seed}", flags + ["--lr", f"{lr:g}"])
-    fresh = run_all(paper, list(runs.values()), stage="diagnosis")
+                workdir = paper.out / "diagnosis" / f"train{n or 'all'}" / arm / task / f"lr{lr:g}" / f"seed{seed}"
+                runs[task, arm] = run_of(paper, arm, task, lr, seed, workdir, max_train_examples=n)
+    dones = run_all(paper, list(runs.values()), stage="diagnosis")
+    if dones is None:
+        return None
+    by_key = dict(zip(runs, dones))
     found: dict[str, dict[str, dict]] = {}
-    for (task, arm), run in runs.items():
-        found.setdefault(task, {})[arm] = {"lr": chosen[task][arm]["lr"], "score": score(run),
+    for (task, arm), done in by_key.items():
+        found.setdefault(task, {})[arm] = {"lr": chosen[task][arm]["lr"], "score": score(done),
                                            "table5": table5.get(task, {}).get(arm, [])}
     paper.save_json("diagnosis.json", {"max_train": n, "seed": seed, "tasks": found})
-    failed = errors_of(list(runs.values()))
-    metrics = {task: metric_name([r for (t, _), r in runs.items() if t == task]) for task in found}
+    failed = errors_of(dones)
+    metrics = {task: metric_name([d for (t, _), d in by_key.items() if t == task]) for task in found}
     text = diagnosis_markdown(paper, found, metrics, failed)
     paper.save_text("diagnosis.md", text)
     print(text, file=sys.stderr)
-    return fresh > 0
+    return ran_now(dones)
 
 
 def gain(arms: dict, key) -> float | None:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import matplotlib
 
-from experiments.glue.common import Run, errors_of
+from experiments.glue.common import errors_of
 from experiments.paper.settings import Paper
-from experiments.paper.table5 import best_lr, cell, metric_name, run_all, run_of, score
+from experiments.paper.table5 import best_lr, cell, metric_name, ran_now, run_all, run_of, score
 from gpt1_jax.weights import load_pretrained
 
 
@@ -22,25 +22,33 @@ def n_layers(paper: Paper) -> int:
     return load_pretrained(paper.release_dir)[0].n_layers
 
 
-def layers_stage(paper: Paper) -> bool:
-    depth, fresh, curves = n_layers(paper), 0, {}
+def layers_stage(paper: Paper) -> bool | None:
+    depth, fresh, curves = n_layers(paper), False, {}
     for task in paper.layer_tasks:
-        lr, grid, n = best_lr(paper, "full", task)
-        fresh += n
+        if (best := best_lr(paper, "full", task)) is None:
+            return None
+        lr, grid = best
+        fresh = fresh or ran_now(grid)
         if lr is None:
             curves[task] = {"metric": metric_name(grid), "lr": None, "scores": {}, "failed": errors_of(grid)}
             continue
+        # k = depth is the full arm's own run; k < depth keeps k blocks (init_layers)
         runs = {k: [run_of(paper, "full", task, lr, seed) if k == depth else
-                    Run("full", task, seed, paper.out / "layers" / task / f"k{k}" / f"seed{seed}",
-                        paper.budget.finetune_flags() + ["--lr", f"{lr:g}", "--set", f"init_layers={k}"])
+                    run_of(paper, "full", task, lr, seed, paper.out / "layers" / task / f"k{k}" / f"seed{seed}",
+                           init_layers=k)
                     for seed in paper.budget.layer_seeds] for k in range(depth + 1)}
-        fresh += run_all(paper, [r for group in runs.values() for r in group], stage="layers")
-        curves[task] = {"metric": metric_name([r for group in runs.values() for r in group]), "lr": lr,
-                        "scores": {str(k): [s for r in group if (s := score(r)) is not None] for k, group in runs.items()}}
+        dones = run_all(paper, [r for group in runs.values() for r in group], stage="layers")
+        if dones is None:
+            return None
+        fresh = fresh or ran_now(dones)
+        it = iter(dones)
+        by_k = {k: [next(it) for _ in group] for k, group in runs.items()}
+        curves[task] = {"metric": metric_name(dones), "lr": lr,
+                        "scores": {str(k): [s for d in group if (s := score(d)) is not None] for k, group in by_k.items()}}
         print(f"layers {task}: " + "  ".join(f"k={k} {cell(v)}" for k, v in curves[task]["scores"].items()), file=sys.stderr)
     paper.save_json("layers.json", curves)
     plot(curves, paper.results_dir / "layers.png")
-    return fresh > 0
+    return fresh
 
 
 def plot(curves: dict, out: Path) -> None:

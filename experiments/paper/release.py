@@ -4,6 +4,7 @@ tokenizer as a Hugging Face folder (save_pretrained) that `--init` and `load_pre
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -21,14 +22,15 @@ from gpt1_jax.weights import load_pretrained, save_pretrained
 
 
 def pretrain_config(paper: Paper) -> PretrainConfig:
-    """The pre-training recipe (experiments/paper/pretrain.yaml unless told otherwise) with --corpus as its
-    data and, for --quick, the tiny shape."""
-    overrides = list(paper.budget.pretrain_overrides)
+    """The pre-training recipe (experiments/paper/pretrain.yaml unless told otherwise) in the budget's shape (--quick:
+    tiny), with --corpus as its data."""
+    config = paper.budget.pretrain_shape(resolve(PretrainConfig, paper.pretrain_config))
+    data = config.data
     if paper.corpus:
-        overrides.append(f"data.source={paper.corpus}")
+        data = dataclasses.replace(data, source=paper.corpus)
     if paper.quick:  # keep the user's token cache free of the quick run's tiny vocabulary
-        overrides.append(f"data.cache_dir={paper.out / 'token-cache'}")
-    return resolve(PretrainConfig, paper.pretrain_config, overrides=overrides)
+        data = dataclasses.replace(data, cache_dir=str(paper.out / "token-cache"))
+    return dataclasses.replace(config, data=data)
 
 
 def trained_step(workdir: Path) -> int | None:

@@ -149,7 +149,7 @@ def write_readme(paper: Paper) -> None:
         "(`mesh: {data: -1}` is data parallel over every device; `fsdp`/`tensor` shard further), `keep_steps` for the "
         "zero-shot curve, and `data.tokenizer` to use OpenAI's vocabulary. `--budget paper` is the paper's fine-tuning: "
         "lr 6.25e-5 (no grid), every training and dev example, 3 seeds. Every stage runs on whatever devices JAX "
-        "finds; each fine-tuning run is one `gpt1-jax finetune` process over all of them.",
+        "finds; the fine-tuning runs go one after another in the pipeline's process, each over all of them.",
         "",
         "Cost scales with tokens x parameters: training is about 6 FLOPs per parameter per token (plus attention), so "
         "the preset's 100,000 x 64 x 512 = 3.3B tokens are about 2.3e18 FLOPs, some 1.6 hours of one H100 at 40% of "

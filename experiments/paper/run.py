@@ -6,7 +6,7 @@
 Stages, in order (--stages picks some): pretrain (OUT/pretrain), release (the final parameters + tokenizer as a
 HF folder), zeroshot (Figure 2 right), table5 (ablations), layers (Figure 2 left), diagnosis (full vs no_pretrain
 on more fine-tuning data). Everything resumes: the
-pre-training job from its checkpoint, every fine-tuning run from its results.json, the zero-shot stage from the
+pre-training job from its checkpoint, every fine-tuning run from its record (experiments/harness.py), the zero-shot stage from the
 checkpoints it has scored; run the same command again after a stop. The laptop-scale run writes the committed
 experiments/paper/release/ and experiments/paper/results/; --quick (or another recipe or budget) writes
 OUT/release/ and OUT/results/. Details and budget: experiments/paper/README.md.
@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from experiments import harness
 from experiments.glue.common import missing_path
 from experiments.paper.diagnosis import diagnosis_stage
 from experiments.paper.layers import layers_stage
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
            "table5": table5_stage, "layers": layers_stage, "diagnosis": diagnosis_stage}
     try:
         check_inputs(paper, args.stages)
-        compile_cache.enable()  # every fine-tuning process it starts shares the compilations
+        compile_cache.enable()  # the fine-tuning runs share their compilations, across sessions too
         for stage in [s for s in STAGES if s in args.stages]:
             print(f"== {stage}", file=sys.stderr)
             t0 = time.perf_counter()
@@ -122,4 +123,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(main, "run.py"))

@@ -6,23 +6,37 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
 
+from experiments.harness import Records, finite
+from gpt1_jax.config import FinetuneConfig, PretrainConfig
 from gpt1_jax.files import atomic_write_text
 
 TASKS = ("cola", "sst2", "mrpc", "stsb", "rte")  # the GLUE tasks with train and dev files offline
-ARMS = ("full", "no_pretrain", "no_aux_lm")  # Table 5's rows (experiments/glue/common.py ABLATIONS)
+ARMS = ("full", "no_pretrain", "no_aux_lm")  # Table 5's rows (experiments/glue/common.py ablation)
 STAGES = ("pretrain", "release", "zeroshot", "table5", "layers", "diagnosis")
 RELEASE_MAX_BYTES = 25 * 2**20  # the committed release's size budget
 
 
+def same_shape(config: PretrainConfig) -> PretrainConfig:
+    return config
+
+
+def quick_shape(c: PretrainConfig) -> PretrainConfig:
+    """--quick's pre-training: a tiny model for 20 updates, checkpoints at 5, 10 and 20 for the zero-shot curve."""
+    r = dataclasses.replace
+    return r(c, model=r(c.model, n_positions=64, d_model=64, n_layers=2, n_heads=4, d_mlp=256),
+             data=r(c.data, vocab_size=509, seq_len=64, global_batch_size=8), optim=r(c.optim, warmup_steps=5),
+             steps=20, checkpoint_every=10, eval_every=10, eval_batches=2, keep_steps=(5, 10, 20))
+
+
 @dataclasses.dataclass(frozen=True)
 class Budget:
-    pretrain_overrides: tuple[str, ...]  # `key=value` on top of the pre-training config
+    pretrain_shape: Callable[[PretrainConfig], PretrainConfig]  # what the budget changes in the pre-training config
     lrs: tuple[float, ...]  # the one grid every arm picks its lr from (on seed 0)
     seeds: tuple[int, ...]
     epochs: int
@@ -34,15 +48,18 @@ class Budget:
     zeroshot_examples: dict[str, int]  # Figure 2 (right): examples per set (0: all of it)
     diagnosis_max_train: int  # training examples per task in the diagnosis stage (0: all of it)
 
-    def finetune_flags(self) -> list[str]:
-        """`gpt1-jax finetune` flags of every run; the rest is FinetuneConfig's defaults, the paper's recipe
-        (linear decay after 0.2% warmup, lm_coef 0.5, dropout 0.1)."""
-        return ["--epochs", str(self.epochs), "--batch-size", str(self.batch_size),
-                "--max-train-examples", str(self.max_train), "--max-eval-examples", str(self.max_eval)]
+    def finetune_config(self, task: str, lr: float, seed: int, **fields) -> FinetuneConfig:
+        """One fine-tuning run of the budget; the rest is FinetuneConfig's defaults, the paper's recipe (linear
+        decay after 0.2% warmup, lm_coef 0.5, dropout 0.1). `fields`: the run's own (lm_coef, init_layers, ...)."""
+        base = FinetuneConfig()
+        budget = dict(task=task, seed=seed, epochs=self.epochs, batch_size=self.batch_size,
+                      max_train_examples=self.max_train, max_eval_examples=self.max_eval,
+                      optim=dataclasses.replace(base.optim, lr=lr))
+        return dataclasses.replace(base, **(budget | fields))
 
 
 LAPTOP = Budget(
-    pretrain_overrides=(),
+    pretrain_shape=same_shape,
     lrs=(1e-4, 3e-4, 1e-3),
     seeds=(0, 1, 2),
     epochs=3,
@@ -63,11 +80,7 @@ PAPER = dataclasses.replace(LAPTOP, lrs=(6.25e-5,), max_train=0, diagnosis_max_t
                             zeroshot_examples={"sst2": 0, "cola_train": 0, "cola": 0, "race": 0})
 
 QUICK = Budget(
-    pretrain_overrides=(
-        "model.n_positions=64", "model.d_model=64", "model.n_layers=2", "model.n_heads=4", "model.d_mlp=256",
-        "data.vocab_size=509", "data.seq_len=64", "data.global_batch_size=8", "steps=20", "optim.warmup_steps=5",
-        "checkpoint_every=10", "eval_every=10", "eval_batches=2", "keep_steps=[5, 10, 20]",
-    ),
+    pretrain_shape=quick_shape,
     lrs=(1e-3,),
     seeds=(0,),
     epochs=1,
@@ -130,26 +143,19 @@ class Paper:
     def results_dir(self) -> Path:
         return PAPER_DIR / "results" if self.committed else self.out / "results"
 
-    def finetune_extra(self) -> list[str]:
-        return ["--tfds-dir", self.tfds_dir] if self.tfds_dir else []
+    @property
+    def records(self) -> Records:
+        """Where each fine-tuning run's record is kept beside the results (results/runs/<workdir under OUT>.json):
+        the committed records let a sweep that spans sessions, or a fresh clone, resume without the run workdirs."""
+        return Records(self.out, self.results_dir / "runs", train=self.train)
 
     def save_json(self, name: str, obj) -> Path:
         """results/NAME, written whole or not at all (a killed run never leaves half a file)."""
-        return self.save_text(name, json.dumps(_finite(obj), indent=2) + "\n")
+        return self.save_text(name, json.dumps(finite(obj), indent=2) + "\n")
 
     def load_json(self, name: str, default=None):
         path = self.results_dir / name
         return json.loads(path.read_text()) if path.is_file() else default
-
-    def record_path(self, workdir: Path) -> Path:
-        """Where a fine-tuning run's result is kept beside the results (results/runs/...): the committed
-        records let a sweep that spans sessions, or a fresh clone, resume without the run workdirs."""
-        return self.results_dir / "runs" / f"{Path(workdir).relative_to(self.out)}.json"
-
-    def save_record(self, workdir: Path, results: dict) -> None:
-        """A run's results.json without what names this machine (paths) or repeats the flags (config)."""
-        record = {k: v for k, v in results.items() if k not in ("config", "init", "predictions", "submission")}
-        self.save_text(str(self.record_path(workdir).relative_to(self.results_dir)), json.dumps(_finite(record), indent=2) + "\n")
 
     def add_time(self, stage: str, seconds: float) -> None:
         """Adds to the stage's wall-clock in results/timings.json (summed over sessions)."""
@@ -158,29 +164,11 @@ class Paper:
         timings["machine"] = f"{os.cpu_count()} CPU cores, JAX on {jax.devices()[0].device_kind}"
         self.save_json("timings.json", timings)
 
-    def restore_record(self, workdir: Path) -> None:
-        """Puts a kept record back as the run's results.json, which marks the run done."""
-        record, done = self.record_path(workdir), Path(workdir) / "results.json"
-        if record.is_file() and not done.is_file():
-            done.parent.mkdir(parents=True, exist_ok=True)
-            done.write_text(record.read_text())
-
     def save_text(self, name: str, text: str) -> Path:
         path = self.results_dir / name
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, text)
         return path
-
-
-def _finite(obj):
-    """JSON has no NaN: an undefined score is written as null."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def shown(path: str | Path) -> str:

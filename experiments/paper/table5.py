@@ -1,8 +1,8 @@
 """Stage 4: Table 5 at laptop scale. Every arm (full, no_pretrain, no_aux_lm) fine-tunes every task with the
 lr that is best for that arm and task on seed 0, from one shared grid, then runs the other seeds at that lr.
 
-Runs go through experiments/glue/common.py (one `gpt1-jax finetune` process per run, skipped when its
-results.json exists), under OUT/table5/<arm>/<task>/lr<lr>/seed<k>/. Writes results/table5.json
+Runs go through experiments/harness.py (in this process; done once a record exists, in the workdir or kept
+under results/runs/), under OUT/table5/<arm>/<task>/lr<lr>/seed<k>/. Writes results/table5.json
 ({task: {arm: [score x100 per seed]}}), results/lr_grid.json and results/table5.md.
 """
 
@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 import statistics
 import sys
+from pathlib import Path
 
-from experiments.glue.common import Run, errors_of, execute
+from experiments.glue.common import ablation, errors_of
+from experiments.harness import Done, Run, finetune_record, sweep
 from experiments.paper.settings import ARMS, Paper, TASKS
 
 # Paper Table 5 (docs/gpt1.md), our five tasks: task -> (arm -> score).
@@ -26,63 +28,65 @@ PAPER = {
 GOAL_GAIN, GOAL_WINS = 5.0, 4  # the issue's bar: full beats no_pretrain by >= 5 points on average, on >= 4 tasks
 
 
-def score(run: Run) -> float | None:
+def score(done: Done) -> float | None:
     """The task's official (first) metric x100; None for a failed run. An undefined correlation (constant
-    predictions: Pearson's r divides by zero) counts as 0, the correlation of a constant guess."""
-    if not run.results:
+    predictions: Pearson's r divides by zero; null in the record) counts as 0, the correlation of a constant guess."""
+    if not done.record:
         return None
-    value = run.results["metrics"][run.results["main_metric"]]
-    return 100.0 * value if math.isfinite(value) else 0.0
+    value = done.record["metrics"][done.record["main_metric"]]
+    return 100.0 * value if value is not None and math.isfinite(value) else 0.0
 
 
-def metric_name(runs: list[Run]) -> str:
-    return next((r.results["main_metric"] for r in runs if r.results), "?")
+def metric_name(dones: list[Done]) -> str:
+    return next((d.record["main_metric"] for d in dones if d.record), "?")
 
 
-def run_of(paper: Paper, arm: str, task: str, lr: float, seed: int) -> Run:
-    flags = paper.budget.finetune_flags() + ["--lr", f"{lr:g}"]
-    return Run(arm, task, seed, paper.out / "table5" / arm / task / f"lr{lr:g}" / f"seed{seed}", flags)
+def run_of(paper: Paper, arm: str, task: str, lr: float, seed: int, workdir: Path | None = None, **fields) -> Run:
+    """The arm's fine-tuning run of `task` from the release; `fields`: the run's own FinetuneConfig fields."""
+    config, init = ablation(arm, paper.budget.finetune_config(task, lr, seed, **fields), str(paper.release_dir))
+    workdir = workdir or paper.out / "table5" / arm / task / f"lr{lr:g}" / f"seed{seed}"
+    return Run(config, workdir, init, paper.data_dir, paper.tfds_dir)
 
 
-def run_all(paper: Paper, runs: list[Run], stage: str = "table5") -> int:
-    """Runs those not done before (here or in a kept record), keeping each one's record and adding its
-    wall-clock to `stage` as it finishes (a stage spanning sessions keeps its time); -> how many ran now."""
-    for r in runs:
-        paper.restore_record(r.workdir)
-    missing = [str(r.workdir) for r in runs if not (r.workdir / "results.json").is_file()]
-    if missing and not paper.train:
-        raise FileNotFoundError(f"no kept record (results/runs/) for {', '.join(missing)}: a rebuild trains nothing")
-    fresh = len(missing)
+def run_all(paper: Paper, runs: list[Run], stage: str = "table5") -> list[Done] | None:
+    """Each run's Done (made now, or found here or in a kept record), adding each one's wall-clock to `stage` as
+    it finishes (a stage spanning sessions keeps its time); None when one stopped at a checkpoint (SIGTERM)."""
+    def keep(done: Done) -> None:
+        if done.record and done.seconds:
+            paper.add_time(stage, done.seconds)
 
-    def keep(r: Run) -> None:
-        paper.save_record(r.workdir, r.results)
-        if r.seconds:
-            paper.add_time(stage, r.seconds)
-
-    execute(runs, str(paper.release_dir), paper.data_dir, False, paper.finetune_extra(), on_result=keep)
-    return fresh
+    return sweep(runs, paper.records, finetune_record, on_done=keep)
 
 
-def best_lr(paper: Paper, arm: str, task: str) -> tuple[float | None, list[Run], int]:
+def ran_now(dones: list[Done]) -> bool:
+    return any(d.seconds for d in dones)
+
+
+def best_lr(paper: Paper, arm: str, task: str) -> tuple[float | None, list[Done]] | None:
     """-> (the grid's best lr for `arm` on `task` by seed 0's dev score (None: every run failed), the seed-0
-    runs, how many ran now)."""
-    grid = [run_of(paper, arm, task, lr, paper.budget.seeds[0]) for lr in paper.budget.lrs]
-    fresh = run_all(paper, grid)
-    scored = [(s, lr) for lr, run in zip(paper.budget.lrs, grid) if (s := score(run)) is not None]
-    return (max(scored)[1] if scored else None), grid, fresh
+    runs); None when a run stopped at a checkpoint."""
+    grid = run_all(paper, [run_of(paper, arm, task, lr, paper.budget.seeds[0]) for lr in paper.budget.lrs])
+    if grid is None:
+        return None
+    scored = [(s, lr) for lr, done in zip(paper.budget.lrs, grid) if (s := score(done)) is not None]
+    return (max(scored)[1] if scored else None), grid
 
 
-def table5_stage(paper: Paper) -> bool:
-    fresh, table, grid_scores, chosen, metrics, failures = 0, {}, {}, {}, {}, {}
+def table5_stage(paper: Paper) -> bool | None:
+    fresh, table, grid_scores, chosen, metrics, failures = False, {}, {}, {}, {}, {}
     for task in paper.tasks:
         table[task], grid_scores[task], chosen[task], task_runs = {}, {}, {}, []
         for arm in ARMS:
-            lr, grid, n = best_lr(paper, arm, task)
-            runs = [run_of(paper, arm, task, lr, seed) for seed in paper.budget.seeds] if lr is not None else []
-            fresh += n + run_all(paper, runs)
-            grid_scores[task][arm] = {f"{r_lr:g}": score(r) for r_lr, r in zip(paper.budget.lrs, grid)}
+            if (best := best_lr(paper, arm, task)) is None:
+                return None
+            lr, grid = best
+            runs = run_all(paper, [run_of(paper, arm, task, lr, seed) for seed in paper.budget.seeds]) if lr is not None else []
+            if runs is None:
+                return None
+            fresh = fresh or ran_now(grid + runs)
+            grid_scores[task][arm] = {f"{r_lr:g}": score(d) for r_lr, d in zip(paper.budget.lrs, grid)}
             chosen[task][arm] = lr
-            table[task][arm] = [s for r in runs if (s := score(r)) is not None]
+            table[task][arm] = [s for d in runs if (s := score(d)) is not None]
             if errors_of(grid + runs):
                 failures[f"{task}/{arm}"] = errors_of(grid + runs)
             task_runs += grid + runs
@@ -93,7 +97,7 @@ def table5_stage(paper: Paper) -> bool:
     text = table5_markdown(paper, table, chosen, metrics, failures, goal(table))
     paper.save_text("table5.md", text)
     print(text, file=sys.stderr)
-    return fresh > 0
+    return fresh
 
 
 def mean(values: list[float]) -> float:

@@ -145,11 +145,17 @@ def test_glue_table_script_quick(tmp_path, data_dir):
 
     out = tmp_path / "table"
     proc = subprocess.run([sys.executable, "-m", "experiments.glue.glue_table", "--quick", "--init", "none", "--tasks", "cola",
-                           "--seeds", "0", "--data-dir", str(data_dir), "--out", str(out), "--", "--tfds-dir", str(tmp_path / "tfds")],
+                           "--seeds", "0", "--data-dir", str(data_dir), "--out", str(out), "--tfds-dir", str(tmp_path / "tfds"),
+                           "--set", "lm_coef=0.25"],
                           capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr[-2000:]
     table = (out / "table.md").read_text()
     assert "| cola | matthews_corr | 45.4 |" in table and (out / "full" / "cola" / "seed0" / "results.json").is_file()
+    record = json.loads((out / "full" / "cola" / "seed0" / "record.json").read_text())  # the harness's done mark
+    assert record["metrics"] == json.loads((out / "full" / "cola" / "seed0" / "results.json").read_text())["metrics"]
+    assert "lm_coef: 0.25" in (out / "full" / "cola" / "seed0" / "config.yaml").read_text()  # --set reached the run
+    again = subprocess.run(proc.args, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
+    assert again.returncode == 0 and "done before" in again.stderr and (out / "table.md").read_text() == table
 
 
 def test_short_real_finetune_beats_the_majority_class(tmp_path, shared_dir):

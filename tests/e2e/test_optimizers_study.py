@@ -114,7 +114,7 @@ def test_rerun_skips_finished_runs_even_without_their_run_dirs(quick_study):
     longer[longer.index("--steps") + 1] = "8"  # another budget over the same records: refused, not mixed in
     done = subprocess.run(longer, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
     assert done.returncode != 0 and "==" not in done.stderr
-    assert "another budget (steps=6; this study: steps=8)" in done.stderr.strip().splitlines()[-1]
+    assert "another budget (steps=6; this sweep: steps=8)" in done.stderr.strip().splitlines()[-1]
     assert {p: p.read_text() for p in (study.parent / "records").rglob("*.json")} == records
 
 
@@ -192,4 +192,4 @@ def test_quick_finetune_study_scores_each_optimizer_and_refuses_another_budget(q
     shutil.rmtree(out / "finetune" / "sst2" / "runs")
     done = subprocess.run(ft, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
     assert done.returncode != 0 and "== finetune" not in done.stderr
-    assert "another budget (epochs=2; this study: epochs=1)" in done.stderr.strip().splitlines()[-1]
+    assert "another budget (epochs=2; this sweep: epochs=1)" in done.stderr.strip().splitlines()[-1]

@@ -1,0 +1,195 @@
+"""The one way the experiments make their runs. Table 5, the layer sweep and the diagnosis (experiments/paper),
+the GLUE and RACE tables (experiments/glue) and the optimizer study (experiments/optimizers) differ only in
+their grids and their tables.
+
+A run is a typed config (PretrainConfig or FinetuneConfig, built with dataclasses.replace), a workdir, and for
+fine-tuning what it starts from. It ends in one record: a JSON summary of its outcome, which the sweep writes
+(`summarize`). One done rule: a run is finished when its record exists, as <workdir>/record.json or as the
+kept copy under the sweep's records folder. The copy is committed with the results, so a fresh clone, or a
+sweep spanning sessions, resumes without the run workdirs (the copy is put back into the workdir).
+
+Runs execute in this process, one at a time, through pretrain.run and finetune.run, for three reasons. The
+outcome is a value (gpt1_jax/loop.py: finished, preempted or diverged). The imports and the compiled
+programs are shared by every run of a sweep (a process per run paid ~2 s of imports and its compilations
+again). And a SIGTERM stops the run at a checkpoint and the sweep after it. A project error in one run (a
+split that is not there, a bad path) is that run's one-line error: it keeps no record, and the others go on.
+Anything else is a bug and stops the sweep with its traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from gpt1_jax import finetune, pretrain  # the modules: tests patch pretrain.run and finetune.run
+from gpt1_jax.config import FinetuneConfig, PretrainConfig
+from gpt1_jax.errors import GPT1JaxError
+from gpt1_jax.files import atomic_write_text
+from gpt1_jax.interrupt import CtrlC
+from gpt1_jax.loop import Outcome
+from gpt1_jax.metrics import close_open_bars
+
+RECORD = "record.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    config: PretrainConfig | FinetuneConfig
+    workdir: Path
+    init: str | None = None  # fine-tuning: a run workdir, a checkpoint folder, scratch:DIR or none
+    data_dir: str | None = None  # fine-tuning: GLUE's TSV files or RACE's archive (None: tensorflow-datasets)
+    tfds_dir: str | None = None
+
+    def start(self, progress: bool = True) -> Outcome:
+        """Trains (or resumes) the run in this process -> how it ended."""
+        if isinstance(self.config, PretrainConfig):
+            return pretrain.run(self.config, self.workdir)  # its bar follows config.log_every
+        return finetune.run(self.config, self.workdir, init=self.init, data_dir=self.data_dir,
+                            tfds_dir=self.tfds_dir, progress=progress)
+
+
+@dataclasses.dataclass(frozen=True)
+class Done:
+    """A run that ended: its record, or the one line saying why it has none."""
+
+    run: Run
+    record: dict | None = None
+    error: str | None = None
+    seconds: float = 0.0  # wall-clock of the run made now (0: it had finished before)
+
+
+Summarize = Callable[[Run, Outcome, float], "dict | None"]  # (run, its outcome, wall seconds) -> record; None: none
+
+
+@dataclasses.dataclass(frozen=True)
+class Records:
+    """Where a sweep's finished runs are: <workdir>/record.json for each workdir under `out`, and the kept
+    copies, kept/<workdir relative to out>.json. With train=False a run without a record is an error (a
+    rebuild of the tables from the kept records trains nothing)."""
+
+    out: Path
+    kept: Path | None = None
+    train: bool = True
+
+    def kept_path(self, workdir: Path) -> Path | None:
+        # f-string, not with_suffix: a run named "lr0.001_s0" has a dot
+        return None if self.kept is None else self.kept / f"{Path(workdir).relative_to(self.out)}.json"
+
+    def load(self, workdir: Path, same: dict | None = None) -> dict | None:
+        """The run's record (a kept copy is put back into the workdir), or None. A record whose fields differ
+        from `same` was made under another budget: its score is not comparable, and the sweep stops with one line."""
+        done, kept = Path(workdir) / RECORD, self.kept_path(workdir)
+        if not done.is_file() and kept is not None and kept.is_file():
+            done.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(kept, done)
+        if not done.is_file():
+            return None
+        record = json.loads(done.read_text())
+        other = {k: record.get(k) for k, v in (same or {}).items() if record.get(k) != v}
+        if other:
+            raise SystemExit(f"{workdir}: finished under another budget ({', '.join(f'{k}={v}' for k, v in other.items())}; "
+                             f"this sweep: {', '.join(f'{k}={same[k]}' for k in other)}); give it its own --out and records")
+        return record
+
+    def save(self, workdir: Path, record: dict) -> None:
+        """Both copies, each written whole or not at all (a half-written record would stop a resumed sweep)."""
+        text = json.dumps(finite(record), indent=2) + "\n"
+        Path(workdir).mkdir(parents=True, exist_ok=True)
+        atomic_write_text(Path(workdir) / RECORD, text)
+        if (kept := self.kept_path(workdir)) is not None:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(kept, text)
+
+    def finished(self, under: str = "") -> list[dict]:
+        """Every record under out/`under`: the workdirs' and the kept copies (all a fresh clone has); a run found
+        in both counts once, as its workdir has it."""
+        found = {}
+        if self.kept is not None:
+            found = {p.relative_to(self.kept).with_suffix("").as_posix(): p for p in sorted((self.kept / under).rglob("*.json"))}
+        for p in sorted((self.out / under).rglob(RECORD)):
+            found[p.parent.relative_to(self.out).as_posix()] = p
+        return [json.loads(p.read_text()) for p in found.values()]
+
+
+def make(run: Run, records: Records, summarize: Summarize, same: dict | None = None, progress: bool = True) -> Done | None:
+    """The run's record: found, or made now by training it -> Done; None when the run stopped at a checkpoint
+    before its end (SIGTERM): the sweep stops, and the same command resumes it."""
+    if (record := records.load(run.workdir, same)) is not None:
+        return Done(run, record)
+    if not records.train:
+        raise FileNotFoundError(f"no kept record for {run.workdir}: a rebuild trains nothing")
+    t0 = time.perf_counter()
+    try:
+        outcome = run.start(progress)
+    except (GPT1JaxError, OSError) as e:  # this run's inputs; the sweep goes on
+        close_open_bars()
+        return Done(run, error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    if outcome.status == "preempted":
+        print(f"{run.workdir}: stopped at step {outcome.step} (SIGTERM); the same command resumes", file=sys.stderr)
+        return None
+    record = summarize(run, outcome, seconds)
+    if record is None:
+        return Done(run, error=outcome.message or f"no record ({outcome.status})", seconds=seconds)
+    records.save(run.workdir, record)
+    return Done(run, record, seconds=seconds)
+
+
+def sweep(runs: Iterable[Run], records: Records, summarize: Summarize,
+          on_done: Callable[[Done], None] | None = None) -> list[Done] | None:
+    """make() for each run in turn, printing where it is -> every run's Done; None when one stopped at a
+    checkpoint (the runs after it did not start). `on_done(done)` follows each run that ended, so a sweep stopped
+    midway has kept what finished."""
+    runs, dones = list(runs), []
+    for i, run in enumerate(runs, 1):
+        print(f"[{i}/{len(runs)}] {run.workdir}", file=sys.stderr, flush=True)
+        done = make(run, records, summarize)
+        if done is None:
+            return None
+        if done.error:
+            print(f"    failed: {done.error}", file=sys.stderr)
+        elif not done.seconds:
+            print("    done before", file=sys.stderr)
+        dones.append(done)
+        if on_done is not None:
+            on_done(done)
+    return dones
+
+
+def finite(obj):
+    """JSON has no NaN: an undefined score is written as null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def finetune_record(run: Run, outcome: Outcome, seconds: float) -> dict | None:
+    """A finished fine-tuning run's results.json as its record, without what names this machine (paths) or
+    repeats the config; a diverged run has none (its error says why)."""
+    if not outcome.finished:
+        return None
+    return {k: v for k, v in outcome.results.items() if k not in ("config", "init", "predictions", "submission")}
+
+
+def main(fn: Callable[[], int], prog: str) -> int:
+    """Runs a sweep's command line: Ctrl-C or SIGTERM, between two runs too, stops it with one line (the run in
+    progress saved a checkpoint, or had none yet) and exit status 130; the same command resumes."""
+    with CtrlC(signals=(signal.SIGINT, signal.SIGTERM)) as guard:  # re-raises one Python dropped in a gc callback
+        try:
+            return fn()
+        except KeyboardInterrupt as e:
+            guard.caught()
+            close_open_bars()
+            print(f"{prog}: interrupted{f': {e}' if str(e) else ''}; the same command resumes", file=sys.stderr)
+            return 130

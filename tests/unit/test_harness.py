@@ -1,0 +1,92 @@
+"""experiments/harness.py, the one way the experiments make runs: the done rule (a record in the workdir, or
+the kept copy put back), both copies written whole, a record of another budget refused, a rebuild that must
+not train, one run's project error kept as its one line while the sweep goes on, and a run stopped at a
+checkpoint stopping the sweep without a record. The runs here return made-up outcomes; the real runs go
+through it in tests/e2e (test_paper.py, test_optimizers_study.py, test_finetune.py's glue_table)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import gpt1_jax.finetune
+from experiments import harness
+from gpt1_jax.config import FinetuneConfig
+from gpt1_jax.errors import DataError
+from gpt1_jax.loop import Outcome
+
+
+def _runs(out: Path, n: int) -> list[harness.Run]:
+    return [harness.Run(FinetuneConfig(task="sst2", seed=s), out / "sst2" / f"seed{s}", "none") for s in range(n)]
+
+
+def _record(run, outcome, seconds):
+    return {"seed": run.config.seed, "status": outcome.status, "score": float("nan")}
+
+
+def test_a_record_marks_a_run_done_and_the_kept_copy_restores_it(tmp_path, monkeypatch):
+    started = []
+
+    def fake_run(config, workdir, **kwargs):
+        started.append(config.seed)
+        return Outcome("finished", 3)
+
+    monkeypatch.setattr(gpt1_jax.finetune, "run", fake_run)
+    records = harness.Records(tmp_path / "out", tmp_path / "kept")
+    dones = harness.sweep(_runs(tmp_path / "out", 2), records, _record)
+    assert started == [0, 1] and [d.record["seed"] for d in dones] == [0, 1] and all(d.seconds > 0 for d in dones)
+    kept = tmp_path / "kept" / "sst2" / "seed1.json"
+    assert kept.read_text() == (tmp_path / "out" / "sst2" / "seed1" / "record.json").read_text()
+    assert json.loads(kept.read_text())["score"] is None  # JSON has no NaN
+    assert not list(tmp_path.rglob("*.tmp*"))
+
+    (tmp_path / "out" / "sst2" / "seed0" / "record.json").unlink()  # the workdir gone, the kept copy there
+    again = harness.sweep(_runs(tmp_path / "out", 2), records, _record)
+    assert started == [0, 1] and [d.seconds for d in again] == [0.0, 0.0]
+    assert (tmp_path / "out" / "sst2" / "seed0" / "record.json").is_file()
+    assert sorted(r["seed"] for r in records.finished()) == [0, 1]  # once each, though found twice
+
+
+def test_a_rebuild_trains_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpt1_jax.finetune, "run", lambda *a, **k: pytest.fail("a rebuild started a run"))
+    with pytest.raises(FileNotFoundError, match="no kept record for .*seed0: a rebuild trains nothing"):
+        harness.sweep(_runs(tmp_path, 1), harness.Records(tmp_path, tmp_path / "kept", train=False), _record)
+
+
+def test_a_record_of_another_budget_stops_the_sweep_in_one_line(tmp_path):
+    records = harness.Records(tmp_path)
+    records.save(tmp_path / "run", {"steps": 6})
+    assert records.load(tmp_path / "run", {"steps": 6}) == {"steps": 6}
+    with pytest.raises(SystemExit, match=r"finished under another budget \(steps=6; this sweep: steps=8\)"):
+        records.load(tmp_path / "run", {"steps": 8})
+
+
+def test_one_runs_error_is_its_line_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    def fake_run(config, workdir, **kwargs):
+        if config.seed == 0:
+            raise DataError("sst2: no train split in GLUE_DIR")
+        if config.seed == 1:
+            return Outcome("diverged", 2, message="loss is nan at step 2")
+        return Outcome("finished", 3, results={"main_metric": "accuracy", "metrics": {"accuracy": 0.5},
+                                               "config": {"task": "sst2"}, "predictions": {"validation": "/abs/x.tsv"}})
+
+    monkeypatch.setattr(gpt1_jax.finetune, "run", fake_run)
+    dones = harness.sweep(_runs(tmp_path, 3), harness.Records(tmp_path), harness.finetune_record)
+    assert dones[0].error == "DataError: sst2: no train split in GLUE_DIR" and dones[0].record is None
+    assert dones[1].error == "loss is nan at step 2" and dones[1].record is None  # Table 5 keeps no diverged run
+    assert [p.parent.name for p in tmp_path.rglob("record.json")] == ["seed2"]
+    # a finished run's results.json, without the paths of this machine or the config the workdir keeps
+    assert dones[2].record == {"main_metric": "accuracy", "metrics": {"accuracy": 0.5}} and dones[2].error is None
+
+
+def test_a_run_stopped_at_a_checkpoint_stops_the_sweep_without_a_record(tmp_path, monkeypatch, capsys):
+    started = []
+
+    def fake_run(config, workdir, **kwargs):
+        started.append(config.seed)
+        return Outcome("preempted", 3)
+
+    monkeypatch.setattr(gpt1_jax.finetune, "run", fake_run)
+    assert harness.sweep(_runs(tmp_path, 3), harness.Records(tmp_path, tmp_path / "kept"), _record) is None
+    assert started == [0] and not list(tmp_path.rglob("*.json"))
+    assert "stopped at step 3 (SIGTERM); the same command resumes" in capsys.readouterr().err
