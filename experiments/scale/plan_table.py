@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import matplotlib
+
+from gpt1_jax.files import atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -83,13 +84,13 @@ def run_plan(config: str, batch: int, pod: str, mesh: str, extra: list[str]) -> 
 
 
 def record(path: Path, produce) -> dict:
+    """A cell's record, made by `produce` unless it exists. Not experiments/harness.py's: a cell is a compile in
+    its own process (the simulated device count is fixed when a process starts), with no workdir or outcome."""
     if path.is_file():
         return json.loads(path.read_text())
     result = produce()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(result, indent=1) + "\n")
     return result
 
 
