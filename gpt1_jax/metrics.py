@@ -37,9 +37,7 @@ class MetricsWriter:
             self.path.write_text("".join(l + "\n" for l in kept))
         self._file = open(self.path, "a", buffering=1)
         if tensorboard:
-            # Imported here: tensorboardX takes seconds to import, and every CLI verb imports this module.
-            from tensorboardX import SummaryWriter
-
+            SummaryWriter = _summary_writer_class()
             self._tb = SummaryWriter(str(Path(workdir) / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
 
     def write(self, step: int, **scalars: Any) -> None:
@@ -63,6 +61,22 @@ class MetricsWriter:
 def read_metrics(workdir: str | Path) -> list[dict]:
     path = Path(workdir) / "metrics.jsonl"
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+
+
+def _summary_writer_class():
+    """tensorboardX's SummaryWriter, imported here: tensorboardX takes seconds to import, and every CLI verb
+    imports this module. tensorboardX also imports PyTorch at its own import, where it is installed, only to
+    accept torch tensors (~5 s of a 2-core machine at every run's start; we log floats): `import torch` is made
+    to fail, which tensorboardX handles, while tensorboardX loads, unless torch is loaded already."""
+    if "tensorboardX" in sys.modules or "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+        return SummaryWriter
+    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
 
 
 class Progress:

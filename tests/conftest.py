@@ -21,9 +21,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.env import FAST_COMPILE
+
 os.environ["XLA_FLAGS"] = " ".join(
-    [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
-    + ["--xla_force_host_platform_device_count=8"]
+    [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f and f != FAST_COMPILE]
+    + [FAST_COMPILE, "--xla_force_host_platform_device_count=8"]
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # A suite started in the background of a shell without job control (`nohup ... &`) inherits SIGINT ignored and
@@ -32,9 +34,18 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 # The many short runs in subprocesses compile the same tiny programs: JAX's persistent cache (keyed by the
 # program, jax's version and the devices) lets them share the compilations within one test session.
-_XLA_CACHE = tempfile.mkdtemp(prefix="gpt1-jax-tests-xla-")
-atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _XLA_CACHE)
+# Under pytest-xdist (-n 2) the controller makes the folder and each worker uses its own subfolder: JAX
+# writes cache entries (and gpt1_jax the matmul-peak file beside them) without a lock, so two workers
+# never read each other's half-written files.
+_ROOT_VAR = "PYTEST_GPT1_JAX_XLA_CACHE"  # the controller's folder, inherited by its workers
+if not os.environ.get(_ROOT_VAR):
+    os.environ[_ROOT_VAR] = tempfile.mkdtemp(prefix="gpt1-jax-tests-xla-")
+    atexit.register(shutil.rmtree, os.environ[_ROOT_VAR], ignore_errors=True)
+_XLA_CACHE = os.path.join(os.environ[_ROOT_VAR], os.environ.get("PYTEST_XDIST_WORKER", "main"))
+os.makedirs(_XLA_CACHE, exist_ok=True)
+if os.environ.get("JAX_COMPILATION_CACHE_DIR", "").startswith(os.environ[_ROOT_VAR]) \
+        or not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
 
 SHARED = Path(os.environ.get("GPT1_JAX_SHARED") or Path(__file__).resolve().parents[2] / "shared")
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -78,3 +89,4 @@ def mount_tmpfs():
     yield mount
     for path in reversed(mounted):
         subprocess.run(["umount", "-l", str(path)], check=False)
+

@@ -13,6 +13,7 @@ import pytest
 from gpt1_jax import cli, flops
 from gpt1_jax.config import PretrainConfig, model_preset, resolve
 from gpt1_jax.flops import accelerator_peak, flops_per_token, mfu
+from tests.support.env import xla_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"tokens_per_s", "step_s_median", "compile_s", "flops_per_token", "mfu", "peak_flops", "losses",
@@ -93,7 +94,7 @@ def test_bench_bad_options_are_one_line_exit_2(capsys, argv, message):
 
 def test_bench_cli_simulate_devices_subprocess():
     # A fresh process: --simulate-devices must take effect before jax starts.
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags()}
     out = subprocess.run(
         [sys.executable, "-m", "gpt1_jax.cli", "bench", "--config", "tiny", "--simulate-devices", "4",
          "--mesh", "fsdp=4", "--batch", "4", "--seq", "16", "--steps", "1", "--peak-flops", "1e11"],

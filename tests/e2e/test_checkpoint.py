@@ -16,13 +16,14 @@ import pytest
 from gpt1_jax import integrity
 from gpt1_jax.errors import CheckpointFormatError, CheckpointWriteError
 from tests.support.checkpoint import corrupt, largest_file
+from tests.support.env import xla_flags
 from tests.support.pretrain import assert_same_tree
 
 
 TIMEOUT = 300
 
 
-ENV = {**os.environ, "XLA_FLAGS": ""}  # one real CPU device in the subprocesses
+ENV = {**os.environ, "XLA_FLAGS": xla_flags()}  # one real CPU device in the subprocesses
 
 
 def run(*args):
@@ -71,10 +72,12 @@ def copy_of(workdir: Path, tmp_path: Path) -> Path:
 
 def test_damaged_latest_checkpoint_falls_back_bit_identically(run40, cache, tmp_path):
     """The issue's scenario: 256 random bytes into the largest file of checkpoint 40, then --steps 46.
-    The run says what is damaged, moves it aside, resumes from 39 and ends as an undamaged run ends."""
-    reference = tmp_path / "reference"
+    The run says what is damaged, moves it aside, resumes from 39 and ends as an undamaged run ends: the
+    reference is the undamaged run40 extended to 46 (warmup_constant: the same as one run of 46 steps)."""
+    reference = copy_of(run40, tmp_path / "undamaged")
     done = pretrain(reference, cache, 46)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming at step 40" in done.stderr
 
     workdir = copy_of(run40, tmp_path)
     damaged = largest_file(workdir / "checkpoints" / "40" / "state")

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from gpt1_jax import compile_cache
+from tests.support.env import xla_flags
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +21,7 @@ def _bench(env):
 
 def test_a_second_process_reuses_the_first_ones_programs(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-    env.update(GPT1_JAX_COMPILE_CACHE=str(tmp_path), XLA_FLAGS="")
+    env.update(GPT1_JAX_COMPILE_CACHE=str(tmp_path), XLA_FLAGS=xla_flags())
     _bench(env)
     (cache,) = tmp_path.iterdir()
     assert cache.name.startswith(compile_cache.cache_dir(tmp_path).name)

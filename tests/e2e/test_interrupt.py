@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 
 from gpt1_jax.metrics import read_metrics
+from tests.support.env import xla_flags
 from tests.support.pretrain import cli
 
 
 WAIT = 120  # seconds for any one phase to begin, or a run to stop
 
 
-ENV = {**os.environ, "XLA_FLAGS": ""}  # one real CPU device in the subprocesses (conftest gives this one 8)
+ENV = {**os.environ, "XLA_FLAGS": xla_flags()}  # one real CPU device in the subprocesses (conftest gives this one 8)
 
 
 def losses(workdir):

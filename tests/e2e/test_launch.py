@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tests.support.env import FAST_COMPILE
 from tests.support.launch import LAUNCH, README
 
 
@@ -26,8 +27,9 @@ def test_local_launcher_env_and_prefixes():
     lines = {l[:5]: l[5:].split() for l in done.stdout.splitlines() if l.startswith("[p")}
     assert sorted(lines) == ["[p0] ", "[p1] ", "[p2] "]
     for i in range(3):
-        pid, n, coord, flags = lines[f"[p{i}] "]
-        assert (pid, n, flags) == (str(i), "3", "--xla_force_host_platform_device_count=2")
+        # -d 2 replaces the device count of this process's XLA_FLAGS (conftest: 8) and keeps its other flags
+        pid, n, coord, *flags = lines[f"[p{i}] "]
+        assert (pid, n, flags) == (str(i), "3", [FAST_COMPILE, "--xla_force_host_platform_device_count=2"])
         assert coord.startswith("127.0.0.1:")
     assert "[launcher] exit statuses [0, 0, 0]" in done.stdout
 

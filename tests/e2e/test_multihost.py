@@ -16,11 +16,16 @@ import numpy as np
 import pytest
 
 from gpt1_jax.metrics import read_metrics
+from tests.support.env import xla_flags
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "launch" / "local.py"
 TIMEOUT = 240
 FAIL_DEADLINE = 60  # every process must be gone this long after a failure
+# The failure tests run with a 10 s heartbeat timeout (the library's default is 30 s, a flag and an env var
+# set it): a peer left waiting in a collective is aborted once the heartbeats stop, which is the mechanism
+# under test; the shorter timeout only makes that come sooner. FAIL_DEADLINE stays what "promptly" means.
+HEARTBEAT_S = 10
 STEPS, SAVE_EVERY = 12, 6
 
 
@@ -29,7 +34,7 @@ COMPILE_CACHE: list[Path] = []  # set by the `cache` fixture: runs of the same p
 
 def base_env(devices: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPT1_")}
-    env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+    env.update(XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS="cpu",
                PYTHONUNBUFFERED="1")
     if COMPILE_CACHE:  # halves each run on 2 cores; the executables are the same either way
         env.update(JAX_COMPILATION_CACHE_DIR=str(COMPILE_CACHE[0]), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
@@ -80,7 +85,9 @@ def assert_same_losses(a: dict, b: dict, steps):
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    COMPILE_CACHE[:] = [tmp_path_factory.mktemp("xla-cache")]
+    # The session's compilation cache (tests/conftest.py: one per xdist worker), where the other tests' runs
+    # left the machine's matmul peak and their programs; a folder of this module's own otherwise.
+    COMPILE_CACHE[:] = [Path(os.environ.get("JAX_COMPILATION_CACHE_DIR") or tmp_path_factory.mktemp("xla-cache"))]
     yield tmp_path_factory.mktemp("token-cache")
     COMPILE_CACHE.clear()
 
@@ -187,7 +194,8 @@ def test_kill_9_of_one_process_ends_all_promptly(tmp_path, cache):
     workdir = tmp_path / "run"
     port, procs = free_port(), []
     for i in range(2):
-        env = {**base_env(2), "GPT1_COORDINATOR": f"127.0.0.1:{port}", "GPT1_NUM_PROCESSES": "2", "GPT1_PROCESS_ID": str(i)}
+        env = {**base_env(2), "GPT1_COORDINATOR": f"127.0.0.1:{port}", "GPT1_NUM_PROCESSES": "2", "GPT1_PROCESS_ID": str(i),
+               "GPT1_HEARTBEAT_TIMEOUT": str(HEARTBEAT_S)}
         argv = [sys.executable, "-m", "gpt1_jax.cli",
                 *pretrain_args(workdir, cache, "--steps", "1000", "--set", "checkpoint_every=2")]
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"p{i}.log", "w")))
@@ -211,7 +219,7 @@ def test_exception_in_one_process_ends_all_promptly_through_launcher(tmp_path, c
     workdir = tmp_path / "run"
     script = tmp_path / "faulty.py"
     script.write_text(FAULTY)
-    env_extra = {"FAIL_PROCESS": "1", "FAIL_STEP": "7"}
+    env_extra = {"FAIL_PROCESS": "1", "FAIL_STEP": "7", "GPT1_HEARTBEAT_TIMEOUT": str(HEARTBEAT_S)}
     cmd = [sys.executable, str(LAUNCHER), "-n", "2", "-d", "2", "--grace", "60", "--", sys.executable, str(script),
            *pretrain_args(workdir, cache, "--steps", "1000", "--set", "checkpoint_every=2")]
     proc = subprocess.Popen(cmd, env={**base_env(1), **env_extra}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -244,7 +252,7 @@ def test_dry_run_compiles_for_a_simulated_mesh_without_data(tmp_path):
     workdir = tmp_path / "never-created"
     done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "pretrain", "--config", "tiny", "--workdir", str(workdir),
                            "--dry-run", "--simulate-devices", "8", "--mesh", "fsdp=4,tensor=2"],
-                          capture_output=True, text=True, timeout=TIMEOUT, env={**base_env(1), "XLA_FLAGS": ""})
+                          capture_output=True, text=True, timeout=TIMEOUT, env={**base_env(1), "XLA_FLAGS": xla_flags()})
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["devices"] == 8 and result["mesh"] == {"data": 1, "fsdp": 4, "tensor": 2}
@@ -259,6 +267,6 @@ def test_dry_run_compiles_for_a_simulated_mesh_without_data(tmp_path):
 def test_dry_run_rejects_a_mesh_that_does_not_fit(tmp_path):
     done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "pretrain", "--config", "tiny", "--workdir",
                            str(tmp_path / "w"), "--dry-run", "--simulate-devices", "8", "--mesh", "fsdp=16"],
-                          capture_output=True, text=True, timeout=TIMEOUT, env={**base_env(1), "XLA_FLAGS": ""})
+                          capture_output=True, text=True, timeout=TIMEOUT, env={**base_env(1), "XLA_FLAGS": xla_flags()})
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("gpt1-jax pretrain: error:")

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from gpt1_jax.metrics import read_metrics
+from tests.support.env import xla_flags
 from tests.support.pretrain import assert_same_tree, cache, cli  # noqa: F401 (pytest fixtures)
 
 
@@ -20,7 +21,7 @@ TIMEOUT = 300
 
 
 # One real CPU device unless a test asks for more (conftest gives this process 8 fake ones).
-ENV = {**os.environ, "XLA_FLAGS": ""}
+ENV = {**os.environ, "XLA_FLAGS": xla_flags()}
 
 
 def run(argv, **kw):
@@ -148,15 +149,26 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, cache):
 
 
 def test_resume_on_another_mesh(reference, tmp_path, cache):
-    """Half the run on 1 device, the rest on 4 fake devices with FSDP: the same losses (to fp32 rounding)."""
+    """The first third of the run on 1 device, the rest on 4 fake devices with FSDP: the same losses (to fp32
+    rounding). The first third is the reference's own (1 device), as a run stopped after its step-4 save
+    leaves it: later checkpoints and metric lines gone."""
+    import shutil
+
     workdir = tmp_path / "run"
-    first = run(tiny(workdir, cache, "--steps", "6", "--simulate-devices", "1"))
-    assert first.returncode == 0, first.stderr[-2000:]
+    shutil.copytree(reference, workdir)
+    for p in (workdir / "checkpoints").iterdir():
+        if p.name.isdigit() and int(p.name) > 4:
+            shutil.rmtree(p)
+    kept = [l for l in (workdir / "metrics.jsonl").read_text().splitlines() if json.loads(l).get("step", 0) <= 4]
+    (workdir / "metrics.jsonl").write_text("".join(l + "\n" for l in kept))
+    assert sorted(losses(workdir)) == [1, 2, 3, 4]
     second = run(tiny(workdir, cache, "--simulate-devices", "4", "--mesh", "data=2,fsdp=2"))
     assert second.returncode == 0, second.stderr[-2000:]
+    assert "resuming at step 4" in second.stderr
     a, b = losses(reference), losses(workdir)
     assert sorted(b) == list(range(1, 13))
     np.testing.assert_allclose([b[s] for s in range(1, 13)], [a[s] for s in range(1, 13)], rtol=2e-4)
+    assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == [4, 8, 12]
 
 
 def test_evaluate_verb(reference, cache):

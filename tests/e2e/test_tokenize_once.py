@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.support.env import xla_flags
 from tests.support.tokenize_once import ERROR, HeldLock, cache_name, corpus, tok_path  # noqa: F401 (pytest fixtures)
 
 
@@ -31,7 +32,7 @@ WAIT_S = 3  # data.cache_wait_s in the tests that time out
 
 def env(**more) -> dict:
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPT1_")}
-    base.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONUNBUFFERED="1")
+    base.update(JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(1), PYTHONUNBUFFERED="1")
     return {**base, **more}
 
 

@@ -43,7 +43,8 @@ def test_a_dead_builders_lock_goes_stale_and_is_taken_over(tmp_path, corpus, tok
     t0 = time.monotonic()
     stream = tokenize_to_cache(open_source(str(corpus)), GPT1Tokenizer.load(tok_path), cache, progress=False,
                                wait_s=30, stale_s=0.5)
-    assert not stream.from_cache and stream.path == final and time.monotonic() - t0 < 10
+    # well under wait_s=30 (what waiting for the dead builder would cost), with room for a loaded machine
+    assert not stream.from_cache and stream.path == final and time.monotonic() - t0 < 20
     assert sorted(p.name for p in cache.iterdir()) == [final.name]  # the stale lock is gone with ours
 
 
