@@ -97,6 +97,10 @@ CONFIG_FLAGS: dict[str, ConfigFlag] = {
                                        "a random subset of N training examples (quick runs; 0: all)", int, "N"),
     "--max-eval-examples": ConfigFlag({FinetuneConfig: ("max_eval_examples",)},
                                       "a fixed random subset of N of each dev/test split (0: all)", int, "N"),
+    "--profile": ConfigFlag({PretrainConfig: ("profile",), FinetuneConfig: ("profile",)},
+                            "trace steps START to STOP (from 1) with jax.profiler into WORKDIR/profile/ (TensorBoard's "
+                            "profile plugin, XProf, or ui.perfetto.dev); those steps are left out of tokens/s",
+                            metavar="START:STOP"),
     "--tokenizer": ConfigFlag({DataConfig: ("tokenizer",)}, "a tokenizer .json, or a vocabulary folder (OpenAI's "
                               "encoder_bpe_40000.json + vocab_40000.bpe, or HF's vocab.json + merges.txt)"),
     "--vocab-size": ConfigFlag({DataConfig: ("vocab_size",)}, "BPE merges to train (without the 3 fine-tuning markers)",
@@ -224,7 +228,7 @@ def simulate_devices(n: int | None) -> None:
 def _pretrain_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", required=True, help="run directory: config, tokenizer, checkpoints, metrics "
                    "(a saved config.yaml there is the default --config: running again resumes)")
-    for name in ("--data", "--steps", "--batch-size", "--seq-len", "--seed"):
+    for name in ("--data", "--steps", "--batch-size", "--seq-len", "--seed", "--profile"):
         _flag(p, PretrainConfig, name)
     p.add_argument("--dry-run", action="store_true", help="compile the step for the mesh, print per-device memory "
                    "and FLOPs as one JSON line; no data, no training (size a pod job with --simulate-devices)")
@@ -304,7 +308,7 @@ def _finetune_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, None, "--tokenizer", note="default: the one in SOURCE; for --init none, a BPE trained on the task's "
                                        "training text")
     for name in ("--epochs", "--batch-size", "--accum-steps", "--lr", "--lm-coef", "--seed", "--max-train-examples",
-                 "--max-eval-examples"):
+                 "--max-eval-examples", "--profile"):
         _flag(p, FinetuneConfig, name)
     p.add_argument("--predict-test", action="store_true", help="also write GLUE's submission file DIR/<Task>.tsv")
     p.add_argument("--tfds-dir", default=None,

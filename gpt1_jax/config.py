@@ -308,6 +308,7 @@ class PretrainConfig:
     eval_every: int = 100
     eval_batches: int = 16  # cap on validation batches per evaluation (0: the whole split)
     log_every: int = 1
+    profile: str = ""  # "START:STOP": a jax.profiler trace of those steps into <workdir>/profile/ ("": none)
 
     def __post_init__(self):
         if isinstance(self.keep_steps, list):  # from YAML
@@ -321,6 +322,8 @@ class PretrainConfig:
         if self.data.seq_len > self.model.n_positions:
             raise ConfigError(f"data.seq_len={self.data.seq_len} is longer than the model's context "
                               f"model.n_positions={self.model.n_positions}")
+        if (window := profile_window(self.profile)) and window[1] > self.steps:
+            raise ConfigError(f"profile {self.profile} ends after the run's last step ({self.steps})")
 
 
 # Per-preset training defaults: the paper's for gpt1 (and its larger siblings), scaled down for the CPU presets.
@@ -369,6 +372,7 @@ class FinetuneConfig:
     init_layers: int = -1  # pre-trained blocks kept (Figure 2 left); -1: all; the rest start fresh
     checkpoint_every: int = 0  # steps between checkpoints besides each epoch's end (0: epoch ends only)
     keep_checkpoints: int = 2
+    profile: str = ""  # "START:STOP": a jax.profiler trace of those steps into <workdir>/profile/ ("": none)
 
     def __post_init__(self):
         for name in ("epochs", "batch_size", "accum_steps", "keep_checkpoints"):
@@ -386,6 +390,20 @@ class FinetuneConfig:
         if self.init_layers < -1:
             raise ConfigError(f"init_layers must be >= -1 (-1: all), got {self.init_layers}")
         task_key(self.task)  # validates
+        profile_window(self.profile)  # validates (the last step is known once the task's data is read)
+
+
+def profile_window(text: str) -> tuple[int, int] | None:
+    """`profile` ("START:STOP", steps counted from 1, both profiled) -> (START, STOP); "" -> None."""
+    if not text:
+        return None
+    try:
+        first, last = (int(part) for part in str(text).split(":"))
+    except ValueError:
+        raise ConfigError(f"profile {text!r}: expected START:STOP, two step numbers (e.g. 10:15)") from None
+    if not 1 <= first <= last:
+        raise ConfigError(f"profile {text!r}: expected 1 <= START <= STOP")
+    return first, last
 
 
 def task_key(name: str) -> str:

@@ -34,9 +34,9 @@ import jax
 from jax.experimental import multihost_utils
 
 from gpt1_jax import workdir as run_folder
-from gpt1_jax.config import save_yaml
+from gpt1_jax.config import profile_window, save_yaml
 from gpt1_jax.distributed import abort
-from gpt1_jax.errors import DivergenceError, Interrupted
+from gpt1_jax.errors import ConfigError, DivergenceError, Interrupted
 from gpt1_jax.integrity import newest_checkpoint
 from gpt1_jax.metrics import MetricsWriter, Progress
 
@@ -138,9 +138,14 @@ class Loop:
     tokens_per_step: int = 0  # for tokens/s and MFU in the log (0: not logged)
     flops_per_token: float = 0.0
     peak_flops: float = 0.0
+    profile: tuple[int, int] | None = None  # (START, STOP): trace those steps (config.profile_window)
+    profile_dir: Path | None = None
 
     def __post_init__(self):
         self._tally = {h.name: [0.0, 0] for h in self.hooks}  # train-loss sum and count since each hook ran
+        self._tracing = False
+        if self.profile and self.profile[1] > self.steps:
+            raise ConfigError(f"profile {self.profile[0]}:{self.profile[1]} ends after the run's last step ({self.steps})")
 
     def position(self, batches: Batches) -> dict:
         """What a checkpoint records beside the train state: a copy, since the save is written after the
@@ -173,6 +178,8 @@ class Loop:
             abort(1, e)
             raise
         finally:  # an error still lets the save in flight finish, so the last checkpoint stays whole
+            if self._tracing:  # stopped inside the profile window: the trace so far is still written
+                self._stop_trace(None)
             preemption.close()
             self.progress.close()
             self.checkpointer.close()
@@ -197,6 +204,11 @@ class Loop:
         for step in range(start + 1, self.steps + 1):
             self._step = step
             epoch = getattr(batches, "epoch", None)
+            if self._profiled(step) and not self._tracing:  # the window's first step, or the first one resumed in it
+                if pending:
+                    self._record(*pending)
+                    pending = None
+                self._start_trace()
             state, metrics = self.trainer.step(state, self.trainer.put_batch(next(batches)))
             if pending:
                 self._record(*pending)  # the previous step's, while this one runs
@@ -204,9 +216,11 @@ class Loop:
             preempted = preemption.poll(step)
             due = [h for h in self.hooks if h.due(step, self.steps)]
             save = preempted or self.checkpointer.should_save(step) or step == self.steps
-            if due or save:
+            if due or save or self._tracing:  # in the profile window each step ends before the next one starts
                 self._record(*pending)
                 pending = None
+            if self._tracing and step == self.profile[1]:
+                self._stop_trace(state)
             self._run_hooks(due, step, state)
             if save:
                 self.checkpointer.save(step, state, self.position(batches), self.model_config)
@@ -217,6 +231,27 @@ class Loop:
         if pending:
             self._record(*pending)
         return state, self._step
+
+    def _profiled(self, step: int) -> bool:
+        return self.profile is not None and self.profile[0] <= step <= self.profile[1]
+
+    def _start_trace(self) -> None:
+        """jax.profiler's trace of the window into profile_dir (per process when there are several: each writes
+        its own host's trace): TensorBoard's profile plugin / XProf read the .xplane.pb, ui.perfetto.dev the
+        perfetto_trace.json.gz."""
+        folder = Path(self.profile_dir)
+        if jax.process_count() > 1:
+            folder = folder / f"process{jax.process_index()}"
+        folder.mkdir(parents=True, exist_ok=True)
+        jax.profiler.start_trace(str(folder), create_perfetto_trace=True)
+        self._tracing = True
+
+    def _stop_trace(self, state) -> None:
+        if state is not None:
+            jax.block_until_ready(state)  # the last profiled step's update, whole
+        self._tracing = False
+        jax.profiler.stop_trace()
+        self._t_last = time.perf_counter()  # writing the trace is not training throughput
 
     def _run_hooks(self, due: list[Hook], step: int, state) -> None:
         for hook in due:
@@ -243,7 +278,7 @@ class Loop:
             tally[1] += 1
         now = time.perf_counter()
         fields = {}
-        if self.tokens_per_step:
+        if self.tokens_per_step and not self._profiled(step):  # a traced step runs slower than the others
             tokens_per_s = self.tokens_per_step / max(now - self._t_last, 1e-9)
             fields = {"tokens_per_s": tokens_per_s}
             if self.flops_per_token and self.peak_flops:
@@ -283,7 +318,8 @@ def start(workdir: Path, job: run_folder.Identity, config, trainer, checkpointer
         write_files()
     bar = Progress(steps, begin, enabled=progress and is_main, desc=desc)
     metrics = MetricsWriter(workdir, enabled=is_main, resume_step=begin, tensorboard=tensorboard)
-    loop = Loop(trainer, steps, checkpointer, config.model, metrics, bar, hooks(bar), **loop_options)
+    loop = Loop(trainer, steps, checkpointer, config.model, metrics, bar, hooks(bar),
+                profile=profile_window(config.profile), profile_dir=workdir / "profile", **loop_options)
     if begin:
         state, position, _ = checkpointer.restore(trainer.abstract_state_sharded(), begin)
         loop.restore_position(position, batches)
