@@ -309,6 +309,7 @@ class PretrainConfig:
     eval_batches: int = 16  # cap on validation batches per evaluation (0: the whole split)
     log_every: int = 1
     profile: str = ""  # "START:STOP": a jax.profiler trace of those steps into <workdir>/profile/ ("": none)
+    stats_every: int = 0  # per-layer parameter, gradient and update norms every N steps (gpt1_jax/layer_stats.py; 0: off)
 
     def __post_init__(self):
         if isinstance(self.keep_steps, list):  # from YAML
@@ -316,7 +317,7 @@ class PretrainConfig:
         for name in ("steps", "accum_steps", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("checkpoint_every", "eval_every", "eval_batches", "log_every"):
+        for name in ("checkpoint_every", "eval_every", "eval_batches", "log_every", "stats_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.data.seq_len > self.model.n_positions:
@@ -373,12 +374,14 @@ class FinetuneConfig:
     checkpoint_every: int = 0  # steps between checkpoints besides each epoch's end (0: epoch ends only)
     keep_checkpoints: int = 2
     profile: str = ""  # "START:STOP": a jax.profiler trace of those steps into <workdir>/profile/ ("": none)
+    stats_every: int = 0  # per-layer parameter, gradient and update norms every N steps (gpt1_jax/layer_stats.py; 0: off)
 
     def __post_init__(self):
         for name in ("epochs", "batch_size", "accum_steps", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("eval_batch_size", "n_ctx", "max_train_examples", "max_eval_examples", "checkpoint_every"):
+        for name in ("eval_batch_size", "n_ctx", "max_train_examples", "max_eval_examples", "checkpoint_every",
+                     "stats_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.warmup_fraction <= 1:

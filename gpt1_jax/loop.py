@@ -140,6 +140,7 @@ class Loop:
     peak_flops: float = 0.0
     profile: tuple[int, int] | None = None  # (START, STOP): trace those steps (config.profile_window)
     profile_dir: Path | None = None
+    stats_every: int = 0  # steps that also compute and log the per-layer statistics (0: none)
 
     def __post_init__(self):
         self._tally = {h.name: [0.0, 0] for h in self.hooks}  # train-loss sum and count since each hook ran
@@ -209,7 +210,8 @@ class Loop:
                     self._record(*pending)
                     pending = None
                 self._start_trace()
-            state, metrics = self.trainer.step(state, self.trainer.put_batch(next(batches)))
+            stats = {"stats": True} if self.stats_every and step % self.stats_every == 0 else {}
+            state, metrics = self.trainer.step(state, self.trainer.put_batch(next(batches)), **stats)
             if pending:
                 self._record(*pending)  # the previous step's, while this one runs
             pending = (step, metrics, epoch)
@@ -285,7 +287,8 @@ class Loop:
                 fields["mfu"] = tokens_per_s * self.flops_per_token / self.peak_flops
         self._t_last = now
         self._last.update(m, **fields)
-        if self.log_every and (step % self.log_every == 0 or step == self.steps):
+        stats_step = self.stats_every and step % self.stats_every == 0
+        if stats_step or (self.log_every and (step % self.log_every == 0 or step == self.steps)):
             self.metrics.write(step, **m, **fields, **({"epoch": epoch} if epoch is not None else {}))
         shown = {"loss": m["loss"]}
         if "tokens_per_s" in fields:
@@ -319,7 +322,8 @@ def start(workdir: Path, job: run_folder.Identity, config, trainer, checkpointer
     bar = Progress(steps, begin, enabled=progress and is_main, desc=desc)
     metrics = MetricsWriter(workdir, enabled=is_main, resume_step=begin, tensorboard=tensorboard)
     loop = Loop(trainer, steps, checkpointer, config.model, metrics, bar, hooks(bar),
-                profile=profile_window(config.profile), profile_dir=workdir / "profile", **loop_options)
+                profile=profile_window(config.profile), profile_dir=workdir / "profile",
+                stats_every=config.stats_every, **loop_options)
     if begin:
         state, position, _ = checkpointer.restore(trainer.abstract_state_sharded(), begin)
         loop.restore_position(position, batches)

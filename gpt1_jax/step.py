@@ -32,6 +32,7 @@ import optax
 
 from gpt1_jax import sharding as shd
 from gpt1_jax.config import ConfigError, MeshConfig, ModelConfig, OptimConfig
+from gpt1_jax.layer_stats import layer_stats
 from gpt1_jax.model import GPT1, init_params
 from gpt1_jax.optim import make_optimizer, make_schedule
 
@@ -138,8 +139,9 @@ def _mean_metrics(loss_sum, weight_sum, aux) -> dict[str, jax.Array]:
 
 
 def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn, tx: optax.GradientTransformation,
-               schedule: optax.Schedule, accum_steps: int = 1, seed: int = 0) -> tuple[TrainState, dict]:
-    """One update. Metrics: loss and aux means (before the update), grad_norm (before clipping), lr."""
+               schedule: optax.Schedule, accum_steps: int = 1, seed: int = 0, stats: bool = False) -> tuple[TrainState, dict]:
+    """One update. Metrics: loss and aux means (before the update), grad_norm (before clipping), lr; with `stats`
+    also the per-layer norms of gpt1_jax/layer_stats.py (the update itself is the same)."""
     (loss_sum, weight_sum, aux), grads = accumulated(loss_fn, accum_steps)(state.params, batch, dropout_rng(seed, state.step))
     denom = jnp.maximum(weight_sum, 1.0)
     grads = jax.tree.map(lambda g: (g / denom).astype(g.dtype), grads)
@@ -147,6 +149,8 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn, tx: optax.Gr
     params = optax.apply_updates(state.params, updates)
     metrics = {**_mean_metrics(loss_sum, weight_sum, aux), "grad_norm": optax.tree.norm(grads),
                "lr": jnp.asarray(schedule(state.step), jnp.float32)}
+    if stats:
+        metrics.update(layer_stats(state.params, grads, updates))
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
@@ -159,6 +163,7 @@ class _Programs:
     schedule: optax.Schedule
     init: Callable
     step: Callable
+    step_stats: Callable  # the same step, also returning the per-layer statistics
     grads: Callable
     eval: Callable
     predict: Callable | None
@@ -185,8 +190,9 @@ def _programs(init_fn, loss_fn, predict_fn, optim: OptimConfig, rules: shd.Rules
         params = nn.meta.unbox(init_fn(key))
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
-    def step(state, batch):
-        return train_step(state, batch, loss_fn=loss_fn, tx=tx, schedule=schedule, accum_steps=accum_steps, seed=seed)
+    def step(state, batch, stats=False):
+        return train_step(state, batch, loss_fn=loss_fn, tx=tx, schedule=schedule, accum_steps=accum_steps, seed=seed,
+                          stats=stats)
 
     def grads(params, batch, step_):
         (loss_sum, weight_sum, aux), g = accumulated(loss_fn, accum_steps)(params, batch, dropout_rng(seed, step_))
@@ -196,7 +202,8 @@ def _programs(init_fn, loss_fn, predict_fn, optim: OptimConfig, rules: shd.Rules
     def evaluate(params, batch):
         return loss_fn(params, batch, None, True)
 
-    return _Programs(boxed_params, tx, schedule, with_rules(init), with_rules(step), with_rules(grads),
+    return _Programs(boxed_params, tx, schedule, with_rules(init), with_rules(step),
+                     with_rules(functools.partial(step, stats=True)), with_rules(grads),
                      with_rules(evaluate), with_rules(predict_fn) if predict_fn is not None else None)
 
 
@@ -234,6 +241,9 @@ class Trainer:
         )
         # Inputs keep the shardings they were placed with (put_batch, init, restore); outputs are pinned.
         self._step = jax.jit(programs.step, out_shardings=(self.state_shardings, replicated), donate_argnums=(0,))
+        # A second program for the steps that log per-layer statistics: the others pay nothing for them.
+        self._step_stats = jax.jit(programs.step_stats, out_shardings=(self.state_shardings, replicated),
+                                   donate_argnums=(0,))
         self._grads = jax.jit(programs.grads, out_shardings=(replicated, self.param_shardings, replicated))
         self._init = jax.jit(programs.init, out_shardings=self.state_shardings)
         self._eval = jax.jit(programs.eval, out_shardings=replicated)
@@ -281,9 +291,10 @@ class Trainer:
         return {k: jax.make_array_from_process_local_data(shd.batch_sharding(self.mesh, v.ndim), v)
                 for k, v in batch.items()}
 
-    def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+    def step(self, state: TrainState, batch: Batch, stats: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
+        """One update; `stats`: its metrics also hold the per-layer statistics (gpt1_jax/layer_stats.py)."""
         with self._context():
-            return self._step(state, batch)
+            return (self._step_stats if stats else self._step)(state, batch)
 
     def eval_sums(self, params, batch: Batch):
         """(loss sum, weight sum, aux sums) of a batch, no dropout, no update."""

@@ -41,9 +41,9 @@ def _ahead_of_a_run(entry: Path) -> bool:
         return entry.is_dir() and not any(entry.iterdir())
     return entry.name in ("tokenizer.json", "tokenizer.meta.json")
 # Fine-tuning settings that may change when a run is resumed: how it is checkpointed, evaluated in
-# batches, laid over devices or profiled, none of which moves its results.
+# batches, laid over devices, profiled or watched (per-layer statistics), none of which moves its results.
 RESUMABLE_WITH_OTHER = ("mesh", "keep_checkpoints", "checkpoint_every", "eval_batch_size", "model.attention",
-                        "model.remat", "profile")
+                        "model.remat", "profile", "stats_every")
 
 
 @dataclasses.dataclass(frozen=True)

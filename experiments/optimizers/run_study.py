@@ -143,7 +143,7 @@ def pretrain_config(budget: dict, name: str, lr: float, seed: int, tokenizer: st
     optim = r(base.optim, name=name, lr=lr, warmup_steps=warmup, total_steps=b["steps"], **SPECS[name]["overrides"])
     return r(base, data=data, optim=optim, steps=b["steps"], seed=seed, eval_every=b["eval_every"],
              eval_batches=b["eval_batches"], checkpoint_every=b["eval_every"], log_every=1, keep_checkpoints=1,
-             keep_steps=())
+             keep_steps=(), stats_every=b["eval_every"])
 
 
 def prepare_tokenizer(study: Path, budget: dict, tokenizer: str | None) -> str:
@@ -203,7 +203,19 @@ def pretrain_record(run: harness.Run, outcome: Outcome, wall: float, *, study: P
         "optimizer_state_bytes": optimizer_state_bytes(config.optim, _abstract_params(model)),
         "diverged": diverged, "error": f"DivergenceError: {outcome.message}" if diverged else None,
         "cpu_flags": " ".join(cpu_flags()),  # a study spanning sessions may span CPU kinds: its seconds differ
+        "update_ratio": update_ratios(metrics),
     }
+
+
+def update_ratios(metrics: list[dict]) -> dict[str, list[list[float]]]:
+    """Parameter group -> [[step, |update| / |params|], ...], from the per-layer statistics the run logged
+    (stats_every, gpt1_jax/layer_stats.py)."""
+    out: dict[str, list[list[float]]] = {}
+    for row in metrics:
+        for key, value in row.items():
+            if key.startswith("stats/") and key.endswith("/update_ratio"):
+                out.setdefault(key.removeprefix("stats/").removesuffix("/update_ratio"), []).append([row["step"], value])
+    return out
 
 
 def _abstract_params(model):

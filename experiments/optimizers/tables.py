@@ -269,7 +269,48 @@ def plot(study: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list
     _plot_curves(by_progress, "tokens", "tokens seen" if pre else "epoch", kind, runs, rows, seeds)
     _plot_curves(by_time, "train_seconds", "training seconds (see results.md)", kind, runs, rows, seeds)
     _plot_lr_sweep(by_lr, kind, runs, rows, seeds)
-    return [by_progress, by_time, by_lr]
+    best = [r for row in rows if (r := _best_run(runs, row, seeds)) is not None and r.get("update_ratio")]
+    if not best:  # runs made before the study logged per-layer statistics
+        return [by_progress, by_time, by_lr]
+    by_layer = study / "update_ratio.png"
+    _plot_update_ratios(by_layer, best)
+    return [by_progress, by_time, by_lr, by_layer]
+
+
+def _best_run(runs: list[dict], row: dict, seeds: list[int]) -> dict | None:
+    return next((r for r in runs if r["optimizer"] == row["optimizer"] and r["lr"] == row["best_lr"]
+                 and r["seed"] == seeds[0]), None)
+
+
+def _plot_update_ratios(path: Path, best: list[dict]) -> None:
+    """|update| / |params| per parameter group over training, one panel per optimizer's best run: which layers
+    each optimizer moves, and how fast (LayerNorms left out; embeddings in black, blocks darker as they go up)."""
+    plt = _pyplot()
+    cols = min(4, len(best))
+    rows_n = -(-len(best) // cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(3.6 * cols, 3.0 * rows_n), dpi=110, squeeze=False, sharey=True)
+    for ax, run in zip(axes.flat, best):
+        groups = {g: pts for g, pts in run["update_ratio"].items() if not g.endswith("/ln")}
+        depth = 1 + max((int(g.split("/")[0][5:]) for g in groups if g.startswith("block")), default=0)
+        for group, pts in sorted(groups.items()):
+            steps, values = zip(*pts)
+            if group.startswith("block"):
+                layer, part = group.split("/")
+                color = plt.cm.viridis(1 - int(layer[5:]) / max(depth, 1))
+                ax.plot(steps, values, "-" if part == "attn" else "--", color=color, lw=1,
+                        label=f"{layer} {part}" if part == "attn" or depth <= 4 else None)
+            else:
+                ax.plot(steps, values, ":", color="black", lw=1.2, label=group)
+        ax.set_yscale("log")
+        ax.set_title(f"{run['optimizer']} (lr {run['lr']:.3g})", fontsize=9)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3, which="both")
+    for ax in axes.flat[len(best):]:
+        ax.axis("off")
+    axes[0][0].set_ylabel("|update| / |params|")
+    axes[0][0].legend(fontsize=6, ncol=2)
+    fig.suptitle("Per-layer update size at each optimizer's best lr (solid: attention, dashed: MLP)", fontsize=10)
+    _save(plt, fig, path)
 
 
 def _pyplot():
@@ -292,8 +333,7 @@ def _plot_curves(path: Path, field: str, xlabel: str, kind: str, runs: list[dict
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
     for i, row in enumerate(rows):
-        r = next((r for r in runs if r["optimizer"] == row["optimizer"] and r["lr"] == row["best_lr"]
-                  and r["seed"] == seeds[0]), None)
+        r = _best_run(runs, row, seeds)
         pts = _curve_points(field, kind, r, row) if r is not None and r["val_curve"] else []
         if pts:
             ax.plot(*zip(*pts), "o-", ms=3, color=colors[i % len(colors)], label=f"{row['optimizer']} (lr {row['best_lr']:.3g})")

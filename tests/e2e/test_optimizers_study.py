@@ -42,10 +42,15 @@ def quick_study(tmp_path_factory):
 
 def test_quick_study_writes_all_outputs(quick_study):
     study, _ = quick_study
-    for name in ("results.json", "results.md", "val_vs_tokens.png", "val_vs_time.png", "loss_vs_lr.png"):
+    for name in ("results.json", "results.md", "val_vs_tokens.png", "val_vs_time.png", "loss_vs_lr.png",
+                 "update_ratio.png"):
         assert (study / name).is_file() and (study / name).stat().st_size > 0, name
     results = json.loads((study / "results.json").read_text())
     runs = results["runs"]
+    # per-layer statistics at every evaluation (steps 3 and 6 of 6): tiny's two blocks, its embeddings
+    ratios = runs[0]["update_ratio"]
+    assert set(ratios) >= {"embed/tokens", "block0/attn", "block1/mlp", "block1/ln"}
+    assert [step for step, _ in ratios["block0/attn"]] == [3, 6] and all(v > 0 for _, v in ratios["block1/mlp"])
     assert len(runs) == 2 * 2 + 2  # 2 lrs at seed 0, then seed 1 at the best lr
     for name in OPTS:
         mine = [r for r in runs if r["optimizer"] == name]

@@ -187,3 +187,20 @@ def test_findings_group_the_rows_by_the_seed_noise():
     assert "final validation loss is 3.910 nats/token, within the 5" in text
     lone = tb.summarize(runs[-2:] + [_rec("e", 1e-3, 5.0)], ["d", "e"], [0, 1, 2])  # one seed each
     assert "e leads d by 0.200 nats: the seed noise is not measured yet" in "\n".join(tb.findings("pretrain", lone, runs))
+
+
+def test_update_ratios_come_from_the_logged_statistics_and_draw_one_panel_per_optimizer(tmp_path):
+    metrics = [{"step": 1, "loss": 5.0}, {"step": 2, "loss": 4.0, "stats/block0/attn/update_ratio": 0.01,
+                                          "stats/block0/attn/param_norm": 3.0, "stats/embed/tokens/update_ratio": 0.002},
+               {"step": 4, "stats/block0/attn/update_ratio": 0.005, "stats/embed/tokens/update_ratio": 0.001}]
+    ratios = rs.update_ratios(metrics)
+    assert ratios == {"block0/attn": [[2, 0.01], [4, 0.005]], "embed/tokens": [[2, 0.002], [4, 0.001]]}
+    runs = [dict(_rec("adamw", 1e-3, 3.0), val_curve=[], update_ratio=ratios),
+            dict(_rec("lion", 1e-4, 3.1), val_curve=[], update_ratio=ratios)]
+    rows = tb.summarize(runs, ["adamw", "lion"], [0])
+    paths = tb.plot(tmp_path, "pretrain", runs, rows, [0])
+    assert tmp_path / "update_ratio.png" in paths and (tmp_path / "update_ratio.png").stat().st_size > 10_000
+    older = [{k: v for k, v in r.items() if k != "update_ratio"} for r in runs]  # records from before the statistics
+    (tmp_path / "old").mkdir()
+    assert tmp_path / "old" / "update_ratio.png" not in tb.plot(tmp_path / "old", "pretrain", older, rows, [0])
+    assert not (tmp_path / "old" / "update_ratio.png").exists()

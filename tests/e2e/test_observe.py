@@ -1,0 +1,37 @@
+"""What watches a real (tiny, in-process) pre-training run and must not change it: --profile START:STOP (the
+trace files, the traced steps out of tokens/s) and stats_every (per-layer statistics in metrics.jsonl at those
+steps); with both on, the run ends with the parameters of a run with neither. The window's parsing:
+tests/unit/test_profile.py; the statistics' numbers: tests/unit/test_layer_stats.py."""
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+
+from gpt1_jax import pretrain
+from gpt1_jax.config import PretrainConfig, preset
+from tests.support.pretrain import cache  # noqa: F401 (a pytest fixture)
+
+
+def _config(cache, profile: str = "", stats_every: int = 0) -> PretrainConfig:
+    base = preset(PretrainConfig, "tiny")
+    return dataclasses.replace(base, steps=5, eval_every=0, checkpoint_every=0, profile=profile, stats_every=stats_every,
+                               data=dataclasses.replace(base.data, cache_dir=str(cache)))
+
+
+def test_a_profiled_and_watched_run_ends_as_a_plain_one(tmp_path, cache):
+    plain = pretrain.run(_config(cache), tmp_path / "plain")
+    traced = pretrain.run(_config(cache, "2:3", stats_every=2), tmp_path / "traced")
+    assert plain.finished and traced.finished
+    for a, b in zip(jax.tree_util.tree_leaves(plain.state.params), jax.tree_util.tree_leaves(traced.state.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    files = {p.name for p in (tmp_path / "traced" / "profile").rglob("*") if p.is_file()}
+    assert "perfetto_trace.json.gz" in files and any(n.endswith(".xplane.pb") for n in files), files
+    assert not (tmp_path / "plain" / "profile").exists()
+    rows = {r["step"]: r for r in map(json.loads, (tmp_path / "traced" / "metrics.jsonl").read_text().splitlines())
+            if "loss" in r}
+    assert [s for s in sorted(rows) if "tokens_per_s" in rows[s]] == [1, 4, 5]  # 2 and 3 were traced
+    watched = [s for s in sorted(rows) if any(k.startswith("stats/") for k in rows[s])]
+    assert watched == [2, 4] and rows[2]["stats/block1/mlp/update_ratio"] > 0
+    assert {k.split("/")[1] for k in rows[4] if k.startswith("stats/")} == {"embed", "block0", "block1"}
