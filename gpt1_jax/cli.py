@@ -42,8 +42,8 @@ from typing import Any, Callable, NamedTuple
 
 from gpt1_jax import compile_cache, distributed
 from gpt1_jax import workdir as run_folder
-from gpt1_jax.config import (DataConfig, FinetuneConfig, ModelConfig, PretrainConfig, apply_overrides, guarded_text,
-                             resolve)
+from gpt1_jax.config import (DataConfig, FinetuneConfig, ModelConfig, PretrainConfig, TRACKER_NAMES, apply_overrides,
+                             guarded_text, resolve)
 from gpt1_jax.errors import ConfigError, DivergenceError, GPT1JaxError, Interrupted
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps, newest_checkpoint, record, verify_checkpoints
 from gpt1_jax.interrupt import CtrlC
@@ -72,7 +72,8 @@ SEED_HELP = ("one seed for every random choice the verb makes: initial weights, 
              "subset). Default: the config's (sample: 0)")
 CONFIG_FLAGS: dict[str, ConfigFlag] = {
     "--data": ConfigFlag({PretrainConfig: ("data.source",), DataConfig: ("source",)},
-                         "the text: 'default' (CPython's docs), a .txt/.txt.gz file, folder or glob, or tfds:NAME"),
+                         "the text: 'default' (CPython's docs), a .txt/.txt.gz file, folder or glob, tfds:NAME, "
+                         "or hf:REPO (Hugging Face datasets; hf:json:FILES#FIELD for local files)"),
     "--steps": ConfigFlag({PretrainConfig: ("steps",)}, "total optimizer steps", int, "N"),
     "--batch-size": ConfigFlag({PretrainConfig: ("data.global_batch_size",), FinetuneConfig: ("batch_size",)},
                                "global batch: sequences (finetune: examples) per step", int, "N"),
@@ -101,6 +102,10 @@ CONFIG_FLAGS: dict[str, ConfigFlag] = {
                             "trace steps START to STOP (from 1) with jax.profiler into WORKDIR/profile/ (TensorBoard's "
                             "profile plugin, XProf, or ui.perfetto.dev); those steps are left out of tokens/s",
                             metavar="START:STOP"),
+    "--tracker": ConfigFlag({PretrainConfig: ("tracker",), FinetuneConfig: ("tracker",)},
+                            "where metrics go besides metrics.jsonl: tensorboard (pretrain's default), wandb (W&B, "
+                            "from WANDB_* in the environment) or none (finetune's default)",
+                            choices=TRACKER_NAMES),
     "--tokenizer": ConfigFlag({DataConfig: ("tokenizer",)}, "a tokenizer .json, or a vocabulary folder (OpenAI's "
                               "encoder_bpe_40000.json + vocab_40000.bpe, or HF's vocab.json + merges.txt)"),
     "--vocab-size": ConfigFlag({DataConfig: ("vocab_size",)}, "BPE merges to train (without the 3 fine-tuning markers)",
@@ -228,7 +233,7 @@ def simulate_devices(n: int | None) -> None:
 def _pretrain_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", required=True, help="run directory: config, tokenizer, checkpoints, metrics "
                    "(a saved config.yaml there is the default --config: running again resumes)")
-    for name in ("--data", "--steps", "--batch-size", "--seq-len", "--seed", "--profile"):
+    for name in ("--data", "--steps", "--batch-size", "--seq-len", "--seed", "--profile", "--tracker"):
         _flag(p, PretrainConfig, name)
     p.add_argument("--dry-run", action="store_true", help="compile the step for the mesh, print per-device memory "
                    "and FLOPs as one JSON line; no data, no training (size a pod job with --simulate-devices)")
@@ -308,7 +313,7 @@ def _finetune_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, None, "--tokenizer", note="default: the one in SOURCE; for --init none, a BPE trained on the task's "
                                        "training text")
     for name in ("--epochs", "--batch-size", "--accum-steps", "--lr", "--lm-coef", "--seed", "--max-train-examples",
-                 "--max-eval-examples", "--profile"):
+                 "--max-eval-examples", "--profile", "--tracker"):
         _flag(p, FinetuneConfig, name)
     p.add_argument("--predict-test", action="store_true", help="also write GLUE's submission file DIR/<Task>.tsv")
     p.add_argument("--tfds-dir", default=None,

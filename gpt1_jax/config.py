@@ -127,6 +127,7 @@ def model_preset(name: str) -> ModelConfig:
 OPTIMIZER_NAMES = ("gpt1_adam", "adamw", "lion", "adafactor", "sgd", "sgd_nesterov", "muon", "schedule_free_adamw",
                    "lamb")
 SCHEDULE_NAMES = ("warmup_linear", "warmup_cosine", "warmup_constant", "constant")
+TRACKER_NAMES = ("tensorboard", "wandb", "none")  # gpt1_jax/tracker.py
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,6 +311,7 @@ class PretrainConfig:
     log_every: int = 1
     profile: str = ""  # "START:STOP": a jax.profiler trace of those steps into <workdir>/profile/ ("": none)
     stats_every: int = 0  # per-layer parameter, gradient and update norms every N steps (gpt1_jax/layer_stats.py; 0: off)
+    tracker: str = "tensorboard"  # where metrics go besides metrics.jsonl: tensorboard, wandb or none (gpt1_jax/tracker.py)
 
     def __post_init__(self):
         if isinstance(self.keep_steps, list):  # from YAML
@@ -323,6 +325,7 @@ class PretrainConfig:
         if self.data.seq_len > self.model.n_positions:
             raise ConfigError(f"data.seq_len={self.data.seq_len} is longer than the model's context "
                               f"model.n_positions={self.model.n_positions}")
+        check_tracker(self.tracker)
         if (window := profile_window(self.profile)) and window[1] > self.steps:
             raise ConfigError(f"profile {self.profile} ends after the run's last step ({self.steps})")
 
@@ -375,6 +378,7 @@ class FinetuneConfig:
     keep_checkpoints: int = 2
     profile: str = ""  # "START:STOP": a jax.profiler trace of those steps into <workdir>/profile/ ("": none)
     stats_every: int = 0  # per-layer parameter, gradient and update norms every N steps (gpt1_jax/layer_stats.py; 0: off)
+    tracker: str = "none"  # besides metrics.jsonl and results.json: tensorboard, wandb or none (gpt1_jax/tracker.py)
 
     def __post_init__(self):
         for name in ("epochs", "batch_size", "accum_steps", "keep_checkpoints"):
@@ -394,6 +398,12 @@ class FinetuneConfig:
             raise ConfigError(f"init_layers must be >= -1 (-1: all), got {self.init_layers}")
         task_key(self.task)  # validates
         profile_window(self.profile)  # validates (the last step is known once the task's data is read)
+        check_tracker(self.tracker)
+
+
+def check_tracker(name: str) -> None:
+    if name not in TRACKER_NAMES:
+        raise ConfigError(f"tracker={name!r} is not one of {', '.join(TRACKER_NAMES)}")
 
 
 def profile_window(text: str) -> tuple[int, int] | None:

@@ -233,7 +233,7 @@ def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, sou
                         hooks=lambda bar: [Hook("dev", dev, every=batches.steps_per_epoch, state=dev.state,
                                                 restore=dev.restore)],
                         desc=f"finetune {task.name}", write_files=lambda: source.tokenizer.save(workdir / "tokenizer.json"),
-                        progress=progress, tensorboard=False)
+                        progress=progress)
     loop.progress.write(
         f"finetune {task.name}: init {source.described}; {config.model.num_params() / 1e6:.2f}M params; "
         f"{len(splits.train.seqs)} train examples, {', '.join(f'{len(e.seqs)} {s}' for s, e in splits.dev.items())}; "

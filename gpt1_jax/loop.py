@@ -38,6 +38,7 @@ from gpt1_jax.config import profile_window, save_yaml
 from gpt1_jax.distributed import abort
 from gpt1_jax.errors import ConfigError, DivergenceError, Interrupted
 from gpt1_jax.integrity import newest_checkpoint
+from gpt1_jax.tracker import open_tracker
 from gpt1_jax.metrics import MetricsWriter, Progress
 
 
@@ -308,7 +309,7 @@ def resume_step(checkpointer, model_config) -> int:
 
 def start(workdir: Path, job: run_folder.Identity, config, trainer, checkpointer, batches: Batches, begin: int, *,
           steps: int, init_state: Callable[[], Any], hooks: Callable[[Progress], list[Hook]], desc: str,
-          write_files: Callable[[], None] = lambda: None, progress: bool = True, tensorboard: bool = True,
+          write_files: Callable[[], None] = lambda: None, progress: bool = True,
           **loop_options) -> tuple[Loop, Any]:
     """Everything both jobs do before their loop -> (loop, state at `begin`). Process 0 claims the workdir for
     `job` and writes config.yaml (and the job's own `write_files`); the state comes from checkpoint `begin`
@@ -320,7 +321,8 @@ def start(workdir: Path, job: run_folder.Identity, config, trainer, checkpointer
         save_yaml(config, workdir / "config.yaml")
         write_files()
     bar = Progress(steps, begin, enabled=progress and is_main, desc=desc)
-    metrics = MetricsWriter(workdir, enabled=is_main, resume_step=begin, tensorboard=tensorboard)
+    tracker = open_tracker(config.tracker, workdir, config, begin) if is_main else None
+    metrics = MetricsWriter(workdir, enabled=is_main, resume_step=begin, tracker=tracker)
     loop = Loop(trainer, steps, checkpointer, config.model, metrics, bar, hooks(bar),
                 profile=profile_window(config.profile), profile_dir=workdir / "profile",
                 stats_every=config.stats_every, **loop_options)

@@ -1,4 +1,4 @@
-"""Run metrics: `metrics.jsonl` (one JSON object per line), TensorBoard event files, and a progress bar.
+"""Run metrics: `metrics.jsonl` (one JSON object per line), the tracker (TensorBoard, W&B), and a progress bar.
 
 Only process 0 writes (multi-host runs would otherwise write every line N times). On resume the
 JSONL file is cut back to the restored step, so it always reads as one uninterrupted run.
@@ -25,10 +25,12 @@ def _clean(value: Any) -> Any:
 
 
 class MetricsWriter:
-    def __init__(self, workdir: str | Path, *, enabled: bool = True, resume_step: int = 0, tensorboard: bool = True):
+    """metrics.jsonl, and the same scalars to the run's tracker (gpt1_jax/tracker.py), which it closes."""
+
+    def __init__(self, workdir: str | Path, *, enabled: bool = True, resume_step: int = 0, tracker=None):
         self.enabled = enabled
         self.path = Path(workdir) / "metrics.jsonl"
-        self._tb = None
+        self._tracker = tracker
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -36,47 +38,26 @@ class MetricsWriter:
             kept = [l for l in self.path.read_text().splitlines() if l.strip() and json.loads(l).get("step", 0) <= resume_step]
             self.path.write_text("".join(l + "\n" for l in kept))
         self._file = open(self.path, "a", buffering=1)
-        if tensorboard:
-            SummaryWriter = _summary_writer_class()
-            self._tb = SummaryWriter(str(Path(workdir) / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
 
     def write(self, step: int, **scalars: Any) -> None:
         if not self.enabled:
             return
         record = {"step": int(step), **{k: _clean(v) for k, v in scalars.items()}}
         self._file.write(json.dumps(record) + "\n")
-        if self._tb is not None:
-            for key, value in scalars.items():
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    self._tb.add_scalar(key, value, step)
+        if self._tracker is not None:
+            self._tracker.log(int(step), scalars)
 
     def close(self) -> None:
         if not self.enabled:
             return
         self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        if self._tracker is not None:
+            self._tracker.close()
 
 
 def read_metrics(workdir: str | Path) -> list[dict]:
     path = Path(workdir) / "metrics.jsonl"
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
-
-
-def _summary_writer_class():
-    """tensorboardX's SummaryWriter, imported here: tensorboardX takes seconds to import, and every CLI verb
-    imports this module. tensorboardX also imports PyTorch at its own import, where it is installed, only to
-    accept torch tensors (~5 s of a 2-core machine at every run's start; we log floats): `import torch` is made
-    to fail, which tensorboardX handles, while tensorboardX loads, unless torch is loaded already."""
-    if "tensorboardX" in sys.modules or "torch" in sys.modules:
-        from tensorboardX import SummaryWriter
-        return SummaryWriter
-    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
-    try:
-        from tensorboardX import SummaryWriter
-    finally:
-        del sys.modules["torch"]
-    return SummaryWriter
 
 
 class Progress:

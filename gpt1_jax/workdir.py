@@ -43,7 +43,7 @@ def _ahead_of_a_run(entry: Path) -> bool:
 # Fine-tuning settings that may change when a run is resumed: how it is checkpointed, evaluated in
 # batches, laid over devices, profiled or watched (per-layer statistics), none of which moves its results.
 RESUMABLE_WITH_OTHER = ("mesh", "keep_checkpoints", "checkpoint_every", "eval_batch_size", "model.attention",
-                        "model.remat", "profile", "stats_every")
+                        "model.remat", "profile", "stats_every", "tracker")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,9 @@ Source specs understood by :func:`open_source`:
   ``*.txt.gz`` below it. Files are read in sorted path order so the document order is stable.
 * ``tfds:NAME[/CONFIG][:SPLIT][?feature=F&data_dir=D]``: a tensorflow-datasets dataset prepared in
   the ``array_record`` format, read without TensorFlow (see :mod:`gpt1_jax.data.tfds_text`).
+* ``hf:REPO[/CONFIG][:SPLIT][#FIELD]`` or ``hf:json|parquet|arrow|csv|text:FILES[#FIELD]``: a Hugging Face
+  dataset, or local files, through the ``datasets`` library, one row per document
+  (see :mod:`gpt1_jax.data.hf_text`).
 
 Every source has a ``fingerprint()`` that changes when its content may have changed (paths, sizes,
 mtimes, dataset versions): the token cache is keyed on it, so it must be cheap (no full read).
@@ -38,6 +41,7 @@ from typing import Protocol, runtime_checkable
 
 from pydoc_data import topics
 
+from gpt1_jax.data.hf_text import HfSource
 from gpt1_jax.data.tfds_text import TfdsSource
 from gpt1_jax.errors import ConfigError, DataError
 
@@ -45,6 +49,7 @@ __all__ = ["TextSource", "PydocSource", "FileSource", "open_source", "read_block
 
 DEFAULT_SPECS = ("default", "pydoc")
 TFDS_PREFIX = "tfds:"
+HF_PREFIX = "hf:"
 _TEXT_SUFFIXES = (".txt", ".txt.gz")
 
 
@@ -221,4 +226,6 @@ def open_source(spec: str) -> TextSource:
         return PydocSource(spec)
     if spec.startswith(TFDS_PREFIX):
         return TfdsSource.open(spec)
+    if spec.startswith(HF_PREFIX):
+        return HfSource.open(spec)
     return FileSource.open(spec)

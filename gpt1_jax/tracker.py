@@ -1,0 +1,94 @@
+"""Where a run's metrics go besides metrics.jsonl (config `tracker`, flag `--tracker`): TensorBoard event files
+under <workdir>/tensorboard/ (tensorboardX), a Weights & Biases run, or nowhere else.
+
+W&B comes through its own library (`pip install -e ".[wandb]"`) and its usual environment: WANDB_PROJECT
+(default: gpt1-jax), WANDB_ENTITY, WANDB_MODE (offline: no network, the run is kept under <workdir>/wandb/ for
+`wandb sync`), WANDB_DIR (default: the workdir), WANDB_API_KEY, and so on. The W&B run is named after the
+workdir, holds the resolved config, and its id is kept in <workdir>/wandb_run_id, so a resumed training run
+logs into the same W&B run. Only process 0 logs (gpt1_jax/metrics.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, Protocol
+
+from gpt1_jax.config import to_dict
+from gpt1_jax.errors import ConfigError
+from gpt1_jax.files import atomic_write_text
+
+
+class Tracker(Protocol):
+    def log(self, step: int, scalars: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def open_tracker(kind: str, workdir: Path, config: Any, resume_step: int) -> Tracker | None:
+    """The tracker `kind` names for a run in `workdir` resumed at `resume_step` (None: `none`)."""
+    if kind == "tensorboard":
+        return TensorBoard(workdir, resume_step)
+    if kind == "wandb":
+        return WandB(workdir, config)
+    return None
+
+
+def _finite(scalars: dict[str, Any]) -> dict[str, float]:
+    return {k: v for k, v in scalars.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+
+
+def _summary_writer_class():
+    """tensorboardX's SummaryWriter, imported here: tensorboardX takes seconds to import, and every CLI verb
+    imports this module. tensorboardX also imports PyTorch at its own import, where it is installed, only to
+    accept torch tensors (~5 s of a 2-core machine at every run's start; we log floats): `import torch` is made
+    to fail, which tensorboardX handles, while tensorboardX loads, unless torch is loaded already."""
+    if "tensorboardX" in sys.modules or "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+        return SummaryWriter
+    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
+
+
+class TensorBoard:
+    def __init__(self, workdir: Path, resume_step: int):
+        SummaryWriter = _summary_writer_class()
+        # purge_step: a resumed run drops the events past its checkpoint, as metrics.jsonl does
+        self._writer = SummaryWriter(str(Path(workdir) / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        for key, value in _finite(scalars).items():
+            self._writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class WandB:
+    def __init__(self, workdir: Path, config: Any):
+        try:
+            import wandb  # the optional extra
+        except ImportError:
+            raise ConfigError('tracker=wandb needs the wandb package: pip install -e ".[wandb]"') from None
+        workdir = Path(workdir)
+        id_file = workdir / "wandb_run_id"
+        run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:12]  # W&B: [a-z0-9]
+        if not id_file.is_file():
+            atomic_write_text(id_file, run_id + "\n")
+        self._run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "gpt1-jax", name=workdir.resolve().name,
+                               id=run_id, resume="allow", dir=os.environ.get("WANDB_DIR") or str(workdir),
+                               config=to_dict(config))
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        # W&B steps only go up: after a resume, the steps replayed up to the last one it saw are dropped by W&B.
+        self._run.log(_finite(scalars), step=step)
+
+    def close(self) -> None:
+        self._run.finish()

@@ -1,0 +1,80 @@
+"""--tracker wandb for real, offline (WANDB_MODE=offline: no network, no mock): a tiny pre-training run logs its
+steps and its config into a local W&B run under the workdir, and the run resumed for more steps logs into the
+same W&B run id. --tracker none writes metrics.jsonl alone. (TensorBoard, the default: tests/e2e/test_pretrain.py.)"""
+
+import dataclasses
+import json
+import struct
+from pathlib import Path
+
+from gpt1_jax import pretrain
+from gpt1_jax.config import PretrainConfig, preset
+from gpt1_jax.metrics import read_metrics
+from tests.support.pretrain import cache  # noqa: F401 (a pytest fixture)
+
+
+def _config(cache, steps: int, tracker: str) -> PretrainConfig:
+    base = preset(PretrainConfig, "tiny")
+    return dataclasses.replace(base, steps=steps, eval_every=0, checkpoint_every=0, tracker=tracker,
+                               data=dataclasses.replace(base.data, cache_dir=str(cache)))
+
+
+def _records(path: Path) -> list:
+    """The protobuf records of a W&B transaction log (run-<id>.wandb): LevelDB's log format, 32 KiB blocks of
+    chunks behind a 7-byte (crc32, length, kind) header, after the file's own 7-byte ':W&B' header."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, pos, chunk, out = path.read_bytes(), 7, b"", []
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        if (left := 32768 - pos % 32768) < 7:
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0:
+            break
+        chunk, pos = chunk + data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # a whole record, or its last chunk
+            out.append(pb.Record.FromString(chunk))
+            chunk = b""
+    return out
+
+
+def _logged(run_dir: Path) -> tuple[dict, dict[int, float]]:
+    """(the run's config, step -> loss) from its .wandb file."""
+    config, losses = {}, {}
+    for r in _records(next(run_dir.glob("run-*.wandb"))):
+        kind = r.WhichOneof("record_type")
+        if kind == "run":
+            config = {i.key: json.loads(i.value_json) for i in r.run.config.update}
+        elif kind == "history":
+            items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in r.history.item}
+            if "loss" in items:
+                losses[items["_step"]] = items["loss"]
+    return config, losses
+
+
+def test_wandb_offline_logs_steps_and_config_and_resumes_the_same_run(tmp_path, cache, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    workdir = tmp_path / "run"
+    assert pretrain.run(_config(cache, 3, "wandb"), workdir).finished
+    run_id = (workdir / "wandb_run_id").read_text().strip()
+    first = list((workdir / "wandb").glob(f"offline-run-*-{run_id}"))
+    assert len(first) == 1 and not (workdir / "tensorboard").exists()
+    config, losses = _logged(first[0])
+    assert config["steps"] == 3 and config["tracker"] == "wandb" and config["model"]["d_model"] == 64
+    assert losses == {r["step"]: r["loss"] for r in read_metrics(workdir) if "loss" in r} and sorted(losses) == [1, 2, 3]
+
+    assert pretrain.run(_config(cache, 5, "wandb"), workdir).finished  # resumed from step 3's checkpoint
+    runs = sorted((workdir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(r.name.endswith(run_id) for r in runs)  # one W&B run, logged in two sessions
+    second = next(r for r in runs if r != first[0])
+    assert sorted(_logged(second)[1]) == [4, 5]
+
+
+def test_no_tracker_writes_metrics_jsonl_alone(tmp_path, cache):
+    assert pretrain.run(_config(cache, 2, "none"), tmp_path / "run").finished
+    assert not (tmp_path / "run" / "tensorboard").exists() and not (tmp_path / "run" / "wandb").exists()
+    assert [r["step"] for r in read_metrics(tmp_path / "run") if "loss" in r] == [1, 2]
