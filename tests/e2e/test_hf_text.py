@@ -15,6 +15,9 @@ import pytest
 from gpt1_jax.data.sources import open_source
 from gpt1_jax.errors import DataError
 
+
+pytest.importorskip("datasets", reason="the [hf] extra (README's test command installs it)")
+
 ROOT = Path(__file__).resolve().parents[2]
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 

@@ -102,9 +102,11 @@ def single(tmp_path_factory, cache):
 
 @pytest.fixture(scope="module")
 def multi(tmp_path_factory, cache):
-    """2 processes x 2 devices through the local launcher, first half of the run only (steps 1-6)."""
+    """2 processes x 2 devices through the local launcher, first half of the run only (steps 1-6), steps 2-3
+    profiled (a trace observes the run: the losses below are the reference's all the same)."""
     workdir = tmp_path_factory.mktemp("multi")
-    done, seconds = run_launcher(["-m", "gpt1_jax.cli", *pretrain_args(workdir, cache, "--steps", str(SAVE_EVERY))])
+    done, seconds = run_launcher(["-m", "gpt1_jax.cli", *pretrain_args(workdir, cache, "--steps", str(SAVE_EVERY),
+                                                                     "--profile", "2:3")])
     assert done.returncode == 0, done.stdout[-4000:]
     return workdir, done.stdout, seconds
 
@@ -122,6 +124,9 @@ def test_two_processes_match_one_process(single, multi):
     # Metrics and config from process 0 only: one line per step, written once.
     assert [r["step"] for r in read_metrics(workdir) if "loss" in r] == list(range(1, SAVE_EVERY + 1))
     assert checkpoints(workdir) == [SAVE_EVERY]
+    # --profile: each process wrote its own host's trace
+    for i in range(2):
+        assert list((workdir / "profile" / f"process{i}").rglob("*.xplane.pb")), i
 
 
 def test_multi_process_checkpoint_continues_in_one_process(single, multi, tmp_path, cache):

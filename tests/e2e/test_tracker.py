@@ -7,10 +7,15 @@ import json
 import struct
 from pathlib import Path
 
+import pytest
+
 from gpt1_jax import pretrain
 from gpt1_jax.config import PretrainConfig, preset
 from gpt1_jax.metrics import read_metrics
 from tests.support.pretrain import cache  # noqa: F401 (a pytest fixture)
+
+
+pytest.importorskip("wandb", reason="the [wandb] extra (README's test command installs it)")
 
 
 def _config(cache, steps: int, tracker: str) -> PretrainConfig:

@@ -195,8 +195,9 @@ def test_update_ratios_come_from_the_logged_statistics_and_draw_one_panel_per_op
                {"step": 4, "stats/block0/attn/update_ratio": 0.005, "stats/embed/tokens/update_ratio": 0.001}]
     ratios = rs.update_ratios(metrics)
     assert ratios == {"block0/attn": [[2, 0.01], [4, 0.005]], "embed/tokens": [[2, 0.002], [4, 0.001]]}
-    runs = [dict(_rec("adamw", 1e-3, 3.0), val_curve=[], update_ratio=ratios),
-            dict(_rec("lion", 1e-4, 3.1), val_curve=[], update_ratio=ratios)]
+    curve = [{"step": 2, "val_loss": 3.0, "train_seconds": 1.0}]
+    runs = [dict(_rec("adamw", 1e-3, 3.0), val_curve=curve, steps=4, tokens_per_step=8, update_ratio=ratios),
+            dict(_rec("lion", 1e-4, 3.1), val_curve=curve, steps=4, tokens_per_step=8, update_ratio=ratios)]
     rows = tb.summarize(runs, ["adamw", "lion"], [0])
     paths = tb.plot(tmp_path, "pretrain", runs, rows, [0])
     assert tmp_path / "update_ratio.png" in paths and (tmp_path / "update_ratio.png").stat().st_size > 10_000
