@@ -284,7 +284,7 @@ def _best_run(runs: list[dict], row: dict, seeds: list[int]) -> dict | None:
 
 def _plot_update_ratios(path: Path, best: list[dict]) -> None:
     """|update| / |params| per parameter group over training, one panel per optimizer's best run: which layers
-    each optimizer moves, and how fast (LayerNorms left out; embeddings in black, blocks darker as they go up)."""
+    each optimizer moves, and how fast (LayerNorms left out; embeddings in black and gray, blocks darker as they go up)."""
     plt = _pyplot()
     cols = min(4, len(best))
     rows_n = -(-len(best) // cols)
@@ -300,7 +300,8 @@ def _plot_update_ratios(path: Path, best: list[dict]) -> None:
                 ax.plot(steps, values, "-" if part == "attn" else "--", color=color, lw=1,
                         label=f"{layer} {part}" if part == "attn" or depth <= 4 else None)
             else:
-                ax.plot(steps, values, ":", color="black", lw=1.2, label=group)
+                ax.plot(steps, values, ":" if group == "embed/tokens" else "-.", color="black" if group == "embed/tokens"
+                        else "gray", lw=1.2, label=group)
         ax.set_yscale("log")
         ax.set_title(f"{run['optimizer']} (lr {run['lr']:.3g})", fontsize=9)
         ax.set_xlabel("step")
