@@ -118,13 +118,17 @@ class Records:
         return [json.loads(p.read_text()) for p in found.values()]
 
 
-def make(run: Run, records: Records, summarize: Summarize, same: dict | None = None, progress: bool = True) -> Done | None:
+def make(run: Run, records: Records, summarize: Summarize, same: dict | None = None, progress: bool = True,
+         announce: str | None = None) -> Done | None:
     """The run's record: found, or made now by training it -> Done; None when the run stopped at a checkpoint
-    before its end (SIGTERM): the sweep stops, and the same command resumes it."""
+    before its end (SIGTERM): the sweep stops, and the same command resumes it. `announce`: a line printed only
+    when the run starts."""
     if (record := records.load(run.workdir, same)) is not None:
         return Done(run, record)
     if not records.train:
         raise FileNotFoundError(f"no kept record for {run.workdir}: a rebuild trains nothing")
+    if announce:
+        print(announce, file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     try:
         outcome = run.start(progress)

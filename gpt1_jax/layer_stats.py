@@ -18,9 +18,6 @@ import re
 import jax
 import jax.numpy as jnp
 
-NORMS = ("param_norm", "grad_norm", "update_norm")
-
-
 def _keys(path) -> list[str]:
     keys = [str(getattr(k, "key", k)) for k in path]
     return keys[1:] if keys and keys[0] == "transformer" else keys

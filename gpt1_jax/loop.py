@@ -211,7 +211,7 @@ class Loop:
                     self._record(*pending)
                     pending = None
                 self._start_trace()
-            stats = {"stats": True} if self.stats_every and step % self.stats_every == 0 else {}
+            stats = {"stats": True} if self._watched(step) else {}
             state, metrics = self.trainer.step(state, self.trainer.put_batch(next(batches)), **stats)
             if pending:
                 self._record(*pending)  # the previous step's, while this one runs
@@ -234,6 +234,10 @@ class Loop:
         if pending:
             self._record(*pending)
         return state, self._step
+
+    def _watched(self, step: int) -> bool:
+        """A step that computes (and always logs) the per-layer statistics."""
+        return bool(self.stats_every) and step % self.stats_every == 0
 
     def _profiled(self, step: int) -> bool:
         return self.profile is not None and self.profile[0] <= step <= self.profile[1]
@@ -288,8 +292,7 @@ class Loop:
                 fields["mfu"] = tokens_per_s * self.flops_per_token / self.peak_flops
         self._t_last = now
         self._last.update(m, **fields)
-        stats_step = self.stats_every and step % self.stats_every == 0
-        if stats_step or (self.log_every and (step % self.log_every == 0 or step == self.steps)):
+        if self._watched(step) or (self.log_every and (step % self.log_every == 0 or step == self.steps)):
             self.metrics.write(step, **m, **fields, **({"epoch": epoch} if epoch is not None else {}))
         shown = {"loss": m["loss"]}
         if "tokens_per_s" in fields:

@@ -163,13 +163,10 @@ def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tok
                  cache_dir: str | None, records: Path | None = None) -> dict | None:
     """The run's record (made now, or found); None when the run stopped at a checkpoint before its last step
     (SIGTERM), which the next invocation resumes."""
-    workdir, kept, same = study / "runs" / name / run_name(lr, seed), harness.Records(study, records), {"steps": budget["steps"]}
-    if (rec := kept.load(workdir, same)) is not None:
-        return rec
-    print(f"== {name} lr={lr:.3g} seed={seed} -> {workdir}", file=sys.stderr, flush=True)
-    run = harness.Run(pretrain_config(budget, name, lr, seed, tokenizer, cache_dir), workdir)
+    run = harness.Run(pretrain_config(budget, name, lr, seed, tokenizer, cache_dir), study / "runs" / name / run_name(lr, seed))
     summarize = functools.partial(pretrain_record, study=study, name=name, lr=lr, seed=seed, tokenizer=tokenizer)
-    done = harness.make(run, kept, summarize, same)
+    done = harness.make(run, harness.Records(study, records), summarize, {"steps": budget["steps"]},
+                        announce=f"== {name} lr={lr:.3g} seed={seed} -> {run.workdir}")
     return None if done is None else done.record
 
 
@@ -294,19 +291,17 @@ def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, see
                  data_dir: str | None, records: Path | None = None) -> dict | None:
     """As pretrain_run. `model`: the ModelConfig of `init` (read once per study; run() reads the weights
     itself)."""
-    b, workdir, kept = budget, study / "runs" / name / run_name(lr, seed), harness.Records(study, records)
+    b = budget
     same = {k: b[k] for k in ("epochs", "batch", "max_train", "max_eval", "n_ctx")} | {"init": shown(init)}
-    if (rec := kept.load(workdir, same)) is not None:
-        return rec
-    print(f"== finetune {task} {name} lr={lr:.3g} seed={seed} -> {workdir}", file=sys.stderr, flush=True)
     base = FinetuneConfig(model=model)
     config = dataclasses.replace(
         base, task=task, epochs=b["epochs"], batch_size=b["batch"], seed=seed, max_train_examples=b["max_train"],
         max_eval_examples=b["max_eval"], n_ctx=b["n_ctx"],
         optim=dataclasses.replace(base.optim, name=name, lr=lr, **SPECS[name]["overrides"]))
-    run = harness.Run(config, workdir, str(init), data_dir)
+    run = harness.Run(config, study / "runs" / name / run_name(lr, seed), str(init), data_dir)
     summarize = functools.partial(finetune_record, study=study, name=name, lr=lr, seed=seed, same=same)
-    done = harness.make(run, kept, summarize, same)
+    done = harness.make(run, harness.Records(study, records), summarize, same,
+                        announce=f"== finetune {task} {name} lr={lr:.3g} seed={seed} -> {run.workdir}")
     return None if done is None else done.record
 
 

@@ -109,11 +109,10 @@ class HfSource:
                 return datasets.load_dataset(p.name, split=p.split, streaming=True, **kwargs)
             except NotImplementedError:  # a dataset that cannot stream
                 return datasets.load_dataset(p.name, split=p.split, **kwargs)
-        except (FileNotFoundError, ValueError, ConnectionError, OSError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise DataError(f"hf source {self.spec!r}: cannot load it: {first}") from None
-        except Exception as e:  # datasets' own errors (DatasetNotFoundError, ...) have no common base here
-            if type(e).__module__.split(".")[0] not in ("datasets", "huggingface_hub"):
+        except Exception as e:
+            # OS and value errors, and datasets' own (DatasetNotFoundError, ...), which have no common base here
+            ours = isinstance(e, (ValueError, OSError)) or type(e).__module__.split(".")[0] in ("datasets", "huggingface_hub")
+            if not ours:
                 raise
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise DataError(f"hf source {self.spec!r}: cannot load it: {first}") from None
@@ -126,7 +125,7 @@ class HfSource:
     def fingerprint(self) -> str:
         p = self.parsed
         if p.files:
-            stats = [[str(Path(f).resolve()), Path(f).stat().st_size, Path(f).stat().st_mtime_ns] for f in p.files]
+            stats = [[str(Path(f).resolve()), st.st_size, st.st_mtime_ns] for f in p.files if (st := Path(f).stat())]
             key = {"kind": "hf-files", "builder": p.name, "files": stats, "split": p.split, "field": p.field}
         else:
             builder = _import_datasets().load_dataset_builder(p.name, p.config)
