@@ -434,11 +434,11 @@ def kept_records(args, study: Path) -> Path | None:
 
 
 def run_sweep(args, table: tuple[Path, str, str], names: list[str], seeds: list[int], run_one) -> tuple[list[dict], bool]:
-    """One study's loop (`study_loop`) from each optimizer's centre lr, its results rewritten after every run."""
+    """One study's loop (`study_loop`) from each optimizer's centre lr, its tables rewritten after every new run."""
     study, kind, title = table
     grids = {n: lr_grid(SPECS[n][f"{kind}_lr"] * args.lr_scale, args.lr_points) for n in names}
     return study_loop(study, names, seeds, grids, run_one, args.max_extensions,
-                      lambda runs: write_outputs(study, kind, runs, names, seeds, args, title),
+                      lambda runs, plots: write_outputs(study, kind, runs, names, seeds, args, title, plots),
                       harness.Records(study, kept_records(args, study)).finished("runs"))
 
 

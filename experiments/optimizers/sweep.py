@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from pathlib import Path
 
 
@@ -80,21 +81,31 @@ def bracket_gap(runs: list[dict], name: str, seed: int) -> float | None:
     return None
 
 
+PLOTS_EVERY_S = 600  # a long study redraws its plots this often; its tables follow every run
+
+
 def study_loop(study: Path, names: list[str], seeds: list[int], grids: dict[str, list[float]], run_one,
                max_extensions: int, write, finished: list[dict] = ()) -> tuple[list[dict], bool]:
     """Runs the study (`study_order`) -> (its runs, whether it is complete). `run_one(study, name, lr, seed)`
     gives a run's record, or None when the run stopped before its end (it resumes next time): the study then
-    stops too. `write(runs)` follows every run. `finished` (harness.Records.finished) are in every table written from
-    the start: a resumed study's tables never drop the runs it has not revisited."""
+    stops too. `write(runs, plots)` follows every run that adds or changes a record (a finished run revisited
+    by a rerun writes nothing), with `plots` when PLOTS_EVERY_S have passed since they were last drawn, and
+    once more, plots included, when the study completes. `finished` (harness.Records.finished) are in every
+    table written from the start: a resumed study's tables never drop the runs it has not revisited."""
     study.mkdir(parents=True, exist_ok=True)
     runs: list[dict] = [r for r in finished if r["optimizer"] in names]
+    plotted = time.monotonic()
     for name, lr, seed in study_order(runs, names, seeds, grids, max_extensions):
         rec = run_one(study, name, lr, seed)
         if rec is None:
             return runs, False
+        if rec in runs:
+            continue
         runs[:] = [r for r in runs if (r["optimizer"], r["lr"], r["seed"]) != (name, lr, seed)] + [rec]
-        write(runs)
-    write(runs)
+        plots = time.monotonic() - plotted >= PLOTS_EVERY_S
+        write(runs, plots)
+        plotted = time.monotonic() if plots else plotted
+    write(runs, True)
     return runs, True
 
 

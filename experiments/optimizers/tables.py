@@ -12,6 +12,7 @@ from pathlib import Path
 import matplotlib
 from matplotlib.ticker import MaxNLocator
 
+from gpt1_jax.files import atomic_write_text
 from experiments.optimizers.sweep import best_lr, bracket_gap, finite, median, score
 
 REFERENCE = "gpt1_adam"  # state memory is reported relative to this one; always in the fine-tuning study
@@ -391,24 +392,25 @@ def _plot_lr_sweep(path: Path, kind: str, runs: list[dict], rows: list[dict], se
 
 
 def write_outputs(study: Path, kind: str, runs: list[dict], names: list[str], seeds: list[int], args,
-                  title: str) -> None:
+                  title: str, plots: bool = True) -> None:
+    """results.json and results.md, and with `plots` the PNGs; each file written whole (a killed study never
+    leaves half of one), and copied to --results when given."""
     bench = load_bench(study, Path(args.records).absolute() / "pretrain" if args.records and kind == "pretrain" else None)
     rows = summarize(runs, names, seeds, bench)
     # The records alone decide the file (a rebuild from them gives it byte for byte): runs in workdir order, and
     # the CPU kinds they ran on, not the writer's.
     shown = sorted((dict(r, workdir=str(Path(r["workdir"]).relative_to(study)) if Path(r["workdir"]).is_relative_to(study)
                          else r["workdir"]) for r in runs), key=lambda r: r["workdir"])
-    (study / "results.json").write_text(json.dumps(
+    atomic_write_text(study / "results.json", json.dumps(
         {"study": kind, "quick": args.quick, "seeds": seeds, "cpu_kinds": cpu_kinds(runs), "summary": rows, "runs": shown},
         indent=2) + "\n")
-    (study / "results.md").write_text(results_md(kind, rows, runs, args, title))
-    plots = plot(study, kind, runs, rows, seeds)
+    atomic_write_text(study / "results.md", results_md(kind, rows, runs, args, title))
+    drawn = plot(study, kind, runs, rows, seeds) if plots else []
     if args.results:  # the copy that is committed: the same files, nothing else
         dest = Path(args.results) / study.relative_to(Path(args.out))
         dest.mkdir(parents=True, exist_ok=True)
-        for path in [study / "results.json", study / "results.md", *plots]:
+        for path in [study / "results.json", study / "results.md", *drawn]:
             shutil.copyfile(path, dest / path.name)
-
 
 
 def load_bench(study: Path, records: Path | None) -> dict[str, dict]:

@@ -23,13 +23,16 @@ import matplotlib
 import numpy as np
 
 from experiments.paper.settings import Paper
-from gpt1_jax.data.glue import load_split
+from gpt1_jax.data.glue import METRICS, load_split
 from gpt1_jax.data.race import load_race
 from gpt1_jax.data.tasks import bucket_len, subset
 from gpt1_jax.data.tokens import eod_id
 from gpt1_jax.model import GPT1
 from gpt1_jax.tokenizer import find_tokenizer
 from gpt1_jax.weights import load_pretrained
+
+
+matthews = METRICS["matthews_corr"]  # GLUE's CoLA metric
 
 CHANCE = {"sst2": 50.0, "cola": 0.0, "race": 25.0}  # a coin, a constant guess, one of four
 TOKENS_PER_BATCH = 8192  # rows x padded length per forward pass
@@ -102,21 +105,15 @@ def sentence_scores(config, params, tok, examples: list[dict]) -> np.ndarray:
 
 def best_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
     """The cut (predict acceptable above it) with the highest Matthews correlation on these examples."""
-    # Imported here: sklearn takes ~1.6 s to import (more than jax), and only scoring CoLA needs it, not
-    # run.py's --help, report.py or regenerate, which import this module.
-    from sklearn.metrics import matthews_corrcoef
-
     values = np.unique(scores)
     cuts = np.concatenate([[values[0] - 1.0], (values[:-1] + values[1:]) / 2]) if len(values) > 1 else values - 1.0
-    return float(max(cuts, key=lambda t: matthews_corrcoef(labels, scores > t)))
+    return float(max(cuts, key=lambda t: matthews(labels, scores > t)))
 
 
 def cola_mcc(config, params, tok, train: list[dict], dev: list[dict]) -> float:
-    from sklearn.metrics import matthews_corrcoef  # here: see best_threshold
-
     cut = best_threshold(sentence_scores(config, params, tok, train), np.asarray([ex["label"] for ex in train]))
     dev_scores = sentence_scores(config, params, tok, dev)
-    return 100.0 * float(matthews_corrcoef([ex["label"] for ex in dev], dev_scores > cut))
+    return 100.0 * float(matthews([ex["label"] for ex in dev], dev_scores > cut))
 
 
 def race_accuracy(config, params, tok, examples: list[dict]) -> float:

@@ -315,7 +315,8 @@ def _decode(value: Any) -> Any:
 
 def load_split(task: GlueTask | str, split: str, data_dir: str | Path | None = None,
                tfds_dir: str | Path | None = None) -> list[dict[str, Any]]:
-    """All examples of one split as plain dicts (str text, int/float label, int idx), in file order.
+    """All examples of one split as plain dicts (str text, int/float label, int idx), in file order; read once
+    per process (`_READ`).
 
     `data_dir`: GLUE's TSV distribution (our builder); None: tfds' real glue builder (downloads)."""
     task = glue_task(task) if isinstance(task, str) else task
@@ -323,12 +324,25 @@ def load_split(task: GlueTask | str, split: str, data_dir: str | Path | None = N
     if split not in builder.info.splits:
         where = Path(data_dir) / task.dirname / dict(task.files).get(split, "?") if data_dir else f"glue/{task.name}"
         raise FileNotFoundError(f"{where}: GLUE {task.dirname} has no {split} split here")
-    source = builder.as_data_source(split=split)
-    records = source.__getitems__(list(range(len(source))))
-    examples = [{k: _decode(v) for k, v in r.items()} for r in records]
-    # array_record keeps shard order, not necessarily file order: idx restores it.
-    examples.sort(key=lambda e: e["idx"])
-    return examples
+    key = (str(builder.data_dir), split)
+    if key not in _READ:
+        source = builder.as_data_source(split=split)
+        records = source.__getitems__(list(range(len(source))))
+        examples = [{k: _decode(v) for k, v in r.items()} for r in records]
+        # array_record keeps shard order, not necessarily file order: idx restores it.
+        examples.sort(key=lambda e: e["idx"])
+        while len(_READ) >= _READ_MAX:
+            _READ.pop(next(iter(_READ)))
+        _READ[key] = tuple(examples)
+    return list(_READ[key])
+
+
+# Splits already read by this process (oldest first), by prepared dataset and split: tfds decodes ~5,000
+# examples a second, so SST-2's train split costs ~15 s, and a fine-tuning run reads it twice (its BPE, its
+# batches) as does every run of a sweep. A prepared dataset never changes (an edited TSV gets a new folder,
+# `_fingerprint`). The examples are shared between callers, who only read them.
+_READ: dict[tuple[str, str], tuple[dict[str, Any], ...]] = {}
+_READ_MAX = 8
 
 
 def split_available(task: GlueTask | str, split: str, data_dir: str | Path | None) -> bool:
@@ -341,36 +355,58 @@ def split_available(task: GlueTask | str, split: str, data_dir: str | Path | Non
 
 
 # ---- the official metrics ----------------------------------------------------------------------------
-# scikit-learn and scipy take seconds to import: each metric imports its function when first asked.
+# GLUE's definitions in NumPy, equal to scikit-learn's and scipy's functions (tests/unit/test_glue.py checks
+# them against both): those take ~3.5 s to import, paid by every fine-tuning process at its first score.
 
 def _matthews(labels, preds) -> float:
-    from sklearn.metrics import matthews_corrcoef
-
-    return float(matthews_corrcoef(labels, preds))
+    """sklearn.metrics.matthews_corrcoef: the covariance form over the confusion matrix, 0 when either side
+    is constant."""
+    labels, preds = np.asarray(labels), np.asarray(preds)
+    classes, both = np.unique(np.concatenate([labels, preds]), return_inverse=True)
+    t, p = both[:len(labels)], both[len(labels):]
+    confusion = np.zeros((len(classes), len(classes)), np.int64)
+    np.add.at(confusion, (t, p), 1)
+    t_sum, p_sum = confusion.sum(1).astype(np.float64), confusion.sum(0).astype(np.float64)
+    n, correct = float(len(labels)), float(np.trace(confusion))
+    cov_tp = correct * n - t_sum @ p_sum
+    cov_pp, cov_tt = n * n - p_sum @ p_sum, n * n - t_sum @ t_sum
+    return 0.0 if cov_pp * cov_tt == 0 else float(cov_tp / np.sqrt(cov_tt * cov_pp))
 
 
 def _accuracy(labels, preds) -> float:
-    from sklearn.metrics import accuracy_score
-
-    return float(accuracy_score(labels, preds))
+    return float(np.mean(np.asarray(labels) == np.asarray(preds)))
 
 
 def _f1(labels, preds) -> float:
-    from sklearn.metrics import f1_score
-
-    return float(f1_score(labels, preds))  # of the positive class (1: equivalent / duplicate), as GLUE
+    """Of the positive class (1: equivalent / duplicate), as GLUE; 0 when there is nothing to find."""
+    labels, preds = np.asarray(labels) == 1, np.asarray(preds) == 1
+    tp = np.sum(labels & preds)
+    missed = np.sum(labels ^ preds)
+    return 0.0 if tp + missed == 0 else float(2 * tp / (2 * tp + missed))
 
 
 def _pearson(labels, preds) -> float:
-    from scipy.stats import pearsonr
+    """scipy.stats.pearsonr's r; NaN when either side is constant."""
+    x, y = (np.asarray(v, np.float64) for v in (preds, labels))
+    x, y = x - x.mean(), y - y.mean()
+    nx, ny = np.linalg.norm(x), np.linalg.norm(y)
+    return float("nan") if nx == 0 or ny == 0 else float(np.clip((x / nx) @ (y / ny), -1.0, 1.0))
 
-    return float(pearsonr(preds, labels)[0])
+
+def _ranks(x) -> np.ndarray:
+    """scipy.stats.rankdata's average ranks (ties share the mean of their positions, from 1)."""
+    x = np.asarray(x, np.float64)
+    order = np.argsort(x, kind="stable")
+    starts = np.r_[True, x[order][1:] != x[order][:-1]]
+    first = np.flatnonzero(starts)
+    mean_rank = first + (np.diff(np.r_[first, len(x)]) + 1) / 2.0
+    ranks = np.empty(len(x))
+    ranks[order] = mean_rank[np.cumsum(starts) - 1]
+    return ranks
 
 
 def _spearman(labels, preds) -> float:
-    from scipy.stats import spearmanr
-
-    return float(spearmanr(preds, labels)[0])
+    return _pearson(_ranks(labels), _ranks(preds))
 
 
 METRICS = {"matthews_corr": _matthews, "accuracy": _accuracy, "f1": _f1, "pearson": _pearson, "spearman": _spearman}

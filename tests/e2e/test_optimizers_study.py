@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpt1_jax.metrics import read_metrics
+from tests.support.env import xla_flags
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STUDY = [sys.executable, "-m", "experiments.optimizers.run_study"]  # run with cwd=ROOT
 
 
-ENV = {**os.environ, "XLA_FLAGS": ""}  # one real CPU device, as a user runs it (conftest fakes 8 here)
+ENV = {**os.environ, "XLA_FLAGS": xla_flags()}  # one real CPU device, as a user has (conftest fakes 8 here)
 
 
 OPTS = ["gpt1_adam", "schedule_free_adamw"]  # muon's partitioned update has its own tests (test_optim.py)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from experiments.paper import zeroshot
+from tests.support.env import xla_flags
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PAPER = ROOT / "experiments" / "paper"
 
 
-ENV = {**os.environ, "XLA_FLAGS": ""}  # one CPU device, as a user runs it (conftest fakes 8 here)
+ENV = {**os.environ, "XLA_FLAGS": xla_flags()}  # one CPU device, as a user has (conftest fakes 8 here)
 
 
 WORDS = "the a cat dog sat ran on under mat log quickly slowly big small red blue house tree".split()

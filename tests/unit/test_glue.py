@@ -182,6 +182,33 @@ def test_metrics_equal_scipy_and_sklearn_on_known_inputs():
     assert r["spearman"] == pytest.approx(1.0)  # same ranks
 
 
+def test_metrics_equal_sklearn_and_scipy_on_random_inputs():
+    """The NumPy metrics against the libraries GLUE's own scripts use: classification exactly (ties, constant
+    predictions, boolean predictions, three classes for MCC included), correlations to the last bits."""
+    import warnings
+
+    from scipy.stats import pearsonr, spearmanr
+    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+    rng = np.random.default_rng(0)
+    for trial in range(400):
+        n = int(rng.integers(2, 40))
+        labels, preds = rng.integers(0, 2, n), rng.integers(0, 2, n)
+        preds = np.zeros(n, int) if trial % 5 == 0 else preds.astype(bool) if trial % 5 == 1 else preds
+        assert glue._accuracy(labels, preds) == accuracy_score(labels, preds)
+        assert glue._f1(labels, preds) == f1_score(labels, preds, zero_division=0.0)
+        assert glue._matthews(labels, preds) == matthews_corrcoef(labels, preds)
+        three = rng.integers(0, 3, n), rng.integers(0, 3, n)
+        assert glue._matthews(*three) == pytest.approx(matthews_corrcoef(*three), abs=1e-12)
+        y, x = (rng.normal(size=n).round(int(rng.integers(0, 3))) for _ in range(2))  # rounding makes ties
+        x = np.ones(n) if trial % 7 == 0 else x
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # scipy warns on constant input
+            expected = pearsonr(x, y)[0], spearmanr(x, y)[0]
+        got = glue._pearson(y, x), glue._spearman(y, x)
+        assert np.allclose(got, expected, rtol=0, atol=1e-12, equal_nan=True), (got, expected)
+
+
 def _race_tar(tmp_path):
     path = tmp_path / "race.tar.gz"
     with tarfile.open(path, "w:gz") as tar:

@@ -78,9 +78,11 @@ def test_the_sweep_grows_until_the_best_lr_is_bracketed():
         ran.append((lr, seed))
         return _rec(name, lr, 4.0 + abs(math.log10(lr / 3e-2)) + 0.01 * seed, seed)
 
+    plots = []
     runs, complete = sw.study_loop(Path("."), ["a"], [0, 1, 2], {"a": [1e-3, 3e-3, 1e-2]}, run_one, 4,
-                                   lambda runs: None)
+                                   lambda runs, drawn: plots.append(drawn))
     assert complete
+    assert plots == [False] * len(set(ran)) + [True]  # tables after each new run (all quick here), plots at the end
     assert sorted({lr for lr, s in ran if s == 0}) == [1e-3, 3e-3, 1e-2, 3e-2, 0.1]
     assert sorted(s for lr, s in ran if lr == 3e-2) == [0, 1, 2]
     rows = tb.summarize(runs[::-1], ["a"], [0, 1, 2])
@@ -89,24 +91,27 @@ def test_the_sweep_grows_until_the_best_lr_is_bracketed():
 
 
 def test_tables_written_by_a_resumed_study_keep_every_finished_run():
-    """A study resumed in a new session revisits its finished runs in loop order; the tables it writes on
-    the way (committed between sessions) still show every finished run, not only the ones revisited."""
+    """A study resumed in a new session revisits its finished runs in loop order without rewriting anything;
+    the tables the first new run writes (committed between sessions) still show every finished run, not only
+    the ones revisited."""
     finished = [_rec("a", 1e-3, 5.0), _rec("a", 3e-3, 4.8), _rec("a", 1e-2, 4.9), _rec("b", 1e-2, 4.5),
                 _rec("other", 1e-2, 3.0)]
     by_key = {(r["optimizer"], r["lr"], r["seed"]): r for r in finished}
+    new = _rec("b", 3e-3, 4.6)
 
     def run_one(study, name, lr, seed):
         if (name, lr, seed) in by_key:
             return by_key[name, lr, seed]
-        return None  # the session ends during the first unfinished run: it stopped at a checkpoint
+        if (name, lr) == (new["optimizer"], new["lr"]):
+            return new  # trained in this session
+        return None  # the session ends during the next unfinished run: it stopped at a checkpoint
 
     writes = []
     _, complete = sw.study_loop(Path("."), ["a", "b"], [0, 1], {"a": [1e-3, 3e-3, 1e-2], "b": [3e-3, 1e-2, 3e-2]},
-                                run_one, 4, lambda runs: writes.append(sorted((r["optimizer"], r["lr"]) for r in runs)),
+                                run_one, 4, lambda runs, plots: writes.append(sorted((r["optimizer"], r["lr"]) for r in runs)),
                                 finished)
     assert not complete
-    assert len(writes) == 5  # a and b at their centres, then a's grid; b at 3e-3 is where the session ended
-    assert all(w == sorted(k[:2] for k in by_key if k[0] != "other") for w in writes)
+    assert writes == [sorted([k[:2] for k in by_key if k[0] != "other"] + [("b", 3e-3)])]  # once: after the new run
 
 
 def test_rows_mark_differences_beyond_the_seed_noise():
