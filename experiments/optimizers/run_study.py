@@ -53,6 +53,7 @@ from gpt1_jax import bench, compile_cache
 from gpt1_jax.config import FinetuneConfig, PretrainConfig, load_yaml, preset, resolve
 from gpt1_jax.data.sources import open_source
 from gpt1_jax.data.tokens import tokenizer_for
+from gpt1_jax.files import atomic_write_text
 from gpt1_jax.flops import cpu_flags
 from gpt1_jax.loop import Outcome
 from gpt1_jax.metrics import read_metrics
@@ -88,8 +89,9 @@ SPECS: dict[str, dict[str, Any]] = {
 PRETRAIN = {
     "full": dict(config=str(RECIPE), steps=800, warmup_share=300 / 800, eval_every=100, eval_batches=0,
                  data={}),
+    # --quick checks the plumbing: 117M's step on 8 tokens, once (at 2 x 512 it takes minutes)
     "quick": dict(config="tiny", steps=24, eval_every=8, eval_batches=4, bench_steps=1, bench_warmup=0,
-                  bench_shapes={"gpt1_117M": ("gpt1", 1, 64)},
+                  bench_shapes={"gpt1_117M": ("gpt1", 1, 8)},
                   data=dict(global_batch_size=8, seq_len=64)),
 }
 # Fine-tuning: the paper's recipe (batch 32, 3 epochs, linear decay after 0.2% warmup, lambda 0.5) on 1,000
@@ -256,7 +258,7 @@ def bench_optimizer(study: Path, budget: dict, name: str, tokenizer_vocab: int, 
     result["cpu_flags"] = r["cpu_flags"]
     for path in [out] + ([records / "bench" / out.name] if records is not None else []):
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
+        atomic_write_text(path, json.dumps(result, indent=2) + "\n")
     return result
 
 

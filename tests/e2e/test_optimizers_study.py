@@ -156,7 +156,7 @@ def test_bench_columns_are_kept_with_the_records(quick_study):
     done = subprocess.run(bench, capture_output=True, text=True, timeout=600, env=ENV, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     timed = json.loads((study / "bench" / f"{OPTS[0]}.json").read_text())
-    assert timed["study"]["step_s"] > 0 and (timed["gpt1_117M"]["batch"], timed["gpt1_117M"]["seq"]) == (1, 64)
+    assert timed["study"]["step_s"] > 0 and (timed["gpt1_117M"]["batch"], timed["gpt1_117M"]["seq"]) == (1, 8)
     assert json.loads((study.parent / "records" / "pretrain" / "bench" / f"{OPTS[0]}.json").read_text()) == timed
     row = next(r for r in json.loads((study / "results.json").read_text())["summary"] if r["optimizer"] == OPTS[0])
     assert row["bench"] == timed and len(json.loads((study / "results.json").read_text())["runs"]) == 2 * 2 + 2
@@ -176,12 +176,12 @@ def test_quick_finetune_study_scores_each_optimizer_and_refuses_another_budget(q
     out = Path(argv[argv.index("--out") + 1])
     ft = [*STUDY, "finetune", "--quick", "--out", str(out), "--data-dir", str(glue_dir),
           "--init", str(ROOT / "experiments" / "paper" / "release"),
-          "--optimizers", "schedule_free_adamw", "--lr-points", "2", "--max-extensions", "0", "--seeds", "0,1",
+          "--optimizers", "schedule_free_adamw", "--lr-points", "2", "--max-extensions", "0", "--seeds", "0",
           "--records", str(out / "records")]
     done = subprocess.run(ft, capture_output=True, text=True, timeout=600, env=ENV, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads((out / "finetune" / "sst2" / "results.json").read_text())
-    assert len(results["runs"]) == 3 and [r["optimizer"] for r in results["summary"]] == ["schedule_free_adamw"]
+    assert len(results["runs"]) == 2 and [r["optimizer"] for r in results["summary"]] == ["schedule_free_adamw"]
     for r in results["runs"]:
         assert r["eval_at"].startswith("x") and (r["diverged"] or 0 <= r["dev_best"] <= 1)
         assert (r["epochs"], r["max_train"], r["init"]) == (1, 64, "experiments/paper/release")
@@ -190,7 +190,7 @@ def test_quick_finetune_study_scores_each_optimizer_and_refuses_another_budget(q
     for name in ("dev_vs_epoch.png", "dev_vs_time.png", "dev_vs_lr.png"):
         assert (out / "finetune" / "sst2" / name).stat().st_size > 10_000
     kept = sorted((out / "records" / "finetune" / "sst2").rglob("*.json"))
-    assert len(kept) == 3
+    assert len(kept) == 2
     rec = json.loads(kept[0].read_text())
     kept[0].write_text(json.dumps(dict(rec, epochs=2)))  # as if made by a 2-epoch study
     import shutil
