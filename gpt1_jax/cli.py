@@ -98,6 +98,10 @@ CONFIG_FLAGS: dict[str, ConfigFlag] = {
                                        "a random subset of N training examples (quick runs; 0: all)", int, "N"),
     "--max-eval-examples": ConfigFlag({FinetuneConfig: ("max_eval_examples",)},
                                       "a fixed random subset of N of each dev/test split (0: all)", int, "N"),
+    "--holdout-fraction": ConfigFlag({FinetuneConfig: ("holdout_fraction",)},
+                                     "hold out this share of the training set (the same examples for every seed) and "
+                                     "choose the best epoch on it; dev is then only reported (0: choose on dev)",
+                                     float, "F"),
     "--profile": ConfigFlag({PretrainConfig: ("profile",), FinetuneConfig: ("profile",)},
                             "trace steps START to STOP (from 1) with jax.profiler into WORKDIR/profile/ (TensorBoard's "
                             "profile plugin, XProf, or ui.perfetto.dev); those steps are left out of tokens/s",
@@ -313,7 +317,7 @@ def _finetune_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, None, "--tokenizer", note="default: the one in SOURCE; for --init none, a BPE trained on the task's "
                                        "training text")
     for name in ("--epochs", "--batch-size", "--accum-steps", "--lr", "--lm-coef", "--seed", "--max-train-examples",
-                 "--max-eval-examples", "--profile", "--tracker"):
+                 "--max-eval-examples", "--holdout-fraction", "--profile", "--tracker"):
         _flag(p, FinetuneConfig, name)
     p.add_argument("--predict-test", action="store_true", help="also write GLUE's submission file DIR/<Task>.tsv")
     p.add_argument("--tfds-dir", default=None,

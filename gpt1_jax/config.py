@@ -372,6 +372,9 @@ class FinetuneConfig:
     n_ctx: int = 0  # 0: the model's n_positions; each segment keeps n_ctx//2 - 2 tokens
     max_train_examples: int = 0  # 0: all; else a fixed random subset (quick runs)
     max_eval_examples: int = 0  # 0: all; else a fixed random subset of each dev/test split (same for every seed)
+    # > 0: this share of the training set is held out (the same examples for every seed) and the best epoch is
+    # chosen on it; dev is then only reported, never used to choose. 0: the best epoch by dev, as the paper.
+    holdout_fraction: float = 0.0
     race_levels: str = "middle,high"
     init_layers: int = -1  # pre-trained blocks kept (Figure 2 left); -1: all; the rest start fresh
     checkpoint_every: int = 0  # steps between checkpoints besides each epoch's end (0: epoch ends only)
@@ -390,6 +393,8 @@ class FinetuneConfig:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.warmup_fraction <= 1:
             raise ConfigError(f"warmup_fraction must lie in [0, 1], got {self.warmup_fraction}")
+        if not 0 <= self.holdout_fraction < 1:
+            raise ConfigError(f"holdout_fraction must lie in [0, 1), got {self.holdout_fraction}")
         if self.lm_coef < 0:
             raise ConfigError(f"lm_coef must be >= 0, got {self.lm_coef}")
         if not 0 <= self.clf_dropout < 1:

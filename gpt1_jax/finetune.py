@@ -29,7 +29,7 @@ from gpt1_jax.checkpoint import Checkpointer
 from gpt1_jax.config import ConfigError, FinetuneConfig, ModelConfig, load_yaml, to_dict
 from gpt1_jax.data.layout import Markers
 from gpt1_jax.data.tasks import (EpochBatches, Encoded, Splits, Task, encode_task, make_batch, make_task, prepare_once,
-                                  process_rows, subset, write_predictions, write_submission)
+                                  process_rows, train_rows, write_predictions, write_submission)
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.loop import Hook, Outcome, resume_step, start
 from gpt1_jax.optim import eval_params
@@ -108,16 +108,22 @@ def predict_split(trainer, params, enc: Encoded, batch_size: int, n_ctx: int, ma
 
 
 class DevEvaluation:
-    """The epoch-end hook: score every dev split, keep the best epoch by the task's first metric, and write
-    that epoch's dev predictions (and test submissions). Its history is part of every checkpoint."""
+    """The epoch-end hook: score every dev split (and the held-out slice, when there is one), keep the best epoch
+    by the task's first metric on the held-out slice (else on dev), and write that epoch's dev predictions (and
+    test submissions). Its history is part of every checkpoint."""
 
     def __init__(self, task: Task, splits: Splits, trainer, eval_batch: int, markers, workdir: Path, steps_per_epoch: int):
         self.task, self.splits, self.trainer, self.eval_batch, self.markers = task, splits, trainer, eval_batch, markers
         self.workdir, self.steps_per_epoch = workdir, steps_per_epoch
         self.writes = jax.process_index() == 0
         self.main_metric = f"{task.dev_splits[0]}/{task.metrics[0]}" if len(task.dev_splits) > 1 else task.metrics[0]
+        self.selected_on = "holdout" if splits.holdout is not None else "dev"
         self.history: list[dict] = []
         self.best: dict | None = None
+
+    def _score(self, enc: Encoded, preds: np.ndarray) -> dict[str, float]:
+        labelled = [i for i, ex in enumerate(enc.examples) if ex["label"] != -1]
+        return self.task.score([enc.examples[i] for i in labelled], preds[labelled]) if labelled else {}
 
     def __call__(self, step: int, state, train_loss: float) -> dict:
         params = eval_params(state.opt_state, state.params)  # schedule-free: evaluated at x
@@ -125,16 +131,17 @@ class DevEvaluation:
         scores, preds = {}, {}
         for split, enc in self.splits.dev.items():
             preds[split] = predict(enc)
-            labelled = [i for i, ex in enumerate(enc.examples) if ex["label"] != -1]
-            s = self.task.score([enc.examples[i] for i in labelled], preds[split][labelled]) if labelled else {}
-            scores.update({(f"{split}/{k}" if len(self.splits.dev) > 1 else k): v for k, v in s.items()})
+            scores.update({(f"{split}/{k}" if len(self.splits.dev) > 1 else k): v
+                           for k, v in self._score(enc, preds[split]).items()})
+        held = {} if self.splits.holdout is None else self._score(self.splits.holdout, predict(self.splits.holdout))
         epoch = math.ceil(step / self.steps_per_epoch)
-        self.history.append({"epoch": epoch, "train_loss": train_loss, **scores})
-        value = scores.get(self.main_metric, float("nan"))
+        self.history.append({"epoch": epoch, "train_loss": train_loss, **scores,
+                             **{f"holdout/{k}": v for k, v in held.items()}})
+        value = held.get(self.task.metrics[0], float("nan")) if held else scores.get(self.main_metric, float("nan"))
         if self.best is None or (math.isfinite(value) and not value <= self.best["value"]):
-            self.best = {"epoch": epoch, "value": value, "scores": scores}
+            self.best = {"epoch": epoch, "value": value, "scores": scores, **({"holdout": held} if held else {})}
             self._write_best(preds, predict)
-        return {f"dev/{k}": v for k, v in scores.items()}
+        return {f"dev/{k}": v for k, v in scores.items()} | {f"holdout/{k}": v for k, v in held.items()}
 
     def _write_best(self, preds, predict) -> None:
         tests = {split: predict(enc) for split, enc in self.splits.test.items()}  # every process joins
@@ -165,7 +172,7 @@ def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, token
         tok = GPT1Tokenizer.load(workdir / "tokenizer.json")  # resuming: the BPE this run already trained
     if tok is None:  # no pre-training, no vocabulary to inherit: a BPE from the task's own training text
         train = task.load("train")
-        texts = [t for i in subset(len(train), config.max_train_examples, config.seed) for t in task.texts(train[i])]
+        texts = [t for i in train_rows(len(train), config)[0] for t in task.texts(train[i])]
         tok = GPT1Tokenizer.train([texts], vocab_size=config.model.vocab_size - 3)
     model_config = source.model_config or dataclasses.replace(config.model, vocab_size=tok.vocab_size)
     if source.params is not None:
@@ -236,7 +243,9 @@ def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, sou
                         progress=progress)
     loop.progress.write(
         f"finetune {task.name}: init {source.described}; {config.model.num_params() / 1e6:.2f}M params; "
-        f"{len(splits.train.seqs)} train examples, {', '.join(f'{len(e.seqs)} {s}' for s, e in splits.dev.items())}; "
+        f"{len(splits.train.seqs)} train examples"
+        f"{f' (+{len(splits.holdout.seqs)} held out to choose the epoch)' if splits.holdout is not None else ''}, "
+        f"{', '.join(f'{len(e.seqs)} {s}' for s, e in splits.dev.items())}; "
         f"{config.optim.total_steps} steps{f', resuming at {begin}' if begin else ''}; mesh {dict(trainer.mesh.shape)}")
     t0 = time.perf_counter()
     outcome = loop.run(state, batches)  # a finished run (rerun) only closes, then rewrites its results
@@ -258,9 +267,11 @@ def summary(task: Task, source: Source, config: FinetuneConfig, splits: Splits, 
         "init": source.described,
         "seed": config.seed,
         "epoch": dev.best["epoch"],
+        "selected_on": dev.selected_on,  # what chose the epoch: the held-out slice of the training set, or dev
         "main_metric": dev.main_metric,
         "metric_names": list(dev.best["scores"]),
         "metrics": dev.best["scores"],
+        **({"holdout": dev.best["holdout"], "n_holdout": len(splits.holdout.seqs)} if splits.holdout is not None else {}),
         "history": dev.history,
         "n_train": len(splits.train.seqs),
         "n_dev": {s: len(e.seqs) for s, e in splits.dev.items()},

@@ -24,7 +24,7 @@ import pytest
 from tests.support.env import FAST_COMPILE
 
 os.environ["XLA_FLAGS"] = " ".join(
-    [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f and f != FAST_COMPILE]
+    [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f and f not in FAST_COMPILE.split()]
     + [FAST_COMPILE, "--xla_force_host_platform_device_count=8"]
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

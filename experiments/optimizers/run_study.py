@@ -47,10 +47,11 @@ import jax
 
 from experiments import harness
 from experiments.optimizers.sweep import finite, lr_grid, median, run_name, study_loop
-from experiments.optimizers.tables import REFERENCE, load_bench, write_outputs
+from experiments.optimizers.tables import REFERENCE, UNIGRAM, load_bench, load_unigram, write_outputs
 from experiments.paper.settings import shown
 from gpt1_jax import bench, compile_cache
 from gpt1_jax.config import FinetuneConfig, PretrainConfig, load_yaml, preset, resolve
+from gpt1_jax.data.pipeline import build_pipeline, unigram_loss
 from gpt1_jax.data.sources import open_source
 from gpt1_jax.data.tokens import tokenizer_for
 from gpt1_jax.files import atomic_write_text
@@ -89,9 +90,8 @@ SPECS: dict[str, dict[str, Any]] = {
 PRETRAIN = {
     "full": dict(config=str(RECIPE), steps=800, warmup_share=300 / 800, eval_every=100, eval_batches=0,
                  data={}),
-    # --quick checks the plumbing: 117M's step on 8 tokens, once (at 2 x 512 it takes minutes)
     "quick": dict(config="tiny", steps=24, eval_every=8, eval_batches=4, bench_steps=1, bench_warmup=0,
-                  bench_shapes={"gpt1_117M": ("gpt1", 1, 8)},
+                  bench_shapes={"gpt1_117M": ("gpt1", 1, 64)},
                   data=dict(global_batch_size=8, seq_len=64)),
 }
 # Fine-tuning: the paper's recipe (batch 32, 3 epochs, linear decay after 0.2% warmup, lambda 0.5) on 1,000
@@ -462,10 +462,24 @@ def pretrain_setup(args, study: Path) -> tuple[dict, str]:
     return budget, prepare_tokenizer(study, budget, args.tokenizer)
 
 
+def measure_unigram(study: Path, budget: dict, tokenizer: str, cache_dir: str | None, records: Path | None) -> float:
+    """The study's unigram loss (`gpt1_jax.data.pipeline.unigram_loss`: what a model that ignores its context
+    reaches on the study's validation windows), measured once and kept beside the records like a bench."""
+    if (known := load_unigram(study, records)) is not None:
+        return known
+    config = pretrain_config(budget, REFERENCE, SPECS[REFERENCE]["pretrain_lr"], 0, tokenizer, cache_dir)
+    result = {"unigram_loss": unigram_loss(build_pipeline(config.data, study))}
+    for path in [study / UNIGRAM] + ([records / UNIGRAM] if records is not None else []):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(result, indent=2) + "\n")
+    return result["unigram_loss"]
+
+
 def pretrain_study(args, names: list[str], seeds: list[int]) -> tuple[list[dict], bool]:
     table = study_tables(args)[0]
     study, kept = table[0], kept_records(args, table[0])
     budget, tokenizer = pretrain_setup(args, study)
+    measure_unigram(study, budget, tokenizer, args.cache_dir, kept)
     return run_sweep(args, table, names, seeds,
                      lambda st, n, lr, s: pretrain_run(st, budget, n, lr, s, tokenizer, args.cache_dir, kept))
 

@@ -15,14 +15,20 @@ from matplotlib.ticker import MaxNLocator
 from gpt1_jax.files import atomic_write_text
 from experiments.optimizers.sweep import best_lr, bracket_gap, finite, median, score
 
-REFERENCE = "gpt1_adam"  # state memory is reported relative to this one; always in the fine-tuning study
+REFERENCE = "gpt1_adam"  # state memory and token speed-ups are reported relative to this one
+UNIGRAM = "unigram.json"  # the pre-training study's unigram loss, beside its bench folder
+PLATEAU_NATS = 0.01  # an optimizer whose best loss stays this close to the unigram loss did not train
 
 
 # ---- the table ------------------------------------------------------------------------------------------
 
-def summarize(runs: list[dict], names: list[str], seeds: list[int], bench: dict[str, dict] | None = None) -> list[dict]:
+def summarize(runs: list[dict], names: list[str], seeds: list[int], bench: dict[str, dict] | None = None,
+              unigram: float | None = None) -> list[dict]:
     """One row per optimizer, best first; `distinct_from_next`: its mean ± std interval and the next row's do not
-    overlap (a difference larger than the seed noise)."""
+    overlap (a difference larger than the seed noise). Pre-training, given the study's `unigram` loss: an
+    optimizer whose best validation loss at any lr stays within PLATEAU_NATS of it did not train at this budget
+    (`trained` False): it is not ranked, its row comes last; `token_speedup`: the tokens REFERENCE's curve needs
+    to reach the row's mean loss, over the row's tokens (`speedup_bound` "<" or ">" where the curve cannot say)."""
     ref_bytes = next((r["optimizer_state_bytes"] for r in runs if r["optimizer"] == REFERENCE), None)
     sign = -1.0 if runs and runs[0]["study"] == "finetune" else 1.0  # rows ascend in `score`
     rows, factors = [], machine_factors(runs, bench or {})
@@ -46,16 +52,48 @@ def summarize(runs: list[dict], names: list[str], seeds: list[int], bench: dict[
             "bench": (bench or {}).get(n),
             "lrs": sorted({r["lr"] for r in mine if r["seed"] == seeds[0]}),
             "diverged_lrs": sorted({r["lr"] for r in mine if r["diverged"]}),
+            "trained": _trained(mine, unigram),
         })
-    rows.sort(key=lambda r: math.inf if r["mean"] is None else sign * r["mean"])
+    rows.sort(key=lambda r: (r["trained"] is False, math.inf if r["mean"] is None else sign * r["mean"]))
+    for row in rows:
+        row["token_speedup"], row["speedup_bound"] = _token_speedup(row, runs, seeds) if sign > 0 else (None, None)
     for a, b in zip(rows, rows[1:] + [None]):
-        if b is None or a["mean"] is None or b["mean"] is None:
+        if b is None or a["mean"] is None or b["mean"] is None or False in (a["trained"], b["trained"]):
             a["distinct_from_next"] = False
         elif min(a["n_seeds"], b["n_seeds"]) < 2:
             a["distinct_from_next"] = None  # one seed has no spread: the noise is not known yet
         else:
             a["distinct_from_next"] = abs(a["mean"] - b["mean"]) > a["std"] + b["std"]
     return rows
+
+
+def _trained(mine: list[dict], unigram: float | None) -> bool | None:
+    """False when no run of this optimizer got PLATEAU_NATS below the unigram loss; None when it is unknown."""
+    best = [r["best_val_loss"] for r in mine if finite(r.get("best_val_loss"))]
+    if unigram is None or not best:
+        return None
+    return min(best) < unigram - PLATEAU_NATS
+
+
+def _token_speedup(row: dict, runs: list[dict], seeds: list[int]) -> tuple[float | None, str | None]:
+    """(tokens REFERENCE needs to reach the row's mean loss / the tokens the row trained on, "=" | "<" | ">"), read
+    off REFERENCE's validation curve at its best lr and first seed, linear between evaluations. Past the curve's
+    end (a loss REFERENCE never reached): "> 1"; above its first point: "<" the first evaluation's share."""
+    ref = next((r for r in runs if r["optimizer"] == REFERENCE and r["lr"] == best_lr(runs, REFERENCE, seeds[0])
+                and r["seed"] == seeds[0] and r.get("val_curve")), None)
+    mine = next((r for r in runs if r["optimizer"] == row["optimizer"] and r.get("tokens")), None)
+    if ref is None or mine is None or row["mean"] is None or row["trained"] is False:
+        return None, None
+    curve = [(p["step"] * ref["tokens_per_step"], p["val_loss"]) for p in ref["val_curve"] if finite(p.get("val_loss"))]
+    target, tokens = row["mean"], mine["tokens"]
+    if not curve:
+        return None, None
+    if target >= curve[0][1]:
+        return curve[0][0] / tokens, "<"
+    for (t0, l0), (t1, l1) in zip(curve, curve[1:]):
+        if l1 <= target:
+            return (t0 + (t1 - t0) * (l0 - target) / (l0 - l1)) / tokens, "="
+    return curve[-1][0] / tokens, ">"
 
 
 def cpu_kind(record: dict) -> str:
@@ -156,30 +194,40 @@ def _table(kind: str, rows: list[dict], runs: list[dict]) -> list[str]:
     head = f"| optimizer | best lr | {metric_label(kind, runs)}, mean ± std | seeds | > next? | bracketed | schedule |"
     sep = "|---|---|---|---|---|---|---|"
     if kind == "pretrain":
-        head += " tokens/s | train s | ln V − loss per train min | state (MB) | vs Adam | step s (study) | step s (117M, 2x512) | lrs tried (✗ diverged) |"
-        sep += "---|---|---|---|---|---|---|---|"
+        head += (" tokens/s | train s | ln V − loss per train min | Adam's tokens to this loss | state (MB) | vs Adam |"
+                 " step s (study) | step s (117M, 2x512) | lrs tried (✗ diverged) |")
+        sep += "---|---|---|---|---|---|---|---|---|"
     else:
         head += " train s | state (MB) | vs Adam | lrs tried (✗ diverged) |"
         sep += "---|---|---|---|"
-    return [head, sep, *(_row(kind, r, i == len(rows) - 1, runs) for i, r in enumerate(rows))]
+    ends = [i == len(rows) - 1 or rows[i + 1].get("trained") is False for i in range(len(rows))]  # the last ranked
+    return [head, sep, *(_row(kind, r, end, runs) for r, end in zip(rows, ends))]
 
 
 def _row(kind: str, r: dict, last: bool, runs: list[dict]) -> str:
     tried = ", ".join(f"{lr:.3g}" + ("✗" if lr in r["diverged_lrs"] else "") for lr in r["lrs"])
     # pre-training grows its sweep until every optimum is bracketed, so a miss there stands out
     bracketed = "yes" if r["bracketed"] else "**no**" if kind == "pretrain" else "no"
+    apart = "did not train" if r.get("trained") is False else \
+        {True: "yes", None: "?"}.get(r["distinct_from_next"], "-" if last else "≈")
     cells = [r["optimizer"], _fmt(r["best_lr"], ".3g"), f"{_fmt(r['mean'])} ± {_fmt(r['std'])}", str(r["n_seeds"]),
-             {True: "yes", None: "?"}.get(r["distinct_from_next"], "-" if last else "≈"), bracketed, r["schedule"] or "-"]
+             apart, bracketed, r["schedule"] or "-"]
     state = [f"{r['state_bytes'] / 2**20:.2f}", f"{_fmt(r['state_vs_ref'], '.2f')}×"]
     if kind == "pretrain":
         bench = r["bench"] or {}
         cells += [_fmt(r["tokens_per_s"], ",.0f"), _fmt(r["train_seconds"], ".0f"),
-                  _fmt(_nats_per_minute(r, runs), ".3f"), *state,
+                  _fmt(_nats_per_minute(r, runs), ".3f"), _speedup_text(r), *state,
                   _fmt(bench.get("study", {}).get("step_s"), ".3f"), _fmt(bench.get("gpt1_117M", {}).get("step_s"), ".2f"),
                   tried]
     else:
         cells += [_fmt(r["train_seconds"], ".0f"), *state, tried]
     return "| " + " | ".join(cells) + " |"
+
+
+def _speedup_text(r: dict) -> str:
+    if r.get("token_speedup") is None:
+        return "-"
+    return {"=": "", "<": "< ", ">": "> "}[r["speedup_bound"]] + f"{r['token_speedup']:.2f}×"
 
 
 def _nats_per_minute(r: dict, runs: list[dict]) -> float | None:
@@ -209,17 +257,19 @@ def findings(kind: str, rows: list[dict], runs: list[dict]) -> list[str]:
     """Statements the table supports, read off it: the order and which gaps exceed the seed noise, what is
     not yet bracketed or repeated, what diverged, and (pre-training) the budget rule and the cost extremes."""
     unit = "nats" if kind == "pretrain" else f"in dev {dev_metric(runs)}"
-    done = [r for r in rows if r["mean"] is not None]
-    if not done:
+    finished = [r for r in rows if r["mean"] is not None]
+    done = [r for r in finished if r.get("trained") is not False]  # the ranked ones
+    if not finished:
         return ["No finished run yet."]
     out = []
     cell = lambda r: f"{r['optimizer']} ({r['mean']:.3f} ± {r['std']:.3f}, {r['n_seeds']} seed{'s' * (r['n_seeds'] != 1)})"  # noqa: E731
-    order = cell(done[0])
-    for a, b in zip(done, done[1:]):
-        order += {True: " > ", False: " ≈ ", None: " ? "}[a["distinct_from_next"]] + cell(b)
-    out.append("Order, best first; `>` between rows whose difference exceeds the seed noise (mean ± std "
-               "intervals apart), `≈` within it, `?` where a row has one seed (no noise estimate yet): "
-               + order + ".")
+    if done:
+        order = cell(done[0])
+        for a, b in zip(done, done[1:]):
+            order += {True: " > ", False: " ≈ ", None: " ? "}[a["distinct_from_next"]] + cell(b)
+        out.append("Order, best first; `>` between rows whose difference exceeds the seed noise (mean ± std "
+                   "intervals apart), `≈` within it, `?` where a row has one seed (no noise estimate yet): "
+                   + order + ".")
     if len(done) > 1:
         gap = abs(done[0]["mean"] - done[1]["mean"])
         verdict = {True: "more than the seed noise", False: "within the seed noise",
@@ -239,7 +289,17 @@ def findings(kind: str, rows: list[dict], runs: list[dict]) -> list[str]:
         out.append(f"{len(flat)} of {len(runs)} runs predicted one class for all of dev ({len(at_best)} of them at "
                    "an optimizer's best lr): their score is that class's, not a measure of the optimizer.")
     if kind == "pretrain":
-        best = done[0]
+        stuck = [r for r in rows if r.get("trained") is False]
+        if stuck:
+            out.append(f"Did not train at this budget, so not ranked: {', '.join(r['optimizer'] for r in stuck)} (best "
+                       f"validation loss at every lr tried within {PLATEAU_NATS:g} nats of the unigram loss, "
+                       "what a model that ignores its context reaches: `unigram.json`).")
+        sped = [f"{r['optimizer']} {_speedup_text(r)}" for r in done if r.get("token_speedup") is not None]
+        if sped:
+            out.append(f"Token speed-up over {REFERENCE} (the tokens {REFERENCE}'s curve at its best lr needs to reach "
+                       f"each optimizer's final loss, over the tokens that optimizer trained on; > where {REFERENCE} "
+                       f"never reached it within the budget): {', '.join(sped)}.")
+        best = finished[0]
         met = best["mean"] <= TARGET_LOSS
         out.append(f"Budget rule: the best optimizer's final validation loss is {best['mean']:.3f} nats/token, "
                    f"{'within' if met else 'above'} the {TARGET_LOSS:g} the budget must allow.")
@@ -395,8 +455,8 @@ def write_outputs(study: Path, kind: str, runs: list[dict], names: list[str], se
                   title: str, plots: bool = True) -> None:
     """results.json and results.md, and with `plots` the PNGs; each file written whole (a killed study never
     leaves half of one), and copied to --results when given."""
-    bench = load_bench(study, Path(args.records).absolute() / "pretrain" if args.records and kind == "pretrain" else None)
-    rows = summarize(runs, names, seeds, bench)
+    kept = Path(args.records).absolute() / "pretrain" if args.records and kind == "pretrain" else None
+    rows = summarize(runs, names, seeds, load_bench(study, kept), load_unigram(study, kept) if kind == "pretrain" else None)
     # The records alone decide the file (a rebuild from them gives it byte for byte): runs in workdir order, and
     # the CPU kinds they ran on, not the writer's.
     shown = sorted((dict(r, workdir=str(Path(r["workdir"]).relative_to(study)) if Path(r["workdir"]).is_relative_to(study)
@@ -411,6 +471,15 @@ def write_outputs(study: Path, kind: str, runs: list[dict], names: list[str], se
         dest.mkdir(parents=True, exist_ok=True)
         for path in [study / "results.json", study / "results.md", *drawn]:
             shutil.copyfile(path, dest / path.name)
+
+
+def load_unigram(study: Path, records: Path | None) -> float | None:
+    """The pre-training study's unigram loss (run_study.measure_unigram): <study>/unigram.json, or its copy kept
+    under `records` (a fresh clone); None for a study measured before it was kept."""
+    for path in [study / UNIGRAM] + ([records / UNIGRAM] if records is not None else []):
+        if path.is_file():
+            return json.loads(path.read_text())["unigram_loss"]
+    return None
 
 
 def load_bench(study: Path, records: Path | None) -> dict[str, dict]:

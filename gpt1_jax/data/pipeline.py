@@ -276,6 +276,24 @@ class DataPipeline:
         )
 
 
+def unigram_loss(pipeline: DataPipeline, chunk: int = 4096) -> float:
+    """Cross-entropy (nats/token) on the validation targets of the training targets' token frequencies (add-one
+    smoothed): what a model that ignores its context reaches. Post-LN GPT-1 can sit on this plateau early in
+    training (docs/gpt1.md, "The unigram plateau"), so a run whose loss stays there did not train."""
+    counts = np.ones(pipeline.tokenizer.vocab_size, np.float64)
+    for first in range(0, pipeline.train_indices.size, chunk):
+        targets = pipeline.windows.gather(pipeline.train_indices[first:first + chunk])[:, 1:]
+        counts += np.bincount(targets.ravel(), minlength=counts.size)[:counts.size]
+    log_p = np.log(counts / counts.sum())
+    total, n = 0.0, 0
+    for first in range(0, pipeline.val_indices.size, chunk):
+        targets = pipeline.windows.gather(pipeline.val_indices[first:first + chunk])[:, 1:]
+        total, n = total - float(log_p[targets].sum()), n + targets.size
+    if n == 0:
+        raise ConfigError("no validation windows (val_fraction is 0 or the corpus has one window)")
+    return total / n
+
+
 def tokenize_source(config: DataConfig, workdir: str | Path | None) -> tuple[TextSource, GPT1Tokenizer, TokenStream]:
     """Open the source, get the tokenizer (trained once into ``workdir``), tokenise once (cached).
 

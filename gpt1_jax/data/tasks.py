@@ -146,12 +146,26 @@ def subset(n: int, k: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).permutation(n)[:k])
 
 
+HOLDOUT_SEED = 20180611  # the held-out slice is drawn with its own seed: the same examples for every run's seed
+
+
+def train_rows(n: int, config: FinetuneConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(the run's training indices, the held-out ones) of a training split of n examples: round(n ·
+    holdout_fraction) held out, the same for every seed and arm; the training subset (max_train_examples, drawn
+    with the run's seed) comes from the rest, so no held-out example is ever trained on."""
+    k = int(round(n * config.holdout_fraction))
+    order = np.random.default_rng(HOLDOUT_SEED).permutation(n) if k else np.arange(n)
+    rest, held = np.sort(order[k:]), np.sort(order[:k])
+    return rest[subset(len(rest), config.max_train_examples, config.seed)], held
+
+
 @dataclasses.dataclass
 class Splits:
     train: Encoded
     dev: dict[str, Encoded]
     test: dict[str, Encoded]
     n_ctx: int
+    holdout: Encoded | None = None  # the slice of the training split the best epoch is chosen on (holdout_fraction)
 
 
 def encode_task(task: Task, config: FinetuneConfig, tok, n_ctx: int, predict_test: bool) -> Splits:
@@ -159,12 +173,18 @@ def encode_task(task: Task, config: FinetuneConfig, tok, n_ctx: int, predict_tes
         examples = task.load(split)
         return encode_split(task, [examples[i] for i in subset(len(examples), k, seed)], tok, n_ctx)
 
-    train = load("train", config.max_train_examples, config.seed)
+    examples = task.load("train")
+    rows, held = train_rows(len(examples), config)
+    train = encode_split(task, [examples[i] for i in rows], tok, n_ctx)
     if not train.seqs:
         raise ConfigError(f"task {task.name}: the train split is empty")
+    if config.holdout_fraction and not held.size:
+        raise ConfigError(f"task {task.name}: holdout_fraction={config.holdout_fraction} of {len(examples)} training "
+                          "examples holds none out; raise it")
+    holdout = encode_split(task, [examples[i] for i in held], tok, n_ctx) if held.size else None
     dev = {s: load(s, config.max_eval_examples, 0) for s in task.dev_splits}
     test = {s: load(s, config.max_eval_examples, 0) for s in task.test_splits} if predict_test else {}
-    return Splits(train, dev, test, n_ctx)
+    return Splits(train, dev, test, n_ctx, holdout)
 
 
 def prepare_once(task: Task, splits) -> None:

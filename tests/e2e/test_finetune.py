@@ -38,7 +38,7 @@ def test_finetune_from_scratch_writes_results_predictions_and_submission(tmp_pat
                                  "--set", "optim.lr=1e-3")
     assert results["task"] == "cola" and results["seed"] == 3 and results["init"] == "none"
     assert results["metric_names"] == ["matthews_corr"] and -1 <= results["metrics"]["matthews_corr"] <= 1
-    assert results["epoch"] in (1, 2) and len(results["history"]) == 2
+    assert results["epoch"] in (1, 2) and len(results["history"]) == 2 and results["selected_on"] == "dev"
     assert results["n_train"] == 40 and results["n_dev"] == {"validation": 12}
     assert results["steps"] == 10  # ceil(40 / 8) x 2: the last partial batch is padded, not dropped
     assert results["config"]["optim"]["lr"] == 1e-3 and results["config"]["lm_coef"] == 0.5
@@ -53,6 +53,21 @@ def test_finetune_from_scratch_writes_results_predictions_and_submission(tmp_pat
     assert {"loss", "task_loss", "lm_loss", "lr"} <= set(metrics[0])
     saved = load_yaml(FinetuneConfig, workdir / "config.yaml")  # the resolved config round-trips
     assert saved.optim.total_steps == 10 and saved.model.vocab_size == GPT1Tokenizer.load(workdir / "tokenizer.json").vocab_size
+
+
+def test_the_epoch_is_chosen_on_the_held_out_slice_and_dev_is_only_reported(tmp_path, data_dir):
+    """--holdout-fraction 0.25 of CoLA's 40 training examples: 30 train, 10 choose the epoch; the reported dev
+    score is the chosen epoch's, whatever dev says about the other epochs."""
+    _, results = _finetune(tmp_path, data_dir, "--epochs", "3", "--holdout-fraction", "0.25", "--set", "optim.lr=1e-3")
+    assert results["selected_on"] == "holdout" and (results["n_train"], results["n_holdout"]) == (30, 10)
+    assert results["steps"] == 12  # ceil(30 / 8) x 3
+    history = results["history"]
+    assert all({"holdout/matthews_corr", "matthews_corr"} <= set(h) for h in history)
+    held = [h["holdout/matthews_corr"] for h in history]
+    chosen = history[results["epoch"] - 1]
+    assert chosen["holdout/matthews_corr"] == max(held) and held.index(max(held)) == results["epoch"] - 1
+    assert results["metrics"] == {"matthews_corr": chosen["matthews_corr"]}
+    assert results["holdout"] == {"matthews_corr": chosen["holdout/matthews_corr"]}
 
 
 def test_similarity_regression_without_aux_lm(tmp_path, data_dir):
@@ -274,14 +289,15 @@ def test_schedule_free_is_scored_at_x(tmp_path, data_dir, monkeypatch):
 
 
 def test_two_processes_give_the_one_process_metrics(tmp_path, data_dir):
-    """launch/local.py -n 2 -d 2 against one process with 4 devices: same dev scores, same prediction files."""
+    """launch/local.py -n 2 -d 2 against one process with 4 devices, one epoch each: same dev scores, same
+    prediction and submission files."""
     repo = Path(__file__).resolve().parents[2]
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPT1_")}
-    args = _argv(tmp_path / "one", data_dir, tmp_path, "--set", "checkpoint_every=0")[1:]
+    args = _argv(tmp_path / "one", data_dir, tmp_path, "--set", "checkpoint_every=0", "--epochs", "1")[1:]
     one = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300,
                          env={**base, "XLA_FLAGS": xla_flags(4), "JAX_PLATFORMS": "cpu"})
     assert one.returncode == 0, one.stderr[-3000:]
-    args = _argv(tmp_path / "two", data_dir, tmp_path, "--set", "checkpoint_every=0")[1:]
+    args = _argv(tmp_path / "two", data_dir, tmp_path, "--set", "checkpoint_every=0", "--epochs", "1")[1:]
     two = subprocess.run([sys.executable, str(repo / "launch" / "local.py"), "-n", "2", "-d", "2", "--grace", "20", "--",
                           sys.executable, *args], capture_output=True, text=True, timeout=300,
                          env={**base, "JAX_PLATFORMS": "cpu"})

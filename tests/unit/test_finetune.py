@@ -26,3 +26,23 @@ def test_init_errors(tmp_path, data_dir, tokenizer, capsys):
 def test_bucket_len():
     assert [bucket_len(n, 64) for n in (1, 16, 17, 40, 63, 64)] == [16, 16, 32, 64, 64, 64]
     assert max_segment_len(512) == 254
+
+
+def test_the_held_out_slice_is_the_same_for_every_seed_and_never_trained_on():
+    import numpy as np
+
+    from gpt1_jax.config import FinetuneConfig
+    from gpt1_jax.data.tasks import subset, train_rows
+
+    runs = {seed: train_rows(1000, FinetuneConfig(seed=seed, holdout_fraction=0.1, max_train_examples=500))
+            for seed in (0, 1, 2)}
+    held = runs[0][1]
+    assert held.size == 100 and all(np.array_equal(h, held) for _, h in runs.values())
+    for rows, _ in runs.values():
+        assert rows.size == 500 and not set(rows) & set(held) and np.all(np.diff(rows) > 0)
+    assert not np.array_equal(runs[0][0], runs[1][0])  # the seed draws the training subset
+    everything, none = train_rows(1000, FinetuneConfig(holdout_fraction=0.1))
+    assert everything.size == 900 and set(everything) | set(held) == set(range(1000))
+    # without a held-out slice, the subset is the one runs drew before the option existed
+    plain, none = train_rows(1000, FinetuneConfig(seed=3, max_train_examples=200))
+    assert none.size == 0 and np.array_equal(plain, subset(1000, 200, 3))

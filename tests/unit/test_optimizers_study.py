@@ -210,3 +210,36 @@ def test_update_ratios_come_from_the_logged_statistics_and_draw_one_panel_per_op
     (tmp_path / "old").mkdir()
     assert tmp_path / "old" / "update_ratio.png" not in tb.plot(tmp_path / "old", "pretrain", older, rows, [0])
     assert not (tmp_path / "old" / "update_ratio.png").exists()
+
+
+def test_an_optimizer_on_the_unigram_plateau_is_not_ranked_and_speedups_read_the_reference_curve():
+    """Issue 33's two honesty fixes. lion's best loss at every lr stays within 0.01 nats of the unigram loss
+    (6.97): "did not train at this budget", last, out of the order. The token speed-up: the tokens gpt1_adam's
+    curve (100 tokens per step) needs to reach each optimizer's final loss, over that optimizer's 400 tokens."""
+    curve = [{"step": 1, "val_loss": 7.0}, {"step": 2, "val_loss": 6.0}, {"step": 3, "val_loss": 5.5},
+             {"step": 4, "val_loss": 5.0}]
+
+    def rec(name, lr, loss, seed=0):
+        return dict(_rec(name, lr, loss, seed), best_val_loss=loss, tokens=400, tokens_per_step=100, steps=4,
+                    val_curve=curve if name == "gpt1_adam" else [])
+
+    runs = [rec("gpt1_adam", 1e-3, 5.0), rec("gpt1_adam", 3e-4, 5.2), rec("gpt1_adam", 3e-3, 5.1),
+            rec("lamb", 1e-3, 5.75), rec("muon", 1e-3, 4.5), rec("slow", 1e-3, 7.5),
+            rec("lion", 1e-4, 6.965), rec("lion", 3e-4, 6.975), rec("lion", 1e-3, 7.2)]
+    rows = {r["optimizer"]: r for r in tb.summarize(runs, ["gpt1_adam", "lamb", "muon", "slow", "lion"], [0],
+                                                     unigram=6.97)}
+    assert rows["lion"]["trained"] is False and rows["lamb"]["trained"] and rows["slow"]["trained"] is False
+    order = [r["optimizer"] for r in tb.summarize(runs, ["lion", "gpt1_adam", "lamb", "muon", "slow"], [0], unigram=6.97)]
+    assert order == ["muon", "gpt1_adam", "lamb", "lion", "slow"]  # the ranked ones by loss, then the untrained
+    # lamb's 5.75 lies halfway between steps 2 (6.0) and 3 (5.5): 250 of 400 tokens
+    assert (rows["lamb"]["token_speedup"], rows["lamb"]["speedup_bound"]) == (0.625, "=")
+    assert (rows["gpt1_adam"]["token_speedup"], rows["gpt1_adam"]["speedup_bound"]) == (1.0, "=")
+    assert (rows["muon"]["token_speedup"], rows["muon"]["speedup_bound"]) == (1.0, ">")  # below adam's final loss
+    assert rows["lion"]["token_speedup"] is None
+    no_unigram = {r["optimizer"]: r for r in tb.summarize(runs, ["lion", "lamb"], [0])}
+    assert no_unigram["lion"]["trained"] is None  # a study measured before unigram.json: nothing claimed
+    text = "\n".join(tb.findings("pretrain", list(rows.values()), runs))
+    assert "Did not train at this budget, so not ranked: slow, lion" in text or "not ranked: lion, slow" in text
+    assert "lamb 0.62×" in text and "muon > 1.00×" in text and "lion (" not in text.split("Did not train")[0]
+    table = "\n".join(tb._table("pretrain", tb.summarize(runs, ["gpt1_adam", "lamb", "muon", "lion"], [0], unigram=6.97), runs))
+    assert "| did not train |" in table and "| 0.62× |" in table and "| > 1.00× |" in table
