@@ -52,13 +52,15 @@ def summarize(runs: list[dict], names: list[str], seeds: list[int], bench: dict[
             "bench": (bench or {}).get(n),
             "lrs": sorted({r["lr"] for r in mine if r["seed"] == seeds[0]}),
             "diverged_lrs": sorted({r["lr"] for r in mine if r["diverged"]}),
-            "trained": _trained(mine, unigram),
+            **({"trained": _trained(mine, unigram)} if sign > 0 else {}),
         })
-    rows.sort(key=lambda r: (r["trained"] is False, math.inf if r["mean"] is None else sign * r["mean"]))
-    for row in rows:
-        row["token_speedup"], row["speedup_bound"] = _token_speedup(row, runs, seeds) if sign > 0 else (None, None)
+    rows.sort(key=lambda r: (r.get("trained") is False, math.inf if r["mean"] is None else sign * r["mean"]))
+    if sign > 0:
+        ref = next((r for r in rows if r["optimizer"] == REFERENCE), None)
+        for row in rows:
+            row["token_speedup"], row["speedup_bound"] = _token_speedup(row, ref, runs, seeds)
     for a, b in zip(rows, rows[1:] + [None]):
-        if b is None or a["mean"] is None or b["mean"] is None or False in (a["trained"], b["trained"]):
+        if b is None or a["mean"] is None or b["mean"] is None or False in (a.get("trained"), b.get("trained")):
             a["distinct_from_next"] = False
         elif min(a["n_seeds"], b["n_seeds"]) < 2:
             a["distinct_from_next"] = None  # one seed has no spread: the noise is not known yet
@@ -75,25 +77,46 @@ def _trained(mine: list[dict], unigram: float | None) -> bool | None:
     return min(best) < unigram - PLATEAU_NATS
 
 
-def _token_speedup(row: dict, runs: list[dict], seeds: list[int]) -> tuple[float | None, str | None]:
+def _token_speedup(row: dict, ref: dict | None, runs: list[dict], seeds: list[int]) -> tuple[float | None, str | None]:
     """(tokens REFERENCE needs to reach the row's mean loss / the tokens the row trained on, "=" | "<" | ">"), read
-    off REFERENCE's validation curve at its best lr and first seed, linear between evaluations. Past the curve's
-    end (a loss REFERENCE never reached): "> 1"; above its first point: "<" the first evaluation's share."""
-    ref = next((r for r in runs if r["optimizer"] == REFERENCE and r["lr"] == best_lr(runs, REFERENCE, seeds[0])
-                and r["seed"] == seeds[0] and r.get("val_curve")), None)
-    mine = next((r for r in runs if r["optimizer"] == row["optimizer"] and r.get("tokens")), None)
-    if ref is None or mine is None or row["mean"] is None or row["trained"] is False:
+    off REFERENCE's validation curve at its best lr and first seed, linear between evaluations. A row better than
+    REFERENCE ever got: read off the row's own curve instead, the tokens it needs to reach REFERENCE's mean loss
+    ("=", or ">" the curve's end if it never does). Above REFERENCE's first evaluation: "<" that share."""
+    if ref is None or row["mean"] is None or row.get("trained") is False or ref["mean"] is None:
         return None, None
-    curve = [(p["step"] * ref["tokens_per_step"], p["val_loss"]) for p in ref["val_curve"] if finite(p.get("val_loss"))]
-    target, tokens = row["mean"], mine["tokens"]
-    if not curve:
+    if row is ref:
+        return 1.0, "="
+    ref_curve, ref_tokens = _curve(runs, ref, seeds)
+    mine, tokens = _curve(runs, row, seeds)
+    if not ref_curve or not tokens:
         return None, None
-    if target >= curve[0][1]:
-        return curve[0][0] / tokens, "<"
+    if row["mean"] >= ref_curve[0][1]:
+        return ref_curve[0][0] / tokens, "<"
+    if (needed := _tokens_to(ref_curve, row["mean"])) is not None:
+        return needed / tokens, "="
+    if mine and (own := _tokens_to(mine, ref["mean"])) is not None:  # better than REFERENCE's whole curve
+        return ref_tokens / own, "="
+    return ref_tokens / tokens, ">"
+
+
+def _curve(runs: list[dict], row: dict, seeds: list[int]) -> tuple[list[tuple[float, float]], int | None]:
+    """(tokens, validation loss) points of the row's run at its best lr and first seed, and its tokens in all."""
+    run = next((r for r in runs if r["optimizer"] == row["optimizer"] and r["lr"] == row["best_lr"]
+                and r["seed"] == seeds[0]), None)
+    if run is None:
+        return [], None
+    points = [(p["step"] * run["tokens_per_step"], p["val_loss"]) for p in run.get("val_curve") or [] if finite(p.get("val_loss"))]
+    return points, run.get("tokens")
+
+
+def _tokens_to(curve: list[tuple[float, float]], loss: float) -> float | None:
+    """The tokens at which a curve first reaches `loss`, linear between its points; None when it never does."""
+    if curve and curve[0][1] <= loss:
+        return curve[0][0]
     for (t0, l0), (t1, l1) in zip(curve, curve[1:]):
-        if l1 <= target:
-            return (t0 + (t1 - t0) * (l0 - target) / (l0 - l1)) / tokens, "="
-    return curve[-1][0] / tokens, ">"
+        if l1 <= loss:
+            return t0 + (t1 - t0) * (l0 - loss) / (l0 - l1)
+    return None
 
 
 def cpu_kind(record: dict) -> str:
@@ -297,8 +320,9 @@ def findings(kind: str, rows: list[dict], runs: list[dict]) -> list[str]:
         sped = [f"{r['optimizer']} {_speedup_text(r)}" for r in done if r.get("token_speedup") is not None]
         if sped:
             out.append(f"Token speed-up over {REFERENCE} (the tokens {REFERENCE}'s curve at its best lr needs to reach "
-                       f"each optimizer's final loss, over the tokens that optimizer trained on; > where {REFERENCE} "
-                       f"never reached it within the budget): {', '.join(sped)}.")
+                       f"each optimizer's final loss, over the tokens that optimizer trained on; for an optimizer "
+                       f"below {REFERENCE}'s whole curve, {REFERENCE}'s tokens over those its own curve needs to reach "
+                       f"{REFERENCE}'s final loss): {', '.join(sped)}.")
         best = finished[0]
         met = best["mean"] <= TARGET_LOSS
         out.append(f"Budget rule: the best optimizer's final validation loss is {best['mean']:.3f} nats/token, "

@@ -219,14 +219,16 @@ def test_an_optimizer_on_the_unigram_plateau_is_not_ranked_and_speedups_read_the
     curve = [{"step": 1, "val_loss": 7.0}, {"step": 2, "val_loss": 6.0}, {"step": 3, "val_loss": 5.5},
              {"step": 4, "val_loss": 5.0}]
 
-    def rec(name, lr, loss, seed=0):
+    def rec(name, lr, loss, seed=0, own=()):
         return dict(_rec(name, lr, loss, seed), best_val_loss=loss, tokens=400, tokens_per_step=100, steps=4,
-                    val_curve=curve if name == "gpt1_adam" else [])
+                    val_curve=curve if name == "gpt1_adam" else [{"step": s, "val_loss": v} for s, v in own])
 
+    # fast ends below gpt1_adam's whole curve: its own curve reaches gpt1_adam's final 5.0 at step 2 (200 tokens)
     runs = [rec("gpt1_adam", 1e-3, 5.0), rec("gpt1_adam", 3e-4, 5.2), rec("gpt1_adam", 3e-3, 5.1),
             rec("lamb", 1e-3, 5.75), rec("muon", 1e-3, 4.5), rec("slow", 1e-3, 7.5),
+            rec("fast", 1e-3, 4.6, own=[(1, 6.0), (2, 5.0), (4, 4.6)]),
             rec("lion", 1e-4, 6.965), rec("lion", 3e-4, 6.975), rec("lion", 1e-3, 7.2)]
-    rows = {r["optimizer"]: r for r in tb.summarize(runs, ["gpt1_adam", "lamb", "muon", "slow", "lion"], [0],
+    rows = {r["optimizer"]: r for r in tb.summarize(runs, ["gpt1_adam", "lamb", "muon", "slow", "fast", "lion"], [0],
                                                      unigram=6.97)}
     assert rows["lion"]["trained"] is False and rows["lamb"]["trained"] and rows["slow"]["trained"] is False
     order = [r["optimizer"] for r in tb.summarize(runs, ["lion", "gpt1_adam", "lamb", "muon", "slow"], [0], unigram=6.97)]
@@ -234,12 +236,15 @@ def test_an_optimizer_on_the_unigram_plateau_is_not_ranked_and_speedups_read_the
     # lamb's 5.75 lies halfway between steps 2 (6.0) and 3 (5.5): 250 of 400 tokens
     assert (rows["lamb"]["token_speedup"], rows["lamb"]["speedup_bound"]) == (0.625, "=")
     assert (rows["gpt1_adam"]["token_speedup"], rows["gpt1_adam"]["speedup_bound"]) == (1.0, "=")
-    assert (rows["muon"]["token_speedup"], rows["muon"]["speedup_bound"]) == (1.0, ">")  # below adam's final loss
+    assert (rows["fast"]["token_speedup"], rows["fast"]["speedup_bound"]) == (2.0, "=")  # 400 / 200 tokens
+    assert (rows["muon"]["token_speedup"], rows["muon"]["speedup_bound"]) == (1.0, ">")  # below, with no curve of its own
     assert rows["lion"]["token_speedup"] is None
     no_unigram = {r["optimizer"]: r for r in tb.summarize(runs, ["lion", "lamb"], [0])}
     assert no_unigram["lion"]["trained"] is None  # a study measured before unigram.json: nothing claimed
+    finetune = tb.summarize([dict(r, study="finetune") for r in runs], ["lamb"], [0])
+    assert not {"trained", "token_speedup"} & set(finetune[0])  # pre-training's measures only
     text = "\n".join(tb.findings("pretrain", list(rows.values()), runs))
     assert "Did not train at this budget, so not ranked: slow, lion" in text or "not ranked: lion, slow" in text
-    assert "lamb 0.62×" in text and "muon > 1.00×" in text and "lion (" not in text.split("Did not train")[0]
+    assert "lamb 0.62×" in text and "muon > 1.00×" in text and "fast 2.00×" in text and "lion (" not in text.split("Did not train")[0]
     table = "\n".join(tb._table("pretrain", tb.summarize(runs, ["gpt1_adam", "lamb", "muon", "lion"], [0], unigram=6.97), runs))
     assert "| did not train |" in table and "| 0.62× |" in table and "| > 1.00× |" in table
