@@ -58,8 +58,10 @@ def table5_summary(paper: Paper) -> list[str]:
     if not table:
         return ["Not run yet."]
     verdict = goal(table)
+    claims = paper.load_json("table5_intervals.json")
     return [goal_line(verdict), "",
-            "Averages: " + ", ".join(f"{a} {verdict['averages'][a]:.1f}" for a in ARMS) + ". Per task: `table5.md`."]
+            "Averages: " + ", ".join(f"{a} {verdict['averages'][a]:.1f}" for a in ARMS) + ". Per task: `table5.md`.",
+            *(["", *table5.interval_lines(claims)] if claims else [])]
 
 
 def layers_summary(paper: Paper) -> list[str]:

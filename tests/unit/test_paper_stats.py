@@ -64,3 +64,28 @@ def test_paired_average_is_over_seeds_of_the_task_mean():
 ])
 def test_constant_baseline(metric, labels, expected):
     assert stats.constant_baseline(metric, labels) == pytest.approx(expected)
+
+
+def test_table5_claims_pair_seeds_and_mark_cells_at_their_baseline():
+    """experiments/paper/table5.py's claims from per-seed scores: the paired gain per task and on the average,
+    cells whose interval reaches the constant-prediction baseline, and the sentences the README states."""
+    from experiments.paper import table5
+
+    by_seed = {
+        "sst2": {"full": {0: 62.0, 1: 65.0, 2: 64.0}, "no_pretrain": {0: 52.0, 1: 53.0, 2: 51.0}},
+        "mrpc": {"full": {0: 81.0, 1: 81.5, 2: 80.5}, "no_pretrain": {0: 81.2, 1: 81.2, 2: 81.2}},
+    }
+    claims = table5.intervals(by_seed, {"sst2": 50.9, "mrpc": 81.2})
+    sst2, mrpc = claims["tasks"]["sst2"], claims["tasks"]["mrpc"]
+    assert sst2["gain"]["mean"] == pytest.approx(35 / 3) and sst2["gain"]["low"] > 0  # diffs 10, 12, 13
+    assert mrpc["gain"]["mean"] == pytest.approx(-0.2) and mrpc["gain"]["low"] < 0 < mrpc["gain"]["high"]
+    assert sst2["arms"]["full"]["above_baseline"] is True
+    assert sst2["arms"]["no_pretrain"]["above_baseline"] is False  # 52 ± 4.30 x 1 / sqrt(3) reaches 50.9
+    assert mrpc["arms"]["full"]["above_baseline"] is False and mrpc["arms"]["no_pretrain"]["above_baseline"] is False
+    # the average over seeds of the per-seed task mean: (10 - 0.2) / 2, (12 + 0.3) / 2, (13 - 0.7) / 2
+    avg = claims["average_gain"]
+    assert avg["n"] == 3 and avg["mean"] == pytest.approx(np.mean([4.9, 6.15, 6.15]))
+    text = "\n".join(table5.interval_lines(claims))
+    assert "Above zero at 95%: sst2 (1 of 2 tasks)" in text and "sst2/no_pretrain, mrpc/full, mrpc/no_pretrain" in text
+    assert "reaches below the goal's 5 points" in text  # the average's interval: 5.73 ± 1.79
+    assert table5.intervals(by_seed, {})["tasks"]["sst2"]["arms"]["full"]["above_baseline"] is None
