@@ -71,7 +71,7 @@ GLUE_TASKS: dict[str, GlueTask] = {
     t.name: t
     for t in (
         GlueTask("cola", "CoLA", "classification", ("sentence",), ("sentence",), "is_acceptable",
-                 ("unacceptable", "acceptable"), ("matthews_corr",), _STD_FILES,
+                 ("unacceptable", "acceptable"), ("matthews_corr", "accuracy"), _STD_FILES,  # accuracy: BabyLM's
                  headerless_columns=(("label", 1), ("sentence", 3))),
         GlueTask("sst2", "SST-2", "classification", ("sentence",), ("sentence",), "label",
                  ("negative", "positive"), ("accuracy",), _STD_FILES),

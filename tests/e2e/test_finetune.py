@@ -37,7 +37,7 @@ def test_finetune_from_scratch_writes_results_predictions_and_submission(tmp_pat
     workdir, results = _finetune(tmp_path, data_dir, "--epochs", "2", "--predict-test", "--seed", "3",
                                  "--set", "optim.lr=1e-3")
     assert results["task"] == "cola" and results["seed"] == 3 and results["init"] == "none"
-    assert results["metric_names"] == ["matthews_corr"] and -1 <= results["metrics"]["matthews_corr"] <= 1
+    assert results["metric_names"] == ["matthews_corr", "accuracy"] and -1 <= results["metrics"]["matthews_corr"] <= 1
     assert results["epoch"] in (1, 2) and len(results["history"]) == 2 and results["selected_on"] == "dev"
     assert results["n_train"] == 40 and results["n_dev"] == {"validation": 12}
     assert results["steps"] == 10  # ceil(40 / 8) x 2: the last partial batch is padded, not dropped
@@ -66,8 +66,8 @@ def test_the_epoch_is_chosen_on_the_held_out_slice_and_dev_is_only_reported(tmp_
     held = [h["holdout/matthews_corr"] for h in history]
     chosen = history[results["epoch"] - 1]
     assert chosen["holdout/matthews_corr"] == max(held) and held.index(max(held)) == results["epoch"] - 1
-    assert results["metrics"] == {"matthews_corr": chosen["matthews_corr"]}
-    assert results["holdout"] == {"matthews_corr": chosen["holdout/matthews_corr"]}
+    assert results["metrics"] == {k: chosen[k] for k in ("matthews_corr", "accuracy")}
+    assert results["holdout"] == {k: chosen[f"holdout/{k}"] for k in ("matthews_corr", "accuracy")}
 
 
 def test_similarity_regression_without_aux_lm(tmp_path, data_dir):
