@@ -235,7 +235,6 @@ def bench_optimizer(study: Path, budget: dict, name: str, tokenizer_vocab: int, 
     """Median step time of `name`'s train step (forward + backward + update, `gpt1_jax.bench`) at the study's
     shape and at the 117M shape; written to <study>/bench/<name>.json (and kept under `records`, like a run's
     record) and merged into the table."""
-    out = study / "bench" / f"{name}.json"
     if (done := load_bench(study, records).get(name)) is not None:
         return done
     result = {}
@@ -256,10 +255,15 @@ def bench_optimizer(study: Path, budget: dict, name: str, tokenizer_vocab: int, 
         result[shape] = {"batch": B, "seq": T, "step_s": r["step_s_median"], "tokens_per_s": r["tokens_per_s"],
                          "mfu": r["mfu"], "compile_s": r.get("compile_s")}
     result["cpu_flags"] = r["cpu_flags"]
-    for path in [out] + ([records / "bench" / out.name] if records is not None else []):
+    keep_json(result, study, records, f"bench/{name}.json")
+    return result
+
+
+def keep_json(result: dict, study: Path, records: Path | None, name: str) -> None:
+    """A measurement the tables read, written whole to <study>/NAME and kept as <records>/NAME (a fresh clone's)."""
+    for path in [study / name] + ([records / name] if records is not None else []):
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(result, indent=2) + "\n")
-    return result
 
 
 # ---- fine-tuning --------------------------------------------------------------------------------------
@@ -469,9 +473,7 @@ def measure_unigram(study: Path, budget: dict, tokenizer: str, cache_dir: str | 
         return known
     config = pretrain_config(budget, REFERENCE, SPECS[REFERENCE]["pretrain_lr"], 0, tokenizer, cache_dir)
     result = {"unigram_loss": unigram_loss(build_pipeline(config.data, study))}
-    for path in [study / UNIGRAM] + ([records / UNIGRAM] if records is not None else []):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(result, indent=2) + "\n")
+    keep_json(result, study, records, UNIGRAM)
     return result["unigram_loss"]
 
 

@@ -57,8 +57,9 @@ def summarize(runs: list[dict], names: list[str], seeds: list[int], bench: dict[
     rows.sort(key=lambda r: (r.get("trained") is False, math.inf if r["mean"] is None else sign * r["mean"]))
     if sign > 0:
         ref = next((r for r in rows if r["optimizer"] == REFERENCE), None)
+        ref_curve = _curve(runs, ref, seeds) if ref is not None else ([], None)
         for row in rows:
-            row["token_speedup"], row["speedup_bound"] = _token_speedup(row, ref, runs, seeds)
+            row["token_speedup"], row["speedup_bound"] = _token_speedup(row, ref, ref_curve, runs, seeds)
     for a, b in zip(rows, rows[1:] + [None]):
         if b is None or a["mean"] is None or b["mean"] is None or False in (a.get("trained"), b.get("trained")):
             a["distinct_from_next"] = False
@@ -77,7 +78,8 @@ def _trained(mine: list[dict], unigram: float | None) -> bool | None:
     return min(best) < unigram - PLATEAU_NATS
 
 
-def _token_speedup(row: dict, ref: dict | None, runs: list[dict], seeds: list[int]) -> tuple[float | None, str | None]:
+def _token_speedup(row: dict, ref: dict | None, ref_curve: tuple[list[tuple[float, float]], int | None],
+                   runs: list[dict], seeds: list[int]) -> tuple[float | None, str | None]:
     """(tokens REFERENCE needs to reach the row's mean loss / the tokens the row trained on, "=" | "<" | ">"), read
     off REFERENCE's validation curve at its best lr and first seed, linear between evaluations. A row better than
     REFERENCE ever got: read off the row's own curve instead, the tokens it needs to reach REFERENCE's mean loss
@@ -86,7 +88,7 @@ def _token_speedup(row: dict, ref: dict | None, runs: list[dict], seeds: list[in
         return None, None
     if row is ref:
         return 1.0, "="
-    ref_curve, ref_tokens = _curve(runs, ref, seeds)
+    ref_curve, ref_tokens = ref_curve
     mine, tokens = _curve(runs, row, seeds)
     if not ref_curve or not tokens:
         return None, None

@@ -8,6 +8,7 @@ under results/runs/), under OUT/table5/<arm>/<task>/lr<lr>/seed<k>/. Writes resu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import sys
@@ -144,8 +145,7 @@ def goal(table: dict[str, dict[str, list[float]]]) -> dict:
 def intervals(by_seed: dict[str, dict[str, dict[int, float]]], baseline: dict[str, float | None]) -> dict:
     """What Table 5 may claim, with 95% Student-t intervals over seeds: each arm's mean, whether it clears the
     task's constant-prediction baseline, the paired gain full − no_pretrain per task, and the 5-task average's."""
-    def row(ci: stats.Interval) -> dict:
-        return {"mean": ci.mean, "low": ci.low, "high": ci.high, "n": ci.n}
+    row = dataclasses.asdict
 
     tasks = {}
     for task, arms in by_seed.items():
@@ -161,7 +161,7 @@ def intervals(by_seed: dict[str, dict[str, dict[int, float]]], baseline: dict[st
 
 
 def interval_text(ci: dict, digits: int = 1) -> str:
-    return stats.Interval(ci["mean"], ci["low"], ci["high"], ci["n"]).text(digits)
+    return stats.Interval(**ci).text(digits)
 
 
 def cell(values: list[float]) -> str:
@@ -183,14 +183,14 @@ def interval_lines(claims: dict) -> list[str]:
     """The gains with their intervals, and which cells sit at their task's baseline, in words."""
     tasks = claims["tasks"]
     gains = {t: c["gain"] for t, c in tasks.items()}
-    above = [t for t, g in gains.items() if g["n"] >= 2 and g["low"] > 0]
+    above = [t for t, g in gains.items() if stats.Interval(**g).above_zero]
     avg = claims["average_gain"]
     lines = ["Pre-training's paired gain, full − no_pretrain, mean [95% t-interval] over the seeds both arms ran "
              "(a seed draws the same training subset and order in both): "
              + "; ".join(f"{t} {interval_text(g)}" for t, g in gains.items())
              + f"; 5-task average {interval_text(avg)}.",
              f"Above zero at 95%: {', '.join(above) if above else 'none'} ({len(above)} of {len(gains)} tasks); the "
-             f"average's interval {'is' if avg['n'] >= 2 and avg['low'] > 0 else 'is not'} above zero"
+             f"average's interval {'is' if stats.Interval(**avg).above_zero else 'is not'} above zero"
              + (f", and reaches below the goal's {GOAL_GAIN:g} points: whether the gain clears it is within the seed "
                 "noise." if avg["n"] >= 2 and avg["low"] < GOAL_GAIN <= avg["high"] else ".")]
     flat = [f"{t}/{a}" for t, c in tasks.items() for a, arm in c["arms"].items() if arm["above_baseline"] is False]
