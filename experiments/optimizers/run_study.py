@@ -91,7 +91,7 @@ PRETRAIN = {
     "full": dict(config=str(RECIPE), steps=800, warmup_share=300 / 800, eval_every=100, eval_batches=0,
                  data={}),
     "quick": dict(config="tiny", steps=24, eval_every=8, eval_batches=4, bench_steps=1, bench_warmup=0,
-                  bench_shapes={"gpt1_117M": ("gpt1", 1, 64)},
+                  bench_shapes={"study": None, "tiny_1x64": ("tiny", 1, 64)},
                   data=dict(global_batch_size=8, seq_len=64)),
 }
 # Fine-tuning: the paper's recipe (batch 32, 3 epochs, linear decay after 0.2% warmup, lambda 0.5) on 1,000
@@ -100,8 +100,10 @@ FINETUNE = {
     "full": dict(tasks=("sst2", "mrpc"), epochs=3, batch=32, max_train=1000, max_eval=0, n_ctx=128),
     "quick": dict(tasks=("sst2",), epochs=1, batch=16, max_train=64, max_eval=64, n_ctx=64),
 }
-# The 117M shape of the bench columns: GPT-1's model at batch 2 x 512 (a CPU-sized batch of its context).
-BENCH_SHAPES = {"study": None, "gpt1_117M": ("gpt1", 2, 512)}  # --quick: 117M at 1 x 64 (a test's minute)
+# The bench columns' shapes: the study's own, and GPT-1's 117M model at batch 2 x 512 (a CPU-sized batch of its
+# context). --quick benches a tiny preset shape in its place (compiling the 117M step would be most of a test's
+# time): its tables' 117M column reads "-".
+BENCH_SHAPES = {"study": None, "gpt1_117M": ("gpt1", 2, 512)}
 
 
 def step_times(records: list[dict], tokens_per_step: int) -> dict[int, float]:
@@ -238,7 +240,7 @@ def bench_optimizer(study: Path, budget: dict, name: str, tokenizer_vocab: int, 
     if (done := load_bench(study, records).get(name)) is not None:
         return done
     result = {}
-    shapes = dict(BENCH_SHAPES, **budget.get("bench_shapes", {}))
+    shapes = budget.get("bench_shapes", BENCH_SHAPES)
     for shape, spec in shapes.items():
         if spec is None:  # the study's own config, its vocabulary as the tokenizer makes it
             config = pretrain_config(budget, name, SPECS[name]["pretrain_lr"], 0, "train", None)

@@ -314,35 +314,43 @@ def findings(kind: str, rows: list[dict], runs: list[dict]) -> list[str]:
         out.append(f"{len(flat)} of {len(runs)} runs predicted one class for all of dev ({len(at_best)} of them at "
                    "an optimizer's best lr): their score is that class's, not a measure of the optimizer.")
     if kind == "pretrain":
-        stuck = [r for r in rows if r.get("trained") is False]
-        if stuck:
-            out.append(f"Did not train at this budget, so not ranked: {', '.join(r['optimizer'] for r in stuck)} (best "
-                       f"validation loss at every lr tried within {PLATEAU_NATS:g} nats of the unigram loss, "
-                       "what a model that ignores its context reaches: `unigram.json`).")
-        sped = [f"{r['optimizer']} {_speedup_text(r)}" for r in done if r.get("token_speedup") is not None]
-        if sped:
-            out.append(f"Token speed-up over {REFERENCE} (the tokens {REFERENCE}'s curve at its best lr needs to reach "
-                       f"each optimizer's final loss, over the tokens that optimizer trained on; for an optimizer "
-                       f"below {REFERENCE}'s whole curve, {REFERENCE}'s tokens over those its own curve needs to reach "
-                       f"{REFERENCE}'s final loss): {', '.join(sped)}.")
-        best = finished[0]
-        met = best["mean"] <= TARGET_LOSS
-        out.append(f"Budget rule: the best optimizer's final validation loss is {best['mean']:.3f} nats/token, "
-                   f"{'within' if met else 'above'} the {TARGET_LOSS:g} the budget must allow.")
-        steps = next((r["steps"] for r in runs if r.get("steps")), None)
-        slower = [f"{r['optimizer']} (+{over:.0%})" for r in rows if r["time_basis"] == "bench machine" and steps
-                  and finite(b := (r["bench"] or {}).get("study", {}).get("step_s"))
-                  and (over := r["train_seconds"] / steps / b - 1) > 0.1]
-        if slower:
-            out.append("Training updates slower than the optimizer's bench step by more than 10% (on the bench "
-                       f"machine's clock): {', '.join(slower)}; the time columns count the training runs' cost.")
-        benched = cpu_kinds(r["bench"] for r in rows if r["bench"])
-        if len(benched) > 1:
-            out.append(f"The bench columns were timed on {len(benched)} CPU kinds, so their step times (and the "
-                       "training seconds made from them) do not compare; rerun `run_study.py bench` on one machine.")
-        small = min(rows, key=lambda r: r["state_bytes"])
-        if small["state_vs_ref"] is not None and small["optimizer"] != REFERENCE:
-            out.append(f"Least optimizer state: {small['optimizer']}, {small['state_vs_ref']:.2f}× {REFERENCE}'s.")
+        out += _pretrain_findings(rows, runs, done, finished)
+    return out
+
+
+def _pretrain_findings(rows: list[dict], runs: list[dict], done: list[dict], finished: list[dict]) -> list[str]:
+    """The pre-training study's own findings: what did not train, the token speed-up, the budget rule and the
+    cost columns' caveats."""
+    out = []
+    stuck = [r for r in rows if r.get("trained") is False]
+    if stuck:
+        out.append(f"Did not train at this budget, so not ranked: {', '.join(r['optimizer'] for r in stuck)} (best "
+                   f"validation loss at every lr tried within {PLATEAU_NATS:g} nats of the unigram loss, "
+                   "what a model that ignores its context reaches: `unigram.json`).")
+    sped = [f"{r['optimizer']} {_speedup_text(r)}" for r in done if r.get("token_speedup") is not None]
+    if sped:
+        out.append(f"Token speed-up over {REFERENCE} (the tokens {REFERENCE}'s curve at its best lr needs to reach "
+                   f"each optimizer's final loss, over the tokens that optimizer trained on; for an optimizer "
+                   f"below {REFERENCE}'s whole curve, {REFERENCE}'s tokens over those its own curve needs to reach "
+                   f"{REFERENCE}'s final loss): {', '.join(sped)}.")
+    best = finished[0]
+    met = best["mean"] <= TARGET_LOSS
+    out.append(f"Budget rule: the best optimizer's final validation loss is {best['mean']:.3f} nats/token, "
+               f"{'within' if met else 'above'} the {TARGET_LOSS:g} the budget must allow.")
+    steps = next((r["steps"] for r in runs if r.get("steps")), None)
+    slower = [f"{r['optimizer']} (+{over:.0%})" for r in rows if r["time_basis"] == "bench machine" and steps
+              and finite(b := (r["bench"] or {}).get("study", {}).get("step_s"))
+              and (over := r["train_seconds"] / steps / b - 1) > 0.1]
+    if slower:
+        out.append("Training updates slower than the optimizer's bench step by more than 10% (on the bench "
+                   f"machine's clock): {', '.join(slower)}; the time columns count the training runs' cost.")
+    benched = cpu_kinds(r["bench"] for r in rows if r["bench"])
+    if len(benched) > 1:
+        out.append(f"The bench columns were timed on {len(benched)} CPU kinds, so their step times (and the "
+                   "training seconds made from them) do not compare; rerun `run_study.py bench` on one machine.")
+    small = min(rows, key=lambda r: r["state_bytes"])
+    if small["state_vs_ref"] is not None and small["optimizer"] != REFERENCE:
+        out.append(f"Least optimizer state: {small['optimizer']}, {small['state_vs_ref']:.2f}× {REFERENCE}'s.")
     return out
 
 

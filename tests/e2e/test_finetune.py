@@ -300,7 +300,7 @@ def test_two_processes_give_the_one_process_metrics(tmp_path, data_dir):
     args = _argv(tmp_path / "two", data_dir, tmp_path, "--set", "checkpoint_every=0", "--epochs", "1")[1:]
     two = subprocess.run([sys.executable, str(repo / "launch" / "local.py"), "-n", "2", "-d", "2", "--grace", "20", "--",
                           sys.executable, *args], capture_output=True, text=True, timeout=300,
-                         env={**base, "JAX_PLATFORMS": "cpu"})
+                         env={**base, "XLA_FLAGS": xla_flags(), "JAX_PLATFORMS": "cpu"})
     assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-2000:]
     (h1, e1, f1), (h2, e2, f2) = _outputs(tmp_path / "one"), _outputs(tmp_path / "two")
     assert e1 == e2 and f1 == f2

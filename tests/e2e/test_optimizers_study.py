@@ -147,8 +147,9 @@ def test_sigterm_stops_the_study_with_one_line_and_no_record(tmp_path):
 
 
 def test_bench_columns_are_kept_with_the_records(quick_study):
-    """`bench` times each optimizer's step (study shape and 117M) into the table, and keeps the timings beside
-    the records, so a study dir without its bench folder (a fresh clone) still shows them."""
+    """`bench` times each optimizer's step (the study's shape and a preset's: 117M in the full study) into the
+    table, and keeps the timings beside the records, so a study dir without its bench folder (a fresh clone)
+    still shows them."""
     import shutil
 
     study, argv = quick_study
@@ -159,7 +160,7 @@ def test_bench_columns_are_kept_with_the_records(quick_study):
     done = subprocess.run(bench, capture_output=True, text=True, timeout=600, env=ENV, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     timed = json.loads((study / "bench" / f"{OPTS[0]}.json").read_text())
-    assert timed["study"]["step_s"] > 0 and (timed["gpt1_117M"]["batch"], timed["gpt1_117M"]["seq"]) == (1, 64)
+    assert timed["study"]["step_s"] > 0 and (timed["tiny_1x64"]["batch"], timed["tiny_1x64"]["seq"]) == (1, 64)
     assert json.loads((study.parent / "records" / "pretrain" / "bench" / f"{OPTS[0]}.json").read_text()) == timed
     row = next(r for r in json.loads((study / "results.json").read_text())["summary"] if r["optimizer"] == OPTS[0])
     assert row["bench"] == timed and len(json.loads((study / "results.json").read_text())["runs"]) == 2 * 2
