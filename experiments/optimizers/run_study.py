@@ -46,7 +46,8 @@ import flax.linen as nn
 import jax
 
 from experiments import harness
-from experiments.optimizers.sweep import finite, lr_grid, median, run_name, study_loop
+from experiments.lr_grid import lr_grid
+from experiments.optimizers.sweep import finite, median, run_name, study_loop
 from experiments.optimizers.tables import REFERENCE, UNIGRAM, load_bench, load_unigram, write_outputs
 from experiments.paper.settings import shown
 from gpt1_jax import bench, compile_cache

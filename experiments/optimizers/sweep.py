@@ -1,6 +1,6 @@
-"""The optimizer study's sweep: the learning-rate ladder and the breadth-first loop that grows each grid until
-its best lr is bracketed, then repeats it with the other seeds. run_study.py makes the runs (through
-experiments/harness.py, which keeps their records); tables.py reads them."""
+"""The optimizer study's sweep: the breadth-first loop that grows each grid on the lr ladder
+(experiments/lr_grid.py) until its best lr is bracketed, then repeats it with the other seeds. run_study.py
+makes the runs (through experiments/harness.py, which keeps their records); tables.py reads them."""
 
 from __future__ import annotations
 
@@ -9,26 +9,10 @@ import statistics
 import time
 from pathlib import Path
 
-
-# ---- the grid ----------------------------------------------------------------------------------------
-
-def _ladder(j: int) -> float:
-    """The 1-3-10 log ladder: j=0 -> 1, 1 -> 3, 2 -> 10, -1 -> 0.3, ..."""
-    return float(f"{10.0 ** (j // 2) * (3 if j % 2 else 1):.3g}")
+from experiments import lr_grid
 
 
-def lr_grid(centre: float, points: int = 3) -> list[float]:
-    """`points` lrs of the 1-3-10 ladder (a log grid, ~half a decade apart) centred on the rung nearest
-    `centre`: 3e-3 -> [1e-3, 3e-3, 1e-2]."""
-    j0 = min(range(-40, 40), key=lambda j: abs(math.log(_ladder(j) / centre)))
-    lo = j0 - (points - 1) // 2
-    return [_ladder(j) for j in range(lo, lo + points)]
-
-
-def next_rung(lr: float, up: bool) -> float:
-    j = min(range(-40, 40), key=lambda j: abs(math.log(_ladder(j) / lr)))
-    return _ladder(j + 1 if up else j - 1)
-
+# ---- names -------------------------------------------------------------------------------------------
 
 def run_name(lr: float, seed: int) -> str:
     return f"lr{lr:.3g}_s{seed}"
@@ -62,23 +46,9 @@ def best_lr(runs: list[dict], name: str, seed: int) -> float | None:
 
 
 def bracket_gap(runs: list[dict], name: str, seed: int) -> float | None:
-    """The next lr to try so that the best one has a worse neighbour on both sides (a diverged run counts as
-    worse); None when it is bracketed already. Every lr diverged: go one rung below the lowest. A neighbour
-    that ties the best is not worse: the lowest and the highest lr scoring the best need a worse lr beyond
-    them (a fine-tuning metric counts examples, and rates too small to move the model all score the same)."""
-    mine = {r["lr"]: score(r) for r in runs if r["optimizer"] == name and r["seed"] == seed}
-    tried = sorted(mine)
-    if not tried:
-        return None
-    best = best_lr(runs, name, seed)
-    if best is None:
-        return next_rung(tried[0], up=False)
-    tied = [lr for lr in tried if mine[lr] == mine[best]]
-    if tied[0] == tried[0]:
-        return next_rung(tried[0], up=False)
-    if tied[-1] == tried[-1]:
-        return next_rung(tried[-1], up=True)
-    return None
+    """The next lr to try for `name` at `seed` (experiments/lr_grid.py: a diverged run counts as worse); None
+    when its best lr is bracketed already."""
+    return lr_grid.bracket_gap({r["lr"]: score(r) for r in runs if r["optimizer"] == name and r["seed"] == seed})
 
 
 PLOTS_EVERY_S = 600  # a long study redraws its plots this often; its tables follow every run

@@ -27,7 +27,7 @@ def layers_stage(paper: Paper) -> bool | None:
     for task in paper.layer_tasks:
         if (best := best_lr(paper, "full", task)) is None:
             return None
-        lr, grid = best
+        lr, _, grid = best
         fresh = fresh or ran_now(grid)
         if lr is None:
             curves[task] = {"metric": metric_name(grid), "lr": None, "scores": {}, "failed": errors_of(grid)}

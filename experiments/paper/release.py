@@ -103,7 +103,7 @@ tags: [gpt1, openai-gpt]
 # GPT-1, small ({config.num_params() / 1e6:.1f}M parameters)
 
 GPT-1's architecture and pre-training recipe (docs/gpt1.md) at small scale: `{shown(paper.pretrain_config)}` on
-`{corpus}`, run by experiments/paper/run.py (results: experiments/paper/results/ for the committed release).
+`{corpus}`, run by experiments/paper/run.py (results: {shown(paper.results_dir)}/).
 
 | | |
 |---|---|

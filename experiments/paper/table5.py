@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from experiments.glue.common import ablation, errors_of
+from experiments import lr_grid
 from experiments.harness import Done, Run, finetune_record, sweep
 from experiments.paper import stats
 from experiments.paper.settings import ARMS, Paper, TASKS
@@ -66,14 +67,33 @@ def ran_now(dones: list[Done]) -> bool:
     return any(d.seconds for d in dones)
 
 
-def best_lr(paper: Paper, arm: str, task: str) -> tuple[float | None, list[Done]] | None:
-    """-> (the grid's best lr for `arm` on `task` by seed 0's dev score (None: every run failed), the seed-0
-    runs); None when a run stopped at a checkpoint."""
-    grid = run_all(paper, [run_of(paper, arm, task, lr, paper.budget.seeds[0]) for lr in paper.budget.lrs])
-    if grid is None:
-        return None
-    scored = [(s, lr) for lr, done in zip(paper.budget.lrs, grid) if (s := score(done)) is not None]
-    return (max(scored)[1] if scored else None), grid
+def selection_score(paper: Paper, done: Done) -> float | None:
+    """What chooses the lr: the score x100 on the held-out slice of the training set where the budget holds one
+    out, else the dev score (the first release's table, which says so)."""
+    if not paper.budget.holdout_fraction or not done.record:
+        return score(done)
+    value = done.record["holdout"][done.record["main_metric"]]
+    return 100.0 * value if value is not None and math.isfinite(value) else 0.0
+
+
+def best_lr(paper: Paper, arm: str, task: str) -> tuple[float | None, list[float], list[Done]] | None:
+    """-> (the lr best for `arm` on `task` by seed 0's selection score (None: every run failed), the lrs tried,
+    sorted, and their seed-0 runs); None when a run stopped at a checkpoint. The budget's grid first, then one
+    more lr at a time (experiments/lr_grid.py) while the best has no worse neighbour on one side, at most
+    `max_extensions` of them."""
+    lrs, seed = list(paper.budget.lrs), paper.budget.seeds[0]
+    while True:
+        grid = run_all(paper, [run_of(paper, arm, task, lr, seed) for lr in lrs])
+        if grid is None:
+            return None
+        chosen = {lr: s for lr, done in zip(lrs, grid) if (s := selection_score(paper, done)) is not None}
+        more = lr_grid.bracket_gap({lr: -chosen[lr] if lr in chosen else None for lr in lrs})
+        if more is None or len(lrs) - len(paper.budget.lrs) >= paper.budget.max_extensions:
+            break
+        lrs.append(more)
+    order = sorted(range(len(lrs)), key=lambda i: lrs[i])
+    best = max(chosen, key=lambda lr: (chosen[lr], lr)) if chosen else None  # a tie: the larger lr
+    return best, [lrs[i] for i in order], [grid[i] for i in order]
 
 
 def baselines(paper: Paper) -> dict[str, float | None]:
@@ -93,32 +113,37 @@ def baselines(paper: Paper) -> dict[str, float | None]:
 
 
 def table5_stage(paper: Paper) -> bool | None:
-    fresh, table, grid_scores, chosen, metrics, failures = False, {}, {}, {}, {}, {}
+    fresh, table, grid_scores, held_scores, chosen, metrics, failures = False, {}, {}, {}, {}, {}, {}
     by_seed: dict[str, dict[str, dict[int, float]]] = {}  # task -> arm -> seed -> score: the pairs
     for task in paper.tasks:
-        table[task], grid_scores[task], chosen[task], by_seed[task], task_runs = {}, {}, {}, {}, []
+        table[task], grid_scores[task], held_scores[task], chosen[task], by_seed[task], task_runs = {}, {}, {}, {}, {}, []
         for arm in ARMS:
             if (best := best_lr(paper, arm, task)) is None:
                 return None
-            lr, grid = best
-            runs = run_all(paper, [run_of(paper, arm, task, lr, seed) for seed in paper.budget.seeds]) if lr is not None else []
+            lr, lrs, grid = best
+            seeds = paper.budget.seeds_of(arm)
+            runs = run_all(paper, [run_of(paper, arm, task, lr, seed) for seed in seeds]) if lr is not None else []
             if runs is None:
                 return None
             fresh = fresh or ran_now(grid + runs)
-            grid_scores[task][arm] = {f"{r_lr:g}": score(d) for r_lr, d in zip(paper.budget.lrs, grid)}
+            grid_scores[task][arm] = {f"{r_lr:g}": score(d) for r_lr, d in zip(lrs, grid)}
+            if paper.budget.holdout_fraction:
+                held_scores[task][arm] = {f"{r_lr:g}": selection_score(paper, d) for r_lr, d in zip(lrs, grid)}
             chosen[task][arm] = lr
             table[task][arm] = [s for d in runs if (s := score(d)) is not None]
-            by_seed[task][arm] = {seed: s for seed, d in zip(paper.budget.seeds, runs) if (s := score(d)) is not None}
+            by_seed[task][arm] = {seed: s for seed, d in zip(seeds, runs) if (s := score(d)) is not None}
             if errors_of(grid + runs):
                 failures[f"{task}/{arm}"] = errors_of(grid + runs)
             task_runs += grid + runs
         metrics[task] = metric_name(task_runs)
     paper.save_json("table5.json", table)
-    paper.save_json("lr_grid.json", {t: {a: {"lr": chosen[t][a], "seed0": grid_scores[t][a]} for a in ARMS}
-                                     for t in paper.tasks})
+    paper.save_json("lr_grid.json", {t: {a: {"lr": chosen[t][a], "seed0": grid_scores[t][a],
+                                             **({"seed0_holdout": held_scores[t][a]} if held_scores[t] else {})}
+                                         for a in ARMS} for t in paper.tasks})
     claims = intervals(by_seed, baselines(paper))
     paper.save_json("table5_intervals.json", claims)
-    text = table5_markdown(paper, table, chosen, metrics, failures, goal(table), claims)
+    selection = held_scores if paper.budget.holdout_fraction else grid_scores  # the scores that chose each lr
+    text = table5_markdown(paper, table, chosen, selection, metrics, failures, goal(table), claims)
     paper.save_text("table5.md", text)
     print(text, file=sys.stderr)
     return fresh
@@ -200,13 +225,49 @@ def interval_lines(claims: dict) -> list[str]:
     return lines
 
 
-def table5_markdown(paper: Paper, table, chosen, metrics, failures, verdict, claims: dict) -> str:
+def recipe_line(paper: Paper) -> str:
     b = paper.budget
+    grid = "{" + ", ".join(f"{lr:g}" for lr in b.lrs) + "}"
+    fewer = "".join(f", {a} {list(v)}" for a, v in b.arm_seeds.items())
+    caps = "".join(f"; {t}: at most {n:,}" for t, n in b.task_max_train.items())
+    quick = "; **quick mode**" if paper.quick else ""
+    if not b.holdout_fraction:  # the first release's table: everything chosen on dev
+        return (f"Dev-set scores x100, mean ± std over seeds {list(b.seeds)}{fewer}; each arm fine-tunes with the lr "
+                f"best for it on seed 0 from {grid}; {b.epochs} epoch(s), batch {b.batch_size}, "
+                f"{'every' if not b.max_train else f'at most {b.max_train:,}'} training examples per task{caps}{quick}.")
+    return (f"Dev-set scores x100, mean ± std over seeds {list(b.seeds)}{fewer}; each arm fine-tunes with the lr best "
+            f"for it on seed 0's held-out {b.holdout_fraction:.0%} of each training set (the same examples in every arm "
+            f"and seed), from {grid} grown one rung of the 1-3-10 ladder at a time (at most {b.max_extensions} more) "
+            f"until the chosen lr has a worse neighbour on both sides; each run's epoch is chosen on that slice too, "
+            f"and the dev set is only measured; {b.epochs} epoch(s), batch {b.batch_size}, "
+            f"{'every' if not b.max_train else f'at most {b.max_train:,}'} training example per task{caps}, less the "
+            f"held-out share{quick}.")
+
+
+def lr_lines(paper: Paper, chosen: dict, selection: dict) -> list[str]:
+    """The lr each arm chose per task, how it was chosen and, where the grid may grow, which choices are not
+    bracketed (an optimum that may lie beyond the rates tried)."""
+    if not paper.budget.holdout_fraction:
+        head = ("Learning rate chosen (seed 0, dev score; the best epoch too is chosen on dev, so every score here "
+                "is the best of several looks at the set it reports, an optimistic one):")
+    else:
+        head = "Learning rate chosen (seed 0, on the held-out slice; dev played no part), and the lrs tried:"
+    lines = [head, "", "| task | " + " | ".join(ARMS) + " |", "|---|" + "---|" * len(ARMS)]
+    tried = lambda t, a: f" of {len(selection[t][a])}" if paper.budget.holdout_fraction else ""  # noqa: E731
+    for task in paper.tasks:
+        lines.append(f"| {task} | " + " | ".join(f"{chosen[task][a]:g}{tried(task, a)}" if chosen[task][a] else "–"
+                                                 for a in ARMS) + " |")
+    if paper.budget.max_extensions:
+        open_ = [f"{t}/{a}" for t in paper.tasks for a in ARMS if lr_grid.bracket_gap(
+            {float(lr): None if v is None else -v for lr, v in selection[t][a].items()}) is not None]
+        lines += ["", "Not bracketed after the grid's extensions (the best lr sits at the edge of the rates tried): "
+                  + (", ".join(open_) if open_ else "none") + "."]
+    return lines
+
+
+def table5_markdown(paper: Paper, table, chosen, selection, metrics, failures, verdict, claims: dict) -> str:
     lines = [
-        f"Dev-set scores x100, mean ± std over seeds {list(b.seeds)}; each arm fine-tunes with the lr best for it on "
-        f"seed 0 from {{{', '.join(f'{lr:g}' for lr in b.lrs)}}}; {b.epochs} epoch(s), batch {b.batch_size}, "
-        f"{'every' if not b.max_train else f'at most {b.max_train:,}'} training examples per task"
-        + ("; **quick mode**" if paper.quick else "") + ".",
+        recipe_line(paper),
         "Paper: Table 5 (docs/gpt1.md), GPT-1 (117M, BooksCorpus) on GLUE's test server.", "",
         "| task | metric | paper full | paper no_pretrain | paper no_aux_lm | constant baseline | full | no_pretrain "
         "| no_aux_lm | full − no_pretrain [95% CI] |",
@@ -228,11 +289,7 @@ def table5_markdown(paper: Paper, table, chosen, metrics, failures, verdict, cla
               "Cells: mean ± std over seeds; ° where the cell's 95% t-interval reaches the task's constant-prediction "
               "baseline (majority class for accuracy, \"positive\" everywhere for F1, 0 for MCC and correlations: "
               "experiments/paper/stats.py). The interval's half-width is t × std / √seeds, t = 4.30 at 3 seeds, 2.78 at 5.",
-              "", "Learning rate chosen (seed 0, dev score; the best epoch too is chosen on dev, so every score here "
-              "is the best of several looks at the set it reports, an optimistic one):", "",
-              "| task | " + " | ".join(ARMS) + " |", "|---|" + "---|" * len(ARMS)]
-    for task in paper.tasks:
-        lines.append(f"| {task} | " + " | ".join(f"{chosen[task][a]:g}" if chosen[task][a] else "–" for a in ARMS) + " |")
+              "", *lr_lines(paper, chosen, selection)]
     if failures:
         lines += ["", "Failed runs: " + "; ".join(f"{k}: {e}" for k, e in failures.items())]
     return "# Table 5 at laptop scale\n\n" + "\n".join(lines) + "\n"

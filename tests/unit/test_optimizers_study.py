@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+from experiments.lr_grid import lr_grid
 from experiments.optimizers import run_study as rs
 from experiments.optimizers import sweep as sw
 from experiments.optimizers import tables as tb
@@ -46,9 +47,9 @@ def test_an_interrupted_finetune_run_stops_the_study_without_a_record(tmp_path, 
 
 
 def test_lr_grid_is_a_log_grid_around_the_centre():
-    assert sw.lr_grid(3e-3) == [1e-3, 3e-3, 1e-2]
-    assert sw.lr_grid(1e-2, 5) == [1e-3, 3e-3, 1e-2, 3e-2, 0.1]
-    assert all(len(sw.lr_grid(s["pretrain_lr"])) == 3 for s in rs.SPECS.values())
+    assert lr_grid(3e-3) == [1e-3, 3e-3, 1e-2]
+    assert lr_grid(1e-2, 5) == [1e-3, 3e-3, 1e-2, 3e-2, 0.1]
+    assert all(len(lr_grid(s["pretrain_lr"])) == 3 for s in rs.SPECS.values())
     from gpt1_jax.optim import OPTIMIZERS
 
     assert set(rs.SPECS) <= set(OPTIMIZERS) and len(rs.SPECS) >= 8

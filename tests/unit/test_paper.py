@@ -41,3 +41,63 @@ def test_best_threshold_maximises_matthews_correlation():
     cut = zeroshot.best_threshold(scores, labels)
     best = matthews_corrcoef(labels, scores > cut)
     assert all(matthews_corrcoef(labels, scores > t) <= best + 1e-12 for t in np.linspace(-2, 3, 101))
+
+
+def _paper(budget: str, tmp_path):
+    from experiments.paper.settings import Paper
+
+    return Paper(out=tmp_path, budget_name=budget, pretrain_config="tiny", tasks=("sst2",), layer_tasks=())
+
+
+def test_full_sets_lr_is_chosen_on_the_held_out_slice_and_its_grid_grows_until_bracketed(tmp_path, monkeypatch):
+    """The full_sets budget: each arm's lr is the best on seed 0's held-out slice, never on dev, and the grid
+    grows one rung at a time while the best sits at its edge (at most max_extensions rungs); the first
+    release's budget keeps its grid and chooses on dev."""
+    from experiments.harness import Done
+
+    holdout = {1e-4: 0.60, 3e-4: 0.70, 1e-3: 0.80, 3e-3: 0.85, 1e-2: 0.75}  # best at 3e-3: needs one rung above it
+    dev = {1e-4: 0.90, 3e-4: 0.50, 1e-3: 0.50, 3e-3: 0.50, 1e-2: 0.50}  # dev would pick 1e-4
+    asked = []
+
+    def fake_runs(paper, runs, stage="table5"):
+        lrs = [r.config.optim.lr for r in runs]
+        asked.append(lrs)
+        assert all(r.config.holdout_fraction == paper.budget.holdout_fraction for r in runs)
+        return [Done(r, {"main_metric": "accuracy", "metrics": {"accuracy": dev[lr]},
+                         "holdout": {"accuracy": holdout[lr]}}) for r, lr in zip(runs, lrs)]
+
+    monkeypatch.setattr(table5, "run_all", fake_runs)
+    lr, lrs, grid = table5.best_lr(_paper("full_sets", tmp_path), "full", "sst2")
+    assert lr == 3e-3 and lrs == [1e-4, 3e-4, 1e-3, 3e-3, 1e-2]
+    assert [d.run.config.optim.lr for d in grid] == lrs and asked[-1] == [1e-4, 3e-4, 1e-3, 3e-3, 1e-2]
+    assert len(asked) == 3  # the grid, then 3e-3 (best at the top edge), then 1e-2 (3e-3 still the top)
+
+    holdout.update({1e-2: 0.90, 3e-2: 0.95, 0.1: 0.97})  # rising to the end: stops after max_extensions rungs
+    dev.update({3e-2: 0.5, 0.1: 0.5})
+    asked.clear()
+    lr, lrs, _ = table5.best_lr(_paper("full_sets", tmp_path), "full", "sst2")
+    assert lrs == [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2] and lr == 3e-2 and len(asked) == 4
+
+    lr, lrs, _ = table5.best_lr(_paper("laptop", tmp_path), "full", "sst2")
+    assert (lr, lrs) == (1e-4, [1e-4, 3e-4, 1e-3])  # the first release: three lrs, chosen on dev
+    lines = table5.lr_lines(_paper("full_sets", tmp_path), {"sst2": {a: 3e-2 for a in table5.ARMS}},
+                            {"sst2": {a: {f"{k:g}": 100 * v for k, v in holdout.items() if k <= 3e-2}
+                                      for a in table5.ARMS}})
+    assert "3e-2 of 6" not in lines[4] and "0.03 of 6" in lines[4]
+    assert lines[-1].endswith("sst2/full, sst2/no_pretrain, sst2/no_aux_lm.")
+
+
+def test_the_cost_counts_the_tokens_make_batch_pads():
+    """experiments/paper/cost.py: a run's padded tokens are the sizes of the batches tasks.make_batch builds."""
+    from experiments.paper.cost import padded_tokens
+    from gpt1_jax.data.layout import Markers
+    from gpt1_jax.data.tasks import Encoded, make_batch
+
+    rng = np.random.default_rng(0)
+    for n_seq, n_ctx in ((1, 64), (2, 128)):
+        seqs = [[list(range(int(rng.integers(2, n_ctx)))) for _ in range(n_seq)] for _ in range(37)]
+        enc = Encoded(seqs, np.zeros(37, np.int32), [{}] * 37)
+        order = rng.permutation(37)
+        batches = [make_batch(enc, order[i: i + 8], 8, n_ctx, Markers(1, 2, 3)) for i in range(0, 37, 8)]
+        assert padded_tokens(seqs, 8, n_ctx, order) == sum(b["tokens"].size for b in batches)
+    assert padded_tokens([[[1] * 5], [[1] * 20], [[1] * 3]], 2, 64, np.arange(3)) == 2 * 32 + 2 * 16

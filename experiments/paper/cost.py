@@ -1,0 +1,101 @@
+"""What a Table 5 budget costs before any of it runs: each task's padded tokens per fine-tuning run (training,
+and the dev and held-out passes at every epoch's end), counted with the library's own encoding and batching
+(gpt1_jax/data/tasks.py) and the release's tokenizer and context, turned into minutes at a measured throughput,
+and the plan: runs x minutes per arm. From the repository root:
+
+    python -m experiments.paper.cost --budget full_sets --data-dir ../shared/data/glue
+
+Prints the tables as markdown at the end (experiments/paper/README.md keeps them); --json FILE keeps the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from experiments.paper.settings import ARMS, BUDGETS, PAPER_DIR, TASKS, Budget
+from gpt1_jax.data.tasks import bucket_len, encode_task, make_task
+from gpt1_jax.files import atomic_write_text
+from gpt1_jax.tokenizer import GPT1Tokenizer
+from gpt1_jax.weights import load_pretrained
+
+
+def padded_tokens(seqs: list[list[list[int]]], batch_size: int, n_ctx: int, order: np.ndarray) -> int:
+    """Tokens the model computes over for `seqs` batched in `order`: every batch is `batch_size` rows (filler
+    included) of each example's sequences, padded to the batch's bucketed length (tasks.make_batch)."""
+    total = 0
+    for first in range(0, len(order), batch_size):
+        rows = [seqs[i] for i in order[first: first + batch_size]]
+        total += batch_size * len(rows[0]) * bucket_len(max(len(s) for ex in rows for s in ex), n_ctx)
+    return total
+
+
+def task_cost(budget: Budget, task_name: str, tok, n_ctx: int, data_dir: str | None) -> dict:
+    """One run's padded tokens of `task_name` under `budget` (seed 0's subset and order)."""
+    config = budget.finetune_config(task_name, budget.lrs[0], budget.seeds[0])
+    task = make_task(config, data_dir)
+    splits = encode_task(task, config, tok, n_ctx, predict_test=False)
+    n = len(splits.train.seqs)
+    train = sum(padded_tokens(splits.train.seqs, budget.batch_size, n_ctx,
+                              np.random.default_rng([config.seed, epoch + 1]).permutation(n))
+                for epoch in range(budget.epochs))
+    looked = list(splits.dev.values()) + ([splits.holdout] if splits.holdout is not None else [])
+    evaluated = budget.epochs * sum(padded_tokens(e.seqs, budget.batch_size, n_ctx, np.arange(len(e.seqs))) for e in looked)
+    return {"train_examples": n, "held_out": 0 if splits.holdout is None else len(splits.holdout.seqs),
+            "train_tokens": train, "eval_tokens": evaluated}
+
+
+def runs_per_arm(budget: Budget, arm: str, extensions: int) -> int:
+    """Seed 0 over the grid and `extensions` added lrs, then the arm's other seeds at the chosen lr."""
+    return len(budget.lrs) + extensions + len(budget.seeds_of(arm)) - 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--budget", choices=sorted(BUDGETS), default="full_sets")
+    p.add_argument("--data-dir", default=None, help="GLUE's TSV distribution (default: tensorflow-datasets)")
+    p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument("--release", default=str(PAPER_DIR / "release"), help="the model whose tokenizer and context count")
+    p.add_argument("--train-tokens-per-s", type=float, default=2400.0,
+                   help="training throughput of a fine-tuning run (default: the release's measured 2,400)")
+    p.add_argument("--eval-tokens-per-s", type=float, default=7200.0, help="forward-only throughput (default: 3x)")
+    p.add_argument("--startup-s", type=float, default=15.0, help="per run: data, init and compilation (cached)")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the numbers there")
+    args = p.parse_args(argv)
+    budget = BUDGETS[args.budget]
+    n_ctx = load_pretrained(args.release)[0].n_positions
+    tok = GPT1Tokenizer.load(f"{args.release}/tokenizer.json")
+    tasks = {}
+    for t in args.tasks.split(","):
+        c = task_cost(budget, t, tok, n_ctx, args.data_dir)
+        c["minutes"] = (args.startup_s + c["train_tokens"] / args.train_tokens_per_s
+                        + c["eval_tokens"] / args.eval_tokens_per_s) / 60
+        tasks[t] = c
+        print(f"{t}: {c}", file=sys.stderr)
+    round_min = sum(c["minutes"] for c in tasks.values())  # one (arm, lr, seed) over every task
+    plan = {arm: {ext: runs_per_arm(budget, arm, ext) for ext in (0, budget.max_extensions)} for arm in ARMS}
+    lines = ["| task | training examples (held out) | padded tokens per run: training, evaluation | minutes per run |",
+             "|---|---|---|---|"]
+    lines += [f"| {t} | {c['train_examples']:,} ({c['held_out']:,}) | {c['train_tokens'] / 1e6:.2f}M, "
+              f"{c['eval_tokens'] / 1e6:.2f}M | {c['minutes']:.0f} |" for t, c in tasks.items()]
+    lines += ["", "| arm | runs per task (no extension .. all extensions) | hours |", "|---|---|---|"]
+    for arm in ARMS:
+        lo, hi = plan[arm][0], plan[arm][budget.max_extensions]
+        lines.append(f"| {arm} | {lo} .. {hi} | {lo * round_min / 60:.1f} .. {hi * round_min / 60:.1f} |")
+    total = [sum(plan[a][e] for a in ARMS) * round_min / 60 for e in (0, budget.max_extensions)]
+    lines.append(f"| **all** | | **{total[0]:.1f} .. {total[1]:.1f}** |")
+    if args.json:
+        atomic_write_text(Path(args.json), json.dumps(
+            {"budget": args.budget, "tasks": tasks, "runs": plan, "hours": total,
+             "rates": {"train_tokens_per_s": args.train_tokens_per_s, "eval_tokens_per_s": args.eval_tokens_per_s,
+                       "startup_s": args.startup_s}}, indent=2) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
