@@ -100,8 +100,23 @@ def zeroshot_summary(paper: Paper) -> list[str]:
     lines = [f"Examples: {zs['examples']} (0: the whole set). Plot: `zeroshot.png`.", "",
              "| updates | SST-2 acc | CoLA MCC | RACE acc |", "|---|---|---|---|",
              "| chance | " + " | ".join(f"{zs['chance'][n]:.1f}" for n in names) + " |"]
+    if "baseline" in zs:
+        lines.append("| majority (constant) | " + " | ".join(f"{zs['baseline'][n]:.1f}" for n in names) + " |")
     lines += [f"| {s} | " + " | ".join(f"{zs['steps'][s][n]:.1f}" for n in names) + " |" for s in steps]
+    if "baseline" in zs:
+        lines += ["", "Against its set's majority (constant) baseline, a score counts only more than 2 standard errors "
+                  "above it (binomial for accuracy, (1 − r²)/√(n − 1) for MCC; the plot's bands are 1 standard error): "
+                  + "; ".join(_left(zs, n) for n in names) + "."]
     return lines
+
+
+def _left(zs: dict, key: str) -> str:
+    name, n = {"sst2": "SST-2", "cola": "CoLA", "race": "RACE"}[key], zs["n"][zeroshot.SETS[key]]
+    above, last = zeroshot.above_baseline(zs, key), max(map(int, zs["steps"]))
+    if not above:
+        return f"{name} is never above it, a null result ({n:,} examples)"
+    return (f"{name} is above it at update{'s' * (len(above) > 1)} {', '.join(f'{s:,}' for s in above)} ({len(above)} of "
+            f"{len(zs['steps'])} checkpoints, {'the last among them' if last in above else 'not the last'}; {n:,} examples)")
 
 
 def write_readme(paper: Paper) -> None:
@@ -173,6 +188,6 @@ def rebuild_results(scratch: Path) -> None:
                   layer_tasks=LAPTOP.layer_tasks, train=False)
     table5.table5_stage(paper)
     layers.layers_stage(paper)
-    zeroshot.plot(paper.load_json("zeroshot.json")["steps"], paper.results_dir / "zeroshot.png")
+    zeroshot.plot(paper.load_json("zeroshot.json"), paper.results_dir / "zeroshot.png")
     write_readme(paper)
 

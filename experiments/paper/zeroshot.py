@@ -35,6 +35,7 @@ from gpt1_jax.weights import load_pretrained
 matthews = METRICS["matthews_corr"]  # GLUE's CoLA metric
 
 CHANCE = {"sst2": 50.0, "cola": 0.0, "race": 25.0}  # a coin, a constant guess, one of four
+SETS = {"sst2": "sst2", "cola": "cola", "race": "race"}  # curve -> the set it is scored on
 TOKENS_PER_BATCH = 8192  # rows x padded length per forward pass
 
 
@@ -144,6 +145,33 @@ def kept_steps(workdir: Path) -> list[int]:
     return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
 
 
+def baselines(sets: dict[str, list[dict]]) -> dict[str, float]:
+    """What a model that ignores its input scores on each set: the majority label's share (SST-2), the
+    majority answer letter's (RACE), and 0 for CoLA's MCC (a constant prediction)."""
+    def majority(examples):
+        labels = np.asarray([ex["label"] for ex in examples])
+        return 100.0 * float(np.bincount(labels).max() / max(len(labels), 1))
+
+    return {"sst2": majority(sets["sst2"]), "cola": 0.0, "race": majority(sets["race"])}
+
+
+def standard_error(key: str, value: float, n: int) -> float:
+    """One standard error of a score on n examples, in its points: binomial for accuracy, (1 - r^2) / sqrt(n - 1)
+    for a correlation (CoLA's MCC is the phi coefficient)."""
+    if key == "cola":
+        r = value / 100.0
+        return 100.0 * (1 - r * r) / np.sqrt(max(n - 1, 1))
+    p = value / 100.0
+    return 100.0 * float(np.sqrt(p * (1 - p) / max(n, 1)))
+
+
+def above_baseline(zs: dict, key: str) -> list[int]:
+    """The steps whose score is more than 2 standard errors above the set's baseline (about 95% one-sided)."""
+    base, n = zs["baseline"][key], zs["n"][SETS[key]]
+    return [int(step) for step in sorted(zs["steps"], key=int)
+            if (value := zs["steps"][step][key]) - base > 2 * standard_error(key, value, n)]
+
+
 def zeroshot_stage(paper: Paper) -> bool:
     if not (paper.pretrain_dir / "checkpoints").is_dir():
         raise FileNotFoundError(f"{paper.pretrain_dir}: no pre-training checkpoints (run the pretrain stage first)")
@@ -151,11 +179,16 @@ def zeroshot_stage(paper: Paper) -> bool:
     counts = {name: paper.budget.zeroshot_examples[name] for name in paper.budget.zeroshot_examples}
     saved = paper.load_json("zeroshot.json", {})
     steps = saved.get("steps", {}) if saved.get("examples") == counts else {}
+    reference = {k: saved[k] for k in ("n", "baseline") if k in saved and steps}
     fresh = False
     for step in kept_steps(paper.pretrain_dir):
-        if str(step) in steps:
+        if str(step) in steps and reference:
             continue
         sets = sets or load_sets(paper)
+        reference = reference or {"n": {k: len(v) for k, v in sets.items()}, "baseline": baselines(sets)}
+        if str(step) in steps:  # scored before the sets' sizes and baselines were kept: keep them now
+            paper.save_json("zeroshot.json", {"examples": counts, "chance": CHANCE, **reference, "steps": steps})
+            continue
         config, params = load_pretrained(paper.pretrain_dir, step=step)
         tok = find_tokenizer(None, paper.pretrain_dir, model_vocab_size=config.vocab_size)
         steps[str(step)] = {
@@ -164,11 +197,11 @@ def zeroshot_stage(paper: Paper) -> bool:
             "race": race_accuracy(config, params, tok, sets["race"]),
         }
         print(f"zeroshot: step {step}: " + "  ".join(f"{k} {v:.1f}" for k, v in steps[str(step)].items()), file=sys.stderr)
-        paper.save_json("zeroshot.json", {"examples": counts, "chance": CHANCE, "steps": steps})
+        paper.save_json("zeroshot.json", {"examples": counts, "chance": CHANCE, **reference, "steps": steps})
         fresh = True
     if not steps:
         raise FileNotFoundError(f"{paper.pretrain_dir}/checkpoints: no checkpoint to evaluate")
-    plot(steps, paper.results_dir / "zeroshot.png")
+    plot(paper.load_json("zeroshot.json"), paper.results_dir / "zeroshot.png")
     return fresh
 
 
@@ -184,24 +217,38 @@ def tick_labels(xs: list[str], min_ratio: float = 1.25) -> list[str]:
     return labels
 
 
-def plot(steps: dict[str, dict[str, float]], out: Path) -> None:
+def plot(zs: dict, out: Path) -> None:
+    """The three curves with one-standard-error bands, each set's chance and (where it differs) its majority
+    baseline; the y-axis spans at least 5 points either side of the baseline, so noise does not look like a trend."""
     matplotlib.use("Agg")
     # Imported after use("Agg"), matplotlib's order: at the top, use() would set the backend for every importer.
     import matplotlib.pyplot as plt
 
+    steps = zs["steps"]
     xs = sorted(steps, key=int)
     titles = {"sst2": "SST-2 accuracy", "cola": "CoLA Matthews corr.", "race": "RACE accuracy"}
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), dpi=110)
     for ax, (key, title) in zip(axes, titles.items()):
-        ax.plot([int(s) for s in xs], [steps[s][key] for s in xs], "o-", color="tab:blue", label="zero-shot")
+        x = [int(s) for s in xs]
+        y = np.asarray([steps[s][key] for s in xs])
+        ax.plot(x, y, "o-", color="tab:blue", label="zero-shot")
         ax.axhline(CHANCE[key], color="gray", ls="--", label="chance")
+        span = [float(y.min()), float(y.max()), CHANCE[key]]
+        if "n" in zs:  # kept since 2026-11-26: sizes and baselines, so the noise can be drawn
+            base, n = zs["baseline"][key], zs["n"][SETS[key]]
+            se = np.asarray([standard_error(key, v, n) for v in y])
+            ax.fill_between(x, y - se, y + se, color="tab:blue", alpha=0.2, label="± 1 standard error")
+            if abs(base - CHANCE[key]) > 1e-9:
+                ax.axhline(base, color="tab:red", ls=":", label="majority")
+            span += [base - 5, base + 5, float((y - se).min()), float((y + se).max())]
+        ax.set_ylim(min(span) - 0.5, max(span) + 0.5)
         ax.set_xscale("log")
-        ax.set_xticks([int(s) for s in xs], tick_labels(xs), fontsize=7)
+        ax.set_xticks(x, tick_labels(xs), fontsize=7)
         ax.minorticks_off()
         ax.set_xlabel("pre-training updates")
         ax.set_title(title)
         ax.grid(alpha=0.3)
-    axes[0].legend()
+    axes[0].legend(fontsize=7)
     fig.suptitle("Zero-shot performance over pre-training (paper Figure 2, right)")
     fig.tight_layout()
     fig.savefig(out)

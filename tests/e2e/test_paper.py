@@ -79,6 +79,7 @@ def test_quick_pipeline_writes_every_output(quick):
     zs = json.loads((results / "zeroshot.json").read_text())
     assert sorted(zs["steps"], key=int) == ["5", "10", "20"]  # keep_steps of the quick recipe
     assert set(zs["steps"]["20"]) == {"sst2", "cola", "race"}
+    assert zs["n"] == {"sst2": 3, "cola_train": 6, "cola": 3, "race": 8} and 50 <= zs["baseline"]["sst2"] <= 100  # the fixtures' rows
     timings = json.loads((results / "timings.json").read_text())["stages"]
     assert list(timings) == ["pretrain", "release", "zeroshot", "table5", "layers", "diagnosis"]
     diagnosis = json.loads((results / "diagnosis.json").read_text())

@@ -1,6 +1,7 @@
 """experiments.paper, in process: missing inputs are one-line errors, the Table 5 goal needs all five tasks,
-a gain and four wins, the CoLA threshold maximises Matthews correlation. The pipeline run for real at
---quick: tests/e2e/test_paper.py."""
+a gain and four wins, the CoLA threshold maximises Matthews correlation, the full_sets budget chooses its lrs
+off dev and brackets them, the cost counts what make_batch pads, zero-shot scores count only beyond two
+standard errors of their majority. The pipeline run for real at --quick: tests/e2e/test_paper.py."""
 
 import numpy as np
 import pytest
@@ -101,3 +102,17 @@ def test_the_cost_counts_the_tokens_make_batch_pads():
         batches = [make_batch(enc, order[i: i + 8], 8, n_ctx, Markers(1, 2, 3)) for i in range(0, 37, 8)]
         assert padded_tokens(seqs, 8, n_ctx, order) == sum(b["tokens"].size for b in batches)
     assert padded_tokens([[[1] * 5], [[1] * 20], [[1] * 3]], 2, 64, np.arange(3)) == 2 * 32 + 2 * 16
+
+
+def test_zero_shot_counts_a_score_only_beyond_two_standard_errors_of_its_majority():
+    """experiments/paper/zeroshot.py: the majority baselines, the standard errors, and which steps clear them."""
+    sets = {"sst2": [{"label": 1}] * 60 + [{"label": 0}] * 40,
+            "race": [{"label": k % 4} for k in range(10)] + [{"label": 2}] * 10}
+    assert zeroshot.baselines(sets) == {"sst2": 60.0, "cola": 0.0, "race": 60.0}
+    assert zeroshot.standard_error("sst2", 60.0, 100) == pytest.approx(100 * (0.6 * 0.4 / 100) ** 0.5)
+    assert zeroshot.standard_error("cola", 20.0, 101) == pytest.approx(100 * (1 - 0.04) / 10)
+    zs = {"baseline": {"sst2": 60.0, "cola": 0.0, "race": 25.0}, "n": {"sst2": 100, "cola": 101, "race": 400},
+          "steps": {"10": {"sst2": 69.0, "cola": 19.0, "race": 30.0}, "20": {"sst2": 70.0, "cola": 20.0, "race": 29.0}}}
+    # SST-2: 2 SE at 69% is 9.25 points, at 70% 9.17: only step 20 clears 60. CoLA: 2 SE 19.28 at 19, 19.2 at 20.
+    assert zeroshot.above_baseline(zs, "sst2") == [20] and zeroshot.above_baseline(zs, "cola") == [20]
+    assert zeroshot.above_baseline(zs, "race") == [10]  # 2 SE = 4.58 points at 30%, 4.54 at 29% (4 above 25)
