@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
-from experiments.paper.settings import RELEASE_MAX_BYTES, Paper, shown
+from experiments.paper.settings import PAPER_DIR, RELEASE_MAX_BYTES, Paper, shown
 from gpt1_jax import pretrain
 from gpt1_jax.checkpoint import latest_step
 from gpt1_jax.config import PretrainConfig, resolve
@@ -88,13 +89,37 @@ def release_stage(paper: Paper) -> bool:
     return True
 
 
+# What the shared corpora hold and under which terms (the data folder's README): the model card names them.
+CORPUS_SOURCES = {
+    "english_mixed.txt.gz": "Project Gutenberg books (public domain in the US) and NLTK's 2008 data release: the Brown "
+                            "corpus, Reuters-21578, movie reviews, ABC transcripts, State of the Union and inaugural "
+                            "speeches, web text and a WSJ sample (each under its own terms, research use)",
+    "default": "CPython's documentation, embedded in the package (Python Software Foundation License)",
+}
+
+
+def source_commit() -> str:
+    """The repository's commit, marked when the working tree differs from it; "unknown" outside a git checkout."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=PAPER_DIR, capture_output=True, text=True, timeout=30)
+    try:
+        head = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return "unknown" if head.returncode else head.stdout.strip()[:12] + (" (with uncommitted changes)" if dirty else "")
+
+
 def model_card(paper: Paper, config, run: PretrainConfig, info: dict, step: int, val: dict | None, size: int) -> str:
     tokens_seen = step * run.data.global_batch_size * run.data.seq_len
     train_tokens = info["tokens"] * info["train_windows"] / max(info["windows"], 1)
     corpus = Path(str(info["source"])).name
     release = shown(paper.release_dir)
+    command = (f"python -m experiments.paper.run --pretrain-config {shown(paper.pretrain_config)} --budget "
+               f"{paper.budget_name} --corpus {shown(info['source'])}")
     ppl = (f"validation loss {val['val_loss']:.3f} nats/token, perplexity {val['val_ppl']:.1f} (step {val['step']}, "
-           f"{run.eval_batches} batches of the held-out {run.data.val_fraction:.0%} of windows)") if val else "not evaluated"
+           f"{f'{run.eval_batches} batches' if run.eval_batches else 'every window'} of the held-out "
+           f"{run.data.val_fraction:.0%} of windows)") if val else "not evaluated"
     return f"""---
 pretrain_step: {step}
 library_name: gpt1-jax
@@ -103,7 +128,10 @@ tags: [gpt1, openai-gpt]
 # GPT-1, small ({config.num_params() / 1e6:.1f}M parameters)
 
 GPT-1's architecture and pre-training recipe (docs/gpt1.md) at small scale: `{shown(paper.pretrain_config)}` on
-`{corpus}`, run by experiments/paper/run.py (results: {shown(paper.results_dir)}/).
+`{corpus}`, run by experiments/paper/run.py (results: {shown(paper.results_dir)}/), exported from commit
+{source_commit()} by
+
+    {command}
 
 | | |
 |---|---|
@@ -111,7 +139,8 @@ GPT-1's architecture and pre-training recipe (docs/gpt1.md) at small scale: `{sh
 | vocabulary | {config.vocab_size - 3:,} BPE ids trained on the corpus (lowercased, `</w>` word ends) + the 3 fine-tuning markers |
 | parameters | {config.num_params():,}, float32 ({size / 2**20:.1f} MB with the tokenizer) |
 | data | `{corpus}`: {info['documents']:,} documents, {info['tokens']:,} tokens ({train_tokens:,.0f} for training) |
-| budget | {step:,} updates of {run.data.global_batch_size} x {run.data.seq_len} tokens = {tokens_seen:,} tokens ({tokens_seen / max(train_tokens, 1):.2f} epochs); Adam (`{run.optim.name}`), peak lr {run.optim.lr:g}, {run.optim.warmup_steps} warmup updates then {run.optim.schedule.removeprefix('warmup_')} decay |
+| sources | {CORPUS_SOURCES.get(corpus, "not recorded")} |
+| budget | {step:,} updates of {run.data.global_batch_size} x {run.data.seq_len} tokens = {tokens_seen:,} tokens seen, {tokens_seen / max(train_tokens, 1):.2f} epochs of the {train_tokens:,.0f} training tokens; Adam (`{run.optim.name}`), peak lr {run.optim.lr:g}, {run.optim.warmup_steps} warmup updates then {run.optim.schedule.removeprefix('warmup_')} decay |
 | result | {ppl} |
 
 Files: `config.json` + `model.safetensors` (Hugging Face's `OpenAIGPTLMHeadModel` layout), `vocab.json` +
@@ -121,7 +150,7 @@ Files: `config.json` + `model.safetensors` (Hugging Face's `OpenAIGPTLMHeadModel
     gpt1-jax finetune --task sst2 --init {release} --data-dir GLUE_DIR --workdir runs/sst2
     python -m experiments.glue.glue_table --init {release} --data-dir GLUE_DIR --out runs/glue
 
-Limitations: a toy, {config.num_params() / 117e6:.1%} of GPT-1's size, trained on {info['tokens'] / 1e6:.1f}M tokens
+Limitations: a toy, {config.num_params() / 117e6:.1%} of GPT-1's size, that saw {tokens_seen / 1e6:.1f}M tokens
 of `{corpus}` (not BooksCorpus) with a {run.data.seq_len}-token context, so long inputs (RACE passages) are cut.
 Its perplexity is on its own tokenizer and held-out text and cannot be compared with the paper's 18.4. It
 writes locally fluent but meaningless text and carries the biases of its sources.

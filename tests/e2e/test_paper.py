@@ -101,7 +101,11 @@ def test_release_is_a_hf_folder_that_sample_reads(quick):
     config, _ = load_pretrained(release)
     assert (config.n_layers, config.d_model) == (2, 64)
     assert find_tokenizer(None, release, model_vocab_size=config.vocab_size).vocab_size == config.vocab_size
-    assert "pretrain_step: 20" in (release / "README.md").read_text()
+    card = (release / "README.md").read_text()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    assert "pretrain_step: 20" in card and f"exported from commit\n{head[:12]}" in card  # the card is exact:
+    assert "20 updates of 8 x 64 tokens = 10,240 tokens seen" in card and "that saw 0.0M tokens" in card
+    assert "--budget quick --corpus default" in card and "Python Software Foundation License" in card
     done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "sample", "--init", str(release), "--prompt", "the",
                            "--max-new-tokens", "3", "--num-samples", "1"], capture_output=True, text=True, env=ENV,
                           cwd=ROOT)
