@@ -108,12 +108,15 @@ def baselines(paper: Paper) -> dict[str, float | None]:
             dev = load_split(task, "validation", paper.data_dir, paper.tfds_dir)
             labels = [dev[i]["label"] for i in subset(len(dev), paper.budget.max_eval, 0)]
             known[task] = stats.constant_baseline(glue_task(task).metrics[0], labels)
+            if task == "cola":  # its accuracy too, the measure BabyLM reports
+                known["cola_accuracy"] = stats.constant_baseline("accuracy", labels)
     paper.save_json("baselines.json", known)
     return {t: known[t] for t in paper.tasks}
 
 
 def table5_stage(paper: Paper) -> bool | None:
     fresh, table, grid_scores, held_scores, chosen, metrics, failures = False, {}, {}, {}, {}, {}, {}
+    cola_accuracy: dict[str, list[float]] = {}
     by_seed: dict[str, dict[str, dict[int, float]]] = {}  # task -> arm -> seed -> score: the pairs
     for task in paper.tasks:
         table[task], grid_scores[task], held_scores[task], chosen[task], by_seed[task], task_runs = {}, {}, {}, {}, {}, []
@@ -131,6 +134,9 @@ def table5_stage(paper: Paper) -> bool | None:
                 held_scores[task][arm] = {f"{r_lr:g}": selection_score(paper, d) for r_lr, d in zip(lrs, grid)}
             chosen[task][arm] = lr
             table[task][arm] = [s for d in runs if (s := score(d)) is not None]
+            accuracies = [d.record["metrics"].get("accuracy") for d in runs if d.record]
+            if task == "cola" and accuracies and None not in accuracies:  # recorded since 2026-11-25
+                cola_accuracy[arm] = [100.0 * a for a in accuracies]
             by_seed[task][arm] = {seed: s for seed, d in zip(seeds, runs) if (s := score(d)) is not None}
             if errors_of(grid + runs):
                 failures[f"{task}/{arm}"] = errors_of(grid + runs)
@@ -143,7 +149,7 @@ def table5_stage(paper: Paper) -> bool | None:
     claims = intervals(by_seed, baselines(paper))
     paper.save_json("table5_intervals.json", claims)
     selection = held_scores if paper.budget.holdout_fraction else grid_scores  # the scores that chose each lr
-    text = table5_markdown(paper, table, chosen, selection, metrics, failures, goal(table), claims)
+    text = table5_markdown(paper, table, chosen, selection, metrics, failures, goal(table), claims, cola_accuracy)
     paper.save_text("table5.md", text)
     print(text, file=sys.stderr)
     return fresh
@@ -265,7 +271,17 @@ def lr_lines(paper: Paper, chosen: dict, selection: dict) -> list[str]:
     return lines
 
 
-def table5_markdown(paper: Paper, table, chosen, selection, metrics, failures, verdict, claims: dict) -> str:
+def cola_accuracy_line(paper: Paper, accuracy: dict[str, list[float]]) -> list[str]:
+    """CoLA by accuracy too (BabyLM reports it so, experiments/paper/README.md), where every run recorded it."""
+    if not accuracy:
+        return []
+    majority = paper.load_json("baselines.json", {}).get("cola_accuracy")
+    return ["", "CoLA by accuracy, as BabyLM reports it" + (f" (majority class {majority:.1f})" if majority else "")
+            + ": " + ", ".join(f"{a} {cell(v)}" for a, v in accuracy.items()) + "."]
+
+
+def table5_markdown(paper: Paper, table, chosen, selection, metrics, failures, verdict, claims: dict,
+                    accuracy: dict[str, list[float]]) -> str:
     lines = [
         recipe_line(paper),
         "Paper: Table 5 (docs/gpt1.md), GPT-1 (117M, BooksCorpus) on GLUE's test server.", "",
@@ -285,6 +301,7 @@ def table5_markdown(paper: Paper, table, chosen, selection, metrics, failures, v
     lines.append("| **average** | | " + " | ".join(f"{v:.1f}" for v in paper_avg) + " | | "
                  + " | ".join(f"{verdict['averages'][a]:.1f}" for a in ARMS)
                  + f" | {interval_text(claims['average_gain'])} |")
+    lines += [*cola_accuracy_line(paper, accuracy)]
     lines += ["", goal_line(verdict), "", *interval_lines(claims), "",
               "Cells: mean ± std over seeds; ° where the cell's 95% t-interval reaches the task's constant-prediction "
               "baseline (majority class for accuracy, \"positive\" everywhere for F1, 0 for MCC and correlations: "

@@ -116,3 +116,11 @@ def test_zero_shot_counts_a_score_only_beyond_two_standard_errors_of_its_majorit
     # SST-2: 2 SE at 69% is 9.25 points, at 70% 9.17: only step 20 clears 60. CoLA: 2 SE 19.28 at 19, 19.2 at 20.
     assert zeroshot.above_baseline(zs, "sst2") == [20] and zeroshot.above_baseline(zs, "cola") == [20]
     assert zeroshot.above_baseline(zs, "race") == [10]  # 2 SE = 4.58 points at 30%, 4.54 at 29% (4 above 25)
+
+
+def test_cola_is_also_given_by_accuracy_when_every_run_recorded_it(tmp_path):
+    paper = _paper("full_sets", tmp_path)
+    assert table5.cola_accuracy_line(paper, {}) == []  # the first release's runs recorded MCC only
+    paper.save_json("baselines.json", {"cola": 0.0, "cola_accuracy": 69.1})
+    line = table5.cola_accuracy_line(paper, {"full": [70.0, 72.0], "no_pretrain": [69.0]})[-1]
+    assert line == "CoLA by accuracy, as BabyLM reports it (majority class 69.1): full 71.0 ± 1.4, no_pretrain 69.0."
