@@ -125,11 +125,16 @@ def test_ctrl_c_in_every_phase_stops_with_one_line_and_the_same_command_goes_on(
         assert not list((workdir / "checkpoints").glob("[0-9]*")), why
 
     # "starting: ...M params" ("resuming at step N: ..." after a Ctrl-C above came late) comes right before
-    # the loop, which compiles the step: the first Ctrl-C saves, then stops.
-    delay = rng.uniform(0.0, 2.0)
-    status, err = interrupt(argv, log, said("M params, "), delay)
-    why = f"compiling the step or training, {delay:.2f} s in (seed {seed})"
-    line = assert_stopped_cleanly(status, err, [workdir, cache], why)
+    # the loop, which compiles the step: the first Ctrl-C saves, then stops. One that lands in the instant
+    # between that line and the loop (measured once: 0.02 s after it) stops as before training, which is
+    # right, and clean; the phase is then tried again, up to three times.
+    for _ in range(3):
+        delay = rng.uniform(0.0, 2.0)
+        status, err = interrupt(argv, log, said("M params, "), delay)
+        why = f"compiling the step or training, {delay:.2f} s in (seed {seed})"
+        line = assert_stopped_cleanly(status, err, [workdir, cache], why)
+        if "before training started; nothing was written half-way" not in line:
+            break
     assert line.endswith(": checkpoint saved; run the same command to resume"), (why, line)
     step = int(line.split("at step ")[1].split(":")[0])
     assert 1 <= step < 40 and step in [int(p.name) for p in (workdir / "checkpoints").glob("[0-9]*")], (why, line)

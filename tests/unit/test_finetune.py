@@ -24,7 +24,8 @@ def test_init_errors(tmp_path, data_dir, tokenizer, capsys):
 
 
 def test_bucket_len():
-    assert [bucket_len(n, 64) for n in (1, 16, 17, 40, 63, 64)] == [16, 16, 32, 64, 64, 64]
+    assert [bucket_len(n, 64) for n in (1, 16, 17, 32, 33, 40, 63, 64, 90)] == [16, 16, 32, 32, 48, 48, 64, 64, 64]
+    assert [bucket_len(n, 256) for n in (100, 241, 250, 256, 300)] == [112, 256, 256, 256, 256]
     assert max_segment_len(512) == 254
 
 
