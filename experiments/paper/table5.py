@@ -235,7 +235,7 @@ def recipe_line(paper: Paper) -> str:
     b = paper.budget
     grid = "{" + ", ".join(f"{lr:g}" for lr in b.lrs) + "}"
     fewer = "".join(f", {a} {list(v)}" for a, v in b.arm_seeds.items())
-    caps = "".join(f"; {t}: at most {n:,}" for t, n in b.task_max_train.items())
+    caps = f" ({', '.join(f'{t}: at most {n:,}' for t, n in b.task_max_train.items())})" if b.task_max_train else ""
     quick = "; **quick mode**" if paper.quick else ""
     if not b.holdout_fraction:  # the first release's table: everything chosen on dev
         return (f"Dev-set scores x100, mean ± std over seeds {list(b.seeds)}{fewer}; each arm fine-tunes with the lr "
@@ -246,7 +246,7 @@ def recipe_line(paper: Paper) -> str:
             f"and seed), from {grid} grown one rung of the 1-3-10 ladder at a time (at most {b.max_extensions} more) "
             f"until the chosen lr has a worse neighbour on both sides; each run's epoch is chosen on that slice too, "
             f"and the dev set is only measured; {b.epochs} epoch(s), batch {b.batch_size}, "
-            f"{'every' if not b.max_train else f'at most {b.max_train:,}'} training example per task{caps}, less the "
+            f"{'every' if not b.max_train else f'at most {b.max_train:,}'} training example per task{caps} less the "
             f"held-out share{quick}.")
 
 
@@ -257,7 +257,7 @@ def lr_lines(paper: Paper, chosen: dict, selection: dict) -> list[str]:
         head = ("Learning rate chosen (seed 0, dev score; the best epoch too is chosen on dev, so every score here "
                 "is the best of several looks at the set it reports, an optimistic one):")
     else:
-        head = "Learning rate chosen (seed 0, on the held-out slice; dev played no part), and the lrs tried:"
+        head = "Learning rate chosen (seed 0, on the held-out slice; dev played no part), of how many lrs tried:"
     lines = [head, "", "| task | " + " | ".join(ARMS) + " |", "|---|" + "---|" * len(ARMS)]
     tried = lambda t, a: f" of {len(selection[t][a])}" if paper.budget.holdout_fraction else ""  # noqa: E731
     for task in paper.tasks:
