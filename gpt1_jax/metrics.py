@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from gpt1_jax.files import save_figure
+
 
 def _clean(value: Any) -> Any:
     """JSON has no NaN/inf: they are written as strings, so a diverged step still parses."""
@@ -108,7 +110,7 @@ def plot_losses(workdir: str | Path, out: str | Path | None = None) -> Path:
     ax.legend()
     out = Path(out) if out else Path(workdir) / "loss.png"
     fig.tight_layout()
-    fig.savefig(out)
+    save_figure(fig, out)
     plt.close(fig)
     return out
 

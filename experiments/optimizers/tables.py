@@ -12,7 +12,7 @@ from pathlib import Path
 import matplotlib
 from matplotlib.ticker import MaxNLocator
 
-from gpt1_jax.files import atomic_write_text
+from gpt1_jax.files import atomic_write_text, save_figure
 from experiments.optimizers.sweep import best_lr, bracket_gap, finite, median, score
 
 REFERENCE = "gpt1_adam"  # state memory and token speed-ups are reported relative to this one
@@ -419,7 +419,7 @@ def _pyplot():
 
 def _save(plt, fig, path: Path) -> None:
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)
 
 

@@ -15,6 +15,7 @@ import matplotlib
 from experiments.glue.common import errors_of
 from experiments.paper.settings import Paper
 from experiments.paper.table5 import best_lr, cell, metric_name, ran_now, run_all, run_of, score
+from gpt1_jax.files import save_figure
 from gpt1_jax.weights import load_pretrained
 
 
@@ -70,5 +71,5 @@ def plot(curves: dict, out: Path) -> None:
         ax.grid(alpha=0.3)
     fig.suptitle("Transferring pre-trained blocks (paper Figure 2, left)")
     fig.tight_layout()
-    fig.savefig(out)
+    save_figure(fig, out)
     plt.close(fig)

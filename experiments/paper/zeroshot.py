@@ -27,6 +27,7 @@ from gpt1_jax.data.glue import METRICS, load_split
 from gpt1_jax.data.race import load_race
 from gpt1_jax.data.tasks import bucket_len, subset
 from gpt1_jax.data.tokens import eod_id
+from gpt1_jax.files import save_figure
 from gpt1_jax.model import GPT1
 from gpt1_jax.tokenizer import find_tokenizer
 from gpt1_jax.weights import load_pretrained
@@ -251,5 +252,5 @@ def plot(zs: dict, out: Path) -> None:
     axes[0].legend(fontsize=7)
     fig.suptitle("Zero-shot performance over pre-training (paper Figure 2, right)")
     fig.tight_layout()
-    fig.savefig(out)
+    save_figure(fig, out)
     plt.close(fig)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import matplotlib
 
-from gpt1_jax.files import atomic_write_text
+from gpt1_jax.files import atomic_write_text, save_figure
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -218,7 +218,7 @@ def plot(rows: list[dict], out: Path) -> None:
     ax_mem.legend(fontsize=8)
     fig.suptitle("GPT-1-shaped models planned by the TPU compiler (gpt1-jax plan --mesh auto)")
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    save_figure(fig, out, dpi=110)
     plt.close(fig)
 
 
