@@ -94,8 +94,11 @@ def accelerator_peak(device_kind: str) -> float | None:
     return None
 
 
+PEAK_MATMUL_N = 2048  # the CPU peak's n^3 product: the size a remembered peak is kept under and labelled with
+
+
 @functools.lru_cache(maxsize=None)
-def measured_matmul_peak(dtype: str = "float32", n: int = 2048, repeats: int = 3) -> float:
+def measured_matmul_peak(dtype: str = "float32", n: int = PEAK_MATMUL_N, repeats: int = 3) -> float:
     """FLOP/s of an n^3 matmul on the default device (best of `repeats`: a peak, and the shared 2-core
     machines are noisy), cached per process. 2048^3 reaches the rate 4096^3 does on these CPUs (measured
     alone on the AVX2 kind: 70.8 and 77.0 against 70.0 and 68.7 GFLOP/s) at an eighth of the cost.
@@ -126,7 +129,7 @@ def remembered_matmul_peak(dtype: str, measured: float | None = None) -> float:
     if not folder:
         return measured if measured is not None else measured_matmul_peak(dtype)
     path = Path(folder) / "matmul-peak.json"
-    key = f"{cpu_identity()} | {dtype} 2048^3 | jax {jax.__version__}"
+    key = f"{cpu_identity()} | {dtype} {PEAK_MATMUL_N}^3 | jax {jax.__version__}"
     try:
         known = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -153,7 +156,7 @@ def peak_flops(dtype: str = "float32", override: float | None = None, remembered
         else:  # measured now, and kept if it is the highest yet
             peak = measured_matmul_peak(dtype)
             remembered_matmul_peak(dtype, measured=peak)
-        return peak, f"measured {dtype} 2048^3 matmul on CPU (fp32 accumulation)"
+        return peak, f"measured {dtype} {PEAK_MATMUL_N}^3 matmul on CPU (fp32 accumulation)"
     per_chip = accelerator_peak(devices[0].device_kind)
     if per_chip is None:
         return measured_matmul_peak("bfloat16") * len(devices), f"measured bf16 matmul x {len(devices)} ({devices[0].device_kind})"

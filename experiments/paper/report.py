@@ -111,7 +111,7 @@ def zeroshot_summary(paper: Paper) -> list[str]:
 
 
 def _left(zs: dict, key: str) -> str:
-    name, n = {"sst2": "SST-2", "cola": "CoLA", "race": "RACE"}[key], zs["n"][zeroshot.SETS[key]]
+    name, n = {"sst2": "SST-2", "cola": "CoLA", "race": "RACE"}[key], zs["n"][key]
     above, last = zeroshot.above_baseline(zs, key), max(map(int, zs["steps"]))
     if not above:
         return f"{name} is never above it, a null result ({n:,} examples)"

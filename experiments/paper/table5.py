@@ -82,15 +82,17 @@ def best_lr(paper: Paper, arm: str, task: str) -> tuple[float | None, list[float
     more lr at a time (experiments/lr_grid.py) while the best has no worse neighbour on one side, at most
     `max_extensions` of them."""
     lrs, seed = list(paper.budget.lrs), paper.budget.seeds[0]
-    while True:
-        grid = run_all(paper, [run_of(paper, arm, task, lr, seed) for lr in lrs])
-        if grid is None:
-            return None
+    grid = run_all(paper, [run_of(paper, arm, task, lr, seed) for lr in lrs])
+    while grid is not None:
         chosen = {lr: s for lr, done in zip(lrs, grid) if (s := selection_score(paper, done)) is not None}
         more = lr_grid.bracket_gap({lr: -chosen[lr] if lr in chosen else None for lr in lrs})
         if more is None or len(lrs) - len(paper.budget.lrs) >= paper.budget.max_extensions:
             break
         lrs.append(more)
+        added = run_all(paper, [run_of(paper, arm, task, more, seed)])
+        grid = None if added is None else grid + added
+    if grid is None:
+        return None
     order = sorted(range(len(lrs)), key=lambda i: lrs[i])
     best = max(chosen, key=lambda lr: (chosen[lr], lr)) if chosen else None  # a tie: the larger lr
     return best, [lrs[i] for i in order], [grid[i] for i in order]

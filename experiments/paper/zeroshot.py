@@ -23,6 +23,7 @@ import matplotlib
 import numpy as np
 
 from experiments.paper.settings import Paper
+from experiments.paper.stats import constant_baseline
 from gpt1_jax.data.glue import METRICS, load_split
 from gpt1_jax.data.race import load_race
 from gpt1_jax.data.tasks import bucket_len, subset
@@ -36,7 +37,6 @@ from gpt1_jax.weights import load_pretrained
 matthews = METRICS["matthews_corr"]  # GLUE's CoLA metric
 
 CHANCE = {"sst2": 50.0, "cola": 0.0, "race": 25.0}  # a coin, a constant guess, one of four
-SETS = {"sst2": "sst2", "cola": "cola", "race": "race"}  # curve -> the set it is scored on
 TOKENS_PER_BATCH = 8192  # rows x padded length per forward pass
 
 
@@ -147,13 +147,10 @@ def kept_steps(workdir: Path) -> list[int]:
 
 
 def baselines(sets: dict[str, list[dict]]) -> dict[str, float]:
-    """What a model that ignores its input scores on each set: the majority label's share (SST-2), the
-    majority answer letter's (RACE), and 0 for CoLA's MCC (a constant prediction)."""
-    def majority(examples):
-        labels = np.asarray([ex["label"] for ex in examples])
-        return 100.0 * float(np.bincount(labels).max() / max(len(labels), 1))
-
-    return {"sst2": majority(sets["sst2"]), "cola": 0.0, "race": majority(sets["race"])}
+    """What a model that ignores its input scores on each curve's set (stats.constant_baseline): the majority
+    label's share (SST-2), the majority answer letter's (RACE), and 0 for CoLA's MCC."""
+    metric = {"sst2": "accuracy", "cola": "matthews_corr", "race": "accuracy"}
+    return {name: constant_baseline(m, [ex["label"] for ex in sets[name]]) for name, m in metric.items()}
 
 
 def standard_error(key: str, value: float, n: int) -> float:
@@ -168,7 +165,7 @@ def standard_error(key: str, value: float, n: int) -> float:
 
 def above_baseline(zs: dict, key: str) -> list[int]:
     """The steps whose score is more than 2 standard errors above the set's baseline (about 95% one-sided)."""
-    base, n = zs["baseline"][key], zs["n"][SETS[key]]
+    base, n = zs["baseline"][key], zs["n"][key]  # each curve is scored on the set of its name
     return [int(step) for step in sorted(zs["steps"], key=int)
             if (value := zs["steps"][step][key]) - base > 2 * standard_error(key, value, n)]
 
@@ -176,20 +173,22 @@ def above_baseline(zs: dict, key: str) -> list[int]:
 def zeroshot_stage(paper: Paper) -> bool:
     if not (paper.pretrain_dir / "checkpoints").is_dir():
         raise FileNotFoundError(f"{paper.pretrain_dir}: no pre-training checkpoints (run the pretrain stage first)")
-    sets = None
     counts = {name: paper.budget.zeroshot_examples[name] for name in paper.budget.zeroshot_examples}
     saved = paper.load_json("zeroshot.json", {})
     steps = saved.get("steps", {}) if saved.get("examples") == counts else {}
     reference = {k: saved[k] for k in ("n", "baseline") if k in saved and steps}
-    fresh = False
-    for step in kept_steps(paper.pretrain_dir):
-        if str(step) in steps and reference:
-            continue
-        sets = sets or load_sets(paper)
-        reference = reference or {"n": {k: len(v) for k, v in sets.items()}, "baseline": baselines(sets)}
-        if str(step) in steps:  # scored before the sets' sizes and baselines were kept: keep them now
-            paper.save_json("zeroshot.json", {"examples": counts, "chance": CHANCE, **reference, "steps": steps})
-            continue
+
+    def save():
+        paper.save_json("zeroshot.json", {"examples": counts, "chance": CHANCE, **reference, "steps": steps})
+
+    todo = [step for step in kept_steps(paper.pretrain_dir) if str(step) not in steps]
+    if todo or (steps and not reference):
+        sets = load_sets(paper)
+        if not reference:  # the sets' sizes and baselines, kept once (also for steps scored before they were)
+            reference = {"n": {k: len(v) for k, v in sets.items()}, "baseline": baselines(sets)}
+            if steps:
+                save()
+    for step in todo:
         config, params = load_pretrained(paper.pretrain_dir, step=step)
         tok = find_tokenizer(None, paper.pretrain_dir, model_vocab_size=config.vocab_size)
         steps[str(step)] = {
@@ -198,12 +197,11 @@ def zeroshot_stage(paper: Paper) -> bool:
             "race": race_accuracy(config, params, tok, sets["race"]),
         }
         print(f"zeroshot: step {step}: " + "  ".join(f"{k} {v:.1f}" for k, v in steps[str(step)].items()), file=sys.stderr)
-        paper.save_json("zeroshot.json", {"examples": counts, "chance": CHANCE, **reference, "steps": steps})
-        fresh = True
+        save()
     if not steps:
         raise FileNotFoundError(f"{paper.pretrain_dir}/checkpoints: no checkpoint to evaluate")
     plot(paper.load_json("zeroshot.json"), paper.results_dir / "zeroshot.png")
-    return fresh
+    return bool(todo)
 
 
 def tick_labels(xs: list[str], min_ratio: float = 1.25) -> list[str]:
@@ -236,7 +234,7 @@ def plot(zs: dict, out: Path) -> None:
         ax.axhline(CHANCE[key], color="gray", ls="--", label="chance")
         span = [float(y.min()), float(y.max()), CHANCE[key]]
         if "n" in zs:  # kept since 2026-11-26: sizes and baselines, so the noise can be drawn
-            base, n = zs["baseline"][key], zs["n"][SETS[key]]
+            base, n = zs["baseline"][key], zs["n"][key]
             se = np.asarray([standard_error(key, v, n) for v in y])
             ax.fill_between(x, y - se, y + se, color="tab:blue", alpha=0.2, label="± 1 standard error")
             if abs(base - CHANCE[key]) > 1e-9:
