@@ -46,7 +46,7 @@ def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only
     times, losses = [], []
     for i, batch in enumerate(batches):
         t0 = time.perf_counter()
-        state, metrics = compiled(state, batch)
+        state, metrics = compiled(state, batch, trainer.hyper)
         loss = float(metrics["loss"])  # blocks until the step is done
         if i >= warmup:
             times.append(time.perf_counter() - t0)

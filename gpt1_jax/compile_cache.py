@@ -9,9 +9,14 @@ on an AVX-512 machine and loaded on an AVX2 machine sharing the directory (an NF
 would crash. The cache therefore lives in a directory named after this CPU: its model name and its
 full feature-flag list.
 
-    GPT1_JAX_COMPILE_CACHE=DIR   put the per-CPU directories under DIR (default ~/.cache/gpt1_jax/xla)
-    GPT1_JAX_COMPILE_CACHE=off   no persistent cache
-    JAX_COMPILATION_CACHE_DIR    JAX's own setting; when set it is used as it is
+The directory is bounded (MAX_BYTES, least recently used entries evicted first), which also makes JAX read
+and write it under a file lock: processes sharing it at once (a sweep's, a test session's workers) never
+read an entry another one is still writing. JAX's default is neither.
+
+    GPT1_JAX_COMPILE_CACHE=DIR        put the per-CPU directories under DIR (default ~/.cache/gpt1_jax/xla)
+    GPT1_JAX_COMPILE_CACHE=off        no persistent cache
+    JAX_COMPILATION_CACHE_DIR         JAX's own setting; when set it is used as it is
+    JAX_COMPILATION_CACHE_MAX_SIZE    JAX's own bound in bytes, when set (-1: unbounded and unlocked)
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 import jax
 
 DEFAULT_ROOT = Path("~/.cache/gpt1_jax/xla")
+MAX_BYTES = 4 << 30  # a 117M step's executable is a few MB, a tiny one's ~100 KB
 OFF = ("0", "off", "none", "false", "no")
 
 
@@ -63,4 +69,6 @@ def enable(root: str | os.PathLike | None = None) -> Path | None:
     # Every program, however quick to compile: a short run compiles dozens of small ones (init, eval, ...).
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ:
+        jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
     return path

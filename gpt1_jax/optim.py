@@ -37,36 +37,42 @@ from gpt1_jax.config import ConfigError, OptimConfig
 
 
 # ---- schedules: step -> lr ------------------------------------------------------------------------
+# Each takes the peak lr apart from the config: the compiled step passes it as a traced scalar, so runs that
+# differ only in lr (a sweep's grid) share one program (gpt1_jax/step.py).
 
-def _warmup(cfg: OptimConfig) -> optax.Schedule:
-    return optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
+Peak = Any  # a float, or a traced float32 scalar inside the compiled step
 
 
-def _warmup_then(cfg: OptimConfig, after: optax.Schedule) -> optax.Schedule:
+def _warmup(cfg: OptimConfig, lr: Peak) -> optax.Schedule:
+    return optax.linear_schedule(0.0, lr, cfg.warmup_steps)
+
+
+def _warmup_then(cfg: OptimConfig, lr: Peak, after: optax.Schedule) -> optax.Schedule:
     if cfg.warmup_steps == 0:  # optax.linear_schedule(…, 0) would hold 0.0 forever
         return after
-    return optax.join_schedules([_warmup(cfg), after], [cfg.warmup_steps])
+    return optax.join_schedules([_warmup(cfg, lr), after], [cfg.warmup_steps])
 
 
-def warmup_linear(cfg: OptimConfig) -> optax.Schedule:
+def warmup_linear(cfg: OptimConfig, lr: Peak) -> optax.Schedule:
     """0 -> lr over warmup, then linearly to 0 at total_steps (the fine-tuning schedule)."""
-    return _warmup_then(cfg, optax.linear_schedule(cfg.lr, 0.0, cfg.total_steps - cfg.warmup_steps))
+    return _warmup_then(cfg, lr, optax.linear_schedule(lr, 0.0, cfg.total_steps - cfg.warmup_steps))
 
 
-def warmup_cosine(cfg: OptimConfig) -> optax.Schedule:
-    """0 -> lr over warmup, then cosine to 0 at total_steps (the pre-training schedule)."""
-    return optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup_steps, cfg.total_steps, end_value=0.0)
+def warmup_cosine(cfg: OptimConfig, lr: Peak) -> optax.Schedule:
+    """0 -> lr over warmup, then cosine to 0 at total_steps (the pre-training schedule). The parts of
+    optax.warmup_cosine_decay_schedule, which cannot take a traced peak (it compares it with 0)."""
+    return _warmup_then(cfg, lr, optax.cosine_decay_schedule(lr, cfg.total_steps - cfg.warmup_steps, alpha=0.0))
 
 
-def warmup_constant(cfg: OptimConfig) -> optax.Schedule:
-    return _warmup_then(cfg, optax.constant_schedule(cfg.lr))
+def warmup_constant(cfg: OptimConfig, lr: Peak) -> optax.Schedule:
+    return _warmup_then(cfg, lr, optax.constant_schedule(lr))
 
 
-def constant(cfg: OptimConfig) -> optax.Schedule:
-    return optax.constant_schedule(cfg.lr)
+def constant(cfg: OptimConfig, lr: Peak) -> optax.Schedule:
+    return optax.constant_schedule(lr)
 
 
-SCHEDULES: dict[str, Callable[[OptimConfig], optax.Schedule]] = {
+SCHEDULES: dict[str, Callable[[OptimConfig, Peak], optax.Schedule]] = {
     "warmup_linear": warmup_linear,
     "warmup_cosine": warmup_cosine,
     "warmup_constant": warmup_constant,
@@ -74,8 +80,9 @@ SCHEDULES: dict[str, Callable[[OptimConfig], optax.Schedule]] = {
 }
 
 
-def make_schedule(cfg: OptimConfig) -> optax.Schedule:
-    return SCHEDULES[cfg.schedule](cfg)
+def make_schedule(cfg: OptimConfig, lr: Peak | None = None) -> optax.Schedule:
+    """`cfg`'s schedule peaking at `lr` (default `cfg.lr`)."""
+    return SCHEDULES[cfg.schedule](cfg, cfg.lr if lr is None else lr)
 
 
 # ---- which leaves decay ---------------------------------------------------------------------------
@@ -267,11 +274,12 @@ OPTIMIZERS: dict[str, Callable[[OptimConfig, optax.Schedule, Any], optax.Gradien
 }
 
 
-def make_optimizer(cfg: OptimConfig, params) -> optax.GradientTransformation:
+def make_optimizer(cfg: OptimConfig, params, lr: Peak | None = None) -> optax.GradientTransformation:
     """The optimizer named by `cfg.name`, its masks derived from `params` (real, abstract or boxed:
     only the tree's structure, names and ranks are read; boxes are stripped first), its float state
-    stored in `cfg.state_dtype`."""
-    tx = OPTIMIZERS[cfg.name](cfg, make_schedule(cfg), nn.meta.unbox(params))
+    stored in `cfg.state_dtype`, its schedule peaking at `lr` (default `cfg.lr`). The state's layout does
+    not depend on the lr: one `init` serves every lr."""
+    tx = OPTIMIZERS[cfg.name](cfg, make_schedule(cfg, lr), nn.meta.unbox(params))
     return tx if cfg.state_dtype == "float32" else stored_as(tx, jnp.dtype(cfg.state_dtype))
 
 

@@ -12,6 +12,10 @@ The step is pure: the dropout key is `fold_in(fold_in(key(seed), step), micro_ba
 replays the same masks. `Trainer` wraps it in `jax.jit` with out shardings from gpt1_jax/sharding.py and
 donates the old state; inputs carry their shardings (`put_batch`, `init`, checkpoint restore).
 
+The peak lr and the dropout seed are arguments of the compiled programs (`Hyper`), not constants in them:
+the runs of a sweep that differ only in lr or seed (Table 5's grid and seeds, the optimizer study's lr
+ladder) share one compilation, in this process and in the persistent cache.
+
 Mixed precision comes from ModelConfig: `dtype` is the compute dtype (activations, matmul inputs),
 `param_dtype` the storage dtype of params, and so of gradients and the optimizer state. The LM logits
 and the losses are always float32 (docs/numerics.md).
@@ -129,8 +133,15 @@ def _as_aux(sums):
     return loss_sum, (weight_sum, aux)
 
 
-def dropout_rng(seed: int, step: jax.Array) -> jax.Array:
+def dropout_rng(seed: int | jax.Array, step: jax.Array) -> jax.Array:
     return jax.random.fold_in(jax.random.key(seed), step)
+
+
+@flax.struct.dataclass
+class Hyper:
+    """What a run sets that its compiled programs take as inputs: the schedule's peak lr, the dropout seed."""
+    lr: jax.Array  # float32 scalar
+    seed: jax.Array  # int32 scalar
 
 
 def _mean_metrics(loss_sum, weight_sum, aux) -> dict[str, jax.Array]:
@@ -139,7 +150,8 @@ def _mean_metrics(loss_sum, weight_sum, aux) -> dict[str, jax.Array]:
 
 
 def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn, tx: optax.GradientTransformation,
-               schedule: optax.Schedule, accum_steps: int = 1, seed: int = 0, stats: bool = False) -> tuple[TrainState, dict]:
+               schedule: optax.Schedule, accum_steps: int = 1, seed: int | jax.Array = 0,
+               stats: bool = False) -> tuple[TrainState, dict]:
     """One update. Metrics: loss and aux means (before the update), grad_norm (before clipping), lr; with `stats`
     also the per-layer norms of gpt1_jax/layer_stats.py (the update itself is the same)."""
     (loss_sum, weight_sum, aux), grads = accumulated(loss_fn, accum_steps)(state.params, batch, dropout_rng(seed, state.step))
@@ -159,8 +171,7 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn, tx: optax.Gr
 @dataclasses.dataclass(frozen=True)
 class _Programs:
     boxed_params: Any  # abstract (eval_shape) parameters in their logical-axis boxes
-    tx: optax.GradientTransformation
-    schedule: optax.Schedule
+    init_opt: Callable  # params -> optimizer state (its layout is the same at every lr)
     init: Callable
     step: Callable
     step_stats: Callable  # the same step, also returning the per-layer statistics
@@ -170,14 +181,15 @@ class _Programs:
 
 
 @functools.lru_cache(maxsize=32)
-def _programs(init_fn, loss_fn, predict_fn, optim: OptimConfig, rules: shd.Rules, accum_steps: int, seed: int) -> _Programs:
+def _programs(init_fn, loss_fn, predict_fn, optim: OptimConfig, rules: shd.Rules, accum_steps: int) -> _Programs:
     """The pure functions for one setup, built once: jax caches traces and compilations by function
-    identity, so equal Trainers (tests, restarts in one process) share them instead of recompiling.
+    identity, so equal Trainers (tests, restarts in one process, a sweep's runs) share them instead of
+    recompiling. `optim.lr` is not read (the step takes it in `Hyper`): callers pass one lr for all.
     Each binds its logical-axis rules itself, because jax's caches cannot see flax's rules context."""
     with nn.logical_axis_rules(rules):
         boxed_params = jax.eval_shape(init_fn, jax.random.key(0))
-    tx = make_optimizer(optim, nn.meta.unbox(boxed_params))
-    schedule = make_schedule(optim)
+    abstract_params = nn.meta.unbox(boxed_params)
+    init_opt = make_optimizer(optim, abstract_params).init
 
     def with_rules(fn):
         @functools.wraps(fn)
@@ -188,21 +200,22 @@ def _programs(init_fn, loss_fn, predict_fn, optim: OptimConfig, rules: shd.Rules
 
     def init(key):
         params = nn.meta.unbox(init_fn(key))
-        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=init_opt(params))
 
-    def step(state, batch, stats=False):
-        return train_step(state, batch, loss_fn=loss_fn, tx=tx, schedule=schedule, accum_steps=accum_steps, seed=seed,
-                          stats=stats)
+    def step(state, batch, hyper: Hyper, stats=False):
+        tx, schedule = make_optimizer(optim, abstract_params, hyper.lr), make_schedule(optim, hyper.lr)
+        return train_step(state, batch, loss_fn=loss_fn, tx=tx, schedule=schedule, accum_steps=accum_steps,
+                          seed=hyper.seed, stats=stats)
 
-    def grads(params, batch, step_):
-        (loss_sum, weight_sum, aux), g = accumulated(loss_fn, accum_steps)(params, batch, dropout_rng(seed, step_))
+    def grads(params, batch, step_, hyper: Hyper):
+        (loss_sum, weight_sum, aux), g = accumulated(loss_fn, accum_steps)(params, batch, dropout_rng(hyper.seed, step_))
         denom = jnp.maximum(weight_sum, 1.0)
         return loss_sum / denom, jax.tree.map(lambda x: (x / denom).astype(x.dtype), g), weight_sum
 
     def evaluate(params, batch):
         return loss_fn(params, batch, None, True)
 
-    return _Programs(boxed_params, tx, schedule, with_rules(init), with_rules(step),
+    return _Programs(boxed_params, init_opt, with_rules(init), with_rules(step),
                      with_rules(functools.partial(step, stats=True)), with_rules(grads),
                      with_rules(evaluate), with_rules(predict_fn) if predict_fn is not None else None)
 
@@ -228,9 +241,12 @@ class Trainer:
         if self.accum_steps < 1:
             raise ConfigError(f"accum_steps must be >= 1, got {self.accum_steps}")
         self.rules = tuple(self.rules)
-        programs = _programs(self.init_fn, self.loss_fn, self.predict_fn, self.optim, self.rules, self.accum_steps, self.seed)
-        self.tx, self.schedule = programs.tx, programs.schedule
+        # One lr for every key: the programs take the real one (and the seed) as inputs, in `self.hyper`.
+        programs = _programs(self.init_fn, self.loss_fn, self.predict_fn, dataclasses.replace(self.optim, lr=1.0),
+                             self.rules, self.accum_steps)
         self.abstract_params = nn.meta.unbox(programs.boxed_params)
+        # The same optimizer with the lr as a constant, for callers outside the compiled step (diagnostics).
+        self.tx, self.schedule = make_optimizer(self.optim, self.abstract_params), make_schedule(self.optim)
         self.param_shardings = shd.logical_shardings(programs.boxed_params, self.mesh, self.rules)
         abstract_opt = jax.eval_shape(self.tx.init, self.abstract_params)
         opt_shardings = shd.like_params_shardings(abstract_opt, self.abstract_params, self.param_shardings, self.mesh)
@@ -248,7 +264,13 @@ class Trainer:
         self._init = jax.jit(programs.init, out_shardings=self.state_shardings)
         self._eval = jax.jit(programs.eval, out_shardings=replicated)
         self._predict = jax.jit(programs.predict, out_shardings=replicated) if programs.predict else None
-        self._init_opt = jax.jit(self.tx.init, out_shardings=opt_shardings)
+        self._init_opt = jax.jit(programs.init_opt, out_shardings=opt_shardings)
+
+    @functools.cached_property
+    def hyper(self) -> Hyper:
+        """This run's lr and seed, placed on first use: a pod plan's mesh (gpt1_jax/plan.py) has no devices."""
+        return jax.device_put(Hyper(lr=jnp.asarray(self.optim.lr, jnp.float32), seed=jnp.asarray(self.seed, jnp.int32)),
+                              shd.replicated(self.mesh))
 
     # Flax's logical constraints only bind under an active mesh + rules (docs/stack.md), at trace time.
     def _context(self):
@@ -294,7 +316,7 @@ class Trainer:
     def step(self, state: TrainState, batch: Batch, stats: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
         """One update; `stats`: its metrics also hold the per-layer statistics (gpt1_jax/layer_stats.py)."""
         with self._context():
-            return (self._step_stats if stats else self._step)(state, batch)
+            return (self._step_stats if stats else self._step)(state, batch, self.hyper)
 
     def eval_sums(self, params, batch: Batch):
         """(loss sum, weight sum, aux sums) of a batch, no dropout, no update."""
@@ -308,15 +330,18 @@ class Trainer:
     def grads(self, params, batch: Batch, step: int = 0):
         """(loss, grads, weight) without an update: for tests and diagnostics."""
         with self._context():
-            return self._grads(params, batch, jnp.asarray(step, jnp.int32))
+            return self._grads(params, batch, jnp.asarray(step, jnp.int32), self.hyper)
 
     def lower(self, batch_spec: dict[str, jax.ShapeDtypeStruct]):
         """The step lowered for abstract inputs (shapes of the global batch): `.compile()` it to time
-        compilation alone or to read its memory and cost analyses."""
+        compilation alone or to read its memory and cost analyses; the executable takes (state, batch,
+        `self.hyper`)."""
         batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shd.batch_sharding(self.mesh, len(v.shape)))
                  for k, v in batch_spec.items()}
         with self._context():
-            return self._step.lower(self.abstract_state_sharded(), batch)
+            hyper = Hyper(lr=jax.ShapeDtypeStruct((), jnp.float32, sharding=shd.replicated(self.mesh)),
+                          seed=jax.ShapeDtypeStruct((), jnp.int32, sharding=shd.replicated(self.mesh)))
+            return self._step.lower(self.abstract_state_sharded(), batch, hyper)
 
 
 def lm_batch_spec(batch: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:

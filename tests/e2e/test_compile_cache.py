@@ -1,4 +1,4 @@
-"""The persistent compilation cache: keyed by this CPU, reused by a second process, switchable off; and
+"""The persistent compilation cache: keyed by this CPU, bounded, reused by a second process, switchable off; and
 bf16 compute falls back to float32 on a CPU without native bf16."""
 
 import os
@@ -20,13 +20,16 @@ def _bench(env):
 
 
 def test_a_second_process_reuses_the_first_ones_programs(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_COMPILATION_CACHE_MAX_SIZE")}
     env.update(GPT1_JAX_COMPILE_CACHE=str(tmp_path), XLA_FLAGS=xla_flags())
     _bench(env)
     (cache,) = tmp_path.iterdir()
     assert cache.name.startswith(compile_cache.cache_dir(tmp_path).name)
     first = sorted(p.name for p in cache.iterdir())
     assert first, "nothing was cached"
+    # bounded: JAX keeps an access time beside each entry (for eviction) and locks the folder
+    assert {n.removesuffix("-cache") for n in first if n.endswith("-cache")} \
+        == {n.removesuffix("-atime") for n in first if n.endswith("-atime")} and ".lockfile" in first
     _bench(env)
     assert sorted(p.name for p in cache.iterdir()) == first  # every program found: no new entry
 

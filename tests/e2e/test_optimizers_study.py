@@ -4,8 +4,8 @@ line and no record; the state bytes in the table are `optimizer_state_bytes` of 
 
 For time, --optimizers is 2 (gpt1_adam and schedule_free_adamw: the plain one and the one evaluated at x),
 --steps 6, --lr-points 2, --max-extensions 0, one seed (4 runs; the repeats at the best lr with the other
-seeds: tests/unit/test_optimizers_study.py's sweep test): every run compiles its own train step
-(the lr is a constant in it), and compilation, not training, is what costs here."""
+seeds: tests/unit/test_optimizers_study.py's sweep test). Compilation, not training, is what costs here: an
+optimizer's runs share its compiled programs (the lr is an input of the step), each optimizer compiles its own."""
 
 import json
 import os

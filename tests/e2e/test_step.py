@@ -1,7 +1,9 @@
 """The train step, compiled: gradient accumulation == one large batch, metrics, deterministic dropout on
-resume, mixed precision keeps fp32 state, remat leaves gradients unchanged."""
+resume, runs differing in lr and seed share one program, mixed precision keeps fp32 state, remat leaves
+gradients unchanged."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -10,8 +12,8 @@ import pytest
 
 from gpt1_jax import sharding as shd
 from gpt1_jax.config import model_preset
-from gpt1_jax.optim import OptimConfig
-from gpt1_jax.step import lm_batch, lm_trainer
+from gpt1_jax.optim import OptimConfig, make_optimizer, make_schedule
+from gpt1_jax.step import lm_batch, lm_functions, lm_trainer, train_step
 
 
 TINY = model_preset("tiny")
@@ -77,6 +79,36 @@ def test_train_step_metrics_and_resume_determinism():
     assert runs[0] == runs[1]
     assert runs[0][0] > runs[0][2]  # lr warms up from 0: step 0 changes nothing, then the loss drops
     assert float(metrics["weight"]) == BATCH["targets"].size  # the summed weights: tokens, for the LM loss
+
+
+def test_runs_differing_in_lr_and_seed_share_one_compiled_step_and_keep_their_own_numbers():
+    # A sweep's runs (Table 5's lr grid and seeds) compile once: the lr and the dropout seed are inputs of the
+    # programs. Each run still follows its own: its updates equal those of the step with both as constants.
+    first = lm_trainer(TINY, OPTIM, _mesh(), seed=7)
+    batch = first.put_batch(BATCH)
+    first.step(first.init(seed=0), batch)
+    other = lm_trainer(TINY, dataclasses.replace(OPTIM, lr=3e-3), first.mesh, seed=11)
+    compiles = []
+    listener = lambda event, secs, **kw: compiles.append(event) if event.startswith("/jax/core/compile/") else None
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        state = other.init(seed=0)
+        for _ in range(3):
+            state, metrics = other.step(state, batch)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == []
+    assert float(metrics["lr"]) == pytest.approx(float(other.schedule(2))) and float(other.schedule(2)) > float(first.schedule(2))
+
+    tx, schedule = make_optimizer(other.optim, other.abstract_params), make_schedule(other.optim)
+    constants = jax.jit(functools.partial(train_step, loss_fn=lm_functions(TINY)[1], tx=tx, schedule=schedule, seed=11))
+    with other._context():
+        ref = other.init(seed=0)
+        for _ in range(3):
+            ref, ref_metrics = constants(ref, batch)
+    assert float(ref_metrics["loss"]) == float(metrics["loss"])
+    for x, y in zip(jax.tree.leaves((state.params, state.opt_state)), jax.tree.leaves((ref.params, ref.opt_state))):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_mixed_precision_keeps_fp32_params_and_state():

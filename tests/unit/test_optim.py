@@ -69,6 +69,15 @@ def test_warmup_linear_is_linear_and_constant_is_constant():
     assert float(s(0)) == 1.0 and float(s(10)) == 0.0
 
 
+@pytest.mark.parametrize("schedule", ["warmup_linear", "warmup_cosine", "warmup_constant", "constant"])
+def test_every_schedule_takes_its_peak_traced_and_gives_the_same_values(schedule):
+    # The compiled step passes the lr as an input (gpt1_jax/step.py Hyper): the schedule must trace with it.
+    cfg = OptimConfig(lr=3e-4, schedule=schedule, warmup_steps=0 if schedule == "constant" else 7, total_steps=50)
+    steps = jnp.arange(0, 60, 3)
+    traced = jax.jit(lambda lr: jax.vmap(make_schedule(cfg, lr))(steps))(jnp.float32(3e-4))
+    np.testing.assert_array_equal(np.asarray(traced), np.asarray(jax.vmap(make_schedule(cfg))(steps)))
+
+
 NEW_OPTIMIZERS = ["sgd_nesterov", "muon", "schedule_free_adamw", "lamb"]
 
 
