@@ -111,11 +111,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {stage}", file=sys.stderr)
             t0 = time.perf_counter()
             ran = run[stage](paper)  # True: it did work; False: done before; None: stopped at a checkpoint
+            if ran is not False and stage not in PER_RUN_TIMES:  # a stopped session's time counts too
+                paper.add_time(stage, time.perf_counter() - t0)
             if ran is None:
                 print(f"{stage}: stopped at a checkpoint (SIGTERM); the same command resumes", file=sys.stderr)
                 return 0
-            if ran and stage not in PER_RUN_TIMES:
-                paper.add_time(stage, time.perf_counter() - t0)
         write_readme(paper)
     except (GPT1JaxError, FileNotFoundError) as e:
         print(f"{Path(__file__).name}: error: {e}", file=sys.stderr)

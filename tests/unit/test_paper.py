@@ -1,7 +1,11 @@
 """experiments.paper, in process: missing inputs are one-line errors, the Table 5 goal needs all five tasks,
 a gain and four wins, the CoLA threshold maximises Matthews correlation, the full_sets budget chooses its lrs
 off dev and brackets them, the cost counts what make_batch pads, zero-shot scores count only beyond two
-standard errors of their majority. The pipeline run for real at --quick: tests/e2e/test_paper.py."""
+standard errors of their majority, a stage's wall-clock sums every session's. The pipeline run for real at
+--quick: tests/e2e/test_paper.py."""
+
+import json
+import types
 
 import numpy as np
 import pytest
@@ -20,6 +24,18 @@ def test_missing_inputs_are_one_line_errors(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
     assert run.main(["--stages", "table5", "--out", str(tmp_path), "--budget", "paper"]) == 2  # nothing to fine-tune
     assert "no release" in capsys.readouterr().err
+
+
+def test_a_stage_spanning_sessions_counts_the_time_of_each(tmp_path, monkeypatch):
+    # The 4-epoch pre-training spans sessions, each ended by SIGTERM at a checkpoint: all of them are its time.
+    sessions = iter([None, None, True])  # stopped, stopped, finished
+    monkeypatch.setattr(run, "pretrain_stage", lambda paper: next(sessions))
+    monkeypatch.setattr(run, "write_readme", lambda paper: None)
+    clock = iter(range(0, 600, 100))  # each session: 100 s from start to end
+    monkeypatch.setattr(run, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    for _ in range(3):
+        assert run.main(["--stages", "pretrain", "--quick", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "results" / "timings.json").read_text())["stages"] == {"pretrain": 300}
 
 
 def test_goal_needs_all_five_tasks_a_gain_and_four_wins():
