@@ -1,6 +1,6 @@
 """experiments.paper.run: the whole pipeline at --quick (tiny model, 20 updates, the fixtures' GLUE files, a
-tiny RACE archive) writes the release, every result file and plot, under OUT only; a second run does no work;
-the release is what `gpt1-jax sample --init` reads. For time, Table 5 and Figure 2 (left) run SST-2 only; the
+tiny RACE archive, two CPU devices) writes the release, every result file and plot, under OUT only; a second
+run does no work; the release is what `gpt1-jax sample --init` reads. For time, Table 5 and Figure 2 (left) run SST-2 only; the
 pieces the full run adds (the goal over five tasks, the CoLA threshold, batched continuation scoring) are
 checked directly."""
 
@@ -56,10 +56,12 @@ def quick(tmp_path_factory, glue_dir):
     out = tmp_path_factory.mktemp("paper")
     argv = [sys.executable, "-m", "experiments.paper.run", "--quick", "--data-dir", str(glue_dir), "--race",
             str(_write_race(out / "race.tar.gz")), "--out", str(out), "--tfds-dir", str(out / "tfds"),
-            "--tasks", "sst2", "--layer-tasks", "sst2"]
+            "--tasks", "sst2", "--layer-tasks", "sst2", "--cpu-devices", "2"]
     committed = {name: _snapshot(PAPER / name) for name in ("release", "results")}
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=ENV, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
+    # --cpu-devices: pre-training and the fine-tuning runs all train over both
+    assert "over 2 devices" in done.stderr and "mesh {'data': 2," in done.stderr and "'data': 1," not in done.stderr
     assert {name: _snapshot(PAPER / name) for name in committed} == committed  # --quick never writes there
     return out, argv
 
