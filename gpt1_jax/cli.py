@@ -11,7 +11,8 @@ The verbs that run a model (pretrain, finetune, evaluate, sample, bench, plan) s
   --config PRESET|YAML   the run's config: a preset name or a YAML file of the verb's config class
   --set KEY=VALUE        any field of that config, dotted for nested ones (repeatable; wins over flags)
   --mesh AXIS=N,...      device mesh, e.g. data=2,fsdp=2,tensor=2
-  --simulate-devices N   N fake CPU devices (to try meshes, or size a pod job, on one machine)
+  --simulate-devices N   N CPU devices (to try meshes, or size a pod job, on one machine; on a 2-core CPU, 2
+                         also train data-parallel 8-16% faster than 1: experiments/bench/README.md)
 The verbs that read a model (sample, evaluate, finetune --init, convert) read the same sources, through
 `load_pretrained` and `find_tokenizer`: a run workdir, a gpt1-jax or HF checkpoint folder, OpenAI's release.
 Every verb also takes the multi-process flags (launch/README.md).
@@ -165,7 +166,8 @@ def _model_flags() -> argparse.ArgumentParser:
     g.add_argument("--mesh", default=None, metavar="AXIS=N,...",
                    help="e.g. data=2,fsdp=2,tensor=2 (default: data over all devices); `plan` also takes auto")
     g.add_argument("--simulate-devices", type=int, default=None, metavar="N",
-                   help="N fake CPU devices: try a mesh, or size a pod job, on one machine")
+                   help="N fake CPU devices: try a mesh, or size a pod job, on one machine; on a 2-core CPU, 2 "
+                   "also train data-parallel 8-16%% faster than 1 (experiments/bench/README.md)")
     return p
 
 
