@@ -33,17 +33,21 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 # The many short runs in subprocesses compile the same tiny programs: JAX's persistent cache (keyed by the
-# program, jax's version and the devices) lets them share the compilations within one test session. The
-# controller makes one folder for all its pytest-xdist workers; bounded, JAX reads and writes it under a file
-# lock (gpt1_jax/compile_cache.py), so no process reads an entry another is still writing.
+# program, jax's version and the devices) lets them share the compilations within one test session.
+# Under pytest-xdist the controller makes the folder and each worker uses its own subfolder, unbounded:
+# bounded (gpt1_jax/compile_cache.py's default), JAX locks the folder and scans all of it at every write, which
+# cost the suite ~100 worker-seconds at the thousands of tiny entries it writes; unbounded, it writes without a
+# lock, so two workers never share a folder (a worker's processes run one after another).
 _ROOT_VAR = "PYTEST_GPT1_JAX_XLA_CACHE"  # the controller's folder, inherited by its workers
 if not os.environ.get(_ROOT_VAR):
     os.environ[_ROOT_VAR] = tempfile.mkdtemp(prefix="gpt1-jax-tests-xla-")
     atexit.register(shutil.rmtree, os.environ[_ROOT_VAR], ignore_errors=True)
+_XLA_CACHE = os.path.join(os.environ[_ROOT_VAR], os.environ.get("PYTEST_XDIST_WORKER", "main"))
+os.makedirs(_XLA_CACHE, exist_ok=True)
 if os.environ.get("JAX_COMPILATION_CACHE_DIR", "").startswith(os.environ[_ROOT_VAR]) \
         or not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ[_ROOT_VAR]
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))  # this process's own programs: locked too
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
+os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = "-1"
 
 SHARED = Path(os.environ.get("GPT1_JAX_SHARED") or Path(__file__).resolve().parents[2] / "shared")
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
