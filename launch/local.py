@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         ours, cmd = argv, []
     p = argparse.ArgumentParser(prog="launch/local.py", usage="%(prog)s -n N [-d M] [--port P] [--grace S] -- CMD ...",
-                                description=__doc__.splitlines()[0])
+                                description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("-n", "--num-processes", type=int, required=True)
     p.add_argument("-d", "--devices-per-process", type=int, default=None, help="fake CPU devices per process")
     p.add_argument("--port", type=int, default=None, help="coordinator port on 127.0.0.1 (default: a free one)")

@@ -106,7 +106,7 @@ def optimizer_seconds(config) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--config", default="gpt1")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=512)

@@ -38,7 +38,7 @@ def timed(fn) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--dir", required=True, help="scratch folder (removed afterwards)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()

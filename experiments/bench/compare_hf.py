@@ -241,7 +241,7 @@ def summarize(name: str, t: dict, results: dict[str, dict[str, list[dict]]]) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=3, help="timed steps (generation: timed calls) per measurement")

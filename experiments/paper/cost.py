@@ -55,7 +55,7 @@ def runs_per_arm(budget: Budget, arm: str, extensions: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--budget", choices=sorted(BUDGETS), default="full_sets")
     p.add_argument("--data-dir", default=None, help="GLUE's TSV distribution (default: tensorflow-datasets)")
     p.add_argument("--tasks", default=",".join(TASKS))

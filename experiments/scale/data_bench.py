@@ -186,7 +186,7 @@ def batches(args, stream) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--out", type=Path, required=True, help="folder for the corpus and its cache (e.g. runs/data-1b)")
     ap.add_argument("--tokens", type=float, default=50e6, help="corpus size in tokens (1e9: BooksCorpus size)")
     ap.add_argument("--source", type=Path, default=SHARED / "corpus" / "english_mixed.txt.gz")

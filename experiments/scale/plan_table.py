@@ -251,7 +251,7 @@ def write_table() -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--only", default=None, help="one model config (gpt1, gpt1-350m, gpt1-1.3b, gpt1-6.7b)")
     p.add_argument("--table", action="store_true", help="only rebuild results.json, table.md and the plot")
     args = p.parse_args()

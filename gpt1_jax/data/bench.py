@@ -52,7 +52,7 @@ def benchmark_iterator(it: BatchIterator, n_batches: int = 200, warmup: int = 5)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m gpt1_jax.data", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m gpt1_jax.data", description=__doc__, allow_abbrev=False)
     ap.add_argument("--source", default="default")
     ap.add_argument("--workdir", required=True, help="where a trained tokenizer.json is kept")
     ap.add_argument("--tokenizer", default="train")

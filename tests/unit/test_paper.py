@@ -25,6 +25,9 @@ def test_missing_inputs_are_one_line_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run.main(["--cpu-devices", "0"])
     assert "--cpu-devices must be >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run.main(["--cpu", "2"])  # no abbreviations: a misspelt flag is an error, not another flag
+    assert "unrecognized arguments: --cpu 2" in capsys.readouterr().err
     assert run.main(["--stages", "table5", "--out", str(tmp_path), "--budget", "paper"]) == 2  # nothing to fine-tune
     assert "no release" in capsys.readouterr().err
 
