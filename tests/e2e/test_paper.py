@@ -1,7 +1,7 @@
 """experiments.paper.run: the whole pipeline at --quick (tiny model, 20 updates, the fixtures' GLUE files, a
 tiny RACE archive, two CPU devices) writes the release, every result file and plot, under OUT only; a second
-run does no work; the release is what `gpt1-jax sample --init` reads. For time, Table 5 and Figure 2 (left) run SST-2 only; the
-pieces the full run adds (the goal over five tasks, the CoLA threshold, batched continuation scoring) are
+run does no work; the release is what `gpt1-jax sample --init` reads. For time, Table 5 and Figure 2 (left)
+run SST-2 only; the pieces the full run adds (the goal over five tasks, the CoLA threshold, batched continuation scoring) are
 checked directly."""
 
 import io
