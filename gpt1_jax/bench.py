@@ -8,6 +8,7 @@ run that executable on fixed seeded tokens, so `losses` are comparable between r
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import time
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from gpt1_jax import flops, sizing
+from gpt1_jax import flops, hugepages, sizing
 from gpt1_jax.config import PretrainConfig
 from gpt1_jax.errors import ConfigError
 from gpt1_jax.step import lm_batch, lm_batch_spec
@@ -65,4 +66,5 @@ def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only
         "mfu": round(flops.mfu(tokens_per_s, result["flops_per_token"], peak), 4),
         "losses": losses,
         "cpu_flags": flops.cpu_flags(),
+        "malloc_huge_pages": hugepages.TUNABLE in os.environ.get("GLIBC_TUNABLES", "").split(":"),
     }

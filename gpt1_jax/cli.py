@@ -41,7 +41,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-from gpt1_jax import compile_cache, distributed
+from gpt1_jax import compile_cache, distributed, hugepages
 from gpt1_jax import workdir as run_folder
 from gpt1_jax.config import (DataConfig, FinetuneConfig, ModelConfig, PretrainConfig, TRACKER_NAMES, apply_overrides,
                              guarded_text, resolve)
@@ -678,8 +678,14 @@ def _error_line(verb: str, error: BaseException, status: int, message: str | Non
     return status
 
 
+# The verbs whose steps are long enough for glibc's huge-page tunable to pay for re-executing the process.
+HUGE_PAGE_VERBS = ("pretrain", "finetune", "bench")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if argv is None and args.verb in HUGE_PAGE_VERBS:  # a command line, not a call from Python
+        hugepages.reexec_with_huge_pages()
     simulate_devices(getattr(args, "simulate_devices", None))
     with CtrlC() as ctrl_c:
         try:

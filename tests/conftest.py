@@ -28,6 +28,9 @@ os.environ["XLA_FLAGS"] = " ".join(
     + [FAST_COMPILE, "--xla_force_host_platform_device_count=8"]
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The suite's CLI subprocesses would each re-execute themselves for glibc's huge pages (gpt1_jax/hugepages.py),
+# importing jax twice for steps too small to gain; tests/e2e/test_bench.py runs one with it on.
+os.environ["GPT1_JAX_HUGE_PAGES"] = "off"
 # A suite started in the background of a shell without job control (`nohup ... &`) inherits SIGINT ignored and
 # hands that to every process it starts: the Ctrl-C tests need Python's own handler, as a terminal gives it.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

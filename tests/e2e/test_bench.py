@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt1_jax import cli, flops
+from gpt1_jax import cli, flops, hugepages
 from gpt1_jax.config import PretrainConfig, model_preset, resolve
 from gpt1_jax.flops import accelerator_peak, flops_per_token, mfu
 from tests.support.env import xla_flags
@@ -93,16 +93,20 @@ def test_bench_bad_options_are_one_line_exit_2(capsys, argv, message):
 
 
 def test_bench_cli_simulate_devices_subprocess():
-    # A fresh process: --simulate-devices must take effect before jax starts.
-    env = {**os.environ, "XLA_FLAGS": xla_flags()}
+    # A fresh process: --simulate-devices must take effect before jax starts. Huge pages on (the suite turns
+    # them off elsewhere): where they can help, the command re-executes itself under glibc's tunable first,
+    # and its flags still hold after that.
+    env = {k: v for k, v in os.environ.items() if k != hugepages.SWITCH}
+    env = {**env, "XLA_FLAGS": xla_flags(), "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
         [sys.executable, "-m", "gpt1_jax.cli", "bench", "--config", "tiny", "--simulate-devices", "4",
          "--mesh", "fsdp=4", "--batch", "4", "--seq", "16", "--steps", "1", "--peak-flops", "1e11"],
-        cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["devices"] == 4 and result["mesh"]["fsdp"] == 4
+    assert result["malloc_huge_pages"] is hugepages.wanted(env)
 
 
 def test_flops_formula_and_peaks():

@@ -1,0 +1,281 @@
+"""Where one compiled train step's time goes, op by op: a jax.profiler trace of the step grouped by kind.
+
+    python -m experiments.bench.op_profile --config small --batch 16 --seq 128
+    python -m experiments.bench.op_profile --config experiments/paper/pretrain_4ep.yaml --devices 2
+
+XLA:CPU runs the step as thunks (one per top-level HLO instruction: a fusion, a dot, a copy, ...). Many
+run asynchronously on its thread pool, several at once: a thunk's span runs from its start to the
+"end: NAME" event the runtime logs when its work is done, and while k thunks run together each is
+charged 1/k of that time, so the groups' seconds add up to the time some thunk was running ("busy").
+Each thunk is put in one group by what its HLO holds: the jaxpr path in the instructions' metadata
+(`h_0/ln_1/...`, `attn/Dropout_0/...`) and their opcodes. Prints one JSON line per group (seconds per
+step, share of the step, thunks per step) and a summary: the step's wall time under the profiler, the
+busy time, the time no thunk was running ("idle": dispatch, waiting, host work), the thunks per step,
+the step's temporary bytes, the page faults and kernel CPU time per step, and the CPU flags. `--trace-dir` keeps the trace for Perfetto or TensorBoard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import gzip
+import json
+import os
+import re
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# The groups, in the order a thunk is tested against them: the first that matches names it.
+GROUPS = (
+    "matmul_lm_head",       # the tied output layer (tokens_embed.attend) and its two gradients
+    "matmul_attention",     # q·k and p·v in the attention core, forward and backward
+    "matmul_projection",    # c_attn, c_proj, c_fc and their gradients
+    "dropout_bits",         # threefry draws and the keep masks made from them
+    "attention_softmax",    # scale, causal mask, softmax and its gradient
+    "layer_norm",
+    "gelu",
+    "cross_entropy",        # log-softmax over the vocabulary, the target pick, its gradient
+    "embedding",            # token and position gathers, their scatter-add gradients
+    "optimizer",            # the update, gradient norm and clipping, the schedule
+    "copy_transpose_convert",
+    "other",
+)
+_ATTENTION_PRODUCTS = ("bthk,bshk->bhts", "bhts,bshk->bthk")
+_RNG_OPS = {"xor", "shift-right-logical", "shift-left", "rng-bit-generator"}
+_COPY_OPS = {"copy", "transpose", "convert", "bitcast", "bitcast-convert", "reshape", "broadcast", "slice",
+             "concatenate", "dynamic-slice", "dynamic-update-slice", "pad", "tuple", "get-tuple-element"}
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][a-z0-9\-]*)\(")
+_CALLS = re.compile(r"(?:calls|to_apply|body|condition|called_computations)=\{?%?([\w.\-]+)")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+@dataclasses.dataclass
+class Instruction:
+    name: str
+    opcode: str
+    op_name: str
+    calls: list[str]
+    batched: bool  # a dot with batch dimensions: in this model, only the attention core's products
+
+
+def parse_hlo(text: str) -> tuple[dict[str, list[Instruction]], str]:
+    """{computation name: its instructions} and the entry computation's name, from HLO text."""
+    computations: dict[str, list[Instruction]] = {}
+    entry, current = "", None
+    for line in text.splitlines():
+        header = re.match(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
+        if header and not line.startswith(" "):
+            current = computations.setdefault(header.group(2), [])
+            if header.group(1):
+                entry = header.group(2)
+            continue
+        if current is None or line.startswith("}"):
+            continue
+        m = _INSTRUCTION.match(line)
+        if m:
+            op_name = _OP_NAME.search(line)
+            current.append(Instruction(m.group(1), m.group(2), op_name.group(1) if op_name else "",
+                                       _CALLS.findall(line), "lhs_batch_dims=" in line))
+    return computations, entry
+
+
+def group_of(instructions: list[Instruction]) -> str:
+    """The group of a thunk whose HLO (the instruction and everything it calls) is `instructions`."""
+    paths = [i.op_name for i in instructions]
+    opcodes = {i.opcode for i in instructions}
+    dots = [i for i in instructions if i.opcode in ("dot", "convolution")]
+    if dots:
+        # A dot inside a fusion may carry no metadata of its own: then the fusion's names tell, or its shape.
+        names = [d.op_name for d in dots if d.op_name] or paths
+        if any("tokens_embed.attend" in p for p in names):
+            return "matmul_lm_head"
+        if any(e in p for p in names for e in _ATTENTION_PRODUCTS) or any(d.batched for d in dots):
+            return "matmul_attention"
+        return "matmul_projection"
+    if opcodes & _RNG_OPS and any("dropout" in p.lower() or "threefry" in p for p in paths):
+        return "dropout_bits"
+    if opcodes & {"exp", "reduce"} and any("/attn" in p for p in paths) and not any("attend" in p for p in paths):
+        return "attention_softmax"
+    if any(re.search(r"/ln_\d|/ln_f", p) for p in paths):
+        return "layer_norm"
+    if any("/mlp" in p for p in paths) and not any("Dropout" in p for p in paths):
+        return "gelu"
+    if any("take_along_axis" in p or "jvp()" in p or "logits" in p for p in paths):
+        return "cross_entropy"
+    if any("_take" in p or "embed" in p for p in paths):
+        return "embedding"
+    if any("/attn" in p for p in paths):
+        return "attention_softmax"
+    if any("dropout" in p.lower() for p in paths):
+        return "dropout_bits"
+    if opcodes <= _COPY_OPS | {"parameter", "constant"}:
+        return "copy_transpose_convert"
+    if any(p.startswith("jit(") and "jvp(" not in p for p in paths) or any(p.startswith("state.") for p in paths):
+        return "optimizer"
+    return "other"
+
+
+def thunk_groups(hlo_text: str) -> dict[str, str]:
+    """{top-level instruction name: group} for every instruction a thunk can be named after."""
+    computations, entry = parse_hlo(hlo_text)
+
+    def body(instruction: Instruction, seen: set[str]) -> list[Instruction]:
+        found = [instruction]
+        for callee in instruction.calls:
+            if callee in computations and callee not in seen:
+                seen.add(callee)
+                for inner in computations[callee]:
+                    found += body(inner, seen)
+        return found
+
+    groups = {}
+    for name, instructions in computations.items():
+        for instruction in instructions:
+            groups[instruction.name] = group_of(body(instruction, set()))
+    return groups
+
+
+def read_trace(folder: Path) -> list[dict]:
+    """The traced thunks of the newest perfetto trace under `folder`, each as {"op", "ts", "dur", "tid"}
+    in microseconds. A thunk that runs asynchronously on the thread pool (a parallel loop fusion, an
+    Eigen dot) returns from its own event at once and logs "end: NAME" when its work is done: its span
+    runs to that event's end."""
+    files = sorted(folder.rglob("perfetto_trace.json.gz"), key=lambda f: f.stat().st_mtime)
+    if not files:
+        raise FileNotFoundError(f"no perfetto_trace.json.gz under {folder}")
+    events = json.load(gzip.open(files[-1]))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    started: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+    thunks = []
+    for e in sorted((e for e in events if e.get("ph") == "X"), key=lambda e: e["ts"]):
+        if "hlo_op" in e.get("args", {}):
+            thunk = {"op": e["args"]["hlo_op"], "ts": e["ts"], "dur": e["dur"], "tid": e["tid"]}
+            started[thunk["op"]].append(thunk)
+            thunks.append(thunk)
+        elif e["name"].startswith("end: ") and started[e["name"][5:]]:
+            thunk = started[e["name"][5:]].popleft()
+            thunk["dur"] = max(thunk["dur"], e["ts"] + e["dur"] - thunk["ts"])
+    return thunks
+
+
+def time_sliced(thunks: list[dict]) -> tuple[list[float], float]:
+    """Each thunk's share of the wall clock: while k thunks run at once, each is charged 1/k of that time
+    (so the shares add up to the time some thunk was running, the second value), in seconds."""
+    points = sorted({t["ts"] for t in thunks} | {t["ts"] + t["dur"] for t in thunks})
+    index = {p: i for i, p in enumerate(points)}
+    starting: dict[int, list[int]] = collections.defaultdict(list)
+    ending: dict[int, list[int]] = collections.defaultdict(list)
+    for n, t in enumerate(thunks):
+        starting[index[t["ts"]]].append(n)
+        ending[index[t["ts"] + t["dur"]]].append(n)
+    shares, running, busy = [0.0] * len(thunks), set(), 0.0
+    for i, point in enumerate(points[:-1]):
+        running.difference_update(ending[i])
+        running.update(starting[i])
+        if running:
+            width = points[i + 1] - point
+            busy += width
+            for n in running:
+                shares[n] += width / len(running)
+    return [s * 1e-6 for s in shares], busy * 1e-6
+
+
+def summarize(thunks: list[dict], groups: dict[str, str], steps: int, wall_s: float) -> dict:
+    """Per group: wall-clock seconds per step (time-sliced among the thunks running together), share of
+    the step, thunks per step; and the step's busy/idle split."""
+    shares, busy = time_sliced(thunks)
+    seconds, counts = collections.Counter(), collections.Counter()
+    for thunk, share in zip(thunks, shares):
+        group = groups.get(thunk["op"], "other")
+        seconds[group] += share / steps
+        counts[group] += 1 / steps
+    busy /= steps
+    return {
+        "groups": {g: {"seconds": round(seconds[g], 4), "share": round(seconds[g] / wall_s, 3),
+                       "thunks": round(counts[g], 1)} for g in GROUPS if counts[g]},
+        "step_s": round(wall_s, 4), "busy_s": round(busy, 4), "idle_s": round(wall_s - busy, 4),
+        "thunks_per_step": round(sum(counts.values()), 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p.add_argument("--config", default="small", help="a preset name or YAML file (as `gpt1-jax bench --config`)")
+    p.add_argument("--batch", type=int, default=None, help="global batch (default: the config's)")
+    p.add_argument("--seq", type=int, default=None, help="sequence length (default: the config's)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None)
+    p.add_argument("--devices", type=int, default=1, help="split the CPU into N XLA devices, data-parallel")
+    p.add_argument("--steps", type=int, default=3, help="traced steps (after 2 untimed ones)")
+    p.add_argument("--set", action="append", default=[], help="config override (e.g. model.scan_layers=true)")
+    p.add_argument("--trace-dir", help="keep the trace (and the step's HLO, step.hlo) here (default: a temporary folder)")
+    args = p.parse_args(argv)
+    if args.devices < 1 or args.steps < 1:
+        p.error("--devices and --steps must be >= 1")
+
+    from gpt1_jax.cli import simulate_devices
+
+    simulate_devices(args.devices if args.devices > 1 else None)  # before jax starts its backend
+    import jax
+    import numpy as np
+
+    from gpt1_jax import flops, sizing
+    from gpt1_jax.config import PretrainConfig, resolve
+    from gpt1_jax.errors import ConfigError
+    from gpt1_jax.step import lm_batch, lm_batch_spec
+
+    overrides = [f"data.global_batch_size={args.batch}"] * (args.batch is not None)
+    overrides += [f"data.seq_len={args.seq}"] * (args.seq is not None)
+    overrides += [f"model.dtype={args.dtype}"] * (args.dtype is not None)
+    try:
+        config = resolve(PretrainConfig, args.config, overrides=[*overrides, *args.set],
+                         mesh=f"data={args.devices}" if args.devices > 1 else None)
+    except ConfigError as e:
+        p.error(str(e))
+    config = dataclasses.replace(config, model=flops.fit_compute_dtype(config.model))
+    B, T = config.data.global_batch_size, config.data.seq_len
+    trainer = sizing.pretrain_trainer(config)
+    compiled = trainer.lower(lm_batch_spec(B, T)).compile()
+    hlo = compiled.as_text()
+    groups = thunk_groups(hlo)
+
+    windows = np.random.default_rng(config.seed).integers(0, config.model.vocab_size, (2 + args.steps, B, T + 1),
+                                                         dtype=np.int32)
+    batches = [trainer.put_batch(lm_batch(w)) for w in windows]
+    state = trainer.init()
+    for batch in batches[:2]:
+        state, metrics = compiled(state, batch, trainer.hyper)
+        float(metrics["loss"])
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(args.trace_dir or scratch)
+        with jax.profiler.trace(str(folder), create_perfetto_trace=True):
+            usage, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            for batch in batches[2:]:
+                state, metrics = compiled(state, batch, trainer.hyper)
+                float(metrics["loss"])
+            wall = (time.perf_counter() - t0) / args.steps
+            after = resource.getrusage(resource.RUSAGE_SELF)
+        events = read_trace(folder)
+        if args.trace_dir:
+            (folder / "step.hlo").write_text(hlo)
+
+    result = summarize(events, groups, args.steps, wall)
+    # XLA:CPU allocates the step's temporaries as one block per run, which glibc maps fresh (and the
+    # kernel zero-fills page by page) on every step; experiments/bench/README.md measures what that costs.
+    result.update(temp_bytes=compiled.memory_analysis().temp_size_in_bytes,
+                  minor_faults_per_step=round((after.ru_minflt - usage.ru_minflt) / args.steps),
+                  sys_cpu_s_per_step=round((after.ru_stime - usage.ru_stime) / args.steps, 4),
+                  glibc_tunables=os.environ.get("GLIBC_TUNABLES", ""))
+    common = {"config": args.config, "batch": B, "seq": T, "dtype": config.model.dtype, "devices": args.devices}
+    for name, row in result.pop("groups").items():
+        print(json.dumps({**common, "group": name, **row}))
+    print(json.dumps({**common, "summary": True, **result, "tokens_per_s": round(B * T / wall, 1),
+                      "cpu_flags": flops.cpu_flags()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
