@@ -19,6 +19,9 @@ bounded, 11.7 s unbounded), so the test suite, which writes thousands of tiny en
     GPT1_JAX_COMPILE_CACHE=off        no persistent cache
     JAX_COMPILATION_CACHE_DIR         JAX's own setting; when set it is used as it is
     JAX_COMPILATION_CACHE_MAX_SIZE    JAX's own bound in bytes, when set (-1: unbounded and unlocked)
+
+Entries written unbounded keep no record of their last use, which the bounded cache needs for every entry;
+`enable` gives them one (`adopt_unbounded_entries`), so a folder filled by an older gpt1-jax keeps working.
 """
 
 from __future__ import annotations
@@ -73,4 +76,28 @@ def enable(root: str | os.PathLike | None = None) -> Path | None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ:
         jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+    if jax.config.jax_compilation_cache_max_size != -1:
+        adopt_unbounded_entries(path)
     return path
+
+
+def adopt_unbounded_entries(path: Path) -> int:
+    """Gives each entry written without a bound (no "-atime" record: by gpt1-jax before the cache was bounded,
+    or by a process with JAX_COMPILATION_CACHE_MAX_SIZE=-1) its file time as last use; -> how many.
+
+    A bounded cache reads every entry's last use before each write; one missing record makes every write
+    fail (JAX warns "Error writing persistent compilation cache entry" for each program) and nothing new is
+    kept, so every process compiles its programs again. Done under JAX's own lock on the folder."""
+    import filelock  # jax's bounded cache needs it too (requirements.txt)
+
+    adopted = 0
+    with filelock.FileLock(path / ".lockfile", timeout=60):
+        for entry in path.glob("*-cache"):
+            atime = entry.with_name(entry.name.removesuffix("-cache") + "-atime")
+            if not atime.exists():
+                try:
+                    atime.write_bytes(entry.stat().st_mtime_ns.to_bytes(8, "little"))  # jax's format
+                    adopted += 1
+                except FileNotFoundError:  # evicted meanwhile by a process that does not take the lock
+                    continue
+    return adopted
