@@ -8,7 +8,6 @@ run that executable on fixed seeded tokens, so `losses` are comparable between r
 from __future__ import annotations
 
 import dataclasses
-import os
 import statistics
 import time
 from typing import Any
@@ -66,5 +65,5 @@ def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only
         "mfu": round(flops.mfu(tokens_per_s, result["flops_per_token"], peak), 4),
         "losses": losses,
         "cpu_flags": flops.cpu_flags(),
-        "malloc_huge_pages": hugepages.TUNABLE in os.environ.get("GLIBC_TUNABLES", "").split(":"),
+        "malloc_huge_pages": hugepages.active(),
     }

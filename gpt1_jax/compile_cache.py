@@ -31,6 +31,7 @@ import os
 import platform
 from pathlib import Path
 
+import filelock
 import jax
 
 DEFAULT_ROOT = Path("~/.cache/gpt1_jax/xla")
@@ -88,8 +89,6 @@ def adopt_unbounded_entries(path: Path) -> int:
     A bounded cache reads every entry's last use before each write; one missing record makes every write
     fail (JAX warns "Error writing persistent compilation cache entry" for each program) and nothing new is
     kept, so every process compiles its programs again. Done under JAX's own lock on the folder."""
-    import filelock  # jax's bounded cache needs it too (requirements.txt)
-
     adopted = 0
     with filelock.FileLock(path / ".lockfile", timeout=60):
         for entry in path.glob("*-cache"):

@@ -23,11 +23,16 @@ SWITCH = "GPT1_JAX_HUGE_PAGES"
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
+def active(environ=os.environ) -> bool:
+    """Whether this process (or one started with `environ`) runs under the tunable."""
+    return TUNABLE in environ.get("GLIBC_TUNABLES", "").split(":")
+
+
 def wanted(environ=os.environ) -> bool:
     """Whether re-executing with the tunable would change how this process's big blocks are mapped."""
     if environ.get(SWITCH, "").lower() in ("off", "0", "false", "no"):
         return False
-    if TUNABLE in environ.get("GLIBC_TUNABLES", "").split(":"):
+    if active(environ):
         return False
     if sys.platform != "linux":
         return False
