@@ -21,6 +21,16 @@ from gpt1_jax.errors import ConfigError
 from gpt1_jax.step import lm_batch, lm_batch_spec
 
 
+def seeded_batches(trainer, config: PretrainConfig, n: int) -> list:
+    """`n` global batches of random tokens drawn from `config.seed`, placed on the trainer's mesh (each process
+    its own rows), before any timing: the same tokens in every run, so losses compare between runs."""
+    B, T = config.data.global_batch_size, config.data.seq_len
+    windows = np.random.default_rng(config.seed).integers(0, config.model.vocab_size, (n, B, T + 1), dtype=np.int32)
+    local = B // jax.process_count()
+    rows = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
+    return [trainer.put_batch(lm_batch(tokens[rows])) for tokens in windows]
+
+
 def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only: bool = False,
         peak_flops: float | None = None) -> dict[str, Any]:
     """The sizing report of `config`'s train step plus, unless `compile_only`, the median step time,
@@ -38,11 +48,7 @@ def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only
         return result
 
     state = trainer.init()
-    windows = np.random.default_rng(config.seed).integers(0, config.model.vocab_size, (warmup + steps, B, T + 1),
-                                                         dtype=np.int32)
-    local = B // jax.process_count()  # each process places its own rows of the global batch
-    rows = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
-    batches = [trainer.put_batch(lm_batch(tokens[rows])) for tokens in windows]  # placed before any timing
+    batches = seeded_batches(trainer, config, warmup + steps)
     times, losses = [], []
     for i, batch in enumerate(batches):
         t0 = time.perf_counter()

@@ -567,20 +567,23 @@ class Verb(NamedTuple):
     add_flags: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
     runs_model: bool = True
+    # Steps long enough for glibc's huge-page tunable to pay for re-executing the process (gpt1_jax/hugepages.py).
+    huge_pages: bool = False
 
 
 VERBS: dict[str, Verb] = {
-    "pretrain": Verb("pre-train GPT-1 on a text corpus (resumable; the main job)", _pretrain_flags, _pretrain),
+    "pretrain": Verb("pre-train GPT-1 on a text corpus (resumable; the main job)", _pretrain_flags, _pretrain,
+                     huge_pages=True),
     "evaluate": Verb("LM loss and perplexity of a model (a pre-training run, any checkpoint folder, OpenAI's "
                      "release) on a text source", _evaluate_flags, _evaluate),
     "sample": Verb("generate text from a checkpoint", _sample_flags, _sample),
     "convert": Verb("convert checkpoints between the original release, HF and gpt1-jax", _convert_flags, _convert,
                     runs_model=False),
-    "bench": Verb("time the sharded train step and print one JSON line", _bench_flags, _bench),
+    "bench": Verb("time the sharded train step and print one JSON line", _bench_flags, _bench, huge_pages=True),
     "plan": Verb("compile the train step for a TPU pod (or the visible devices): HBM fit, collectives, roofline "
                  "step time; --mesh auto picks the mesh", _plan_flags, _plan),
     "finetune": Verb("fine-tune on a GLUE task or RACE with the auxiliary LM loss; results.json + predictions",
-                     _finetune_flags, _finetune),
+                     _finetune_flags, _finetune, huge_pages=True),
     "verify": Verb("check every checkpoint of a run against the digests recorded when it was saved",
                    _verify_flags, _verify, runs_model=False),
     "tokenize": Verb("build a corpus's token cache ahead of a job (once, however many processes); one JSON line",
@@ -678,13 +681,9 @@ def _error_line(verb: str, error: BaseException, status: int, message: str | Non
     return status
 
 
-# The verbs whose steps are long enough for glibc's huge-page tunable to pay for re-executing the process.
-HUGE_PAGE_VERBS = ("pretrain", "finetune", "bench")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if argv is None and args.verb in HUGE_PAGE_VERBS:  # a command line, not a call from Python
+    if argv is None and VERBS[args.verb].huge_pages:  # a command line, not a call from Python
         hugepages.reexec_with_huge_pages()
     simulate_devices(getattr(args, "simulate_devices", None))
     with CtrlC() as ctrl_c:

@@ -25,14 +25,13 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from gpt1_jax import flops, sizing
 from gpt1_jax.attention import causal_attention
 from gpt1_jax.config import PretrainConfig, resolve
 from gpt1_jax.model import layer_norm
-from gpt1_jax.step import lm_batch
+from gpt1_jax.bench import seeded_batches
 
 
 def median_seconds(fn, *args, repeats: int = 5) -> float:
@@ -50,9 +49,7 @@ def step_seconds(config, steps: int, block_each: bool = True) -> float:
     """Median seconds of `config`'s compiled train step on seeded tokens (as `gpt1-jax bench` runs it);
     `block_each=False`: the mean over `steps` dispatched back to back, blocking once at the end."""
     trainer = sizing.pretrain_trainer(config)
-    B, T = config.data.global_batch_size, config.data.seq_len
-    tokens = np.random.default_rng(config.seed).integers(0, config.model.vocab_size, (steps + 1, B, T + 1), dtype=np.int32)
-    batches = [trainer.put_batch(lm_batch(t)) for t in tokens]
+    batches = seeded_batches(trainer, config, steps + 1)
     state = trainer.init()
     state, metrics = trainer.step(state, batches[0])  # compile + warm up
     float(metrics["loss"])

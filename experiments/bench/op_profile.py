@@ -11,7 +11,8 @@ Each thunk is put in one group by what its HLO holds: the jaxpr path in the inst
 (`h_0/ln_1/...`, `attn/Dropout_0/...`) and their opcodes. Prints one JSON line per group (seconds per
 step, share of the step, thunks per step) and a summary: the step's wall time under the profiler, the
 busy time, the time no thunk was running ("idle": dispatch, waiting, host work), the thunks per step,
-the step's temporary bytes, the page faults and kernel CPU time per step, and the CPU flags. `--trace-dir` keeps the trace for Perfetto or TensorBoard.
+the step's temporary bytes, the page faults and kernel CPU time per step, whether glibc's huge pages
+were on, and the CPU flags. `--trace-dir` keeps the trace for Perfetto or TensorBoard.
 """
 
 from __future__ import annotations
@@ -21,13 +22,21 @@ import collections
 import dataclasses
 import gzip
 import json
-import os
 import re
 import resource
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import jax
+
+from gpt1_jax import flops, hugepages, sizing
+from gpt1_jax.bench import seeded_batches
+from gpt1_jax.cli import simulate_devices
+from gpt1_jax.config import PretrainConfig, resolve
+from gpt1_jax.errors import ConfigError
+from gpt1_jax.step import lm_batch_spec
 
 # The groups, in the order a thunk is tested against them: the first that matches names it.
 GROUPS = (
@@ -62,16 +71,14 @@ class Instruction:
     batched: bool  # a dot with batch dimensions: in this model, only the attention core's products
 
 
-def parse_hlo(text: str) -> tuple[dict[str, list[Instruction]], str]:
-    """{computation name: its instructions} and the entry computation's name, from HLO text."""
+def parse_hlo(text: str) -> dict[str, list[Instruction]]:
+    """{computation name: its instructions}, from HLO text."""
     computations: dict[str, list[Instruction]] = {}
-    entry, current = "", None
+    current = None
     for line in text.splitlines():
-        header = re.match(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
+        header = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
         if header and not line.startswith(" "):
-            current = computations.setdefault(header.group(2), [])
-            if header.group(1):
-                entry = header.group(2)
+            current = computations.setdefault(header.group(1), [])
             continue
         if current is None or line.startswith("}"):
             continue
@@ -80,7 +87,7 @@ def parse_hlo(text: str) -> tuple[dict[str, list[Instruction]], str]:
             op_name = _OP_NAME.search(line)
             current.append(Instruction(m.group(1), m.group(2), op_name.group(1) if op_name else "",
                                        _CALLS.findall(line), "lhs_batch_dims=" in line))
-    return computations, entry
+    return computations
 
 
 def group_of(instructions: list[Instruction]) -> str:
@@ -121,7 +128,7 @@ def group_of(instructions: list[Instruction]) -> str:
 
 def thunk_groups(hlo_text: str) -> dict[str, str]:
     """{top-level instruction name: group} for every instruction a thunk can be named after."""
-    computations, entry = parse_hlo(hlo_text)
+    computations = parse_hlo(hlo_text)
 
     def body(instruction: Instruction, seen: set[str]) -> list[Instruction]:
         found = [instruction]
@@ -216,17 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.devices < 1 or args.steps < 1:
         p.error("--devices and --steps must be >= 1")
 
-    from gpt1_jax.cli import simulate_devices
-
     simulate_devices(args.devices if args.devices > 1 else None)  # before jax starts its backend
-    import jax
-    import numpy as np
-
-    from gpt1_jax import flops, sizing
-    from gpt1_jax.config import PretrainConfig, resolve
-    from gpt1_jax.errors import ConfigError
-    from gpt1_jax.step import lm_batch, lm_batch_spec
-
     overrides = [f"data.global_batch_size={args.batch}"] * (args.batch is not None)
     overrides += [f"data.seq_len={args.seq}"] * (args.seq is not None)
     overrides += [f"model.dtype={args.dtype}"] * (args.dtype is not None)
@@ -242,9 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     hlo = compiled.as_text()
     groups = thunk_groups(hlo)
 
-    windows = np.random.default_rng(config.seed).integers(0, config.model.vocab_size, (2 + args.steps, B, T + 1),
-                                                         dtype=np.int32)
-    batches = [trainer.put_batch(lm_batch(w)) for w in windows]
+    batches = seeded_batches(trainer, config, 2 + args.steps)
     state = trainer.init()
     for batch in batches[:2]:
         state, metrics = compiled(state, batch, trainer.hyper)
@@ -268,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     result.update(temp_bytes=compiled.memory_analysis().temp_size_in_bytes,
                   minor_faults_per_step=round((after.ru_minflt - usage.ru_minflt) / args.steps),
                   sys_cpu_s_per_step=round((after.ru_stime - usage.ru_stime) / args.steps, 4),
-                  glibc_tunables=os.environ.get("GLIBC_TUNABLES", ""))
+                  malloc_huge_pages=hugepages.active())
     common = {"config": args.config, "batch": B, "seq": T, "dtype": config.model.dtype, "devices": args.devices}
     for name, row in result.pop("groups").items():
         print(json.dumps({**common, "group": name, **row}))
