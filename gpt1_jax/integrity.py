@@ -6,9 +6,11 @@ the files are complete and before orbax renames the temporary folder into place,
 committed together with the checkpoint (docs/stack.md, docs/checkpoints.md): a finished save
 always has them.
 `verify(folder)` gives None when every recorded file is there with its size and digest, else what
-failed, in words. Files that appear later are ignored; orbax's two commit markers (the step folder's
-`_CHECKPOINT_METADATA`, which gets its commit time after the callback, and `commit_success.txt`) are
-not recorded, as neither holds training state.
+failed, in words. Files that appear later are ignored; orbax's commit markers (the step folder's
+`_CHECKPOINT_METADATA`, which gets its commit time after the callback, and each folder's
+`commit_success.txt`, which names the folder's absolute path) are not recorded, as none holds training
+state; a record made before 2026-11-27 lists the subfolders' `commit_success.txt`, which `verify` skips,
+so a checkpoint copied elsewhere (experiments/paper/release.py keep_pretraining) may rewrite them.
 
 A file is hashed in 32 MiB blocks on a thread pool (hashlib releases the GIL), its digest being the
 SHA-256 of its blocks' SHA-256s, so one large array file still uses every core.
@@ -23,7 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 DIGESTS = "integrity.json"
-UNRECORDED = frozenset({DIGESTS, "_CHECKPOINT_METADATA", "commit_success.txt"})  # in the step folder itself
+UNRECORDED = frozenset({DIGESTS, "_CHECKPOINT_METADATA"})  # in the step folder itself
+MARKER = "commit_success.txt"  # in any folder of the checkpoint
 BLOCK_BYTES = 32 << 20
 MAX_LISTED = 3  # problems named in one message
 
@@ -32,7 +35,7 @@ def _files(folder: Path) -> list[str]:
     found = []
     for root, _, names in os.walk(folder):
         rel = Path(root).relative_to(folder)
-        found += [(rel / n).as_posix() for n in names if rel.parts or n not in UNRECORDED]
+        found += [(rel / n).as_posix() for n in names if n != MARKER and (rel.parts or n not in UNRECORDED)]
     return sorted(found)
 
 
@@ -71,6 +74,7 @@ def verify(folder: str | os.PathLike) -> str | None:
     try:
         table = json.loads((folder / DIGESTS).read_text())
         files, block_bytes = table["files"], table["block_bytes"]
+        files = {rel: entry for rel, entry in files.items() if Path(rel).name != MARKER}
     except FileNotFoundError:
         return f"no {DIGESTS} (a save that never finished, or one made without digests)"
     except (OSError, ValueError, KeyError, TypeError) as e:

@@ -21,6 +21,7 @@ from gpt1_jax import flops
 from gpt1_jax.checkpoint import Checkpointer
 from gpt1_jax.config import PretrainConfig
 from gpt1_jax.data.pipeline import build_pipeline
+from gpt1_jax.data.tokens import TOKENIZER_FILE
 from gpt1_jax.evaluate import lm_loss
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.loop import Hook, Outcome, resume_step, start
@@ -79,6 +80,8 @@ def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, train
 
     def write_files():
         atomic_write_text(workdir / "data_info.json", json.dumps(pipeline.info, indent=2) + "\n")
+        if config.data.tokenizer != "train":  # a given tokenizer is copied: the workdir alone is the model
+            pipeline.tokenizer.save(workdir / TOKENIZER_FILE)  # (sample, evaluate and finetune --init read it)
 
     batches = pipeline.train_iter()
     loop, state = start(workdir, job, config, trainer, ckpt, batches, begin, steps=config.steps, init_state=trainer.init,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from gpt1_jax import pretrain
 from gpt1_jax.checkpoint import latest_step
 from gpt1_jax.config import PretrainConfig, resolve
 from gpt1_jax.errors import ConfigError
+from gpt1_jax.integrity import checkpoint_steps, newest_checkpoint, verify
 from gpt1_jax.metrics import read_metrics
 from gpt1_jax.tokenizer import find_tokenizer
 from gpt1_jax.weights import load_pretrained, save_pretrained
@@ -45,13 +47,71 @@ def trained_step(workdir: Path) -> int | None:
 def pretrain_stage(paper: Paper) -> bool | None:
     config = pretrain_config(paper)
     step = trained_step(paper.pretrain_dir)
+    released = card_step(paper.release_dir)
+    if step is None and released is not None and released >= config.steps:  # a fresh clone of a finished pipeline
+        print(f"pretrain: {shown(paper.release_dir)} is released from step {released}", file=sys.stderr)
+        return False
+    if step is None:
+        step = restore_pretraining(paper)
     if step is not None and step >= config.steps:
         print(f"pretrain: {paper.pretrain_dir} is trained to step {step}", file=sys.stderr)
         return False
     outcome = pretrain.run(config, paper.pretrain_dir)
     if outcome.status == "diverged":
         raise outcome.divergence()
-    return True if outcome.finished else None  # preempted (SIGTERM): the pipeline stops; the same command resumes
+    if outcome.finished:  # the release stage exports it next; the kept copy's last state stays in git's history
+        shutil.rmtree(kept_pretraining(paper), ignore_errors=True)
+        return True
+    keep_pretraining(paper)  # preempted (SIGTERM): the pipeline stops; the same command resumes, in a fresh clone too
+    return None
+
+
+KEPT_RUN_FILES = ("config.yaml", "run.json", "data_info.json", "metrics.jsonl", "tokenizer.json")  # + the newest checkpoint
+
+
+def kept_pretraining(paper: Paper) -> Path:
+    """results/pretraining/: a stopped pre-training run, kept beside the results (committed, like the
+    fine-tuning runs' records) because a session's workdirs do not outlive it and the run spans sessions."""
+    return paper.results_dir / "pretraining"
+
+
+def keep_pretraining(paper: Paper) -> int | None:
+    """Copies the run's newest intact checkpoint (the whole train state: exact resume) and its run files into
+    results/pretraining/, replacing the previous copy whole -> the kept step (None: no checkpoint to keep).
+    The kept steps for the zero-shot curve are not copied: the zeroshot stage scores them in the session
+    that wrote them."""
+    checkpoints = paper.pretrain_dir / "checkpoints"
+    steps = checkpoint_steps(checkpoints) if checkpoints.is_dir() else []
+    step = next((s for s in reversed(steps) if verify(checkpoints / str(s)) is None), None)
+    if step is None:
+        return None
+    kept = kept_pretraining(paper)
+    fresh, old = kept.with_name(kept.name + ".new"), kept.with_name(kept.name + ".old")
+    for leftover in (fresh, old):
+        shutil.rmtree(leftover, ignore_errors=True)
+    shutil.copytree(checkpoints / str(step), fresh / "checkpoints" / str(step))
+    for marker in (fresh / "checkpoints").rglob("commit_success.txt"):  # orbax's marker names the folder's
+        marker.write_text("Checkpoint commit was successful\n")  # absolute path: no machine's path is committed
+    for name in KEPT_RUN_FILES:
+        if (paper.pretrain_dir / name).is_file():
+            shutil.copy2(paper.pretrain_dir / name, fresh / name)
+    if kept.exists():
+        kept.rename(old)
+    fresh.rename(kept)  # the copy is whole before it replaces the previous one
+    shutil.rmtree(old, ignore_errors=True)
+    print(f"pretrain: kept step {step} in {shown(kept)}; a fresh clone resumes from it", file=sys.stderr)
+    return step
+
+
+def restore_pretraining(paper: Paper) -> int | None:
+    """Puts the kept run back into an empty pre-training workdir -> its step (None: nothing kept)."""
+    kept = kept_pretraining(paper)
+    step = newest_checkpoint(kept / "checkpoints")
+    if step is None:
+        return None
+    shutil.copytree(kept, paper.pretrain_dir, dirs_exist_ok=True)
+    print(f"pretrain: resuming from step {step}, kept in {shown(kept)}", file=sys.stderr)
+    return step
 
 
 def card_step(release: Path) -> int | None:

@@ -13,8 +13,14 @@ from experiments.paper.table5 import cell, goal, goal_line
 from gpt1_jax.config import PretrainConfig, load_yaml
 from gpt1_jax.metrics import read_metrics
 
-COMMAND = ("python -m experiments.paper.run --corpus ../shared/data/corpus/english_mixed.txt.gz "
-           "--data-dir ../shared/data/glue --race ../shared/data/race.tar.gz")
+DATA = "--corpus ../shared/data/corpus/english_mixed.txt.gz --data-dir ../shared/data/glue --race ../shared/data/race.tar.gz"
+
+
+def command(paper: Paper) -> str:
+    """The command that writes these results: the defaults' recipe and budget go without saying."""
+    recipe = "" if Path(paper.pretrain_config).resolve() == RECIPE else f" --pretrain-config {shown(paper.pretrain_config)}"
+    budget = "" if paper.budget_name == "laptop" else f" --budget {paper.budget_name}"
+    return f"python -m experiments.paper.run{recipe}{budget} {DATA}"
 
 
 def duration(seconds: float) -> str:
@@ -45,7 +51,7 @@ def pretrain_summary(paper: Paper) -> list[str]:
     else:  # the run dir is gone (a fresh clone, another session): the curve kept beside the results
         val = paper.load_json("pretrain.json") or []
     if not val:
-        return ["No pre-training run in this OUT (the release was made elsewhere: see ../release/README.md)."]
+        return [f"No pre-training run in this OUT (the release was made elsewhere: see {shown(paper.release_dir)}/README.md)."]
     last = val[-1]
     return [f"Validation perplexity {last['val_ppl']:.1f} (loss {last['val_loss']:.3f} nats/token) at step {last['step']}; "
             "curve: `pretrain.json`, plot: `pretrain_loss.png`.", "",
@@ -134,7 +140,7 @@ def write_readme(paper: Paper) -> None:
         f"`{shown(paper.pretrain_config)}`). The one command, from the repository root (the data paths are this project's "
         "machines'; see experiments/paper/README.md):",
         "",
-        f"    {COMMAND}",
+        f"    {command(paper)}",
         "",
         f"## Wall-clock per stage ({timings['machine'] or f'{os.cpu_count()} CPU cores'})",
         "",

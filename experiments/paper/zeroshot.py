@@ -4,7 +4,8 @@ checkpoint, with the paper's heuristics (docs/gpt1.md, "Analysis"):
   SST-2  append " very" and compare the probabilities of "positive" and "negative" as what comes next
   CoLA   the sentence's average token log-probability, thresholded; the threshold is the one that maximises
          Matthews correlation on (a subset of) train, the score is Matthews correlation on dev
-  RACE   the answer with the highest average token log-probability given the passage and the question
+  RACE   the answer with the highest average token log-probability given the passage and the question (the
+         four answers share the passage's last n_ctx - M tokens, M their longest: option_logprobs)
 
 Every text starts after the corpus' document separator (gpt1_jax.data.tokens.eod_id), as a document did in
 pre-training; a sequence longer than the context loses the start of its context. Results are saved after
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 import matplotlib
 import numpy as np
 
+from experiments.paper.release import pretrain_config
 from experiments.paper.settings import Paper
 from experiments.paper.stats import constant_baseline
 from gpt1_jax.data.glue import METRICS, load_split
@@ -29,6 +31,7 @@ from gpt1_jax.data.race import load_race
 from gpt1_jax.data.tasks import bucket_len, subset
 from gpt1_jax.data.tokens import eod_id
 from gpt1_jax.files import save_figure
+from gpt1_jax.generate import init_cache
 from gpt1_jax.model import GPT1
 from gpt1_jax.tokenizer import find_tokenizer
 from gpt1_jax.weights import load_pretrained
@@ -87,6 +90,60 @@ def continuation_logprobs(config, params, pairs: list[tuple[list[int], list[int]
     return out
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _option_logprobs(config, params, context_BL, options_BNM):
+    """log p(option token j | context, option tokens < j) for the N options of each of B contexts that fill
+    positions 0..L-1: each context runs once, then its options continue from its keys and values."""
+    model = GPT1(config)
+    (B, L), (N, M) = context_BL.shape, options_BNM.shape[1:]
+    h_BLD, variables = model.apply({"params": params, "cache": init_cache(config, B)}, context_BL, decode=True,
+                                   start=0, mutable=["cache"])
+    # batch is the 4th axis from the end of each cached key/value ([layers,] B, positions, heads, head dim)
+    cache = jax.tree.map(lambda c: jnp.repeat(c, N, axis=c.ndim - 4), variables["cache"])
+    options_RM = options_BNM.reshape(B * N, M)
+    h_RMD, _ = model.apply({"params": params, "cache": cache}, options_RM[:, :-1], decode=True, start=L,
+                           mutable=["cache"])
+    h_RMD = jnp.concatenate([jnp.repeat(h_BLD[:, -1:], N, axis=0), h_RMD], axis=1)  # position L-1+j predicts token j
+    logits_RMV = model.apply({"params": params}, h_RMD, method=GPT1.logits)
+    logp_RMV = jax.nn.log_softmax(logits_RMV.astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(logp_RMV, options_RM[..., None], axis=-1)[..., 0].reshape(B, N, M)
+
+
+def option_logprobs(config, params, questions: list[tuple[list[int], list[list[int]]]]) -> np.ndarray:
+    """[(context ids, [option ids] * N)] -> [n, N, 2]: each option's summed log-probability given the context,
+    and its length. A context that fills the window with its options runs once for all of them: its last
+    n_ctx - M tokens (M: the options' longest, padded to a bucket) are the options' shared context, so every
+    option of a question sees the same text. RACE's ~4 options of ~10 tokens after a ~350-token passage cost a
+    quarter of what four separate sequences do. A shorter context is scored with its options one by one
+    (continuation_logprobs), whole."""
+    n_ctx = config.n_positions
+    out = np.zeros((len(questions), len(questions[0][1]) if questions else 0, 2), np.float64)
+    shared, alone = {}, []
+    for i, (context, options) in enumerate(questions):
+        m = max(2, bucket_len(max(len(o) for o in options), n_ctx - 1))
+        fills = len(context) >= n_ctx - m and m <= n_ctx // 2
+        (shared.setdefault((m, len(options)), []) if fills else alone).append(i)
+    if alone:
+        pairs = [(questions[i][0], option) for i in alone for option in questions[i][1]]
+        out[alone] = continuation_logprobs(config, params, pairs).reshape(len(alone), -1, 2)
+    for (m, n), members in sorted(shared.items()):
+        per_batch = max(1, TOKENS_PER_BATCH // n_ctx)
+        for start in range(0, len(members), per_batch):
+            batch = members[start:start + per_batch]
+            rows = 1 << (len(batch) - 1).bit_length()
+            context = np.zeros((rows, n_ctx - m), np.int32)
+            options = np.zeros((rows, n, m), np.int32)
+            for row, i in enumerate(batch):
+                context[row] = questions[i][0][-(n_ctx - m):]
+                for k, option in enumerate(questions[i][1]):
+                    options[row, k, :len(option)] = option
+            logp = np.asarray(_option_logprobs(config, params, context, options))
+            for row, i in enumerate(batch):
+                for k, option in enumerate(questions[i][1]):
+                    out[i, k] = logp[row, k, :len(option)].sum(), len(option)
+    return out
+
+
 # ---- the three tasks ----------------------------------------------------------------------------------
 
 def sst2_accuracy(config, params, tok, examples: list[dict]) -> float:
@@ -119,10 +176,10 @@ def cola_mcc(config, params, tok, train: list[dict], dev: list[dict]) -> float:
 
 
 def race_accuracy(config, params, tok, examples: list[dict]) -> float:
-    pairs = [([_eod(tok)] + tok.encode(ex["article"] + " " + ex["question"]), tok.encode(option))
-             for ex in examples for option in ex["options"]]
-    logp = continuation_logprobs(config, params, pairs)
-    average = (logp[:, 0] / np.maximum(logp[:, 1], 1)).reshape(len(examples), -1)
+    questions = [([_eod(tok)] + tok.encode(ex["article"] + " " + ex["question"]), [tok.encode(o) for o in ex["options"]])
+                 for ex in examples]
+    logp = option_logprobs(config, params, questions)
+    average = logp[..., 0] / np.maximum(logp[..., 1], 1)
     return 100.0 * float(np.mean(average.argmax(axis=1) == np.asarray([ex["label"] for ex in examples])))
 
 
@@ -141,9 +198,13 @@ def load_sets(paper: Paper) -> dict[str, list[dict]]:
     return {name: [examples[i] for i in subset(len(examples), n[name], 0)] for name, examples in sets.items()}
 
 
-def kept_steps(workdir: Path) -> list[int]:
-    """Every checkpoint of the run (orbax names each folder by its step; unfinished saves carry a suffix)."""
-    return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+def kept_steps(paper: Paper) -> list[int]:
+    """The run's checkpoints of the curve: the recipe's keep_steps and its last step (orbax names each folder by its
+    step; unfinished saves carry a suffix). The newest periodic checkpoints, there only until the next ones, are
+    not scored: a run that spans sessions would leave a different few on the curve at each stop."""
+    config = pretrain_config(paper)
+    curve = set(config.keep_steps) | {config.steps}
+    return sorted(s for p in (paper.pretrain_dir / "checkpoints").iterdir() if p.name.isdigit() and (s := int(p.name)) in curve)
 
 
 def baselines(sets: dict[str, list[dict]]) -> dict[str, float]:
@@ -181,7 +242,7 @@ def zeroshot_stage(paper: Paper) -> bool:
     def save():
         paper.save_json("zeroshot.json", {"examples": counts, "chance": CHANCE, **reference, "steps": steps})
 
-    todo = [step for step in kept_steps(paper.pretrain_dir) if str(step) not in steps]
+    todo = [step for step in kept_steps(paper) if str(step) not in steps]
     if todo or (steps and not reference):
         sets = load_sets(paper)
         if not reference:  # the sets' sizes and baselines, kept once (also for steps scored before they were)

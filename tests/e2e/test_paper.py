@@ -166,3 +166,66 @@ def test_continuation_logprobs_match_the_models_logits():
         c = len(continuation)
         want = sum(float(logp[len(seq) - 1 - c + j, t]) for j, t in enumerate(continuation))
         assert count == c and total == pytest.approx(want, abs=1e-4)
+
+
+def test_a_stopped_pretraining_is_kept_beside_the_results_and_a_fresh_clone_resumes_it(tmp_path):
+    """Sessions end and their workdirs with them: a stopped pre-training keeps its newest checkpoint and run files
+    in results/pretraining/ (committed), and the pretrain stage of an empty OUT resumes from that copy."""
+    import dataclasses
+    import shutil
+
+    from experiments.paper import release
+    from experiments.paper.settings import RECIPE, Paper
+    from gpt1_jax import pretrain
+    from gpt1_jax.metrics import read_metrics
+
+    paper = Paper(out=tmp_path / "out", budget_name="quick", pretrain_config=str(RECIPE), tasks=("sst2",),
+                  layer_tasks=("sst2",), corpus="default")
+    config = release.pretrain_config(paper)  # 20 updates, checkpoints every 10 and at 5 (a zero-shot step)
+    assert pretrain.run(dataclasses.replace(config, steps=15), paper.pretrain_dir).finished  # as if stopped at 15
+    assert release.keep_pretraining(paper) == 15
+    kept = release.kept_pretraining(paper)
+    assert sorted(p.name for p in (kept / "checkpoints").iterdir()) == ["15"]  # the newest only, not 5 or 10
+    assert sorted(p.name for p in kept.iterdir()) == sorted(["checkpoints", *release.KEPT_RUN_FILES])
+    files = [f for f in (kept / "checkpoints").rglob("*") if f.is_file()]  # orbax names its folder in a marker file
+    assert files and not [f for f in files if str(tmp_path).encode() in f.read_bytes()]
+    (paper.pretrain_dir / "checkpoints" / "15").rename(tmp_path / "15-aside")  # a newer copy replaces it whole
+    assert release.keep_pretraining(paper) == 10 and (kept / "checkpoints" / "10").is_dir()
+    assert not (kept / "checkpoints" / "15").exists() and not kept.with_name("pretraining.old").exists()
+    (tmp_path / "15-aside").rename(paper.pretrain_dir / "checkpoints" / "15")
+    assert release.keep_pretraining(paper) == 15
+
+    shutil.rmtree(paper.pretrain_dir)  # a fresh clone: only results/ is there
+    assert release.pretrain_stage(paper) is True
+    steps = [r["step"] for r in read_metrics(paper.pretrain_dir) if "loss" in r]
+    assert steps[0] == 1 and steps[-1] == 20 and sorted(set(steps)) == list(range(1, 21))  # 1-15 kept, 16-20 new
+    assert release.trained_step(paper.pretrain_dir) == 20 and not kept.exists()  # finished: nothing left to resume
+    assert release.release_stage(paper) is True
+    shutil.rmtree(paper.pretrain_dir)  # a fresh clone of the finished pipeline: its release says it is done
+    assert release.pretrain_stage(paper) is False and not paper.pretrain_dir.exists()
+
+
+def test_options_sharing_their_context_score_as_separate_sequences_do():
+    """option_logprobs runs a window-filling context once for its options (a KV cache): the same log-probabilities as
+    each option after the same n_ctx - M context tokens, scored alone; shorter contexts are scored alone, whole."""
+    import dataclasses
+
+    import flax.linen as nn
+
+    from gpt1_jax.config import model_preset
+    from gpt1_jax.data.tasks import bucket_len
+    from gpt1_jax.model import init_params
+
+    config = dataclasses.replace(model_preset("tiny"), n_positions=64)
+    params = nn.meta.unbox(init_params(config, 0))
+    rng = np.random.default_rng(1)
+    questions = [(list(rng.integers(1, 500, n)), [list(rng.integers(1, 500, c)) for c in lengths])
+                 for n, lengths in ((200, (3, 1, 7, 2)), (60, (5, 5, 20, 1)), (10, (4, 2, 3, 9)), (70, (17, 2, 3, 4)))]
+    got = zeroshot.option_logprobs(config, params, questions)
+    assert got.shape == (4, 4, 2)
+    for (context, options), scores in zip(questions, got):
+        m = bucket_len(max(len(o) for o in options), 63)
+        shared = context[-(64 - m):] if len(context) >= 64 - m else context  # the 10-token context is whole
+        want = zeroshot.continuation_logprobs(config, params, [(shared, o) for o in options])
+        np.testing.assert_allclose(scores[:, 1], [len(o) for o in options])
+        np.testing.assert_allclose(scores[:, 0], want[:, 0], atol=2e-4)

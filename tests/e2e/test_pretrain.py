@@ -228,3 +228,20 @@ def test_a_damaged_config_yaml_is_named_not_replaced_by_defaults(reference, tmp_
                                        "sha256 line is missing): restore it from a copy, or start a new run in another "
                                        "folder")
     assert snapshot(workdir) == before
+
+
+def test_a_given_tokenizer_is_copied_into_the_workdir_so_the_workdir_alone_is_the_model(tmp_path, cache, vocab_dir):
+    """data.tokenizer=PATH: the run keeps a copy, so `sample --init WORKDIR` (and evaluate, finetune, the paper's
+    zero-shot stage) find the tokenizer without the path the config named."""
+    from gpt1_jax.tokenizer import GPT1Tokenizer, find_tokenizer
+
+    workdir = tmp_path / "run"
+    done = run(cli("pretrain", "--config", "tiny", "--steps", "2", "--set", f"data.tokenizer={vocab_dir}",
+                   workdir=workdir, cache=cache))
+    assert done.returncode == 0, done.stderr[-3000:]
+    given, kept = GPT1Tokenizer.from_path(vocab_dir), find_tokenizer(None, workdir)
+    text = "The cat sat on the mat, quickly."
+    assert kept is not None and kept.vocab_size == given.vocab_size and kept.encode(text) == given.encode(text)
+    done = run([sys.executable, "-m", "gpt1_jax.cli", "sample", "--init", str(workdir), "--prompt", "the",
+                "--max-new-tokens", "2", "--num-samples", "1"])
+    assert done.returncode == 0 and "the >> " in done.stdout, done.stderr[-2000:]

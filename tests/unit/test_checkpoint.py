@@ -27,6 +27,11 @@ def test_digests_catch_changed_missing_and_resized_files(tmp_path):
     integrity.record(folder)
     assert integrity.verify(folder) is None
     (folder / "commit_success.txt").write_text("not recorded: may change")
+    (folder / "data" / "commit_success.txt").write_text("orbax's marker names the folder's absolute path")
+    assert integrity.verify(folder) is None
+    integrity.record(folder)
+    assert "data/commit_success.txt" not in (folder / integrity.DIGESTS).read_text()  # in no folder is it state
+    (folder / "data" / "commit_success.txt").write_text("a copy may rewrite it")
     assert integrity.verify(folder) is None
     corrupt(folder / "state" / "d" / "big")
     assert integrity.verify(folder) == "state/d/big differs from its recorded digest"
