@@ -287,8 +287,7 @@ def _check_intact(directory: Path, step: int) -> None:
     problem = integrity.verify(directory / str(step))
     if problem is None:
         return
-    intact = next((s for s in reversed(integrity.checkpoint_steps(directory))
-                   if s != step and integrity.verify(directory / str(s)) is None), None)
+    intact = integrity.newest_intact_checkpoint(directory, skip=step)
     raise CheckpointFormatError(
         f"checkpoint {step} in {directory} is damaged: {problem}; "
         + (f"the newest intact one is step {intact}" if intact is not None else "no other checkpoint there is intact"))

@@ -117,6 +117,16 @@ def newest_checkpoint(directory: str | os.PathLike) -> int | None:
         return None
 
 
+def newest_intact_checkpoint(directory: str | os.PathLike, skip: int | None = None) -> int | None:
+    """The newest finished checkpoint (other than `skip`) that matches its record, hashing newest first and
+    stopping at the first that does; None when none does (or no such folder)."""
+    try:
+        steps = checkpoint_steps(directory)
+    except OSError:
+        return None
+    return next((s for s in reversed(steps) if s != skip and verify(Path(directory) / str(s)) is None), None)
+
+
 def verify_checkpoints(directory: str | os.PathLike) -> list[tuple[int, str | None]]:
     """[(step, None or what is damaged)] for every checkpoint in `directory`, oldest first."""
     return [(step, verify(Path(directory) / str(step))) for step in checkpoint_steps(directory)]

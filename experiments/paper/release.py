@@ -18,7 +18,7 @@ from gpt1_jax import pretrain
 from gpt1_jax.checkpoint import latest_step
 from gpt1_jax.config import PretrainConfig, resolve
 from gpt1_jax.errors import ConfigError
-from gpt1_jax.integrity import checkpoint_steps, newest_checkpoint, verify
+from gpt1_jax.integrity import newest_checkpoint, newest_intact_checkpoint
 from gpt1_jax.metrics import read_metrics
 from gpt1_jax.tokenizer import find_tokenizer
 from gpt1_jax.weights import load_pretrained, save_pretrained
@@ -47,11 +47,11 @@ def trained_step(workdir: Path) -> int | None:
 def pretrain_stage(paper: Paper) -> bool | None:
     config = pretrain_config(paper)
     step = trained_step(paper.pretrain_dir)
-    released = card_step(paper.release_dir)
-    if step is None and released is not None and released >= config.steps:  # a fresh clone of a finished pipeline
-        print(f"pretrain: {shown(paper.release_dir)} is released from step {released}", file=sys.stderr)
-        return False
-    if step is None:
+    if step is None:  # a fresh clone: a finished pipeline's release, or a stopped run's kept copy
+        released = card_step(paper.release_dir)
+        if released is not None and released >= config.steps:
+            print(f"pretrain: {shown(paper.release_dir)} is released from step {released}", file=sys.stderr)
+            return False
         step = restore_pretraining(paper)
     if step is not None and step >= config.steps:
         print(f"pretrain: {paper.pretrain_dir} is trained to step {step}", file=sys.stderr)
@@ -81,8 +81,7 @@ def keep_pretraining(paper: Paper) -> int | None:
     The kept steps for the zero-shot curve are not copied: the zeroshot stage scores them in the session
     that wrote them."""
     checkpoints = paper.pretrain_dir / "checkpoints"
-    steps = checkpoint_steps(checkpoints) if checkpoints.is_dir() else []
-    step = next((s for s in reversed(steps) if verify(checkpoints / str(s)) is None), None)
+    step = newest_intact_checkpoint(checkpoints)
     if step is None:
         return None
     kept = kept_pretraining(paper)

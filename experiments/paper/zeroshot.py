@@ -110,24 +110,24 @@ def _option_logprobs(config, params, context_BL, options_BNM):
 
 
 def option_logprobs(config, params, questions: list[tuple[list[int], list[list[int]]]]) -> np.ndarray:
-    """[(context ids, [option ids] * N)] -> [n, N, 2]: each option's summed log-probability given the context,
-    and its length. A context that fills the window with its options runs once for all of them: its last
+    """[(context ids, [option ids] * N)] -> [n, N, 2] (N the same for every question): each option's summed
+    log-probability given the context, and its length. A context that fills the window with its options runs once for all of them: its last
     n_ctx - M tokens (M: the options' longest, padded to a bucket) are the options' shared context, so every
     option of a question sees the same text. RACE's ~4 options of ~10 tokens after a ~350-token passage cost a
     quarter of what four separate sequences do. A shorter context is scored with its options one by one
     (continuation_logprobs), whole."""
-    n_ctx = config.n_positions
-    out = np.zeros((len(questions), len(questions[0][1]) if questions else 0, 2), np.float64)
-    shared, alone = {}, []
+    n_ctx, per_batch = config.n_positions, max(1, TOKENS_PER_BATCH // config.n_positions)
+    n = len(questions[0][1]) if questions else 0
+    out = np.zeros((len(questions), n, 2), np.float64)
+    shared, alone = {}, []  # shared: {M: the questions whose options share a context of n_ctx - M tokens}
     for i, (context, options) in enumerate(questions):
         m = max(2, bucket_len(max(len(o) for o in options), n_ctx - 1))
         fills = len(context) >= n_ctx - m and m <= n_ctx // 2
-        (shared.setdefault((m, len(options)), []) if fills else alone).append(i)
+        (shared.setdefault(m, []) if fills else alone).append(i)
     if alone:
         pairs = [(questions[i][0], option) for i in alone for option in questions[i][1]]
-        out[alone] = continuation_logprobs(config, params, pairs).reshape(len(alone), -1, 2)
-    for (m, n), members in sorted(shared.items()):
-        per_batch = max(1, TOKENS_PER_BATCH // n_ctx)
+        out[alone] = continuation_logprobs(config, params, pairs).reshape(len(alone), n, 2)
+    for m, members in sorted(shared.items()):
         for start in range(0, len(members), per_batch):
             batch = members[start:start + per_batch]
             rows = 1 << (len(batch) - 1).bit_length()
