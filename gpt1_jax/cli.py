@@ -67,6 +67,15 @@ class ConfigFlag(NamedTuple):
     choices: tuple[str, ...] | None = None
 
 
+def on_off(text: str) -> bool:
+    """A yes/no flag's value: on/true or off/false."""
+    if text.lower() in ("on", "true"):
+        return True
+    if text.lower() in ("off", "false"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+
+
 SEED_HELP = ("one seed for every random choice the verb makes: initial weights, dropout, the order of the "
              "training data (finetune: also the --max-train-examples subset; bench: its random tokens), the tokens "
              "sample draws; never which data is held out for evaluation (data.split_seed, the --max-eval-examples "
@@ -103,6 +112,10 @@ CONFIG_FLAGS: dict[str, ConfigFlag] = {
                                      "hold out this share of the training set (the same examples for every seed) and "
                                      "choose the best epoch on it; dev is then only reported (0: choose on dev)",
                                      float, "F"),
+    "--group-by-length": ConfigFlag({FinetuneConfig: ("group_by_length",)},
+                                    "on: each training batch draws examples of near-equal length, so it pads little "
+                                    "(about half the compute of a GLUE run); off: uniformly random batches, as the "
+                                    "paper (default: off)", on_off, "on|off", (True, False)),
     "--profile": ConfigFlag({PretrainConfig: ("profile",), FinetuneConfig: ("profile",)},
                             "trace steps START to STOP (from 1) with jax.profiler into WORKDIR/profile/ (TensorBoard's "
                             "profile plugin, XProf, or ui.perfetto.dev); those steps are left out of tokens/s",
@@ -319,7 +332,7 @@ def _finetune_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, None, "--tokenizer", note="default: the one in SOURCE; for --init none, a BPE trained on the task's "
                                        "training text")
     for name in ("--epochs", "--batch-size", "--accum-steps", "--lr", "--lm-coef", "--seed", "--max-train-examples",
-                 "--max-eval-examples", "--holdout-fraction", "--profile", "--tracker"):
+                 "--max-eval-examples", "--holdout-fraction", "--group-by-length", "--profile", "--tracker"):
         _flag(p, FinetuneConfig, name)
     p.add_argument("--predict-test", action="store_true", help="also write GLUE's submission file DIR/<Task>.tsv")
     p.add_argument("--tfds-dir", default=None,

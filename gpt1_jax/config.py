@@ -375,6 +375,9 @@ class FinetuneConfig:
     # > 0: this share of the training set is held out (the same examples for every seed) and the best epoch is
     # chosen on it; dev is then only reported, never used to choose. 0: the best epoch by dev, as the paper.
     holdout_fraction: float = 0.0
+    # True: each training batch draws examples of near-equal length (gpt1_jax/data/tasks.epoch_order), so it pads
+    # little: about half the compute of a GLUE run. False: uniformly random batches, as the paper.
+    group_by_length: bool = False
     race_levels: str = "middle,high"
     init_layers: int = -1  # pre-trained blocks kept (Figure 2 left); -1: all; the rest start fresh
     checkpoint_every: int = 0  # steps between checkpoints besides each epoch's end (0: epoch ends only)

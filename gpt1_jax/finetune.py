@@ -28,8 +28,8 @@ from gpt1_jax import flops, heads
 from gpt1_jax.checkpoint import Checkpointer
 from gpt1_jax.config import ConfigError, FinetuneConfig, ModelConfig, load_yaml, to_dict
 from gpt1_jax.data.layout import Markers
-from gpt1_jax.data.tasks import (EpochBatches, Encoded, Splits, Task, encode_task, make_batch, make_task, prepare_once,
-                                  process_rows, train_rows, write_predictions, write_submission)
+from gpt1_jax.data.tasks import (EpochBatches, Encoded, Splits, Task, encode_task, example_lengths, make_batch, make_task,
+                                  prepare_once, process_rows, train_rows, write_predictions, write_submission)
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.loop import Hook, Outcome, resume_step, start
 from gpt1_jax.optim import eval_params
@@ -96,14 +96,20 @@ def transplant(fresh, pretrained, model_config: ModelConfig, n_layers: int):
 # ---- evaluation ------------------------------------------------------------------------------------------
 
 def predict_split(trainer, params, enc: Encoded, batch_size: int, n_ctx: int, markers, task: Task) -> np.ndarray:
-    """Predictions for every example of `enc`, in order (the last batch padded, its filler dropped)."""
+    """Predictions for every example of `enc`, in order (the last batch padded, its filler dropped). The batches
+    take the examples shortest first, so each pads little (GLUE's dev sets: ~40% fewer tokens than in file
+    order); a causal model's outputs at an example's positions do not depend on the padding after them."""
     rows_here = process_rows(batch_size)
+    by_length = np.argsort(example_lengths(enc), kind="stable")
     outs = []
     for first in range(0, len(enc.seqs), batch_size):
-        rows = np.arange(first, min(first + batch_size, len(enc.seqs)))
+        rows = by_length[first: first + batch_size]
         batch = {k: v[rows_here] for k, v in make_batch(enc, rows, batch_size, n_ctx, markers).items()}
         outs.append(np.asarray(jax.device_get(trainer.predict(params, trainer.put_batch(batch, train=False))))[: len(rows)])
-    out = np.concatenate(outs) if outs else np.zeros((0, task.n_outputs), np.float32)
+    if not outs:
+        return heads.predictions(task.kind, task.regression, np.zeros((0, task.n_outputs), np.float32))
+    out = np.empty_like(np.concatenate(outs))
+    out[by_length] = np.concatenate(outs)
     return heads.predictions(task.kind, task.regression, out)
 
 
@@ -231,7 +237,7 @@ def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, sou
            ckpt, progress: bool) -> tuple[Outcome, DevEvaluation, float]:
     """The loop, resumed or new -> (its outcome, the dev evaluation hook, training seconds)."""
     markers = Markers.of(source.tokenizer)
-    batches = EpochBatches(splits.train, config.batch_size, config.seed, splits.n_ctx, markers)
+    batches = EpochBatches(splits.train, config.batch_size, config.seed, splits.n_ctx, markers, config.group_by_length)
     dev = DevEvaluation(task, splits, trainer, config.eval_batch_size or config.batch_size, markers, workdir,
                         batches.steps_per_epoch)
     begin = resume_step(ckpt, config.model)

@@ -239,15 +239,17 @@ def recipe_line(paper: Paper) -> str:
     fewer = "".join(f", {a} {list(v)}" for a, v in b.arm_seeds.items())
     caps = f" ({', '.join(f'{t}: at most {n:,}' for t, n in b.task_max_train.items())})" if b.task_max_train else ""
     quick = "; **quick mode**" if paper.quick else ""
+    batch = f"batch {b.batch_size}" + (" (examples of near-equal length, gpt1_jax/data/tasks.epoch_order)"
+                                       if b.group_by_length else "")
     if not b.holdout_fraction:  # the first release's table: everything chosen on dev
         return (f"Dev-set scores x100, mean ± std over seeds {list(b.seeds)}{fewer}; each arm fine-tunes with the lr "
-                f"best for it on seed 0 from {grid}; {b.epochs} epoch(s), batch {b.batch_size}, "
+                f"best for it on seed 0 from {grid}; {b.epochs} epoch(s), {batch}, "
                 f"{'every' if not b.max_train else f'at most {b.max_train:,}'} training examples per task{caps}{quick}.")
     return (f"Dev-set scores x100, mean ± std over seeds {list(b.seeds)}{fewer}; each arm fine-tunes with the lr best "
             f"for it on seed 0's held-out {b.holdout_fraction:.0%} of each training set (the same examples in every arm "
             f"and seed), from {grid} grown one rung of the 1-3-10 ladder at a time (at most {b.max_extensions} more) "
             f"until the chosen lr has a worse neighbour on both sides; each run's epoch is chosen on that slice too, "
-            f"and the dev set is only measured; {b.epochs} epoch(s), batch {b.batch_size}, "
+            f"and the dev set is only measured; {b.epochs} epoch(s), {batch}, "
             f"{'every' if not b.max_train else f'at most {b.max_train:,}'} training example per task{caps} less the "
             f"held-out share{quick}.")
 

@@ -3,7 +3,8 @@
 A `Task` knows how to load a split, which strings of an example to tokenise, how those tokens become the
 head's input layout (gpt1_jax/data/layout.py), and how predictions are scored with the official metrics.
 `encode_split` tokenises a split once; `make_batch` pads rows of it to fixed shapes; `EpochBatches` serves
-them epoch after epoch, resumably; `write_predictions` / `write_submission` write GLUE's file formats.
+them epoch after epoch, resumably, in `epoch_order`; `write_predictions` / `write_submission` write GLUE's
+file formats.
 """
 
 from __future__ import annotations
@@ -210,15 +211,45 @@ def process_rows(global_batch: int) -> slice:
     return slice(jax.process_index() * n, (jax.process_index() + 1) * n)
 
 
-class EpochBatches:
-    """One epoch after another, each in a (seed, epoch)-seeded order; the last batch of an epoch is padded
-    with weight-0 rows. Its position is the step alone. Yields this process's rows of each global batch."""
+GROUP_BATCHES = 50  # batches per length-sorted group of `group_by_length` (HF Trainer's megabatch)
 
-    def __init__(self, enc: Encoded, batch_size: int, seed: int, n_ctx: int, markers: Markers):
+
+def example_lengths(enc: Encoded) -> np.ndarray:
+    """Each example's longest sequence in tokens: what a batch holding it is padded to (at least)."""
+    return np.fromiter((max(len(s) for s in ex) for ex in enc.seqs), np.int64, len(enc.seqs))
+
+
+def epoch_order(lengths: np.ndarray, batch_size: int, seed: int, epoch: int, group_by_length: bool) -> np.ndarray:
+    """The training examples of `epoch` (from 1) in visiting order, batch after batch: a (seed, epoch)-seeded
+    permutation. With `group_by_length`, that permutation is cut into groups of GROUP_BATCHES batches, each
+    group sorted by length and cut into batches, and the whole batches shuffled (the short last one stays
+    last): every batch still holds a random draw of examples, but of near-equal lengths, so a batch pads
+    little (a full-size Table 5 run computes over about half the tokens: experiments/paper/README.md)."""
+    order = np.random.default_rng([seed, epoch]).permutation(len(lengths))
+    if not group_by_length:
+        return order
+    size = GROUP_BATCHES * batch_size
+    groups = [order[i: i + size] for i in range(0, len(order), size)]
+    grouped = np.concatenate([g[np.argsort(-lengths[g], kind="stable")] for g in groups])
+    whole = len(order) // batch_size * batch_size
+    batches = grouped[:whole].reshape(-1, batch_size)
+    batches = batches[np.random.default_rng([seed, epoch, 1]).permutation(len(batches))]
+    return np.concatenate([batches.ravel(), grouped[whole:]])
+
+
+class EpochBatches:
+    """One epoch after another, each in its `epoch_order`; the last batch of an epoch is padded with weight-0
+    rows. Its position is the step alone. Yields this process's rows of each global batch."""
+
+    def __init__(self, enc: Encoded, batch_size: int, seed: int, n_ctx: int, markers: Markers,
+                 group_by_length: bool = False):
         self.enc, self.batch_size, self.seed, self.n_ctx, self.markers = enc, batch_size, seed, n_ctx, markers
+        self.group_by_length = group_by_length
+        self.lengths = example_lengths(enc)
         self.steps_per_epoch = math.ceil(len(enc.seqs) / batch_size)
         self.step = 0
         self.rows = process_rows(batch_size)
+        self._order: tuple[int, np.ndarray] | None = None  # (epoch, its order): one sort per epoch, not per step
 
     @property
     def epoch(self) -> int:
@@ -226,7 +257,9 @@ class EpochBatches:
 
     def __next__(self) -> dict:
         epoch, b = divmod(self.step, self.steps_per_epoch)
-        order = np.random.default_rng([self.seed, epoch + 1]).permutation(len(self.enc.seqs))
+        if self._order is None or self._order[0] != epoch:
+            self._order = epoch, epoch_order(self.lengths, self.batch_size, self.seed, epoch + 1, self.group_by_length)
+        order = self._order[1]
         self.step += 1
         batch = make_batch(self.enc, order[b * self.batch_size: (b + 1) * self.batch_size], self.batch_size,
                            self.n_ctx, self.markers)

@@ -58,8 +58,10 @@ def test_finetune_from_scratch_writes_results_predictions_and_submission(tmp_pat
 def test_the_epoch_is_chosen_on_the_held_out_slice_and_dev_is_only_reported(tmp_path, data_dir):
     """--holdout-fraction 0.25 of CoLA's 40 training examples: 30 train, 10 choose the epoch; the reported dev
     score is the chosen epoch's, whatever dev says about the other epochs."""
-    _, results = _finetune(tmp_path, data_dir, "--epochs", "3", "--holdout-fraction", "0.25", "--set", "optim.lr=1e-3")
+    _, results = _finetune(tmp_path, data_dir, "--epochs", "3", "--holdout-fraction", "0.25", "--set", "optim.lr=1e-3",
+                           "--group-by-length", "on")  # full_sets' batching (Table 5)
     assert results["selected_on"] == "holdout" and (results["n_train"], results["n_holdout"]) == (30, 10)
+    assert results["config"]["group_by_length"] is True
     assert results["steps"] == 12  # ceil(30 / 8) x 3
     history = results["history"]
     assert all({"holdout/matthews_corr", "matthews_corr"} <= set(h) for h in history)
@@ -74,6 +76,35 @@ def test_similarity_regression_without_aux_lm(tmp_path, data_dir):
     _, results = _finetune(tmp_path, data_dir, "--epochs", "1", "--lm-coef", "0", task="stsb")
     assert results["metric_names"] == ["pearson", "spearman"]
     assert results["config"]["lm_coef"] == 0.0
+
+
+def test_evaluation_batched_shortest_first_gives_the_file_order_outputs(tmp_path, data_dir):
+    """predict_split batches by length, then puts every output back in its example's place: the same STS-B
+    scores (here of its 24 training pairs) as batching them in file order (a causal model ignores the padding after a sequence)."""
+    from gpt1_jax import heads
+    from gpt1_jax.data.layout import Markers
+    from gpt1_jax.data.tasks import example_lengths, make_batch
+    from gpt1_jax.finetune import predict_split, prepare
+    from gpt1_jax.step import make_trainer
+
+    config = dataclasses.replace(FinetuneConfig(task="stsb", model=model_preset("tiny"), batch_size=8), seed=1)
+    task, source, config, splits = prepare(config, tmp_path, init="none", data_dir=str(data_dir), tokenizer=None,
+                                           predict_test=False, tfds_dir=str(tmp_path / "tfds"))
+    init_fn, loss_fn, predict_fn = heads.finetune_functions(config.model, task.kind, task.n_outputs, task.regression,
+                                                            config.clf_dropout, config.lm_coef, 2)
+    trainer = make_trainer(init_fn, loss_fn, config.optim, config.mesh, seed=config.seed, predict_fn=predict_fn)
+    params = trainer.init(config.seed).params
+    enc, markers = splits.train, Markers.of(source.tokenizer)  # 24 pairs: 3 batches of 8 (8 fake devices)
+    lengths = example_lengths(enc)
+    assert len(set(lengths)) > 1 and not np.all(np.diff(lengths) >= 0)  # file order is not length order
+    in_file_order = np.concatenate([
+        np.asarray(trainer.predict(params, trainer.put_batch(
+            make_batch(enc, np.arange(i, min(i + 8, len(lengths))), 8, splits.n_ctx, markers), train=False)))[
+            : min(8, len(lengths) - i), 0]
+        for i in range(0, len(lengths), 8)])
+    got = predict_split(trainer, params, enc, 8, splits.n_ctx, markers, task)
+    assert got.shape == in_file_order.shape and np.allclose(got, in_file_order, atol=1e-5)
+    assert np.std(got) > 0  # the outputs differ between examples, so a misplaced one would show
 
 
 def test_init_from_hf_dir_appends_the_marker_rows(tmp_path, data_dir, tokenizer):

@@ -72,7 +72,7 @@ def test_every_config_flag_says_in_help_which_fields_it_sets_and_sets_exactly_th
             fields = cli.CONFIG_FLAGS[name].fields[CONFIG_OF[verb]]
             action = sub._option_string_actions[name]
             assert action.help.endswith(f"[sets {', '.join(fields)}]"), (verb, name, action.help)
-            value = action.choices[0] if action.choices else "7"
+            value = str(action.choices[0]) if action.choices else "7"
             args = sub.parse_args(REQUIRED.get(verb, POSITIONAL.get(verb, [])) + [name, value])
             given = [s for s in cli._overrides(args, CONFIG_OF[verb]) if s.split("=")[0] in fields]
             assert [s.split("=")[0] for s in given] == list(fields), (verb, name)

@@ -47,3 +47,51 @@ def test_the_held_out_slice_is_the_same_for_every_seed_and_never_trained_on():
     # without a held-out slice, the subset is the one runs drew before the option existed
     plain, none = train_rows(1000, FinetuneConfig(seed=3, max_train_examples=200))
     assert none.size == 0 and np.array_equal(plain, subset(1000, 200, 3))
+
+
+def test_group_by_length_keeps_every_example_once_and_pads_less():
+    import numpy as np
+
+    from experiments.paper.cost import padded_tokens
+    from gpt1_jax.data.tasks import GROUP_BATCHES, epoch_order
+
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(3, 250, 4 * GROUP_BATCHES * 8 + 5)  # 4 groups of 50 batches of 8, and a short batch
+    seqs = [[[0] * n] for n in lengths]
+    plain = epoch_order(lengths, 8, seed=1, epoch=1, group_by_length=False)
+    assert np.array_equal(plain, np.random.default_rng([1, 1]).permutation(len(lengths)))  # the order runs had
+    grouped = epoch_order(lengths, 8, seed=1, epoch=1, group_by_length=True)
+    assert np.array_equal(np.sort(grouped), np.arange(len(lengths)))
+    assert np.array_equal(grouped, epoch_order(lengths, 8, seed=1, epoch=1, group_by_length=True))  # resumable
+    assert not np.array_equal(grouped, epoch_order(lengths, 8, seed=1, epoch=2, group_by_length=True))
+    assert not np.array_equal(grouped, epoch_order(lengths, 8, seed=2, epoch=1, group_by_length=True))
+    # each whole batch comes from one group of the plain permutation; the short batch is last
+    group_of = np.empty(len(lengths), int)
+    group_of[plain] = np.arange(len(lengths)) // (GROUP_BATCHES * 8)
+    batches = grouped[: len(lengths) // 8 * 8].reshape(-1, 8)
+    assert all(len(set(group_of[b])) == 1 for b in batches)
+    assert set(grouped[-5:]) <= set(plain[4 * GROUP_BATCHES * 8:])
+    # the batches are shuffled, not visited group by group
+    assert group_of[batches[:, 0]].tolist() != sorted(group_of[batches[:, 0]].tolist())
+    assert padded_tokens(seqs, 8, 256, grouped) < 0.7 * padded_tokens(seqs, 8, 256, plain)
+
+
+def test_grouped_batches_resume_at_their_step():
+    """EpochBatches with group_by_length: a restored position serves the batches the run would have served."""
+    import numpy as np
+
+    from gpt1_jax.data.layout import Markers
+    from gpt1_jax.data.tasks import EpochBatches, Encoded
+
+    rng = np.random.default_rng(3)
+    enc = Encoded([[[1] + [5] * int(n) + [2]] for n in rng.integers(1, 40, 70)], np.zeros(70, np.int32), [{}] * 70)
+    make = lambda: EpochBatches(enc, 8, seed=4, n_ctx=64, markers=Markers(1, 2, 3), group_by_length=True)
+    whole = make()
+    served = [next(whole) for _ in range(20)]  # 9 batches an epoch: into the third epoch
+    resumed = make()
+    resumed.restore({"step": 11})
+    for want in served[11:]:
+        got = next(resumed)
+        assert all(np.array_equal(got[k], want[k]) for k in want)
+    widths = [b["tokens"].shape[-1] for b in served[:8]]
+    assert len(set(widths)) > 2  # the batches of one epoch pad to different lengths
