@@ -94,6 +94,10 @@ def keep_pretraining(paper: Paper) -> int | None:
     for name in KEPT_RUN_FILES:
         if (paper.pretrain_dir / name).is_file():
             shutil.copy2(paper.pretrain_dir / name, fresh / name)
+    if (fresh / "data_info.json").is_file():  # its "cache" is this machine's token cache, an absolute path
+        info = json.loads((fresh / "data_info.json").read_text())
+        info.pop("cache", None)
+        (fresh / "data_info.json").write_text(json.dumps(info, indent=2) + "\n")  # fresh/ is not kept yet
     if kept.exists():
         kept.rename(old)
     fresh.rename(kept)  # the copy is whole before it replaces the previous one

@@ -189,6 +189,8 @@ def test_a_stopped_pretraining_is_kept_beside_the_results_and_a_fresh_clone_resu
     assert sorted(p.name for p in kept.iterdir()) == sorted(["checkpoints", *release.KEPT_RUN_FILES])
     files = [f for f in (kept / "checkpoints").rglob("*") if f.is_file()]  # orbax names its folder in a marker file
     assert files and not [f for f in files if str(tmp_path).encode() in f.read_bytes()]
+    info = (kept / "data_info.json").read_text()  # the run's, not the kept copy's, names its token cache
+    assert "cache" in (paper.pretrain_dir / "data_info.json").read_text() and str(tmp_path) not in info
     (paper.pretrain_dir / "checkpoints" / "15").rename(tmp_path / "15-aside")  # a newer copy replaces it whole
     assert release.keep_pretraining(paper) == 10 and (kept / "checkpoints" / "10").is_dir()
     assert not (kept / "checkpoints" / "15").exists() and not kept.with_name("pretraining.old").exists()
