@@ -28,7 +28,7 @@ from gpt1_jax import flops, heads
 from gpt1_jax.checkpoint import Checkpointer
 from gpt1_jax.config import ConfigError, FinetuneConfig, ModelConfig, load_yaml, to_dict
 from gpt1_jax.data.layout import Markers
-from gpt1_jax.data.tasks import (EpochBatches, Encoded, Splits, Task, encode_task, example_lengths, make_batch, make_task,
+from gpt1_jax.data.tasks import (EpochBatches, Encoded, Splits, Task, encode_task, eval_order, make_batch, make_task,
                                   prepare_once, process_rows, train_rows, write_predictions, write_submission)
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.loop import Hook, Outcome, resume_step, start
@@ -97,10 +97,11 @@ def transplant(fresh, pretrained, model_config: ModelConfig, n_layers: int):
 
 def predict_split(trainer, params, enc: Encoded, batch_size: int, n_ctx: int, markers, task: Task) -> np.ndarray:
     """Predictions for every example of `enc`, in order (the last batch padded, its filler dropped). The batches
-    take the examples shortest first, so each pads little (Table 5's dev sets and held-out slices: 27-55%
-    fewer tokens than in file order); a causal model's outputs at an example's positions do not depend on the padding after them."""
+    take the examples in `eval_order`, shortest first, so each pads little (Table 5's dev sets and held-out
+    slices: 27-55% fewer tokens than in file order); a causal model's outputs at an example's positions do not
+    depend on the padding after them."""
     rows_here = process_rows(batch_size)
-    by_length = np.argsort(example_lengths(enc), kind="stable")
+    by_length = eval_order(enc)
     outs = []
     for first in range(0, len(enc.seqs), batch_size):
         rows = by_length[first: first + batch_size]

@@ -1,7 +1,7 @@
 """What a Table 5 budget costs before any of it runs: each task's padded tokens per fine-tuning run (training,
 and the dev and held-out passes at every epoch's end), counted with the library's own encoding and batching
-(gpt1_jax/data/tasks.py) and the release's tokenizer and context, turned into minutes at a measured throughput (per token and per step),
-and the plan: runs x minutes per arm. From the repository root:
+(gpt1_jax/data/tasks.py) and the release's tokenizer and context, turned into minutes at a measured throughput
+(per token and per step), and the plan: runs x minutes per arm. From the repository root:
 
     python -m experiments.paper.cost --budget full_sets --data-dir ../shared/data/glue
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.paper.settings import ARMS, BUDGETS, PAPER_DIR, TASKS, Budget
-from gpt1_jax.data.tasks import bucket_len, encode_task, epoch_order, example_lengths, make_task
+from gpt1_jax.data.tasks import bucket_len, encode_task, epoch_order, eval_order, example_lengths, make_task
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.tokenizer import GPT1Tokenizer
 from gpt1_jax.weights import load_pretrained
@@ -45,9 +45,7 @@ def task_cost(budget: Budget, task_name: str, tok, n_ctx: int, data_dir: str | N
                               epoch_order(lengths, budget.batch_size, config.seed, epoch, config.group_by_length))
                 for epoch in range(1, budget.epochs + 1))
     looked = list(splits.dev.values()) + ([splits.holdout] if splits.holdout is not None else [])
-    # finetune.predict_split's order: shortest first
-    evaluated = budget.epochs * sum(padded_tokens(e.seqs, budget.batch_size, n_ctx,
-                                                  np.argsort(example_lengths(e), kind="stable")) for e in looked)
+    evaluated = budget.epochs * sum(padded_tokens(e.seqs, budget.batch_size, n_ctx, eval_order(e)) for e in looked)
     return {"train_examples": n, "held_out": 0 if splits.holdout is None else len(splits.holdout.seqs),
             "train_tokens": train, "train_steps": budget.epochs * -(-n // budget.batch_size), "eval_tokens": evaluated}
 

@@ -237,6 +237,11 @@ def epoch_order(lengths: np.ndarray, batch_size: int, seed: int, epoch: int, gro
     return np.concatenate([batches.ravel(), grouped[whole:]])
 
 
+def eval_order(enc: Encoded) -> np.ndarray:
+    """The examples shortest first: the order evaluation batches them in, so each batch pads little."""
+    return np.argsort(example_lengths(enc), kind="stable")
+
+
 class EpochBatches:
     """One epoch after another, each in its `epoch_order`; the last batch of an epoch is padded with weight-0
     rows. Its position is the step alone. Yields this process's rows of each global batch."""

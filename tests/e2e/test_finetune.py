@@ -80,7 +80,8 @@ def test_similarity_regression_without_aux_lm(tmp_path, data_dir):
 
 def test_evaluation_batched_shortest_first_gives_the_file_order_outputs(tmp_path, data_dir):
     """predict_split batches by length, then puts every output back in its example's place: the same STS-B
-    scores (here of its 24 training pairs) as batching them in file order (a causal model ignores the padding after a sequence)."""
+    scores (here of its 24 training pairs) as batching them in file order (a causal model ignores the padding
+    after a sequence)."""
     from gpt1_jax import heads
     from gpt1_jax.data.layout import Markers
     from gpt1_jax.data.tasks import example_lengths, make_batch
