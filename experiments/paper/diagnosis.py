@@ -45,7 +45,7 @@ def diagnosis_stage(paper: Paper) -> bool | None:
                                            "table5": table5.get(task, {}).get(arm, [])}
     paper.save_json("diagnosis.json", {"max_train": n, "seed": seed, "tasks": found})
     failed = errors_of(dones)
-    metrics = {task: metric_name([d for (t, _), d in by_key.items() if t == task]) for task in found}
+    metrics = {task: metric_name(task, [d for (t, _), d in by_key.items() if t == task]) for task in found}
     text = diagnosis_markdown(paper, found, metrics, failed)
     paper.save_text("diagnosis.md", text)
     print(text, file=sys.stderr)

@@ -31,7 +31,7 @@ def layers_stage(paper: Paper) -> bool | None:
         lr, _, grid = best
         fresh = fresh or ran_now(grid)
         if lr is None:
-            curves[task] = {"metric": metric_name(grid), "lr": None, "scores": {}, "failed": errors_of(grid)}
+            curves[task] = {"metric": metric_name(task, grid), "lr": None, "scores": {}, "failed": errors_of(grid)}
             continue
         # k = depth is the full arm's own run; k < depth keeps k blocks (init_layers)
         runs = {k: [run_of(paper, "full", task, lr, seed) if k == depth else
@@ -44,7 +44,7 @@ def layers_stage(paper: Paper) -> bool | None:
         fresh = fresh or ran_now(dones)
         it = iter(dones)
         by_k = {k: [next(it) for _ in group] for k, group in runs.items()}
-        curves[task] = {"metric": metric_name(dones), "lr": lr,
+        curves[task] = {"metric": metric_name(task, dones), "lr": lr,
                         "scores": {str(k): [s for d in group if (s := score(d)) is not None] for k, group in by_k.items()}}
         print(f"layers {task}: " + "  ".join(f"k={k} {cell(v)}" for k, v in curves[task]["scores"].items()), file=sys.stderr)
     paper.save_json("layers.json", curves)

@@ -42,8 +42,9 @@ def score(done: Done) -> float | None:
     return 100.0 * value if value is not None and math.isfinite(value) else 0.0
 
 
-def metric_name(dones: list[Done]) -> str:
-    return next((d.record["main_metric"] for d in dones if d.record), "?")
+def metric_name(task: str, dones: list[Done]) -> str:
+    """The metric the task's runs recorded (the task's official one before any has run)."""
+    return next((d.record["main_metric"] for d in dones if d.record), glue_task(task).metrics[0])
 
 
 def run_of(paper: Paper, arm: str, task: str, lr: float, seed: int, workdir: Path | None = None, **fields) -> Run:
@@ -116,20 +117,51 @@ def baselines(paper: Paper) -> dict[str, float | None]:
     return {t: known[t] for t in paper.tasks}
 
 
+# The order the runs execute in (the tables keep paper.tasks and ARMS), for a plan that spans sessions: the goal's
+# pairs (full, no_pretrain) before no_aux_lm, which the goal does not read, and the cheapest tasks first, so that
+# each session completes whole paired tasks, intervals and all, and SST-2, the dearest per run, comes last
+# (minutes per run: experiments/paper/README.md, "Its cost"). An arm runs its lr grid, then its seeds.
+ARM_GROUPS = (("full", "no_pretrain"), ("no_aux_lm",))
+CHEAPEST_FIRST = ("cola", "rte", "stsb", "mrpc", "sst2")
+
+
+def run_order(tasks: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(arm, task) pairs in the order Table 5 runs them."""
+    ranked = sorted(tasks, key=lambda t: CHEAPEST_FIRST.index(t) if t in CHEAPEST_FIRST else len(CHEAPEST_FIRST))
+    return [(arm, task) for group in ARM_GROUPS for task in ranked for arm in group]
+
+
+def arm_runs(paper: Paper, arm: str, task: str) -> tuple[float | None, list[float], list[Done], list[Done]] | None:
+    """-> (the lr chosen, the lrs tried, their seed-0 runs, the runs of every seed at the chosen lr), running
+    what no record holds yet; None when a run stopped at a checkpoint."""
+    if (best := best_lr(paper, arm, task)) is None:
+        return None
+    lr, lrs, grid = best
+    seeds = paper.budget.seeds_of(arm) if lr is not None else ()  # every grid run failed: nothing to repeat
+    runs = run_all(paper, [run_of(paper, arm, task, lr, seed) for seed in seeds])
+    return None if runs is None else (lr, lrs, grid, runs)
+
+
 def table5_stage(paper: Paper) -> bool | None:
+    """Runs what is missing, in `run_order`, then writes the tables. Stopped (SIGTERM) -> None, having written
+    table5.md with the cells finished so far, marked in progress (the JSON files, which later stages read, wait
+    for the whole table)."""
+    done, order = {}, run_order(paper.tasks)
+    for arm, task in order:
+        if (cell_runs := arm_runs(paper, arm, task)) is None:
+            break
+        done[arm, task] = cell_runs
+    stopped = len(done) < len(order)
+    if stopped and not done:
+        return None
     fresh, table, grid_scores, held_scores, chosen, metrics, failures = False, {}, {}, {}, {}, {}, {}
     cola_accuracy: dict[str, list[float]] = {}
     by_seed: dict[str, dict[str, dict[int, float]]] = {}  # task -> arm -> seed -> score: the pairs
     for task in paper.tasks:
         table[task], grid_scores[task], held_scores[task], chosen[task], by_seed[task], task_runs = {}, {}, {}, {}, {}, []
         for arm in ARMS:
-            if (best := best_lr(paper, arm, task)) is None:
-                return None
-            lr, lrs, grid = best
+            lr, lrs, grid, runs = done.get((arm, task), (None, [], [], []))  # not finished yet: an empty cell
             seeds = paper.budget.seeds_of(arm)
-            runs = run_all(paper, [run_of(paper, arm, task, lr, seed) for seed in seeds]) if lr is not None else []
-            if runs is None:
-                return None
             fresh = fresh or ran_now(grid + runs)
             grid_scores[task][arm] = {f"{r_lr:g}": score(d) for r_lr, d in zip(lrs, grid)}
             if paper.budget.holdout_fraction:
@@ -143,17 +175,20 @@ def table5_stage(paper: Paper) -> bool | None:
             if errors_of(grid + runs):
                 failures[f"{task}/{arm}"] = errors_of(grid + runs)
             task_runs += grid + runs
-        metrics[task] = metric_name(task_runs)
+        metrics[task] = metric_name(task, task_runs)
+    claims = intervals(by_seed, baselines(paper))
+    selection = held_scores if paper.budget.holdout_fraction else grid_scores  # the scores that chose each lr
+    text = table5_markdown(paper, table, chosen, selection, metrics, failures, goal(table), claims, cola_accuracy,
+                           progress=(len(done), len(order)) if stopped else None)
+    paper.save_text("table5.md", text)
+    print(text, file=sys.stderr)
+    if stopped:
+        return None
     paper.save_json("table5.json", table)
     paper.save_json("lr_grid.json", {t: {a: {"lr": chosen[t][a], "seed0": grid_scores[t][a],
                                              **({"seed0_holdout": held_scores[t][a]} if held_scores[t] else {})}
                                          for a in ARMS} for t in paper.tasks})
-    claims = intervals(by_seed, baselines(paper))
     paper.save_json("table5_intervals.json", claims)
-    selection = held_scores if paper.budget.holdout_fraction else grid_scores  # the scores that chose each lr
-    text = table5_markdown(paper, table, chosen, selection, metrics, failures, goal(table), claims, cola_accuracy)
-    paper.save_text("table5.md", text)
-    print(text, file=sys.stderr)
     return fresh
 
 
@@ -222,8 +257,9 @@ def interval_lines(claims: dict) -> list[str]:
              "(a seed draws the same training subset and order in both): "
              + "; ".join(f"{t} {interval_text(g)}" for t, g in gains.items())
              + f"; 5-task average {interval_text(avg)}.",
-             f"Above zero at 95%: {', '.join(above) if above else 'none'} ({len(above)} of {len(gains)} tasks); the "
-             f"average's interval {'is' if stats.Interval(**avg).above_zero else 'is not'} above zero"
+             f"Above zero at 95%: {', '.join(above) if above else 'none'} ({len(above)} of {len(gains)} tasks); "
+             + ("the average waits for every task's pair" if not avg["n"] else
+                f"the average's interval {'is' if stats.Interval(**avg).above_zero else 'is not'} above zero")
              + (f", and reaches below the goal's {GOAL_GAIN:g} points: whether the gain clears it is within the seed "
                 "noise." if avg["n"] >= 2 and avg["low"] < GOAL_GAIN <= avg["high"] else ".")]
     flat = [f"{t}/{a}" for t, c in tasks.items() for a, arm in c["arms"].items() if arm["above_baseline"] is False]
@@ -285,8 +321,13 @@ def cola_accuracy_line(paper: Paper, accuracy: dict[str, list[float]]) -> list[s
 
 
 def table5_markdown(paper: Paper, table, chosen, selection, metrics, failures, verdict, claims: dict,
-                    accuracy: dict[str, list[float]]) -> str:
+                    accuracy: dict[str, list[float]], progress: tuple[int, int] | None = None) -> str:
+    """`progress`: (arm x task cells finished, of how many) while the table is unfinished: the missing cells
+    show –, and the averages and the goal, which need every cell, are left out."""
     lines = [
+        *([f"**In progress**: {progress[0]} of {progress[1]} arm × task cells finished (every seed at the chosen "
+           "lr); the others show –, and the average and the goal wait for all of them. The same command goes "
+           "on (experiments/paper/README.md).", ""] if progress else []),
         recipe_line(paper),
         "Paper: Table 5 (docs/gpt1.md), GPT-1 (117M, BooksCorpus) on GLUE's test server.", "",
         "| task | metric | paper full | paper no_pretrain | paper no_aux_lm | constant baseline | full | no_pretrain "
@@ -302,11 +343,12 @@ def table5_markdown(paper: Paper, table, chosen, selection, metrics, failures, v
         lines.append(f"| {task} | {metrics[task]} | " + " | ".join(f"{p[a]:.1f}" if a in p else "–" for a in ARMS)
                      + f" | {base} | " + " | ".join(ours) + f" | {interval_text(c['gain'])} |")
     paper_avg = [mean([PAPER[t][a] for t in paper.tasks if t in PAPER]) for a in ARMS]
-    lines.append("| **average** | | " + " | ".join(f"{v:.1f}" for v in paper_avg) + " | | "
-                 + " | ".join(f"{verdict['averages'][a]:.1f}" for a in ARMS)
-                 + f" | {interval_text(claims['average_gain'])} |")
+    if not progress:
+        lines.append("| **average** | | " + " | ".join(f"{v:.1f}" for v in paper_avg) + " | | "
+                     + " | ".join(f"{verdict['averages'][a]:.1f}" for a in ARMS)
+                     + f" | {interval_text(claims['average_gain'])} |")
     lines += [*cola_accuracy_line(paper, accuracy)]
-    lines += ["", goal_line(verdict), "", *interval_lines(claims), "",
+    lines += ["", *([] if progress else [goal_line(verdict), ""]), *interval_lines(claims), "",
               "Cells: mean ± std over seeds; ° where the cell's 95% t-interval reaches the task's constant-prediction "
               "baseline (majority class for accuracy, \"positive\" everywhere for F1, 0 for MCC and correlations: "
               "experiments/paper/stats.py). The interval's half-width is t × std / √seeds, t = 4.30 at 3 seeds, 2.78 at 5.",

@@ -4,6 +4,7 @@ off dev and brackets them, the cost counts what make_batch pads, zero-shot score
 standard errors of their majority, a stage's wall-clock sums every session's. The pipeline run for real at
 --quick: tests/e2e/test_paper.py."""
 
+import dataclasses
 import json
 import types
 
@@ -53,6 +54,18 @@ def test_goal_needs_all_five_tasks_a_gain_and_four_wins():
     assert table5.goal(two_losses)["wins"] == 3 and table5.goal(two_losses)["met"] is False
     small = {t: {"full": [51.0], "no_pretrain": [50.0], "no_aux_lm": [50.0]} for t in table5.TASKS}
     assert table5.goal(small)["gain"] == pytest.approx(1.0) and table5.goal(small)["met"] is False
+
+
+def test_table5_runs_the_goals_pairs_first_cheapest_task_first_and_sst2_last():
+    order = table5.run_order(table5.TASKS)
+    assert sorted(order) == sorted((a, t) for a in table5.ARMS for t in table5.TASKS)  # every cell, once
+    pairs, rest = order[:10], order[10:]
+    assert {a for a, _ in pairs} == {"full", "no_pretrain"} and {a for a, _ in rest} == {"no_aux_lm"}
+    assert [t for a, t in pairs if a == "full"] == ["cola", "rte", "stsb", "mrpc", "sst2"]
+    assert all(pairs[i + 1] == ("no_pretrain", pairs[i][1]) for i in range(0, 10, 2))  # a task's pair together
+    assert table5.run_order(("sst2", "cola")) == [("full", "cola"), ("no_pretrain", "cola"), ("full", "sst2"),
+                                                  ("no_pretrain", "sst2"), ("no_aux_lm", "cola"),
+                                                  ("no_aux_lm", "sst2")]
 
 
 def test_best_threshold_maximises_matthews_correlation():
@@ -108,6 +121,33 @@ def test_full_sets_lr_is_chosen_on_the_held_out_slice_and_its_grid_grows_until_b
                                       for a in table5.ARMS}})
     assert "3e-2 of 6" not in lines[4] and "0.03 of 6" in lines[4]
     assert lines[-1].endswith("sst2/full, sst2/no_pretrain, sst2/no_aux_lm.")
+
+
+def test_a_stopped_table5_writes_the_cells_it_finished_marked_in_progress(tmp_path, monkeypatch):
+    """Table 5 spans sessions: stopped midway, table5.md shows the finished cells (an arm's every seed), the
+    others as –, and no average or goal; the JSON files, which later stages read, wait for the whole table."""
+    from experiments.harness import Done
+
+    paper = dataclasses.replace(_paper("full_sets", tmp_path), tasks=("sst2", "cola"))
+    paper.save_json("baselines.json", {"sst2": 50.9, "cola": 0.0})
+    holdout = {1e-4: 0.6, 3e-4: 0.7, 1e-3: 0.65}  # bracketed at 3e-4: no extension
+
+    def fake_runs(paper, runs, stage="table5"):
+        if any(r.workdir.parts[-3] == "sst2" for r in runs):  # the dearest task comes last: stop there
+            return None
+        gain = {"full": 10.0, "no_pretrain": -2.0}[runs[0].workdir.parts[-4]]
+        return [Done(r, {"main_metric": "matthews", "metrics": {"matthews": (gain + r.config.seed) / 100},
+                         "holdout": {"matthews": holdout[r.config.optim.lr]}}) for r in runs]
+
+    monkeypatch.setattr(table5, "run_all", fake_runs)
+    assert table5.table5_stage(paper) is None
+    text = (paper.results_dir / "table5.md").read_text()
+    assert "**In progress**: 2 of 6 arm × task cells finished" in text
+    cola = next(line for line in text.splitlines() if line.startswith("| cola |"))
+    assert cola.endswith("| 12.0 ± 1.6 | 0.0 ± 1.6° | – | 12.0 [12.0, 12.0] |")  # seeds 0-4, paired: no spread
+    assert next(line for line in text.splitlines() if line.startswith("| sst2 |")).endswith("| – | – | – | – |")
+    assert "**average**" not in text and "**goal" not in text and "the average waits for every task's pair" in text
+    assert not any((paper.results_dir / f).exists() for f in ("table5.json", "lr_grid.json", "table5_intervals.json"))
 
 
 def test_the_cost_counts_the_tokens_make_batch_pads():
