@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,10 @@ from experiments.paper.settings import PAPER_DIR, RELEASE_MAX_BYTES, Paper, show
 from gpt1_jax import pretrain
 from gpt1_jax.checkpoint import latest_step
 from gpt1_jax.config import PretrainConfig, resolve
+from gpt1_jax.data.race import load_race
 from gpt1_jax.errors import ConfigError
+from gpt1_jax.evaluate import evaluate
+from gpt1_jax.files import atomic_write_text
 from gpt1_jax.integrity import newest_checkpoint, newest_intact_checkpoint
 from gpt1_jax.metrics import read_metrics
 from gpt1_jax.tokenizer import find_tokenizer
@@ -143,13 +147,39 @@ def release_stage(paper: Paper) -> bool:
                           f"exceed its budget of {RELEASE_MAX_BYTES / 2**20:.0f} MB")
     tokenizer = find_tokenizer(None, paper.pretrain_dir, model_vocab_size=config.vocab_size)
     save_pretrained(config, params, paper.release_dir, overwrite=True, tokenizer=tokenizer)
-    size = sum(f.stat().st_size for f in paper.release_dir.iterdir())
+    write_model_card(paper, config, params, step)
+    print(f"release: step {step} -> {paper.release_dir} "
+          f"({sum(f.stat().st_size for f in paper.release_dir.iterdir()) / 2**20:.1f} MB)", file=sys.stderr)
+    return True
+
+
+def write_model_card(paper: Paper, config, params, step: int) -> None:
+    """The release's README.md, from the pre-training run's files and, with --race, its perplexity on novel text."""
+    size = sum(f.stat().st_size for f in paper.release_dir.iterdir() if f.name != "README.md")
     run_config = pretrain_config(paper)
     info = json.loads((paper.pretrain_dir / "data_info.json").read_text())
     val = [r for r in read_metrics(paper.pretrain_dir) if "val_ppl" in r and r["step"] <= step]
-    (paper.release_dir / "README.md").write_text(model_card(paper, config, run_config, info, step, val[-1] if val else None, size))
-    print(f"release: step {step} -> {paper.release_dir} ({size / 2**20:.1f} MB)", file=sys.stderr)
-    return True
+    novel = novel_perplexity(paper, dataclasses.replace(run_config, model=config), params) if paper.race else None
+    (paper.release_dir / "README.md").write_text(
+        model_card(paper, config, run_config, info, step, val[-1] if val else None, size, novel))
+
+
+def novel_text(paper: Paper) -> Path:
+    """RACE's dev passages (English exam texts, none of them in the pre-training corpus), each once, as a text
+    file of documents (OUT/race_dev_passages.txt): text no release has seen, so releases compare on it."""
+    articles = dict.fromkeys(re.sub(r"\n\s*\n+", "\n", q["article"].strip()) for q in load_race(paper.race, "dev"))
+    path = paper.out / "race_dev_passages.txt"
+    atomic_write_text(path, "\n\n".join(articles) + "\n")  # blank lines part documents (gpt1_jax/data/sources.py)
+    return path
+
+
+def novel_perplexity(paper: Paper, run: PretrainConfig, params) -> dict:
+    """`gpt1-jax evaluate --init RELEASE --data OUT/race_dev_passages.txt`: every window of the pre-training's
+    length (`run`, with the released model), in the release's tokenizer -> evaluate's dict, plus the passage
+    count."""
+    path = novel_text(paper)
+    result = evaluate(run, params, run=None, data=str(path), tokenizer=str(paper.release_dir / "tokenizer.json"))
+    return {**result, "documents": path.read_text().count("\n\n") + 1}
 
 
 # What the shared corpora hold and under which terms (the data folder's README): the model card names them.
@@ -161,19 +191,34 @@ CORPUS_SOURCES = {
 }
 
 
-def source_commit() -> str:
-    """The repository's commit, marked when the working tree differs from it; "unknown" outside a git checkout."""
+# What the pipeline itself writes into the checkout (its committed results and releases, the kept pre-training
+# it removes when the run ends): a change there is the run's output, not a change to the code that made it.
+PIPELINE_OUTPUTS = (":(top,exclude,glob)experiments/paper/results*/**", ":(top,exclude,glob)experiments/paper/release*/**")
+
+
+def source_commit(where: Path = PAPER_DIR) -> str:
+    """The commit of the repository holding `where`, marked when the code differs from it; "unknown" outside a
+    git checkout."""
     def git(*args):
-        return subprocess.run(["git", *args], cwd=PAPER_DIR, capture_output=True, text=True, timeout=30)
+        return subprocess.run(["git", *args], cwd=where, capture_output=True, text=True, timeout=30)
     try:
         head = git("rev-parse", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ":/", *PIPELINE_OUTPUTS).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return "unknown" if head.returncode else head.stdout.strip()[:12] + (" (with uncommitted changes)" if dirty else "")
 
 
-def model_card(paper: Paper, config, run: PretrainConfig, info: dict, step: int, val: dict | None, size: int) -> str:
+def novel_row(novel: dict | None) -> str:
+    if not novel:
+        return ""
+    return (f"| novel text | loss {novel['loss']:.3f} nats/token, perplexity {novel['perplexity']:.1f} on RACE's "
+            f"{novel['documents']:,} dev passages (English exam texts, not in the corpus; {novel['tokens']:,} tokens in "
+            f"{novel['seq_len']}-token windows): `gpt1-jax evaluate --init RELEASE --data FILE` of the passages |\n")
+
+
+def model_card(paper: Paper, config, run: PretrainConfig, info: dict, step: int, val: dict | None, size: int,
+               novel: dict | None = None) -> str:
     tokens_seen = step * run.data.global_batch_size * run.data.seq_len
     train_tokens = info["tokens"] * info["train_windows"] / max(info["windows"], 1)
     corpus = Path(str(info["source"])).name
@@ -205,7 +250,7 @@ GPT-1's architecture and pre-training recipe (docs/gpt1.md) at small scale: `{sh
 | sources | {CORPUS_SOURCES.get(corpus, "not recorded")} |
 | budget | {step:,} updates of {run.data.global_batch_size} x {run.data.seq_len} tokens = {tokens_seen:,} tokens seen, {tokens_seen / max(train_tokens, 1):.2f} epochs of the {train_tokens:,.0f} training tokens; Adam (`{run.optim.name}`), peak lr {run.optim.lr:g}, {run.optim.warmup_steps} warmup updates then {run.optim.schedule.removeprefix('warmup_')} decay |
 | result | {ppl} |
-
+{novel_row(novel)}
 Files: `config.json` + `model.safetensors` (Hugging Face's `OpenAIGPTLMHeadModel` layout), `vocab.json` +
 `merges.txt` + `tokenizer.json` + `tokenizer_config.json` (our ids; transformers' `OpenAIGPTTokenizer` reads them).
 

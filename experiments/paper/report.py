@@ -62,7 +62,9 @@ def pretrain_summary(paper: Paper) -> list[str]:
 def table5_summary(paper: Paper) -> list[str]:
     table = paper.load_json("table5.json")
     if not table:
-        return ["Not run yet."]
+        partial = paper.results_dir / "table5.md"  # a stopped Table 5 writes the cells it has finished
+        return ["In progress: the cells finished so far are in `table5.md` (the average and the goal wait for all of "
+                "them)."] if partial.is_file() else ["Not run yet."]
     verdict = goal(table)
     claims = paper.load_json("table5_intervals.json")
     return [goal_line(verdict), "",

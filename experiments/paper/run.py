@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                 paper.add_time(stage, time.perf_counter() - t0)
             if ran is None:
                 print(f"{stage}: stopped at a checkpoint (SIGTERM); the same command resumes", file=sys.stderr)
-                return 0
-        write_readme(paper)
+                break
+        write_readme(paper)  # a stopped pipeline's too: what its stages have found so far
     except (GPT1JaxError, FileNotFoundError) as e:
         print(f"{Path(__file__).name}: error: {e}", file=sys.stderr)
         return 2

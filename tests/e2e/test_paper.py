@@ -112,6 +112,13 @@ def test_release_is_a_hf_folder_that_sample_reads(quick):
                            "--max-new-tokens", "3", "--num-samples", "1"], capture_output=True, text=True, env=ENV,
                           cwd=ROOT)
     assert done.returncode == 0 and "the >> " in done.stdout, done.stderr[-2000:]
+    # its perplexity on novel text (RACE's dev passages, each once) is the one `evaluate` gives on the same file
+    row = next(line for line in card.splitlines() if line.startswith("| novel text |"))
+    assert "on RACE's 4 dev passages" in row and "64-token windows" in row
+    done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "evaluate", "--init", str(release), "--data",
+                           str(out / "race_dev_passages.txt")], capture_output=True, text=True, env=ENV, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"perplexity {json.loads(done.stdout.splitlines()[-1])['perplexity']:.1f} on RACE" in row
 
 
 def test_rerun_does_no_work(quick):

@@ -37,11 +37,13 @@ def test_a_stage_spanning_sessions_counts_the_time_of_each(tmp_path, monkeypatch
     # The 4-epoch pre-training spans sessions, each ended by SIGTERM at a checkpoint: all of them are its time.
     sessions = iter([None, None, True])  # stopped, stopped, finished
     monkeypatch.setattr(run, "pretrain_stage", lambda paper: next(sessions))
-    monkeypatch.setattr(run, "write_readme", lambda paper: None)
+    readmes = []  # a stopped session's README too shows what its stages found so far
+    monkeypatch.setattr(run, "write_readme", readmes.append)
     clock = iter(range(0, 600, 100))  # each session: 100 s from start to end
     monkeypatch.setattr(run, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
     for _ in range(3):
         assert run.main(["--stages", "pretrain", "--quick", "--out", str(tmp_path)]) == 0
+    assert len(readmes) == 3
     assert json.loads((tmp_path / "results" / "timings.json").read_text())["stages"] == {"pretrain": 300}
 
 
@@ -148,6 +150,8 @@ def test_a_stopped_table5_writes_the_cells_it_finished_marked_in_progress(tmp_pa
     assert next(line for line in text.splitlines() if line.startswith("| sst2 |")).endswith("| – | – | – | – |")
     assert "**average**" not in text and "**goal" not in text and "the average waits for every task's pair" in text
     assert not any((paper.results_dir / f).exists() for f in ("table5.json", "lr_grid.json", "table5_intervals.json"))
+    from experiments.paper.report import table5_summary
+    assert table5_summary(paper)[0].startswith("In progress: the cells finished so far are in `table5.md`")
 
 
 def test_the_cost_counts_the_tokens_make_batch_pads():
@@ -186,3 +190,29 @@ def test_cola_is_also_given_by_accuracy_when_every_run_recorded_it(tmp_path):
     paper.save_json("baselines.json", {"cola": 0.0, "cola_accuracy": 69.1})
     line = table5.cola_accuracy_line(paper, {"full": [70.0, 72.0], "no_pretrain": [69.0]})[-1]
     assert line == "CoLA by accuracy, as BabyLM reports it (majority class 69.1): full 71.0 ± 1.4, no_pretrain 69.0."
+
+
+def test_the_model_card_names_code_changes_but_not_the_pipelines_own_outputs(tmp_path):
+    """The pipeline removes its kept pre-training copy (committed) just before the release stage writes the card:
+    that is the run's output, and must not mark the exporting commit as modified; a change to code must."""
+    import subprocess
+
+    from experiments.paper.release import source_commit
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+    paper = tmp_path / "experiments" / "paper"
+    (paper / "results_4ep" / "pretraining").mkdir(parents=True)
+    (paper / "results_4ep" / "pretraining" / "run.json").write_text("{}")
+    (paper / "run.py").write_text("code\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "x")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout[:12]
+    (paper / "results_4ep" / "pretraining" / "run.json").unlink()
+    (paper / "release_4ep").mkdir()
+    (paper / "release_4ep" / "README.md").write_text("card\n")
+    assert source_commit(paper) == head
+    (paper / "run.py").write_text("changed\n")
+    assert source_commit(paper) == f"{head} (with uncommitted changes)"
