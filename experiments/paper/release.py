@@ -164,22 +164,23 @@ def write_model_card(paper: Paper, config, params, step: int) -> None:
         model_card(paper, config, run_config, info, step, val[-1] if val else None, size, novel))
 
 
-def novel_text(paper: Paper) -> Path:
+def novel_text(paper: Paper) -> tuple[Path, int]:
     """RACE's dev passages (English exam texts, none of them in the pre-training corpus), each once, as a text
-    file of documents (OUT/race_dev_passages.txt): text no release has seen, so releases compare on it."""
+    file of documents (OUT/race_dev_passages.txt): text no release has seen, so releases compare on it.
+    -> (the file, its passages)."""
     articles = dict.fromkeys(re.sub(r"\n\s*\n+", "\n", q["article"].strip()) for q in load_race(paper.race, "dev"))
     path = paper.out / "race_dev_passages.txt"
     atomic_write_text(path, "\n\n".join(articles) + "\n")  # blank lines part documents (gpt1_jax/data/sources.py)
-    return path
+    return path, len(articles)
 
 
 def novel_perplexity(paper: Paper, run: PretrainConfig, params) -> dict:
     """`gpt1-jax evaluate --init RELEASE --data OUT/race_dev_passages.txt`: every window of the pre-training's
     length (`run`, with the released model), in the release's tokenizer -> evaluate's dict, plus the passage
     count."""
-    path = novel_text(paper)
+    path, passages = novel_text(paper)
     result = evaluate(run, params, run=None, data=str(path), tokenizer=str(paper.release_dir / "tokenizer.json"))
-    return {**result, "documents": path.read_text().count("\n\n") + 1}
+    return {**result, "documents": passages}
 
 
 # What the shared corpora hold and under which terms (the data folder's README): the model card names them.

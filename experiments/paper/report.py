@@ -155,8 +155,7 @@ def write_readme(paper: Paper) -> None:
         "## Table 5: ablations", "",
         f"{len(ARMS)} arms x {len(paper.tasks)} tasks; lr grid {list(b.lrs)} on seed 0, then seeds {list(b.seeds)} "
         f"at the chosen lr; {b.epochs} epoch(s), batch {b.batch_size}, "
-        f"{'all' if not b.max_train else f'at most {b.max_train:,}'} training examples per task"
-        + "".join(f" ({t}: at most {n:,})" for t, n in b.task_max_train.items()) + ".", "",
+        f"{'all' if not b.max_train else f'at most {b.max_train:,}'} training examples per task{b.caps_note()}.", "",
         *table5_summary(paper),
         "",
         "## Figure 2 (left): pre-trained blocks transferred", "", *layers_summary(paper),

@@ -58,6 +58,10 @@ class Budget:
     def max_train_of(self, task: str) -> int:
         return self.task_max_train.get(task, self.max_train)
 
+    def caps_note(self) -> str:
+        """The tasks' own caps, for the tables' recipe lines: " (sst2: at most 20,000)", or "" without any."""
+        return f" ({', '.join(f'{t}: at most {n:,}' for t, n in self.task_max_train.items())})" if self.task_max_train else ""
+
     def seeds_of(self, arm: str) -> tuple[int, ...]:
         """The arm's seeds: a prefix of `seeds`, so that seed k draws the same training order in every arm."""
         return self.arm_seeds.get(arm, self.seeds)

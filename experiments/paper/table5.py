@@ -273,7 +273,7 @@ def recipe_line(paper: Paper) -> str:
     b = paper.budget
     grid = "{" + ", ".join(f"{lr:g}" for lr in b.lrs) + "}"
     fewer = "".join(f", {a} {list(v)}" for a, v in b.arm_seeds.items())
-    caps = f" ({', '.join(f'{t}: at most {n:,}' for t, n in b.task_max_train.items())})" if b.task_max_train else ""
+    caps = b.caps_note()
     quick = "; **quick mode**" if paper.quick else ""
     batch = f"batch {b.batch_size}" + (" (examples of near-equal length, gpt1_jax/data/tasks.epoch_order)"
                                        if b.group_by_length else "")
