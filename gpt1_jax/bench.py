@@ -53,7 +53,9 @@ def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only
     for i, batch in enumerate(batches):
         t0 = time.perf_counter()
         state, metrics = compiled(state, batch, trainer.hyper)
-        loss = float(metrics["loss"])  # blocks until the step is done
+        # Waits for the loss; the update may end after it, inside the next step's interval: in steady state
+        # each interval holds one step's work, which the median reads.
+        loss = float(metrics["loss"])
         if i >= warmup:
             times.append(time.perf_counter() - t0)
             losses.append(round(loss, 6))

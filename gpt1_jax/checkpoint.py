@@ -56,15 +56,39 @@ class _OrbaxWriteFailureFilter(logging.Filter):
         return not (isinstance(failure, (OSError, ValueError)) and f"{os.sep}orbax{os.sep}" in record.pathname)
 
 
+def _is_write_to_a_closed_loop(unraisable) -> bool:
+    """A write orbax gave up on that completed afterwards: tensorstore's native thread hands its result to
+    the event loop orbax already closed (asyncio's `call_soon_threadsafe` -> `_check_closed`), and Python
+    reports the RuntimeError through sys.unraisablehook as a bare traceback, once per such write."""
+    if unraisable.exc_type is not RuntimeError or str(unraisable.exc_value) != "Event loop is closed":
+        return False
+    tb = unraisable.exc_traceback
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_name == "_check_closed" \
+        and f"{os.sep}asyncio{os.sep}" in tb.tb_frame.f_code.co_filename
+
+
 def _quiet_orbax_write_failures() -> None:
     """A failed save is reported once, as CheckpointWriteError; silence its echoes: orbax's logged
-    tracebacks (absl) and, at exit, asyncio's reports of the writes orbax gave up on ("Future exception
-    was never retrieved"). tensorstore still prints "Event loop is closed" for writes pending when
-    orbax closed its loop, from native code (docs/checkpoints.md)."""
+    tracebacks (absl), at exit asyncio's reports of the writes orbax gave up on ("Future exception was
+    never retrieved"), and tensorstore's "Event loop is closed" for each write still pending when orbax
+    closed its loop (docs/checkpoints.md). Every other unraisable exception still reaches the hook
+    that was there before."""
     for name in ("absl", "asyncio"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _OrbaxWriteFailureFilter) for f in logger.filters):
             logger.addFilter(_OrbaxWriteFailureFilter())
+    previous = sys.unraisablehook
+    if getattr(previous, "_drops_closed_loop_writes", False):
+        return
+
+    def hook(unraisable) -> None:
+        if not _is_write_to_a_closed_loop(unraisable):
+            previous(unraisable)
+
+    hook._drops_closed_loop_writes = True
+    sys.unraisablehook = hook
 
 
 class Checkpointer:

@@ -159,8 +159,10 @@ def test_full_disk_during_a_save_is_one_line_and_earlier_checkpoints_restore(run
     assert line.startswith(f"gpt1-jax pretrain: error: could not write checkpoint 3 in {checkpoints}: "
                            f"No space left on device"), line
     assert line.endswith("the earlier checkpoints are untouched (steps 1, 2)")
-    # orbax's logs of the failure are silenced; tensorstore's native "Event loop is closed" prints are not (yet)
-    noise = [l for l in done.stderr.splitlines() if "RESOURCE_EXHAUSTED" in l or "gpt1_jax" in l and "File" in l]
+    # orbax's logged tracebacks and tensorstore's "Event loop is closed" for the writes orbax gave up on are
+    # silenced: the line above is the only thing said (it came 1 run in 5 without the filter, ~50-100 times)
+    noise = [l for l in done.stderr.splitlines()
+             if "RESOURCE_EXHAUSTED" in l or "Traceback" in l or "Event loop is closed" in l]
     assert not noise, noise[:5]
     assert integrity.checkpoint_steps(checkpoints) == [1, 2]
     for step in (1, 2):

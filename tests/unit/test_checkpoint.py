@@ -101,6 +101,41 @@ def test_nan_stop_names_only_a_verified_checkpoint(tmp_path):
     assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [1, 2]  # reported, not moved
 
 
+def test_a_result_handed_to_a_closed_event_loop_is_dropped_and_other_unraisables_are_not(monkeypatch):
+    """After a failed save, tensorstore hands each abandoned write's result to the event loop orbax closed;
+    Python reports each RuntimeError through sys.unraisablehook. Only that one is silenced."""
+    import asyncio
+    import gc
+    import sys
+
+    from gpt1_jax.checkpoint import _quiet_orbax_write_failures
+
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append(str(u.exc_value)))
+    _quiet_orbax_write_failures()
+    _quiet_orbax_write_failures()  # a second Checkpointer wraps nothing twice
+    closed = asyncio.new_event_loop()
+    closed.close()
+
+    class Raises:  # an exception in __del__ goes through sys.unraisablehook, as tensorstore's callback does
+        def __init__(self, raise_it):
+            self.raise_it = raise_it
+
+        def __del__(self):
+            self.raise_it()
+
+    def look_alike():
+        raise RuntimeError("Event loop is closed")  # the same words, not asyncio's check
+
+    def other():
+        raise ValueError("something else")
+
+    for raise_it in (lambda: closed.call_soon_threadsafe(print), look_alike, other):
+        Raises(raise_it)
+        gc.collect()
+    assert reported == ["Event loop is closed", "something else"]
+
+
 def test_a_finished_loop_returns_its_last_step_and_metrics(tmp_path):
     """The outcome is a value: the last step, the last logged loss, and the state it ended with."""
     outcome = _loop(tmp_path, lambda step: None).run(State(np.int32(0), np.zeros(4, np.float32)), Batches())
