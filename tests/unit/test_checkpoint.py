@@ -1,17 +1,22 @@
 """Checkpoints and the training loop, in process on real orbax folders: digests catch changed, missing and
 resized files; the NaN stop names only a verified checkpoint; a finished or pre-empted loop returns its
-outcome; SIGTERM and Ctrl-C save, stop and leave the signal handlers as they found them. Damaged runs,
+outcome; SIGTERM and Ctrl-C save, stop and leave the signal handlers as they found them; a failed save's
+echoes through sys.unraisablehook are dropped, nothing else. Damaged runs,
 full and read-only disks through `gpt1-jax`: tests/e2e/test_checkpoint.py."""
 
+import asyncio
+import gc
 import os
 import re
 import signal
+import sys
 from typing import NamedTuple
 
 import numpy as np
 import pytest
 
 from gpt1_jax import integrity
+from gpt1_jax.checkpoint import _quiet_orbax_write_failures
 from gpt1_jax.errors import DivergenceError, Interrupted
 from tests.support.checkpoint import corrupt, largest_file
 
@@ -104,12 +109,6 @@ def test_nan_stop_names_only_a_verified_checkpoint(tmp_path):
 def test_a_result_handed_to_a_closed_event_loop_is_dropped_and_other_unraisables_are_not(monkeypatch):
     """After a failed save, tensorstore hands each abandoned write's result to the event loop orbax closed;
     Python reports each RuntimeError through sys.unraisablehook. Only that one is silenced."""
-    import asyncio
-    import gc
-    import sys
-
-    from gpt1_jax.checkpoint import _quiet_orbax_write_failures
-
     reported = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append(str(u.exc_value)))
     _quiet_orbax_write_failures()
