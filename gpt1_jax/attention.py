@@ -5,8 +5,8 @@ Implementations:
   "xla"          masked softmax as two einsums; fastest on CPU (docs/stack.md: jax.nn.dot_product_attention's
                  backward pass was ~1.7x slower there) and the only one with attention dropout.
   "dot_product"  jax.nn.dot_product_attention with XLA's own lowering.
-  "cudnn"        jax.nn.dot_product_attention's cuDNN flash kernel (GPU, bf16/fp16).
-  "auto"         cudnn on GPU when no dropout is asked for, xla otherwise.
+  "cudnn"        jax.nn.dot_product_attention's cuDNN flash kernel (GPU, bf16/fp16 only: cuDNN refuses float32).
+  "auto"         cudnn on GPU for bf16/fp16 without dropout, xla otherwise.
 """
 
 from __future__ import annotations
@@ -21,12 +21,20 @@ from gpt1_jax.errors import ConfigError
 # gives identical probabilities; the dtype's own minimum is safe in bf16 too.
 
 
-def resolve_impl(impl: str, dropout_active: bool) -> str:
+CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def resolve_impl(impl: str, dropout_active: bool, dtype, backend: str | None = None) -> str:
+    """The implementation `impl` names for queries of `dtype` on `backend` (default: jax's)."""
+    cudnn_dtype = jnp.dtype(dtype) in CUDNN_DTYPES
     if impl == "auto":
-        on_gpu = jax.default_backend() == "gpu"
-        return "cudnn" if on_gpu and not dropout_active else "xla"
+        on_gpu = (backend or jax.default_backend()) == "gpu"
+        return "cudnn" if on_gpu and cudnn_dtype and not dropout_active else "xla"
     if impl in ("dot_product", "cudnn") and dropout_active:
         raise ConfigError(f"model.attention={impl!r} has no attention dropout; set attn_dropout=0 or attention='xla'")
+    if impl == "cudnn" and not cudnn_dtype:
+        raise ConfigError(f"model.attention='cudnn' needs bf16 or fp16 compute, got {jnp.dtype(dtype).name}; "
+                          "set model.dtype=bfloat16 or attention='auto'")
     return impl
 
 
@@ -46,7 +54,7 @@ def causal_attention(
     are the last T of the S keys (S - T), as in training where T == S. A KV-cache decode step passes its
     write position (xla implementation only)."""
     dropout_active = dropout_rate > 0.0 and dropout_rng is not None
-    impl = resolve_impl(impl, dropout_active)
+    impl = resolve_impl(impl, dropout_active, q_BTHK.dtype)
     if impl in ("dot_product", "cudnn"):
         return jax.nn.dot_product_attention(
             q_BTHK, k_BSHK, v_BSHK, is_causal=True, implementation=None if impl == "dot_product" else "cudnn"

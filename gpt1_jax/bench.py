@@ -60,6 +60,10 @@ def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only
             times.append(time.perf_counter() - t0)
             losses.append(round(loss, 6))
     step_s = statistics.median(times)
+    device = jax.devices()[0]
+    # An accelerator's allocator knows the bytes the step really held at once, beside the compiler's
+    # estimate (`peak_bytes_per_device`); a CPU reports nothing.
+    used = (device.memory_stats() or {}).get("peak_bytes_in_use") if device.platform != "cpu" else None
     peak, peak_source = flops.peak_flops(config.model.dtype, peak_flops)
     tokens_per_s = B * T / step_s
     return {
@@ -72,6 +76,8 @@ def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only
         "peak_source": peak_source,
         "mfu": round(flops.mfu(tokens_per_s, result["flops_per_token"], peak), 4),
         "losses": losses,
+        "device_kind": device.device_kind,
+        **({"device_peak_bytes_in_use": int(used)} if used is not None else {}),
         "cpu_flags": flops.cpu_flags(),
         "malloc_huge_pages": hugepages.active(),
     }

@@ -76,6 +76,9 @@ class ModelConfig:
                 raise ConfigError(f"model.{name}={getattr(self, name)!r} is not one of {', '.join(DTYPES)}")
         if self.attention not in ATTENTION_IMPLS:
             raise ConfigError(f"model.attention={self.attention!r} is not one of {', '.join(ATTENTION_IMPLS)}")
+        if self.attention == "cudnn" and self.dtype == "float32":  # cuDNN's flash kernel has no float32
+            raise ConfigError("model.attention='cudnn' needs model.dtype=bfloat16 or float16, got float32; "
+                              "or set attention=auto")
         if self.remat not in ("none", "full", "dots"):
             raise ConfigError(f"model.remat={self.remat!r} is not one of none, full, dots")
 

@@ -333,8 +333,11 @@ def _state_split(trainer) -> dict[str, int]:
 
 
 def _replicated(trainer) -> list[dict[str, Any]]:
-    """State tensors held whole on every chip that are larger than REPLICATED_LIMIT_BYTES."""
+    """State tensors held whole on every chip that are larger than REPLICATED_LIMIT_BYTES; none on one chip,
+    where nothing could be split."""
     found = []
+    if trainer.mesh.size == 1:
+        return found
     for path, x in jax.tree_util.tree_flatten_with_path(trainer.abstract_state_sharded())[0]:
         nbytes = math.prod(x.shape) * x.dtype.itemsize
         if x.sharding.shard_shape(x.shape) == tuple(x.shape) and nbytes > REPLICATED_LIMIT_BYTES:

@@ -1,8 +1,9 @@
-"""gpt1-jax vs Hugging Face's OpenAIGPT (torch CPU) at the shapes users run: one command, one JSON line per
+"""gpt1-jax vs Hugging Face's OpenAIGPT (torch) at the shapes users run: one command, one JSON line per
 measurement, then one summary line per target with the ratio jax / HF.
 
     python -m experiments.bench.compare_hf                       # every target below, 2 rounds
     python -m experiments.bench.compare_hf --targets train_small,generate_b1 --rounds 3
+    python -m experiments.bench.compare_hf --targets train_117m --batch 64   # on a GPU: the paper's batch
 
 Targets (same shapes, same seeded data, same weights where outputs are compared):
   train_117m     GPT-1 117M, batch 2 x 512, forward + backward + optimizer, dropout on; fp32 and bf16
@@ -17,7 +18,9 @@ Targets (same shapes, same seeded data, same weights where outputs are compared)
                  examples/s, and jax's per-token cost relative to its own pre-training step at that shape
 
 Each measurement runs in its own subprocess (no shared thread pools or memory), alternating jax / HF
-for `--rounds` rounds so drift in the machine's speed hits both; summaries take medians.
+for `--rounds` rounds so drift in the machine's speed hits both; summaries take medians. Where torch sees
+a CUDA GPU, HF runs on it (autocast on cuda for bf16), as jax does on such a machine; `--batch` replaces
+every target's batch, since the CPU shapes leave a GPU idle.
 """
 
 from __future__ import annotations
@@ -68,6 +71,12 @@ def hf_config(c, **extra):
     )
 
 
+def torch_device():
+    import torch  # optional: see "HF workers" below
+
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def tokens(seed: int, shape: tuple[int, ...], vocab: int):
     return np.random.default_rng(seed).integers(0, vocab, shape, dtype=np.int32)
 
@@ -94,32 +103,34 @@ def hf_train(t: dict, args) -> dict:
     c = model_config(t["config"])
     torch.manual_seed(args.seed)
     finetune = t["kind"] == "finetune"
-    model = (OpenAIGPTDoubleHeadsModel if finetune else OpenAIGPTLMHeadModel)(hf_config(c)).train()
+    device = torch_device()
+    model = (OpenAIGPTDoubleHeadsModel if finetune else OpenAIGPTLMHeadModel)(hf_config(c)).train().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     B, T, n = t["batch"], t["seq"], args.warmup + args.steps
     data = tokens(args.seed, (n, B, T), c.vocab_size).astype(np.int64)
     bf16 = args.dtype == "bfloat16"
     times, losses = [], []
     for i in range(n):
-        ids = torch.from_numpy(data[i])
+        ids = torch.from_numpy(data[i]).to(device)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             if finetune:
-                out = model(input_ids=ids[:, None], mc_token_ids=torch.full((B, 1), T - 1), labels=ids[:, None],
-                            mc_labels=torch.zeros(B, dtype=torch.long))  # one choice: the head's work, label 0
+                out = model(input_ids=ids[:, None], mc_token_ids=torch.full((B, 1), T - 1, device=device),
+                            labels=ids[:, None],
+                            mc_labels=torch.zeros(B, dtype=torch.long, device=device))  # one choice: the head's work, label 0
                 loss = out.mc_loss + 0.5 * out.loss
             else:
                 loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # as gpt1_adam does
         opt.step()
-        value = float(loss)
+        value = float(loss)  # on a GPU, waits for the step's kernels
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
             losses.append(round(value, 6))
     step_s = statistics.median(times)
-    return {"threads": torch.get_num_threads(), "step_s_median": round(step_s, 4), "step_s": [round(x, 4) for x in times],
+    return {"threads": torch.get_num_threads(), "device": str(device), "step_s_median": round(step_s, 4), "step_s": [round(x, 4) for x in times],
             "tokens_per_s": round(B * T / step_s, 2), "examples_per_s": round(B / step_s, 2), "losses": losses}
 
 
@@ -133,7 +144,9 @@ def hf_generate(t: dict, args) -> dict:
     model = OpenAIGPTLMHeadModel(hf_config(c)).eval()
     if not (Path(args.weights) / "config.json").is_file():
         model.save_pretrained(args.weights)
-    prompt = torch.from_numpy(tokens(args.seed, (t["batch"], t["seq"]), c.vocab_size).astype("int64"))
+    device = torch_device()
+    model = model.to(device)
+    prompt = torch.from_numpy(tokens(args.seed, (t["batch"], t["seq"]), c.vocab_size).astype("int64")).to(device)
 
     def run(new: int):
         with torch.inference_mode():
@@ -145,8 +158,8 @@ def hf_generate(t: dict, args) -> dict:
     out = run(t["new"])
     s = time.perf_counter() - t0
     times = [round(s, 4)]
-    return {"threads": torch.get_num_threads(), "seconds_median": round(s, 4), "seconds": times,
-            "tokens_per_s": round(t["batch"] * t["new"] / s, 2), "ids": out[:, t["seq"]:].tolist()}
+    return {"threads": torch.get_num_threads(), "device": str(device), "seconds_median": round(s, 4), "seconds": times,
+            "tokens_per_s": round(t["batch"] * t["new"] / s, 2), "ids": out[:, t["seq"]:].cpu().tolist()}
 
 
 # ---- jax workers -------------------------------------------------------------------------------------
@@ -170,7 +183,7 @@ def jax_generate(t: dict, args) -> dict:
     out = run()
     compile_s = time.perf_counter() - t0
     s, times = median_time(run, args.steps)
-    return {"compile_s": round(compile_s - s, 2), "seconds_median": round(s, 4), "seconds": times,
+    return {"device_kind": jax.devices()[0].device_kind, "compile_s": round(compile_s - s, 2), "seconds_median": round(s, 4), "seconds": times,
             "tokens_per_s": round(t["batch"] * t["new"] / s, 2), "ids": np.asarray(out)[:, t["seq"]:].tolist()}
 
 
@@ -203,8 +216,8 @@ def jax_finetune(t: dict, args) -> dict:
 
     step_s, times, losses = timed(trainer, batches)
     lm_step_s, _, _ = timed(lm, lm_batches)
-    return {"step_s_median": round(step_s, 4), "step_s": [round(x, 4) for x in times], "losses": losses,
-            "tokens_per_s": round(B * T / step_s, 2), "examples_per_s": round(B / step_s, 2),
+    return {"device_kind": jax.devices()[0].device_kind, "step_s_median": round(step_s, 4),
+            "step_s": [round(x, 4) for x in times], "losses": losses, "tokens_per_s": round(B * T / step_s, 2), "examples_per_s": round(B / step_s, 2),
             "pretrain_step_s_median": round(lm_step_s, 4), "per_token_cost_vs_pretrain": round(step_s / lm_step_s, 3)}
 
 
@@ -224,6 +237,8 @@ def _run(cmd: list[str]) -> dict:
 def summarize(name: str, t: dict, results: dict[str, dict[str, list[dict]]]) -> dict:
     summary: dict = {"summary": True, "target": name, "config": t["config"], "batch": t["batch"], "seq": t["seq"],
                      "cpu_flags": cpu_flags()}
+    runs = [r for by_impl in results.values() for rs in by_impl.values() for r in rs]
+    summary["devices"] = sorted({str(r.get("device_kind") or r.get("device") or "cpu") for r in runs})
     for dtype, by_impl in results.items():
         med = {impl: statistics.median(r["tokens_per_s"] for r in rs) for impl, rs in by_impl.items()}
         row = {"jax_tokens_per_s": med["jax"], "hf_tokens_per_s": med["hf"], "ratio_jax_over_hf": round(med["jax"] / med["hf"], 3)}
@@ -240,6 +255,10 @@ def summarize(name: str, t: dict, results: dict[str, dict[str, list[dict]]]) -> 
     return summary
 
 
+def with_batch(t: dict, batch: int | None) -> dict:
+    return t if batch is None else {**t, "batch": batch}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
@@ -248,14 +267,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--dtypes", default=None, help="restrict the targets' dtypes (e.g. float32)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, default=None, help="every target's batch instead of its own (e.g. 64 on a GPU)")
     p.add_argument("--set", action="append", default=[], help="config override for the jax train step")
     p.add_argument("--worker", choices=("jax", "hf"), help=argparse.SUPPRESS)
     p.add_argument("--target", help=argparse.SUPPRESS)
     p.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     p.add_argument("--weights", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.batch is not None and args.batch < 1:
+        p.error(f"--batch must be >= 1, got {args.batch}")
     if args.worker:
-        t = TARGETS[args.target]
+        t = with_batch(TARGETS[args.target], args.batch)
         result = WORKERS[(args.worker, t["kind"])](t, args)
         print(json.dumps({"impl": "gpt1_jax" if args.worker == "jax" else "hf_torch", "target": args.target,
                           "dtype": args.dtype, **result}), flush=True)
@@ -266,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown target(s) {unknown}; targets: {', '.join(TARGETS)}")
     with tempfile.TemporaryDirectory(prefix="gpt1-jax-compare-") as tmp:
         for name in names:
-            t = TARGETS[name]
+            t = with_batch(TARGETS[name], args.batch)
             dtypes = [d for d in t["dtypes"] if not args.dtypes or d in args.dtypes.split(",")]
             results: dict[str, dict[str, list[dict]]] = {}
             weights = Path(tmp) / f"{t['config']}-seed{args.seed}"
@@ -275,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                     for impl in ("hf", "jax"):  # HF first: generation's jax side loads the weights it saved
                         cmd = [sys.executable, "-m", "experiments.bench.compare_hf", "--worker", impl, "--target", name,
                                "--dtype", dtype, "--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(args.seed),
-                               "--weights", str(weights), *sum((["--set", s] for s in args.set), [])]
+                               "--weights", str(weights), *(["--batch", str(args.batch)] if args.batch else []), *sum((["--set", s] for s in args.set), [])]
                         r = _run(cmd)
                         print(json.dumps({k: v for k, v in r.items() if k != "ids"}), flush=True)
                         results.setdefault(dtype, {}).setdefault(impl, []).append(r)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import gpt1_jax
+from gpt1_jax.attention import causal_attention, resolve_impl
 from gpt1_jax.config import ConfigError, ModelConfig, apply_overrides, model_preset
 from gpt1_jax.model import GPT1, init_params
 from gpt1_jax.weights import hf_state_to_params, params_to_hf_state
@@ -126,6 +127,32 @@ def test_bf16_compute_close_to_fp32():
     low = gpt1_jax.lm_logits(dataclasses.replace(config, dtype="bfloat16"), params, tokens)
     assert low.dtype == jnp.float32
     assert np.abs(np.asarray(low) - np.asarray(ref)).max() < 0.05
+
+
+def test_attention_implementation_choice():
+    """auto takes cuDNN's flash kernel only where it runs: a GPU, bf16/fp16 queries, no attention dropout.
+    cuDNN refuses float32 (the first float32 117M step on an H100 died in init: experiments/bench/README.md)."""
+    assert resolve_impl("auto", False, jnp.bfloat16, backend="gpu") == "cudnn"
+    assert resolve_impl("auto", False, jnp.float16, backend="gpu") == "cudnn"
+    assert resolve_impl("auto", False, jnp.float32, backend="gpu") == "xla"
+    assert resolve_impl("auto", True, jnp.bfloat16, backend="gpu") == "xla"
+    assert resolve_impl("auto", False, jnp.bfloat16, backend="cpu") == "xla"
+    assert resolve_impl("auto", False, jnp.bfloat16) == "xla"  # this machine: a CPU
+    with pytest.raises(ConfigError, match="'cudnn' needs bf16 or fp16 compute, got float32"):
+        resolve_impl("cudnn", False, jnp.float32, backend="gpu")
+    with pytest.raises(ConfigError, match="has no attention dropout"):
+        resolve_impl("dot_product", True, jnp.float32)
+    with pytest.raises(ConfigError, match="model.attention='cudnn' needs model.dtype=bfloat16"):
+        dataclasses.replace(model_preset("tiny"), attention="cudnn", dtype="float32")
+    assert dataclasses.replace(model_preset("tiny"), attention="cudnn", dtype="bfloat16").attention == "cudnn"
+
+
+def test_dot_product_attention_matches_the_einsum_core():
+    q, k, v = (jax.random.normal(jax.random.key(i), (2, 9, 3, 8)) for i in range(3))
+    ref = causal_attention(q, k, v, impl="xla")
+    np.testing.assert_allclose(causal_attention(q, k, v, impl="dot_product"), ref, rtol=1e-5, atol=1e-5)
+    # the first query sees only the first key: its output is that key's value
+    np.testing.assert_allclose(ref[:, 0], v[:, 0], rtol=1e-6, atol=1e-6)
 
 
 def test_bad_inputs_raise_clear_errors():

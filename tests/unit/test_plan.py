@@ -1,10 +1,13 @@
 """Pod plans' HLO reading, without compiling: collectives counted in loops with their ring bytes, across
-slices over DCN, megascale transfers, replica-group spellings. Plans compiled by the TPU compiler:
+slices over DCN, megascale transfers, replica-group spellings, replicated tensors. Plans compiled by the TPU compiler:
 tests/e2e/test_plan.py."""
 
+import jax
 import pytest
 
 from gpt1_jax import plan
+from gpt1_jax.config import MeshConfig, OptimConfig, model_preset
+from gpt1_jax.step import lm_trainer
 
 
 pytest.importorskip("libtpu", reason="the TPU compiler is not installed: pip install -e \".[tpu]\"")
@@ -67,3 +70,15 @@ def test_groups_spellings():
     assert plan._groups("replica_groups={{0,3},{1,2}}, x", 4).tolist() == [[0, 3], [1, 2]]
     assert plan._groups("replica_groups=mesh['axis_0'=2,'axis_1'=2] {'axis_1'}, x", 4).tolist() == [[0, 1], [2, 3]]
     assert plan._groups("replica_groups={}, x", 4).tolist() == [[0, 1, 2, 3]]
+
+
+def test_only_a_mesh_of_several_chips_lists_replicated_tensors(monkeypatch):
+    """On one chip (a single GPU's plan) nothing could be split, so nothing is a lever left unpulled."""
+    monkeypatch.setattr(plan, "REPLICATED_LIMIT_BYTES", 0)  # every state tensor counts
+
+    def replicated(n: int) -> list:
+        return plan._replicated(lm_trainer(model_preset("tiny"), OptimConfig(), MeshConfig(), devices=jax.devices()[:n]))
+
+    assert replicated(1) == []
+    two = replicated(2)  # data-parallel: every tensor is whole on both
+    assert any(r["tensor"] == ".params['tokens_embed']['embedding']" for r in two)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The accelerator check, one short script for a GPU machine lent for minutes (experiments/bench/README.md,
+# "On a GPU"): what the chip and its jax are, its matmul rates, the plan `gpt1-jax plan` makes for the
+# 117M step on it (compiled peak memory, roofline step time), then that step timed against HF's
+# OpenAIGPT on the same GPU at the paper's batch, and greedy generation. Each part is bounded in time
+# and writes its own OUT/NAME.jsonl (stderr: OUT/stderr.log), so one that fails or runs out of time
+# leaves the others.
+#
+#     bash experiments/bench/device_check.sh OUT            # PYTHON=... to pick the interpreter
+#     ONLY="train_117m train_small" bash experiments/bench/device_check.sh OUT   # rerun some parts
+set -u
+out=${1:?usage: bash experiments/bench/device_check.sh OUTDIR}
+mkdir -p "$out"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+batch=${BATCH:-64}
+
+step() {  # step NAME SECONDS COMMAND...: stdout to OUT/NAME.jsonl, stderr appended to OUT/stderr.log
+    local name=$1 limit=$2; shift 2
+    [[ -z ${ONLY:-} || " $ONLY " == *" $name "* ]] || return 0
+    local t0=$SECONDS
+    echo "== $name" >> "$out/stderr.log"
+    timeout "$limit" "$@" > "$out/$name.jsonl" 2>> "$out/stderr.log"
+    echo "== $name: exit $? in $((SECONDS - t0)) s"
+    tail -n 3 "$out/$name.jsonl"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+step versions 45 "$py" -c "
+import json, jax, flax, optax, orbax.checkpoint as ocp, tokenizers
+d = jax.devices()[0]
+try:
+    import torch, transformers; hf = {'torch': torch.__version__, 'transformers': transformers.__version__}
+except ImportError:
+    hf = {}
+print(json.dumps({'jax': jax.__version__, 'flax': flax.__version__, 'optax': optax.__version__,
+                  'orbax': ocp.__version__, 'tokenizers': tokenizers.__version__, **hf,
+                  'platform': d.platform, 'device_kind': d.device_kind, 'devices': jax.device_count()}))"
+step matmul 60 "$py" -c "
+import json; from gpt1_jax.flops import measured_matmul_peak as rate
+print(json.dumps({f'{d}_8192^3_flops_per_s': rate(d, 8192, 5) for d in ('float32', 'bfloat16')}))"
+step plan 120 "$py" -m gpt1_jax.cli plan --config gpt1 --batch-size "$batch" --seq-len 512 --set model.dtype=bfloat16
+step train_117m 270 "$py" -m experiments.bench.compare_hf --targets train_117m --batch "$batch" --rounds 1 --steps 10 --warmup 3
+step train_small 150 "$py" -m experiments.bench.compare_hf --targets train_small --rounds 1 --steps 10 --warmup 3
+step generate_b1 90 "$py" -m experiments.bench.compare_hf --targets generate_b1 --rounds 1 --steps 3
