@@ -148,7 +148,14 @@ def table5_stage(paper: Paper) -> bool | None:
     for the whole table)."""
     done, order = {}, run_order(paper.tasks)
     for arm, task in order:
-        if (cell_runs := arm_runs(paper, arm, task)) is None:
+        try:
+            cell_runs = arm_runs(paper, arm, task)
+        except KeyboardInterrupt:
+            # SIGTERM or Ctrl-C where no run's loop catches it (between two runs, or a run's set-up): a stop like
+            # one at a checkpoint, so the session's finished cells still reach table5.md.
+            print(f"table5: interrupted during {task}/{arm}; writing the cells finished so far", file=sys.stderr)
+            cell_runs = None
+        if cell_runs is None:
             break
         done[arm, task] = cell_runs
     stopped = len(done) < len(order)
