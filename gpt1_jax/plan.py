@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import re
 import time
 from collections import defaultdict
@@ -394,6 +395,10 @@ def shortfall_message(plan: dict[str, Any]) -> str:
     if plan["state_dtype"] != "bfloat16":
         hints.append("--set optim.state_dtype=bfloat16")
     hints.append("--mesh auto")
+    if plan["topology"].startswith("visible:") and "NVIDIA" in plan["chip"] \
+            and not os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        # the "HBM" of a visible GPU is its allocator's limit, which JAX sets to 75% of the card by default
+        hints.append("XLA_PYTHON_CLIENT_MEM_FRACTION=.95 (JAX takes 75% of a GPU unless told)")
     return (f"plan does not fit: {plan['peak_bytes_per_chip'] / GB:.2f} GB per chip > {plan['hbm_bytes_per_chip'] / GB:.2f} GB "
             f"HBM of {plan['chip']} (short by {short:.2f} GB) with mesh {mesh}, remat {plan['remat']}; try "
             + ", ".join(hints))
