@@ -209,6 +209,32 @@ def summarize(thunks: list[dict], groups: dict[str, str], steps: int, wall_s: fl
     }
 
 
+def traced_steps(compiled, trainer, batches: list, trace_dir: str | None, hlo: str):
+    """(trace events, wall seconds per step, rusage before, after) of the steps after the first two (untimed),
+    traced; `trace_dir` keeps the trace and the step's HLO."""
+    state, steps = trainer.init(), len(batches) - 2
+    for batch in batches[:2]:
+        state, metrics = compiled(state, batch, trainer.hyper)
+        float(metrics["loss"])
+    jax.block_until_ready(state)  # nothing of the untimed steps may run into the trace
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(trace_dir or scratch)
+        with jax.profiler.trace(str(folder), create_perfetto_trace=True):
+            usage, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            for batch in batches[2:]:
+                state, metrics = compiled(state, batch, trainer.hyper)
+                float(metrics["loss"])
+            # The update's last thunks can end after the loss is ready: the clock stops when all have ended,
+            # or the trace holds work the wall clock missed.
+            jax.block_until_ready(state)
+            wall = (time.perf_counter() - t0) / steps
+            after = resource.getrusage(resource.RUSAGE_SELF)
+        events = read_trace(folder)
+        if trace_dir:
+            (folder / "step.hlo").write_text(hlo)
+    return events, wall, usage, after
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--config", default="small", help="a preset name or YAML file (as `gpt1-jax bench --config`)")
@@ -239,28 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     hlo = compiled.as_text()
     groups = thunk_groups(hlo)
 
-    batches = seeded_batches(trainer, config, 2 + args.steps)
-    state = trainer.init()
-    for batch in batches[:2]:
-        state, metrics = compiled(state, batch, trainer.hyper)
-        float(metrics["loss"])
-    jax.block_until_ready(state)  # nothing of the untimed steps may run into the trace
-    with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(args.trace_dir or scratch)
-        with jax.profiler.trace(str(folder), create_perfetto_trace=True):
-            usage, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-            for batch in batches[2:]:
-                state, metrics = compiled(state, batch, trainer.hyper)
-                float(metrics["loss"])
-            # The update's last thunks can end after the loss is ready: the clock stops when all have ended,
-            # or the trace holds work the wall clock missed.
-            jax.block_until_ready(state)
-            wall = (time.perf_counter() - t0) / args.steps
-            after = resource.getrusage(resource.RUSAGE_SELF)
-        events = read_trace(folder)
-        if args.trace_dir:
-            (folder / "step.hlo").write_text(hlo)
-
+    events, wall, usage, after = traced_steps(compiled, trainer, seeded_batches(trainer, config, 2 + args.steps),
+                                              args.trace_dir, hlo)
     result = summarize(events, groups, args.steps, wall)
     # XLA:CPU allocates the step's temporaries as one block per run, which glibc maps fresh (and the
     # kernel zero-fills page by page) on every step; experiments/bench/README.md measures what that costs.
