@@ -38,6 +38,16 @@ def resolve_impl(impl: str, dropout_active: bool, dtype, backend: str | None = N
     return impl
 
 
+def check_runnable(impl: str, attn_dropout: float, training: bool, backend: str | None = None) -> None:
+    """Raises ConfigError where `model.attention=impl` cannot run here (or, `training`, with attention dropout):
+    a training verb calls it before it writes anything, not at the first step's trace."""
+    backend = backend or jax.default_backend()
+    if impl == "cudnn" and backend != "gpu":
+        raise ConfigError(f"model.attention='cudnn' needs an NVIDIA GPU, and this run's devices are {backend}; "
+                          "set attention=auto")
+    resolve_impl(impl, training and attn_dropout > 0.0, jnp.bfloat16, backend)
+
+
 def causal_attention(
     q_BTHK: jax.Array,
     k_BSHK: jax.Array,

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from gpt1_jax import flops, hugepages, sizing
+from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.config import PretrainConfig
 from gpt1_jax.errors import ConfigError
 from gpt1_jax.step import lm_batch, lm_batch_spec
@@ -40,6 +41,7 @@ def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only
         raise ConfigError(f"--steps must be >= 1, got {steps}")
     if warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {warmup}")
+    check_attention(config.model.attention, config.model.attn_dropout, training=True)
     config = dataclasses.replace(config, model=flops.fit_compute_dtype(config.model))
     trainer = sizing.pretrain_trainer(config)
     B, T = config.data.global_batch_size, config.data.seq_len

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from gpt1_jax import flops, heads
+from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
 from gpt1_jax.config import ConfigError, FinetuneConfig, ModelConfig, load_yaml, to_dict
 from gpt1_jax.data.layout import Markers
@@ -210,6 +211,7 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
     mesh = make_mesh(config.mesh)
     check_batch_size(mesh, config.batch_size, config.accum_steps, "batch_size")
     check_batch_size(mesh, config.eval_batch_size or config.batch_size, 1, "eval_batch_size")
+    check_attention(config.model.attention, config.model.attn_dropout, training=True)
     task, source, config, splits = prepare(config, workdir, init=init, data_dir=data_dir, tokenizer=tokenizer,
                                            predict_test=predict_test, tfds_dir=tfds_dir)
     if held is not None and (workdir / "config.yaml").is_file():

@@ -18,6 +18,7 @@ from pathlib import Path
 import jax
 
 from gpt1_jax import flops
+from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
 from gpt1_jax.config import PretrainConfig
 from gpt1_jax.data.pipeline import build_pipeline
@@ -49,6 +50,7 @@ def run(config: PretrainConfig, workdir: Path) -> Outcome:
     check_workdir(workdir, job, "pretrain")
     # What needs no data is checked before the corpus is read: tokenizing can take minutes, and writes.
     check_batch_size(make_mesh(config.mesh), config.data.global_batch_size, config.accum_steps)
+    check_attention(config.model.attention, config.model.attn_dropout, training=True)
     pipeline = build_pipeline(dataclasses.replace(config.data, progress=is_main), workdir)
     config = dataclasses.replace(config, model=flops.fit_compute_dtype(
         dataclasses.replace(config.model, vocab_size=pipeline.tokenizer.vocab_size)))

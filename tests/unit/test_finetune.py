@@ -21,6 +21,10 @@ def test_init_errors(tmp_path, data_dir, tokenizer, capsys):
     assert "unknown task 'nope'" in err and len(err.strip().splitlines()) == 1
     assert cli.main(argv + ["--init", "none", "--config", "tiny", "--batch-size", "6"]) == 2  # 8 devices
     assert "not divisible" in capsys.readouterr().err
+    assert cli.main(argv + ["--init", "none", "--config", "tiny", "--set", "model.dtype=bfloat16",
+                            "--set", "model.attention=cudnn"]) == 2
+    assert "'cudnn' needs an NVIDIA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()  # refused before the task's files are read or anything is written
 
 
 def test_bucket_len():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import gpt1_jax
-from gpt1_jax.attention import causal_attention, resolve_impl
+from gpt1_jax.attention import causal_attention, check_runnable, resolve_impl
 from gpt1_jax.config import ConfigError, ModelConfig, apply_overrides, model_preset
 from gpt1_jax.model import GPT1, init_params
 from gpt1_jax.weights import hf_state_to_params, params_to_hf_state
@@ -145,6 +145,14 @@ def test_attention_implementation_choice():
     with pytest.raises(ConfigError, match="model.attention='cudnn' needs model.dtype=bfloat16"):
         dataclasses.replace(model_preset("tiny"), attention="cudnn", dtype="float32")
     assert dataclasses.replace(model_preset("tiny"), attention="cudnn", dtype="bfloat16").attention == "cudnn"
+    # what a training verb checks before it writes anything
+    check_runnable("cudnn", 0.0, training=True, backend="gpu")
+    check_runnable("cudnn", 0.1, training=False, backend="gpu")  # evaluation: no dropout to apply
+    with pytest.raises(ConfigError, match="'cudnn' needs an NVIDIA GPU, and this run's devices are cpu"):
+        check_runnable("cudnn", 0.0, training=False, backend="cpu")
+    with pytest.raises(ConfigError, match="has no attention dropout"):
+        check_runnable("cudnn", 0.1, training=True, backend="gpu")
+    check_runnable("xla", 0.1, training=True)
 
 
 def test_dot_product_attention_matches_the_einsum_core():
