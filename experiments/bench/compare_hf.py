@@ -130,8 +130,9 @@ def hf_train(t: dict, args) -> dict:
             times.append(time.perf_counter() - t0)
             losses.append(round(value, 6))
     step_s = statistics.median(times)
-    return {"threads": torch.get_num_threads(), "device": str(device), "step_s_median": round(step_s, 4), "step_s": [round(x, 4) for x in times],
-            "tokens_per_s": round(B * T / step_s, 2), "examples_per_s": round(B / step_s, 2), "losses": losses}
+    return {"threads": torch.get_num_threads(), "device": str(device), "step_s_median": round(step_s, 4),
+            "step_s": [round(x, 4) for x in times], "tokens_per_s": round(B * T / step_s, 2),
+            "examples_per_s": round(B / step_s, 2), "losses": losses}
 
 
 def hf_generate(t: dict, args) -> dict:
@@ -158,8 +159,8 @@ def hf_generate(t: dict, args) -> dict:
     out = run(t["new"])
     s = time.perf_counter() - t0
     times = [round(s, 4)]
-    return {"threads": torch.get_num_threads(), "device": str(device), "seconds_median": round(s, 4), "seconds": times,
-            "tokens_per_s": round(t["batch"] * t["new"] / s, 2), "ids": out[:, t["seq"]:].cpu().tolist()}
+    return {"threads": torch.get_num_threads(), "device": str(device), "seconds_median": round(s, 4),
+            "seconds": times, "tokens_per_s": round(t["batch"] * t["new"] / s, 2), "ids": out[:, t["seq"]:].cpu().tolist()}
 
 
 # ---- jax workers -------------------------------------------------------------------------------------
@@ -183,8 +184,9 @@ def jax_generate(t: dict, args) -> dict:
     out = run()
     compile_s = time.perf_counter() - t0
     s, times = median_time(run, args.steps)
-    return {"device_kind": jax.devices()[0].device_kind, "compile_s": round(compile_s - s, 2), "seconds_median": round(s, 4), "seconds": times,
-            "tokens_per_s": round(t["batch"] * t["new"] / s, 2), "ids": np.asarray(out)[:, t["seq"]:].tolist()}
+    return {"device_kind": jax.devices()[0].device_kind, "compile_s": round(compile_s - s, 2),
+            "seconds_median": round(s, 4), "seconds": times, "tokens_per_s": round(t["batch"] * t["new"] / s, 2),
+            "ids": np.asarray(out)[:, t["seq"]:].tolist()}
 
 
 def jax_finetune(t: dict, args) -> dict:
@@ -217,8 +219,8 @@ def jax_finetune(t: dict, args) -> dict:
     step_s, times, losses = timed(trainer, batches)
     lm_step_s, _, _ = timed(lm, lm_batches)
     return {"device_kind": jax.devices()[0].device_kind, "step_s_median": round(step_s, 4),
-            "step_s": [round(x, 4) for x in times], "losses": losses, "tokens_per_s": round(B * T / step_s, 2), "examples_per_s": round(B / step_s, 2),
-            "pretrain_step_s_median": round(lm_step_s, 4), "per_token_cost_vs_pretrain": round(step_s / lm_step_s, 3)}
+            "step_s": [round(x, 4) for x in times], "losses": losses, "tokens_per_s": round(B * T / step_s, 2),
+            "examples_per_s": round(B / step_s, 2), "pretrain_step_s_median": round(lm_step_s, 4), "per_token_cost_vs_pretrain": round(step_s / lm_step_s, 3)}
 
 
 WORKERS = {("hf", "train"): hf_train, ("hf", "finetune"): hf_train, ("hf", "generate"): hf_generate,
@@ -297,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
                     for impl in ("hf", "jax"):  # HF first: generation's jax side loads the weights it saved
                         cmd = [sys.executable, "-m", "experiments.bench.compare_hf", "--worker", impl, "--target", name,
                                "--dtype", dtype, "--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(args.seed),
-                               "--weights", str(weights), *(["--batch", str(args.batch)] if args.batch else []), *sum((["--set", s] for s in args.set), [])]
+                               "--weights", str(weights), *(["--batch", str(args.batch)] if args.batch else []),
+                               *sum((["--set", s] for s in args.set), [])]
                         r = _run(cmd)
                         print(json.dumps({k: v for k, v in r.items() if k != "ids"}), flush=True)
                         results.setdefault(dtype, {}).setdefault(impl, []).append(r)
