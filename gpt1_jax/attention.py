@@ -5,8 +5,9 @@ Implementations:
   "xla"          masked softmax as two einsums; fastest on CPU (docs/stack.md: jax.nn.dot_product_attention's
                  backward pass was ~1.7x slower there) and the only one with attention dropout.
   "dot_product"  jax.nn.dot_product_attention with XLA's own lowering.
-  "cudnn"        jax.nn.dot_product_attention's cuDNN flash kernel (GPU, bf16/fp16 only: cuDNN refuses float32).
-  "auto"         cudnn on GPU for bf16/fp16 without dropout, xla otherwise.
+  "cudnn"        jax.nn.dot_product_attention's cuDNN flash kernel (GPU; bf16/fp16 only, head dims a multiple of
+                 8 up to 128 on every GPU: jax refuses the rest with NotImplementedError).
+  "auto"         cudnn on GPU where it runs and no dropout is asked for, xla otherwise.
 """
 
 from __future__ import annotations
@@ -24,28 +25,32 @@ from gpt1_jax.errors import ConfigError
 CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
-def resolve_impl(impl: str, dropout_active: bool, dtype, backend: str | None = None) -> str:
-    """The implementation `impl` names for queries of `dtype` on `backend` (default: jax's)."""
+def resolve_impl(impl: str, dropout_active: bool, dtype, backend: str | None = None, head_dim: int = 64) -> str:
+    """The implementation `impl` names for queries of `dtype` and `head_dim` on `backend` (default: jax's)."""
     cudnn_dtype = jnp.dtype(dtype) in CUDNN_DTYPES
+    cudnn_head = head_dim % 8 == 0 and head_dim <= 128
     if impl == "auto":
         on_gpu = (backend or jax.default_backend()) == "gpu"
-        return "cudnn" if on_gpu and cudnn_dtype and not dropout_active else "xla"
+        return "cudnn" if on_gpu and cudnn_dtype and cudnn_head and not dropout_active else "xla"
     if impl in ("dot_product", "cudnn") and dropout_active:
         raise ConfigError(f"model.attention={impl!r} has no attention dropout; set attn_dropout=0 or attention='xla'")
     if impl == "cudnn" and not cudnn_dtype:
         raise ConfigError(f"model.attention='cudnn' needs bf16 or fp16 compute, got {jnp.dtype(dtype).name}; "
                           "set model.dtype=bfloat16 or attention='auto'")
+    if impl == "cudnn" and not cudnn_head:
+        raise ConfigError(f"model.attention='cudnn' needs a head dim that is a multiple of 8 up to 128, got {head_dim}; "
+                          "set attention='auto'")
     return impl
 
 
-def check_runnable(impl: str, attn_dropout: float, training: bool, backend: str | None = None) -> None:
+def check_runnable(impl: str, attn_dropout: float, training: bool, head_dim: int, backend: str | None = None) -> None:
     """Raises ConfigError where `model.attention=impl` cannot run here (or, `training`, with attention dropout):
     a training verb calls it before it writes anything, not at the first step's trace."""
     backend = backend or jax.default_backend()
     if impl == "cudnn" and backend != "gpu":
         raise ConfigError(f"model.attention='cudnn' needs an NVIDIA GPU, and this run's devices are {backend}; "
                           "set attention=auto")
-    resolve_impl(impl, training and attn_dropout > 0.0, jnp.bfloat16, backend)
+    resolve_impl(impl, training and attn_dropout > 0.0, jnp.bfloat16, backend, head_dim)
 
 
 def causal_attention(
@@ -64,7 +69,7 @@ def causal_attention(
     are the last T of the S keys (S - T), as in training where T == S. A KV-cache decode step passes its
     write position (xla implementation only)."""
     dropout_active = dropout_rate > 0.0 and dropout_rng is not None
-    impl = resolve_impl(impl, dropout_active, q_BTHK.dtype)
+    impl = resolve_impl(impl, dropout_active, q_BTHK.dtype, head_dim=q_BTHK.shape[-1])
     if impl in ("dot_product", "cudnn"):
         return jax.nn.dot_product_attention(
             q_BTHK, k_BSHK, v_BSHK, is_causal=True, implementation=None if impl == "dot_product" else "cudnn"

@@ -41,7 +41,7 @@ def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only
         raise ConfigError(f"--steps must be >= 1, got {steps}")
     if warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {warmup}")
-    check_attention(config.model.attention, config.model.attn_dropout, training=True)
+    check_attention(config.model.attention, config.model.attn_dropout, True, config.model.head_dim)
     config = dataclasses.replace(config, model=flops.fit_compute_dtype(config.model))
     trainer = sizing.pretrain_trainer(config)
     B, T = config.data.global_batch_size, config.data.seq_len

@@ -211,7 +211,7 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
     mesh = make_mesh(config.mesh)
     check_batch_size(mesh, config.batch_size, config.accum_steps, "batch_size")
     check_batch_size(mesh, config.eval_batch_size or config.batch_size, 1, "eval_batch_size")
-    check_attention(config.model.attention, config.model.attn_dropout, training=True)
+    check_attention(config.model.attention, config.model.attn_dropout, True, config.model.head_dim)
     task, source, config, splits = prepare(config, workdir, init=init, data_dir=data_dir, tokenizer=tokenizer,
                                            predict_test=predict_test, tfds_dir=tfds_dir)
     if held is not None and (workdir / "config.yaml").is_file():

@@ -50,7 +50,7 @@ def run(config: PretrainConfig, workdir: Path) -> Outcome:
     check_workdir(workdir, job, "pretrain")
     # What needs no data is checked before the corpus is read: tokenizing can take minutes, and writes.
     check_batch_size(make_mesh(config.mesh), config.data.global_batch_size, config.accum_steps)
-    check_attention(config.model.attention, config.model.attn_dropout, training=True)
+    check_attention(config.model.attention, config.model.attn_dropout, True, config.model.head_dim)
     pipeline = build_pipeline(dataclasses.replace(config.data, progress=is_main), workdir)
     config = dataclasses.replace(config, model=flops.fit_compute_dtype(
         dataclasses.replace(config.model, vocab_size=pipeline.tokenizer.vocab_size)))

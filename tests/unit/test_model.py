@@ -145,14 +145,21 @@ def test_attention_implementation_choice():
     with pytest.raises(ConfigError, match="model.attention='cudnn' needs model.dtype=bfloat16"):
         dataclasses.replace(model_preset("tiny"), attention="cudnn", dtype="float32")
     assert dataclasses.replace(model_preset("tiny"), attention="cudnn", dtype="bfloat16").attention == "cudnn"
+    # head dims cuDNN refuses (jax: a multiple of 8, at most 128 before Hopper) stay on the einsum core
+    assert resolve_impl("auto", False, jnp.bfloat16, backend="gpu", head_dim=25) == "xla"
+    assert resolve_impl("auto", False, jnp.bfloat16, backend="gpu", head_dim=256) == "xla"
+    with pytest.raises(ConfigError, match="head dim that is a multiple of 8 up to 128, got 25"):
+        resolve_impl("cudnn", False, jnp.bfloat16, backend="gpu", head_dim=25)
     # what a training verb checks before it writes anything
-    check_runnable("cudnn", 0.0, training=True, backend="gpu")
-    check_runnable("cudnn", 0.1, training=False, backend="gpu")  # evaluation: no dropout to apply
+    check_runnable("cudnn", 0.0, True, 64, backend="gpu")
+    check_runnable("cudnn", 0.1, False, 64, backend="gpu")  # evaluation: no dropout to apply
     with pytest.raises(ConfigError, match="'cudnn' needs an NVIDIA GPU, and this run's devices are cpu"):
-        check_runnable("cudnn", 0.0, training=False, backend="cpu")
+        check_runnable("cudnn", 0.0, False, 64, backend="cpu")
     with pytest.raises(ConfigError, match="has no attention dropout"):
-        check_runnable("cudnn", 0.1, training=True, backend="gpu")
-    check_runnable("xla", 0.1, training=True)
+        check_runnable("cudnn", 0.1, True, 64, backend="gpu")
+    with pytest.raises(ConfigError, match="got 12"):
+        check_runnable("cudnn", 0.0, True, 12, backend="gpu")
+    check_runnable("xla", 0.1, True, 12)
 
 
 def test_dot_product_attention_matches_the_einsum_core():
