@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# The accelerator check, one short script for a GPU machine lent for minutes (experiments/bench/README.md,
-# "On a GPU"): what the chip and its jax are, its matmul rates, the plan `gpt1-jax plan` makes for the
+# The accelerator check, one short script for a GPU machine lent for minutes (experiments/bench/README.md, its
+# H100 section has the first run's numbers): what the chip and its jax are, its matmul rates, the plan `gpt1-jax plan` makes for the
 # 117M step on it (compiled peak memory, roofline step time), then that step timed against HF's
-# OpenAIGPT on the same GPU at the paper's batch, and greedy generation. Each part is bounded in time
+# OpenAIGPT on the same GPU at the paper's batch, the `small` and fine-tuning shapes, the step without attention
+# dropout on cuDNN's flash kernel and on the einsum core, and greedy generation. Each part is bounded in time
 # and writes its own OUT/NAME.jsonl (stderr: OUT/stderr.log), so one that fails or runs out of time
 # leaves the others.
 #
 #     bash experiments/bench/device_check.sh OUT            # PYTHON=... to pick the interpreter
 #     ONLY="train_117m train_small" bash experiments/bench/device_check.sh OUT   # rerun some parts
+#
+# On an H100 the parts took 15, 8, 41, 168, 93, ~60, ~85 and 34 s (2026-11-27): about 8 minutes with jax's
+# start-ups, near one call's 10-minute limit; split it over two calls with ONLY where a machine is slower.
 set -u
 out=${1:?usage: bash experiments/bench/device_check.sh OUTDIR}
 mkdir -p "$out"
@@ -42,4 +46,7 @@ print(json.dumps({f'{d}_8192^3_flops_per_s': rate(d, 8192, 5) for d in ('float32
 step plan 120 "$py" -m gpt1_jax.cli plan --config gpt1 --batch-size "$batch" --seq-len 512 --set model.dtype=bfloat16
 step train_117m 270 "$py" -m experiments.bench.compare_hf --targets train_117m --batch "$batch" --rounds 1 --steps 10 --warmup 3
 step train_small 150 "$py" -m experiments.bench.compare_hf --targets train_small --rounds 1 --steps 10 --warmup 3
+step finetune_sst2 120 "$py" -m experiments.bench.compare_hf --targets finetune_sst2 --rounds 1 --steps 10 --warmup 3
+step attention 150 bash -c 'for a in auto xla; do "$0" -m gpt1_jax.cli bench --config gpt1 --batch-size "$1" --seq-len 512 \
+    --dtype bfloat16 --steps 10 --warmup 3 --set model.attn_dropout=0 --set model.attention=$a; done' "$py" "$batch"
 step generate_b1 90 "$py" -m experiments.bench.compare_hf --targets generate_b1 --rounds 1 --steps 3
