@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.config import PretrainConfig
 from gpt1_jax.data.pipeline import BatchIterator, build_pipeline
 from gpt1_jax.errors import DataError, WorkdirError
@@ -46,6 +47,7 @@ def evaluate(config: PretrainConfig, params, *, run: Path | None, data: str | No
     the text source `data`, tokenised by `tokenizer` (a path), or, with `data` None, on the validation split
     of the pre-training run `run`, cut as its config cuts it. Batches of `config.data.global_batch_size`
     over `config.mesh`."""
+    check_attention(config.model.attention, config.model.attn_dropout, False, config.model.head_dim)
     trainer = lm_trainer(config.model, config.optim, config.mesh)
     params = trainer.place_params(params)
     data_config = dataclasses.replace(config.data, progress=False)

@@ -275,3 +275,8 @@ def test_evaluate_takes_any_model_source_as_sample_does(tmp_path, capsys):
                                                                                      "all windows")
     assert result["tokens"] == 16 * 32 and 0 < result["loss"] < 9.1  # 16: the default batch; ln(8192) = 9.01
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "text.txt"]  # nothing written beside the model
+    # an attention this machine cannot run is one line, not jax's "cuDNN is not detected" traceback
+    assert cli.main(["evaluate", "--init", str(RELEASE), "--data", str(text), "--set", "model.dtype=bfloat16",
+                     "--set", "model.attention=cudnn"]) == 2
+    assert capsys.readouterr().err.strip().endswith("model.attention='cudnn' needs an NVIDIA GPU, and this run's "
+                                                    "devices are cpu; set attention=auto")
