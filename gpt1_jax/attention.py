@@ -62,19 +62,32 @@ def causal_attention(
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
     query_offset: jax.Array | int | None = None,
+    recompute: bool = False,
 ) -> jax.Array:
     """Causal attention over one sequence per batch row; dropout applies to the attention probabilities.
 
     Query t sits at position `query_offset + t` and sees keys 0..that position; by default the queries
     are the last T of the S keys (S - T), as in training where T == S. A KV-cache decode step passes its
-    write position (xla implementation only)."""
+    write position (xla implementation only). `recompute` (model.remat=attention): the backward pass
+    recomputes the scores, probabilities and dropout mask from q, k, v and the key instead of keeping them,
+    which at GPT-1's 512 tokens are about half a block's activations, for one more QK^T product."""
     dropout_active = dropout_rate > 0.0 and dropout_rng is not None
     impl = resolve_impl(impl, dropout_active, q_BTHK.dtype, head_dim=q_BTHK.shape[-1])
     if impl in ("dot_product", "cudnn"):
-        return jax.nn.dot_product_attention(
-            q_BTHK, k_BSHK, v_BSHK, is_causal=True, implementation=None if impl == "dot_product" else "cudnn"
-        )
+        def core(q_BTHK, k_BSHK, v_BSHK, _):
+            return jax.nn.dot_product_attention(
+                q_BTHK, k_BSHK, v_BSHK, is_causal=True, implementation=None if impl == "dot_product" else "cudnn"
+            )
+    else:
+        def core(q_BTHK, k_BSHK, v_BSHK, dropout_rng):
+            return _einsum_attention(q_BTHK, k_BSHK, v_BSHK, dropout_rate if dropout_active else 0.0, dropout_rng,
+                                     query_offset)
+    if recompute and query_offset is None:  # a decode step has no backward pass
+        core = jax.checkpoint(core)
+    return core(q_BTHK, k_BSHK, v_BSHK, dropout_rng if dropout_active else None)
 
+
+def _einsum_attention(q_BTHK, k_BSHK, v_BSHK, dropout_rate: float, dropout_rng, query_offset) -> jax.Array:
     scale = q_BTHK.shape[-1] ** -0.5
     scores_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK * jnp.asarray(scale, q_BTHK.dtype), k_BSHK)
     # Softmax in float32 whatever the compute dtype: bf16 sums over 512 keys lose the small entries.
@@ -84,6 +97,6 @@ def causal_attention(
     causal_TS = jnp.arange(S)[None, :] <= offset + jnp.arange(T)[:, None]
     scores_BHTS = jnp.where(causal_TS, scores_BHTS, jnp.finfo(jnp.float32).min)
     probs_BHTS = jax.nn.softmax(scores_BHTS, axis=-1)
-    if dropout_active:
+    if dropout_rate > 0.0:
         probs_BHTS = dropout(probs_BHTS, dropout_rate, dropout_rng)
     return jnp.einsum("bhts,bshk->bthk", probs_BHTS.astype(v_BSHK.dtype), v_BSHK)

@@ -31,6 +31,7 @@ T = TypeVar("T")
 
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_IMPLS = ("auto", "xla", "dot_product", "cudnn")
+REMAT_POLICIES = ("none", "full", "dots", "attention")
 
 # How a model runs, not which weights it has: free to differ between a checkpoint and the run using it.
 # (`scan_layers` changes the parameter tree's layout; weights.py converts between the two layouts.)
@@ -59,7 +60,7 @@ class ModelConfig:
     # Unrolled blocks by default: on CPU the unrolled step ran 11-16% faster in fp32 and 26-50% in bf16 at
     # 117M (experiments/bench/README.md), for ~3 s more compilation; scan keeps compile time flat in depth.
     scan_layers: bool = False
-    remat: str = "none"  # rematerialisation policy per block: none | full | dots
+    remat: str = "none"  # rematerialisation per block: none | full | dots | attention (only the attention core)
 
     def __post_init__(self):
         positive = ("vocab_size", "n_positions", "d_model", "n_layers", "n_heads", "d_mlp")
@@ -79,8 +80,8 @@ class ModelConfig:
         if self.attention == "cudnn" and self.dtype == "float32":  # cuDNN's flash kernel has no float32
             raise ConfigError("model.attention='cudnn' needs model.dtype=bfloat16 or float16, got float32; "
                               "or set attention=auto")
-        if self.remat not in ("none", "full", "dots"):
-            raise ConfigError(f"model.remat={self.remat!r} is not one of none, full, dots")
+        if self.remat not in REMAT_POLICIES:
+            raise ConfigError(f"model.remat={self.remat!r} is not one of {', '.join(REMAT_POLICIES)}")
 
     def architecture(self) -> dict[str, Any]:
         """The fields that define the weights (everything but RUNTIME_FIELDS)."""

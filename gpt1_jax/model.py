@@ -130,6 +130,7 @@ class CausalSelfAttention(nn.Module):
             dropout_rate=c.attn_dropout,
             dropout_rng=self.make_rng("dropout") if training else None,
             query_offset=start if decode else None,
+            recompute=c.remat == "attention",
         )
         out_BTD = Linear(c, "bthk,hkd->btd", (H, K, D), ("heads", "kv", "embed"), (D,), ("embed",), name="c_proj")(
             out_BTHK
@@ -187,7 +188,7 @@ class GPT1(nn.Module):
         )
         self.embd_dropout = Dropout(c.embd_dropout)
         block = Block
-        if c.remat != "none":
+        if c.remat in _REMAT_POLICIES:  # "attention" recomputes inside the attention core instead
             # arguments 2 and 3 (self counts as 0) are `deterministic` and `decode`, Python bools
             block = nn.remat(Block, policy=_REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers,
                              static_argnums=(2, 3))

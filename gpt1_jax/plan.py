@@ -37,7 +37,7 @@ from gpt1_jax.step import lm_batch_spec, lm_trainer
 GB = 1e9
 # Hardware FLOPs per model FLOP by remat policy: full recomputes each block's forward (+1/3); dots keeps the
 # matmul outputs and recomputes only elementwise work, which the model count leaves out anyway.
-_REMAT_FLOPS = {"none": 1.0, "dots": 1.0, "full": 4 / 3}
+_REMAT_FLOPS = {"none": 1.0, "dots": 1.0, "full": 4 / 3, "attention": 1.0}  # attention: a QK^T more, in XLA's count
 REPLICATED_LIMIT_BYTES = 8 << 20  # a replicated tensor above this, per chip, is listed as a lever left unpulled
 
 
@@ -389,7 +389,7 @@ def shortfall_message(plan: dict[str, Any]) -> str:
     if plan["mesh"]["data"] > 1:
         hints.append("more fsdp (--mesh fsdp=N)")
     if plan["remat"] != "full":
-        hints.append("--set model.remat=" + ("dots or full" if plan["remat"] == "none" else "full"))
+        hints.append("--set model.remat=" + ("attention, dots or full" if plan["remat"] == "none" else "full"))
     if plan["per_chip_batch"] > 1:
         hints.append("a smaller per-chip batch (--set accum_steps=K or a smaller data.global_batch_size)")
     if plan["state_dtype"] != "bfloat16":

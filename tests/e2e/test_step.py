@@ -123,7 +123,7 @@ def test_mixed_precision_keeps_fp32_params_and_state():
     assert float(metrics["loss"]) == pytest.approx(float(loss), rel=1e-6)
 
 
-@pytest.mark.parametrize("remat", ["full", "dots"])
+@pytest.mark.parametrize("remat", ["full", "dots", "attention"])
 def test_remat_does_not_change_gradients(remat):
     ref, params, batch = _reference()
     _, grads_ref, _ = ref.grads(params, batch)

@@ -1,12 +1,14 @@
 """The Flax model against HF transformers' PyTorch OpenAIGPT on identical random weights, and its invariants."""
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.ad_checkpoint import print_saved_residuals
 
 import gpt1_jax
 from gpt1_jax.attention import causal_attention, check_runnable, resolve_impl
@@ -168,6 +170,26 @@ def test_dot_product_attention_matches_the_einsum_core():
     np.testing.assert_allclose(causal_attention(q, k, v, impl="dot_product"), ref, rtol=1e-5, atol=1e-5)
     # the first query sees only the first key: its output is that key's value
     np.testing.assert_allclose(ref[:, 0], v[:, 0], rtol=1e-6, atol=1e-6)
+
+
+def test_attention_recompute_keeps_gradients_and_drops_the_saved_scores(capsys):
+    """model.remat=attention: the backward pass recomputes the attention core (its dropout mask from the same
+    key), so gradients are those of the plain core, and nothing of size T x S is kept for it: the plain core
+    keeps six such arrays (scores, probabilities, causal and dropout masks). The memory this saves shows on
+    the TPU compiler (docs/scale.md); XLA:CPU's temporary size does not move with any remat policy."""
+    q, k, v = (jax.random.normal(jax.random.key(i), (2, 64, 4, 16)) for i in range(3))
+    key = jax.random.key(7)
+
+    def loss(q, k, v, recompute):
+        out = causal_attention(q, k, v, dropout_rate=0.1, dropout_rng=key, recompute=recompute)
+        return jnp.sum(out * jnp.cos(out))
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), static_argnums=3)
+    for a, b in zip(grad(q, k, v, True), grad(q, k, v, False)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    for recompute, scores_kept in ((False, 6), (True, 0)):
+        print_saved_residuals(functools.partial(loss, recompute=recompute), q, k, v)
+        assert capsys.readouterr().out.count("[2,4,64,64]") == scores_kept
 
 
 def test_bad_inputs_raise_clear_errors():

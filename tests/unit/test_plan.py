@@ -93,6 +93,7 @@ def test_a_gpu_plan_that_misses_names_the_allocator_fraction(monkeypatch):
            "hbm_bytes_per_chip": 63.76e9, "margin_bytes": 63.76e9 - 70e9}
     line = plan.shortfall_message(gpu)
     assert line.startswith("plan does not fit: 70.00 GB per chip > 63.76 GB HBM of NVIDIA H100 80GB HBM3 (short by 6.24 GB)")
+    assert "--set model.remat=attention, dots or full" in line
     assert line.endswith("--mesh auto, XLA_PYTHON_CLIENT_MEM_FRACTION=.95 (JAX takes 75% of a GPU unless told)")
     tpu = {**gpu, "topology": "v5e:2x2", "chip": "TPU v5 lite"}
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in plan.shortfall_message(tpu)
