@@ -32,13 +32,16 @@ class CtrlC:
         self.signals = signals  # a script that stops on SIGTERM as on Ctrl-C adds it (experiments/optimizers)
 
     def __enter__(self):
-        self._installed = (threading.current_thread() is threading.main_thread()
-                           and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)
+        # A signal the parent set to be ignored stays so: a background job (`nohup cmd &`) has SIGINT ignored,
+        # and its SIGTERM must still stop the run with its one line, not kill it silently between two runs.
+        active = [sig for sig in self.signals if signal.getsignal(sig) is not signal.SIG_IGN]
+        self._installed = threading.current_thread() is threading.main_thread() and bool(active)
         if self._installed:
             self._wake_r, self._wake_w = os.pipe()
-            self._thread = threading.Thread(target=self._redeliver, name="gpt1-jax Ctrl-C", daemon=True)
+            self._thread = threading.Thread(target=self._redeliver, args=(active[0],), name="gpt1-jax Ctrl-C",
+                                            daemon=True)
             self._thread.start()
-            self._handlers = {sig: signal.signal(sig, self._handle) for sig in self.signals}
+            self._handlers = {sig: signal.signal(sig, self._handle) for sig in active}
             self._hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
 
@@ -57,20 +60,20 @@ class CtrlC:
         else:
             self._hook(unraisable)
 
-    def _redeliver(self) -> None:
+    def _redeliver(self, signum: int) -> None:
         while os.read(self._wake_r, 1):  # b"": closed by __exit__
             time.sleep(0.005)  # let the main thread leave the hook first (else it asks again)
-            _thread.interrupt_main(signal.SIGINT)  # a no-op once `caught` set SIGINT to be ignored
+            _thread.interrupt_main(signum)  # a no-op once `caught` set it to be ignored
 
     def caught(self) -> None:
         """The interrupt reached main: another Ctrl-C must not cut its one line short."""
         if self._installed:
-            for sig in self.signals:
+            for sig in self._handlers:
                 signal.signal(sig, signal.SIG_IGN)
 
     def __exit__(self, *exc) -> None:
         if self._installed:
-            for sig in self.signals:
+            for sig in self._handlers:
                 signal.signal(sig, signal.SIG_IGN)  # a re-delivery still on its way lands on nothing
             os.close(self._wake_w)
             self._thread.join()

@@ -4,6 +4,7 @@ tests/e2e/test_interrupt.py."""
 
 import gc
 import signal
+import subprocess
 import sys
 import time
 
@@ -35,6 +36,27 @@ def test_a_ctrl_c_python_drops_in_a_gc_callback_is_raised_again(capsys):
         gc.callbacks.remove(callback)
     assert dropped and time.monotonic() - t0 < 5
     assert "Exception ignored" not in capsys.readouterr().err
+
+
+def test_sigterm_stops_a_background_job_whose_sigint_is_ignored():
+    """`nohup cmd &` starts a job with SIGINT ignored. The guard left SIGTERM alone then too, so a SIGTERM that
+    no training loop caught (between two runs of a sweep) killed the process silently: nothing written.
+    In a child, which is all such a SIGTERM would kill."""
+    code = """if True:
+        import signal, time
+        from gpt1_jax.interrupt import CtrlC
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            with CtrlC(signals=(signal.SIGINT, signal.SIGTERM)):
+                assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # ignored it stays
+                signal.raise_signal(signal.SIGTERM)
+                time.sleep(5)
+        except KeyboardInterrupt:
+            print("stopped", signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
+                  signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "stopped True True\n"), done.stderr
 
 
 @pytest.mark.parametrize("error, line", [
