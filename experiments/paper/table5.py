@@ -145,22 +145,27 @@ def arm_runs(paper: Paper, arm: str, task: str) -> tuple[float | None, list[floa
 def table5_stage(paper: Paper) -> bool | None:
     """Runs what is missing, in `run_order`, then writes the tables. Stopped (SIGTERM) -> None, having written
     table5.md with the cells finished so far, marked in progress (the JSON files, which later stages read, wait
-    for the whole table)."""
+    for the whole table). Interrupted (Ctrl-C, or a SIGTERM no run's loop caught: between two runs, or in a
+    run's set-up): the same table5.md, then the interrupt goes on to its one line and exit 130."""
     done, order = {}, run_order(paper.tasks)
     for arm, task in order:
         try:
             cell_runs = arm_runs(paper, arm, task)
         except KeyboardInterrupt:
-            # SIGTERM or Ctrl-C where no run's loop catches it (between two runs, or a run's set-up): a stop like
-            # one at a checkpoint, so the session's finished cells still reach table5.md.
-            print(f"table5: interrupted during {task}/{arm}; writing the cells finished so far", file=sys.stderr)
-            cell_runs = None
+            if done:
+                print(f"table5: interrupted during {task}/{arm}; writing the cells finished so far", file=sys.stderr)
+                write_tables(paper, done, order)
+            raise
         if cell_runs is None:
             break
         done[arm, task] = cell_runs
+    return write_tables(paper, done, order) if done else None
+
+
+def write_tables(paper: Paper, done: dict, order: list[tuple[str, str]]) -> bool | None:
+    """table5.md from the finished cells `done` ((arm, task) -> arm_runs' result); with every cell of `order`
+    finished, the JSON files too -> whether any run ran now; None while cells are missing."""
     stopped = len(done) < len(order)
-    if stopped and not done:
-        return None
     fresh, table, grid_scores, held_scores, chosen, metrics, failures = False, {}, {}, {}, {}, {}, {}
     cola_accuracy: dict[str, list[float]] = {}
     by_seed: dict[str, dict[str, dict[int, float]]] = {}  # task -> arm -> seed -> score: the pairs
