@@ -16,16 +16,21 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.support.env import FAST_COMPILE
+from tests.support.env import FAST_COMPILE, LOOP_EMITTERS
 
+# Tests marked `fusion_emitters` rerun themselves in one fresh process that keeps them (pytest_pyfunc_call below).
+_EMITTERS_VAR = "PYTEST_GPT1_JAX_EMITTERS"
+FUSION_PROCESS = os.environ.get(_EMITTERS_VAR) == "fusion"
 os.environ["XLA_FLAGS"] = " ".join(
-    [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f and f not in FAST_COMPILE.split()]
-    + [FAST_COMPILE, "--xla_force_host_platform_device_count=8"]
+    [f for f in os.environ.get("XLA_FLAGS", "").split()
+     if "device_count" not in f and f not in FAST_COMPILE.split() and f not in LOOP_EMITTERS.split()]
+    + [FAST_COMPILE, "--xla_force_host_platform_device_count=8"] + ([] if FUSION_PROCESS else [LOOP_EMITTERS])
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The suite's CLI subprocesses would each re-execute themselves for glibc's huge pages (gpt1_jax/hugepages.py),
@@ -95,3 +100,19 @@ def mount_tmpfs():
     for path in reversed(mounted):
         subprocess.run(["umount", "-l", str(path)], check=False)
 
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A test marked `fusion_emitters` checks a bit-identity that holds under XLA:CPU's fusion emitters, which
+    users run, and not under the loop emitters the suite compiles with (tests/support/env.py): it runs again,
+    alone, in a fresh pytest process that keeps the fusion emitters."""
+    if FUSION_PROCESS or pyfuncitem.get_closest_marker("fusion_emitters") is None:
+        return None
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
+                           pyfuncitem.nodeid], cwd=root, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, _EMITTERS_VAR: "fusion"})
+    if done.returncode != 0:
+        pytest.fail(f"under the fusion emitters:\n{done.stdout[-6000:]}{done.stderr[-2000:]}", pytrace=False)
+    return True

@@ -8,6 +8,7 @@ import json
 
 import jax
 import numpy as np
+import pytest
 
 from gpt1_jax import pretrain
 from gpt1_jax.config import PretrainConfig, preset
@@ -20,6 +21,7 @@ def _config(cache, profile: str = "", stats_every: int = 0) -> PretrainConfig:
                                data=dataclasses.replace(base.data, cache_dir=str(cache)))
 
 
+@pytest.mark.fusion_emitters
 def test_a_profiled_and_watched_run_ends_as_a_plain_one(tmp_path, cache):
     plain = pretrain.run(_config(cache), tmp_path / "plain")
     traced = pretrain.run(_config(cache, "2:3", stats_every=2), tmp_path / "traced")

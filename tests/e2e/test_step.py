@@ -81,6 +81,7 @@ def test_train_step_metrics_and_resume_determinism():
     assert float(metrics["weight"]) == BATCH["targets"].size  # the summed weights: tokens, for the LM loss
 
 
+@pytest.mark.fusion_emitters
 def test_runs_differing_in_lr_and_seed_share_one_compiled_step_and_keep_their_own_numbers():
     # A sweep's runs (Table 5's lr grid and seeds) compile once: the lr and the dropout seed are inputs of the
     # programs. Each run still follows its own: its updates equal those of the step with both as constants.

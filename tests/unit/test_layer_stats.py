@@ -70,6 +70,7 @@ def test_groups_of_unrolled_blocks_and_of_a_finetune_tree_match_numpy():
     assert [got[f"stats/head/{n}"] for n in ("param_norm", "grad_norm", "update_norm")] == pytest.approx(norms, rel=1e-5)
 
 
+@pytest.mark.fusion_emitters
 def test_in_the_sharded_step_they_match_numpy_and_leave_the_update_alone():
     """Scanned blocks over data=2, fsdp=2, tensor=2: the norms are global reductions of sharded arrays."""
     from gpt1_jax.config import parse_mesh
