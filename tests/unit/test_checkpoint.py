@@ -197,3 +197,36 @@ def test_second_ctrl_c_in_the_loop_stops_at_once_naming_the_kept_checkpoint(tmp_
     with pytest.raises(Interrupted, match=r"in step 3, without saving it: checkpoint 2 is kept; run the same") as e:
         _loop(tmp_path, twice, save_every=1).run(State(np.int32(0), np.zeros(4, np.float32)), Batches())
     assert e.value.step == 2 and integrity.checkpoint_steps(tmp_path / "checkpoints") == [1, 2]
+
+
+def test_a_save_in_one_process_writes_replicated_arrays_whole_and_compiles_nothing(tmp_path):
+    """Parameters replicated over 8 devices: orbax's default splits their writing among the replicas by
+    device-side slices, each a program to compile; in one process one replica writes each shard instead.
+    The state restores equal, onto the same shardings."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from gpt1_jax.checkpoint import Checkpointer
+    from gpt1_jax.config import ModelConfig
+
+    mesh = jax.make_mesh((8,), ("data",), devices=jax.devices()[:8])
+    rng = np.random.default_rng(0)
+    state = {"w": jax.device_put(rng.normal(size=(16, 24)).astype(np.float32), NamedSharding(mesh, P())),
+             "b": jax.device_put(rng.normal(size=(40,)).astype(np.float32), NamedSharding(mesh, P("data")))}
+    ckpt = Checkpointer(tmp_path / "checkpoints", save_every=1)
+    compiles = []
+    listener = lambda event, secs, **kw: compiles.append(event) if event.startswith("/jax/core/compile/") else None
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        ckpt.save(1, state, {"batches": 1}, ModelConfig())
+        ckpt.wait()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == []
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state)
+    restored, position, step = ckpt.restore(abstract)
+    ckpt.close()
+    assert (position, step) == ({"batches": 1}, 1)
+    for k in state:
+        assert restored[k].sharding == state[k].sharding
+        np.testing.assert_array_equal(np.asarray(restored[k]), np.asarray(state[k]))
