@@ -174,6 +174,8 @@ class DevEvaluation:
 def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, tokenizer, predict_test: bool, tfds_dir):
     """-> (task, source, the resolved config, encoded splits): everything before the model is built."""
     source = open_source(init, config, tokenizer)
+    model = source.model_config or config.model  # a pre-trained model's head size, not the preset's
+    check_attention(model.attention, model.attn_dropout, True, model.head_dim)
     task = make_task(config, data_dir, tfds_dir)
     prepare_once(task, ("train", *task.dev_splits, *(task.test_splits if predict_test else ())))
     tok = source.tokenizer
@@ -211,7 +213,6 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
     mesh = make_mesh(config.mesh)
     check_batch_size(mesh, config.batch_size, config.accum_steps, "batch_size")
     check_batch_size(mesh, config.eval_batch_size or config.batch_size, 1, "eval_batch_size")
-    check_attention(config.model.attention, config.model.attn_dropout, True, config.model.head_dim)
     task, source, config, splits = prepare(config, workdir, init=init, data_dir=data_dir, tokenizer=tokenizer,
                                            predict_test=predict_test, tfds_dir=tfds_dir)
     if held is not None and (workdir / "config.yaml").is_file():

@@ -99,3 +99,30 @@ def test_grouped_batches_resume_at_their_step():
         assert all(np.array_equal(got[k], want[k]) for k in want)
     widths = [b["tokens"].shape[-1] for b in served[:8]]
     assert len(set(widths)) > 2  # the batches of one epoch pad to different lengths
+
+
+def test_a_pretrained_models_head_size_decides_whether_cudnn_can_run(tmp_path, data_dir, tokenizer, capsys, monkeypatch):
+    """On a GPU, model.attention=cudnn needs a head size that is a multiple of 8: the pre-trained model's
+    (here 20), not the preset's. Refused in one line before anything is written. The GPU is the check's
+    `backend` argument: this machine has none."""
+    import dataclasses
+    import functools
+
+    from gpt1_jax import finetune, save_pretrained
+    from gpt1_jax.attention import check_runnable
+    from gpt1_jax.config import model_preset
+    from gpt1_jax.model import init_params
+
+    model = dataclasses.replace(model_preset("tiny"), vocab_size=tokenizer.base_vocab_size, d_model=40, n_heads=2,
+                                d_mlp=160)
+    assert model.head_dim == 20 and model_preset("tiny").head_dim % 8 == 0
+    hf = save_pretrained(model, init_params(model, 7), tmp_path / "hf")
+    tokenizer.save(hf / "tokenizer.json")
+    monkeypatch.setattr(finetune, "check_attention", functools.partial(check_runnable, backend="gpu"))
+    argv = ["finetune", "--task", "cola", "--workdir", str(tmp_path / "w"), "--data-dir", str(data_dir),
+            "--tfds-dir", str(tmp_path / "tfds"), "--no-progress", "--init", str(hf),
+            "--set", "model.dtype=bfloat16", "--set", "model.attention=cudnn", "--set", "model.attn_dropout=0"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs a head dim that is a multiple of 8 up to 128, got 20" in err[0], err
+    assert not (tmp_path / "w").exists()
