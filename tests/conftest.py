@@ -101,7 +101,6 @@ def mount_tmpfs():
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):
     """A test marked `fusion_emitters` checks a bit-identity that holds under XLA:CPU's fusion emitters, which
