@@ -26,11 +26,11 @@ def test_local_launcher_env_and_prefixes():
     assert done.returncode == 0, done.stdout + done.stderr
     lines = {l[:5]: l[5:].split() for l in done.stdout.splitlines() if l.startswith("[p")}
     assert sorted(lines) == ["[p0] ", "[p1] ", "[p2] "]
+    # -d 2 replaces the device count of this process's XLA_FLAGS (conftest: 8) and keeps its other flags
+    kept = [f for f in os.environ["XLA_FLAGS"].split() if "device_count" not in f]
+    assert FAST_COMPILE.split()[0] in kept
     for i in range(3):
-        # -d 2 replaces the device count of this process's XLA_FLAGS (conftest: 8) and keeps its other flags
         pid, n, coord, *flags = lines[f"[p{i}] "]
-        kept = [f for f in os.environ["XLA_FLAGS"].split() if "device_count" not in f]
-        assert FAST_COMPILE.split()[0] in kept
         assert (pid, n, flags) == (str(i), "3", [*kept, "--xla_force_host_platform_device_count=2"])
         assert coord.startswith("127.0.0.1:")
     assert "[launcher] exit statuses [0, 0, 0]" in done.stdout
