@@ -12,26 +12,39 @@
 #
 # On an H100 the parts took 15, 8, 41, 168, 93, ~60, ~85 and 34 s (2026-11-27): about 8 minutes with jax's
 # start-ups, near one call's 10-minute limit; split it over two calls with ONLY where a machine is slower.
+#
+# CPU_CORES=0,1 times the CPU instead, held to those cores (the GPU hidden, HF's threads = the cores): the lent
+# machines' CPUs are the AMX kind (issue 34's targets), and two cores are what the project's CPU numbers use.
+# The shapes are then compare_hf's own, with fewer timed steps; the plan and the attention parts are GPU-only:
+#     CPU_CORES=0,1 ONLY="versions matmul train_small finetune_sst2 train_117m generate_b1" bash experiments/bench/device_check.sh OUT
 set -u
 out=${1:?usage: bash experiments/bench/device_check.sh OUTDIR}
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 batch=${BATCH:-64}
+steps=(--rounds 1 --steps 10 --warmup 3)
+pin=() shape=(--batch "$batch") matmul_n=8192
+if [[ -n ${CPU_CORES:-} ]]; then
+    pin=(taskset -c "$CPU_CORES") shape=() matmul_n=2048 steps=(--rounds 1 --steps 3 --warmup 1)
+    export CUDA_VISIBLE_DEVICES= JAX_PLATFORMS=cpu OMP_NUM_THREADS=$(taskset -c "$CPU_CORES" nproc)
+    grep -m1 -o -E 'model name.*' /proc/cpuinfo; taskset -c "$CPU_CORES" nproc
+fi
 
 step() {  # step NAME SECONDS COMMAND...: stdout to OUT/NAME.jsonl, stderr appended to OUT/stderr.log
     local name=$1 limit=$2; shift 2
     [[ -z ${ONLY:-} || " $ONLY " == *" $name "* ]] || return 0
     local t0=$SECONDS
     echo "== $name" >> "$out/stderr.log"
-    timeout "$limit" "$@" > "$out/$name.jsonl" 2>> "$out/stderr.log"
+    timeout "$limit" "${pin[@]}" "$@" > "$out/$name.jsonl" 2>> "$out/stderr.log"
     echo "== $name: exit $? in $((SECONDS - t0)) s"
     tail -n 3 "$out/$name.jsonl"
 }
 
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+[[ -n ${CPU_CORES:-} ]] || nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
 step versions 45 "$py" -c "
 import json, jax, flax, optax, orbax.checkpoint as ocp, tokenizers
+from gpt1_jax.flops import cpu_flags
 d = jax.devices()[0]
 try:
     import torch, transformers; hf = {'torch': torch.__version__, 'transformers': transformers.__version__}
@@ -39,14 +52,16 @@ except ImportError:
     hf = {}
 print(json.dumps({'jax': jax.__version__, 'flax': flax.__version__, 'optax': optax.__version__,
                   'orbax': ocp.__version__, 'tokenizers': tokenizers.__version__, **hf,
-                  'platform': d.platform, 'device_kind': d.device_kind, 'devices': jax.device_count()}))"
+                  'platform': d.platform, 'device_kind': d.device_kind, 'devices': jax.device_count(),
+                  'cpu_flags': ' '.join(cpu_flags())}))"
 step matmul 60 "$py" -c "
 import json; from gpt1_jax.flops import measured_matmul_peak as rate
-print(json.dumps({f'{d}_8192^3_flops_per_s': rate(d, 8192, 5) for d in ('float32', 'bfloat16')}))"
+n = $matmul_n
+print(json.dumps({f'{d}_{n}^3_flops_per_s': rate(d, n, 5) for d in ('float32', 'bfloat16')}))"
 step plan 120 "$py" -m gpt1_jax.cli plan --config gpt1 --batch-size "$batch" --seq-len 512 --set model.dtype=bfloat16
-step train_117m 270 "$py" -m experiments.bench.compare_hf --targets train_117m --batch "$batch" --rounds 1 --steps 10 --warmup 3
-step train_small 150 "$py" -m experiments.bench.compare_hf --targets train_small --rounds 1 --steps 10 --warmup 3
-step finetune_sst2 120 "$py" -m experiments.bench.compare_hf --targets finetune_sst2 --rounds 1 --steps 10 --warmup 3
+step train_117m 270 "$py" -m experiments.bench.compare_hf --targets train_117m "${shape[@]}" "${steps[@]}"
+step train_small 150 "$py" -m experiments.bench.compare_hf --targets train_small "${steps[@]}"
+step finetune_sst2 120 "$py" -m experiments.bench.compare_hf --targets finetune_sst2 "${steps[@]}"
 step attention 150 bash -c 'for a in auto xla; do "$0" -m gpt1_jax.cli bench --config gpt1 --batch-size "$1" --seq-len 512 \
     --dtype bfloat16 --steps 10 --warmup 3 --set model.attn_dropout=0 --set model.attention=$a; done' "$py" "$batch"
 step generate_b1 90 "$py" -m experiments.bench.compare_hf --targets generate_b1 --rounds 1 --steps 3
