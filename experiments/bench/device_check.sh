@@ -15,8 +15,8 @@
 #
 # CPU_CORES=0,1 times the CPU instead, held to those cores (the GPU hidden, HF's threads = the cores): the lent
 # machines' CPUs are the AMX kind (issue 34's targets), and two cores are what the project's CPU numbers use.
-# The shapes are then compare_hf's own, with fewer timed steps; the plan and the attention parts are GPU-only:
-#     CPU_CORES=0,1 ONLY="versions matmul train_small finetune_sst2 train_117m generate_b1" bash experiments/bench/device_check.sh OUT
+# The shapes are then compare_hf's own, with fewer timed steps, and the GPU-only parts (plan, attention) are left out:
+#     CPU_CORES=0,1 bash experiments/bench/device_check.sh OUT
 set -u
 out=${1:?usage: bash experiments/bench/device_check.sh OUTDIR}
 mkdir -p "$out"
@@ -27,6 +27,7 @@ steps=(--rounds 1 --steps 10 --warmup 3)
 pin=() shape=(--batch "$batch") matmul_n=8192
 if [[ -n ${CPU_CORES:-} ]]; then
     pin=(taskset -c "$CPU_CORES") shape=() matmul_n=2048 steps=(--rounds 1 --steps 3 --warmup 1)
+    ONLY=${ONLY:-versions matmul train_small finetune_sst2 train_117m generate_b1}
     export CUDA_VISIBLE_DEVICES= JAX_PLATFORMS=cpu OMP_NUM_THREADS=$(taskset -c "$CPU_CORES" nproc)
     grep -m1 -o -E 'model name.*' /proc/cpuinfo; taskset -c "$CPU_CORES" nproc
 fi

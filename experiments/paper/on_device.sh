@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Table 5's runs on a lent accelerator, for the minutes it is lent (experiments/paper/README.md, "Progress"):
+# Table 5's runs on a lent accelerator, for the minutes it is lent (experiments/paper/README.md, "On a lent GPU"):
 # the committed 4-epoch pipeline's table5 stage for some tasks, bounded in time, then the records it made copied to
 # OUT. The stage stops at a checkpoint when its time is up (SIGTERM), keeping every run that finished. Matmuls run
 # at full float32 (JAX_DEFAULT_MATMUL_PRECISION=highest): a GPU's default would be TF32, and the records made on
