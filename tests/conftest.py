@@ -115,7 +115,8 @@ def pytest_pyfunc_call(pyfuncitem):
                           env={**os.environ, _EMITTERS_VAR: "fusion"})
     if done.returncode != 0:
         pytest.fail(f"under the fusion emitters:\n{done.stdout[-6000:]}{done.stderr[-2000:]}", pytrace=False)
-    if " passed" not in done.stdout.strip().splitlines()[-1]:  # skipped there: say so here, not "passed"
+    summary = done.stdout.strip().splitlines()[-1]
+    if " passed" not in summary:  # skipped there: say so here, not "passed"
         reasons = re.findall(r"^SKIPPED \[\d+\] [^:]+:\d+: (.*)$", done.stdout, re.M)
-        pytest.skip(f"under the fusion emitters: {reasons[0] if reasons else done.stdout.strip().splitlines()[-1]}")
+        pytest.skip(f"under the fusion emitters: {reasons[0] if reasons else summary}")
     return True

@@ -29,7 +29,7 @@ if [[ -n ${CPU_CORES:-} ]]; then
     pin=(taskset -c "$CPU_CORES") shape=() matmul_n=2048 steps=(--rounds 1 --steps 3 --warmup 1)
     ONLY=${ONLY:-versions matmul train_small finetune_sst2 train_117m generate_b1}
     export CUDA_VISIBLE_DEVICES= JAX_PLATFORMS=cpu OMP_NUM_THREADS=$(taskset -c "$CPU_CORES" nproc)
-    grep -m1 -o -E 'model name.*' /proc/cpuinfo; taskset -c "$CPU_CORES" nproc
+    echo "$(grep -m1 -o -E 'model name.*' /proc/cpuinfo), $OMP_NUM_THREADS cores"
 fi
 
 step() {  # step NAME SECONDS COMMAND...: stdout to OUT/NAME.jsonl, stderr appended to OUT/stderr.log
