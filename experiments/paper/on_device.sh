@@ -24,8 +24,9 @@ find "$records" -type f -name '*.json' | sort > "$before"
 "$py" -c "import jax; d = jax.devices()[0]; print('jax', jax.__version__, d.platform, d.device_kind)" | tee "$out/device.txt"
 timeout -s TERM -k 30 "$seconds" "$py" -m experiments.paper.run --pretrain-config experiments/paper/pretrain_4ep.yaml \
     --budget full_sets --data-dir "$glue" --out runs/paper-4ep --stages table5 --tasks "$tasks" \
-    > "$out/stdout.log" 2> >(tr '\r' '\n' | grep -a -v '%|' > "$out/stderr.log")
+    > "$out/stdout.log" 2> "$out/stderr.raw"
 echo "exit $?"
+tr '\r' '\n' < "$out/stderr.raw" | grep -a -v '%|' > "$out/stderr.log" && rm "$out/stderr.raw"  # without the bars
 new=$(find "$records" -type f -name '*.json' | sort | comm -13 "$before" - | sed "s|^$records/||")
 echo "new records: $(echo -n "$new" | grep -c .)"
 [[ -z $new ]] || tar czf "$out/records.tgz" -C "$records" $new
