@@ -154,6 +154,10 @@ class Paper:
     race: str | None = None
     tfds_dir: str | None = None
     train: bool = True  # False: only what kept records hold (experiments.regenerate); a missing run is an error
+    # --tasks on a committed pipeline: the tasks whose runs may train now. Its tables still cover `tasks` (all
+    # of them), the others' cells read from the kept records, so a run for some tasks never shrinks a
+    # committed table. None: every task in `tasks` trains.
+    train_tasks: tuple[str, ...] | None = None
 
     @property
     def budget(self) -> Budget:
@@ -184,6 +188,14 @@ class Paper:
     @property
     def results_dir(self) -> Path:
         return PAPER_DIR / self._committed_dirs[1] if self.committed else self.out / "results"
+
+    def left_out(self, task: str) -> bool:
+        """Whether `task` is in the tables but not to be trained now (`train_tasks`)."""
+        return self.train_tasks is not None and task not in self.train_tasks
+
+    def for_task(self, task: str) -> Paper:
+        """This invocation as `task`'s runs see it: records only (no training) for a task left out."""
+        return dataclasses.replace(self, train=False) if self.left_out(task) else self
 
     @property
     def records(self) -> Records:

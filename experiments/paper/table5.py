@@ -146,20 +146,32 @@ def table5_stage(paper: Paper) -> bool | None:
     """Runs what is missing, in `run_order`, then writes the tables. Stopped (SIGTERM) -> None, having written
     table5.md with the cells finished so far, marked in progress (the JSON files, which later stages read, wait
     for the whole table). Interrupted (Ctrl-C, or a SIGTERM no run's loop caught: between two runs, or in a
-    run's set-up): the same table5.md, then the interrupt goes on to its one line and exit 130."""
-    done, order = {}, run_order(paper.tasks)
+    run's set-up): the same table5.md, then the interrupt goes on to its one line and exit 130. A task --tasks
+    left out (`Paper.train_tasks`) fills its cells from the kept records; one not finished there leaves its cells
+    empty and the table in progress, and the stage -> whether any run ran now."""
+    done, order, waiting = {}, run_order(paper.tasks), []
     for arm, task in order:
         try:
-            cell_runs = arm_runs(paper, arm, task)
+            cell_runs = arm_runs(paper.for_task(task), arm, task)
+        except FileNotFoundError:
+            if not paper.left_out(task):
+                raise
+            waiting.append(f"{task}/{arm}")
+            continue
         except KeyboardInterrupt:
             if done:
                 print(f"table5: interrupted during {task}/{arm}; writing the cells finished so far", file=sys.stderr)
                 write_tables(paper, done, order)
             raise
         if cell_runs is None:
-            break
+            return write_tables(paper, done, order) if done else None
         done[arm, task] = cell_runs
-    return write_tables(paper, done, order) if done else None
+    fresh = write_tables(paper, done, order) if done else None
+    if waiting:
+        print(f"table5: {', '.join(waiting)} not finished, and --tasks leaves them out: the JSON tables wait for "
+              "them", file=sys.stderr)
+        return any(ran_now(grid + runs) for _, _, grid, runs in done.values())
+    return fresh
 
 
 def write_tables(paper: Paper, done: dict, order: list[tuple[str, str]]) -> bool | None:

@@ -163,6 +163,55 @@ def test_a_stopped_table5_writes_the_cells_it_finished_marked_in_progress(tmp_pa
     assert table5_summary(paper)[0].startswith("In progress: the cells finished so far are in `table5.md`")
 
 
+def test_tasks_on_a_committed_pipeline_trains_those_and_keeps_every_task_in_its_tables(tmp_path, monkeypatch):
+    """`--tasks rte` on a committed pipeline trains RTE's runs only; its tables still cover all five tasks, the
+    others' cells read from the kept records (a run for some tasks never shrinks a committed table). A task left
+    out and not finished there leaves its cells empty and the JSON tables waiting; it is never trained."""
+    from experiments.harness import Done
+    from experiments.paper.settings import TASKS
+
+    committed = run.paper_of(run.parse_args(["--pretrain-config", "experiments/paper/pretrain_4ep.yaml",
+                                             "--budget", "full_sets", "--tasks", "rte", "--stages", "table5"]))
+    assert committed.committed and committed.tasks == TASKS and committed.train_tasks == ("rte",)
+    assert run.paper_of(run.parse_args(["--quick", "--tasks", "rte", "--stages", "table5"])).tasks == ("rte",)  # an OUT of its own
+
+    paper = dataclasses.replace(_paper("full_sets", tmp_path), tasks=("sst2", "cola"), train_tasks=("sst2",))
+    paper.save_json("baselines.json", {"sst2": 50.9, "cola": 0.0})
+    holdout = {1e-4: 0.6, 3e-4: 0.7, 1e-3: 0.65}  # bracketed at 3e-4: no extension
+    real_run_all, trained = table5.run_all, []
+
+    def record(r):
+        gain = {"full": 10.0, "no_pretrain": -2.0, "no_aux_lm": 8.0}[r.workdir.parts[-4]]
+        return {"main_metric": "accuracy", "metrics": {"accuracy": (60 + gain + r.config.seed) / 100},
+                "holdout": {"accuracy": holdout[r.config.optim.lr]}}
+
+    def runs_or_records(paper, runs, stage="table5"):
+        if not paper.train:  # a task left out: the real lookup, records only
+            return real_run_all(paper, runs, stage)
+        new = [r for r in runs if r.workdir not in trained]
+        trained.extend(r.workdir for r in new)
+        return [Done(r, record(r), seconds=1.0 if r in new else 0.0) for r in runs]
+
+    monkeypatch.setattr(table5, "run_all", runs_or_records)
+    assert table5.table5_stage(paper) is True  # SST-2 trained; CoLA has no records yet: its cells wait
+    assert {w.parts[-3] for w in trained} == {"sst2"}
+    text = (paper.results_dir / "table5.md").read_text()
+    assert "**In progress**: 3 of 6 arm × task cells finished" in text
+    assert next(line for line in text.splitlines() if line.startswith("| cola |")).endswith("| – | – | – | – |")
+    assert not (paper.results_dir / "table5.json").exists()
+
+    cola = [table5.run_of(paper, arm, "cola", lr, seed) for arm in table5.ARMS
+            for lr, seeds in ((1e-4, [0]), (1e-3, [0]), (3e-4, paper.budget.seeds_of(arm))) for seed in seeds]
+    for r in cola:  # what an earlier session kept for CoLA
+        paper.records.save(r.workdir, record(r))
+        (r.workdir / "record.json").unlink()  # only the kept copy, as a fresh clone has it
+    before = list(trained)
+    assert table5.table5_stage(paper) is False  # every run done before: nothing ran now
+    assert trained == before
+    table = json.loads((paper.results_dir / "table5.json").read_text())
+    assert set(table) == {"sst2", "cola"} and table["cola"]["full"] == [70.0, 71.0, 72.0, 73.0, 74.0]
+
+
 def test_the_cost_counts_the_tokens_make_batch_pads():
     """experiments/paper/cost.py: a run's padded tokens are the sizes of the batches tasks.make_batch builds."""
     from experiments.paper.cost import padded_tokens
