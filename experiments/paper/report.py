@@ -72,6 +72,21 @@ def table5_summary(paper: Paper) -> list[str]:
             *(["", *table5.interval_lines(claims)] if claims else [])]
 
 
+def more_seeds_summary(paper: Paper) -> list[str]:
+    """The pairs' added seeds (more_seeds.md), where the budget has them."""
+    found = paper.load_json("more_seeds.json")
+    if not paper.budget.more_seeds:
+        return []
+    if not found:
+        return ["", f"Seeds {list(paper.budget.more_seeds)} for full and no_pretrain, added after the table was read: "
+                "not run yet (`more_seeds.md`)."]
+    gains = "; ".join(f"{t} {table5.interval_text(c['gain'])} (n {c['gain']['n']})" for t, c in found["all"]["tasks"].items())
+    average = f"; 5-task average {table5.interval_text(found['all']['average_gain'])}" if found["complete"] else ""
+    return ["", f"With seeds {found['more_seeds']} added to full and no_pretrain after the table was read (a follow-up, "
+            f"not the planned test; `more_seeds.md`{'' if found['complete'] else ', in progress'}), the paired gain over "
+            f"every seed: {gains}{average}."]
+
+
 def layers_summary(paper: Paper) -> list[str]:
     curves = paper.load_json("layers.json")
     if not curves:
@@ -156,7 +171,7 @@ def write_readme(paper: Paper) -> None:
         f"{len(ARMS)} arms x {len(paper.tasks)} tasks; lr grid {list(b.lrs)} on seed 0, then seeds {list(b.seeds)} "
         f"at the chosen lr; {b.epochs} epoch(s), batch {b.batch_size}, "
         f"{'all' if not b.max_train else f'at most {b.max_train:,}'} training examples per task{b.caps_note()}.", "",
-        *table5_summary(paper),
+        *table5_summary(paper), *more_seeds_summary(paper),
         "",
         "## Figure 2 (left): pre-trained blocks transferred", "", *layers_summary(paper),
         "",

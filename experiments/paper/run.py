@@ -4,8 +4,9 @@
     python -m experiments.paper.run --quick --corpus default --data-dir GLUE_DIR --race RACE_TAR --out /tmp/paper
 
 Stages, in order (--stages picks some): pretrain (OUT/pretrain), release (the final parameters + tokenizer as a
-HF folder), zeroshot (Figure 2 right), table5 (ablations), layers (Figure 2 left), diagnosis (full vs no_pretrain
-on more fine-tuning data). Everything resumes: the
+HF folder), zeroshot (Figure 2 right), table5 (ablations), more_seeds (seeds added to Table 5's pairs after it
+was read, where the budget has them), layers (Figure 2 left), diagnosis (full vs no_pretrain on more
+fine-tuning data). Everything resumes: the
 pre-training job from its checkpoint, every fine-tuning run from its record (experiments/harness.py), the zero-shot stage from the
 checkpoints it has scored; run the same command again after a stop. The laptop-scale run writes the committed
 experiments/paper/release/ and experiments/paper/results/; --quick (or another recipe or budget) writes
@@ -24,6 +25,7 @@ from experiments import harness
 from experiments.glue.common import missing_path
 from experiments.paper.diagnosis import diagnosis_stage
 from experiments.paper.layers import layers_stage
+from experiments.paper.more_seeds import more_seeds_stage
 from experiments.paper.release import pretrain_config, pretrain_stage, release_stage, trained_step
 from experiments.paper.report import write_readme
 from experiments.paper.settings import BUDGETS, RECIPE, STAGES, TASKS, Paper
@@ -33,7 +35,7 @@ from gpt1_jax import compile_cache, hugepages
 from gpt1_jax.cli import simulate_devices
 from gpt1_jax.errors import ConfigError, GPT1JaxError
 
-PER_RUN_TIMES = ("table5", "layers", "diagnosis")  # their fine-tuning runs add their own time as each finishes (table5.run_all)
+PER_RUN_TIMES = ("table5", "more_seeds", "layers", "diagnosis")  # their fine-tuning runs add their own time as each finishes (table5.run_all)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -102,7 +104,7 @@ def check_inputs(paper: Paper, stages: list[str]) -> None:
         if step is None or step < pretrain_config(paper).steps:
             raise ConfigError("pre-training is not finished: pass --corpus (the recipe's corpus is "
                               "english_mixed.txt.gz; `default` trains on the corpus embedded in the package)")
-    needs_release = {"table5", "layers", "diagnosis"} & set(stages)
+    needs_release = {"table5", "more_seeds", "layers", "diagnosis"} & set(stages)
     if needs_release and "release" not in stages and not (paper.release_dir / "config.json").is_file():
         raise FileNotFoundError(f"{paper.release_dir}: no release to fine-tune (run the release stage)")
     if "diagnosis" in stages and "table5" not in stages and not (paper.results_dir / "lr_grid.json").is_file():
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     simulate_devices(args.cpu_devices if args.cpu_devices > 1 else None)  # before jax starts its backend
     paper = paper_of(args)
     run = {"pretrain": pretrain_stage, "release": release_stage, "zeroshot": zeroshot_stage,
-           "table5": table5_stage, "layers": layers_stage, "diagnosis": diagnosis_stage}
+           "table5": table5_stage, "more_seeds": more_seeds_stage, "layers": layers_stage, "diagnosis": diagnosis_stage}
     try:
         check_inputs(paper, args.stages)
         compile_cache.enable()  # the fine-tuning runs share their compilations, across sessions too
