@@ -1,4 +1,4 @@
-"""Stage 6: the first question when Table 5 misses its goal. Does pre-training's advantage grow when each task
+"""Stage 7: the first question when Table 5 misses its goal. Does pre-training's advantage grow when each task
 fine-tunes on more of its training set? At Table 5's budget (500 examples) a pair task can sit on its
 majority class in every arm; if more data lifts the pre-trained model off it and the scratch model stays
 there, the gap is a data-budget effect. If neither arm moves, the cause is somewhere else.

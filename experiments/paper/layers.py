@@ -1,4 +1,4 @@
-"""Stage 5: Figure 2 (left, docs/gpt1.md "Analysis"), the score against the number of pre-trained blocks
+"""Stage 6: Figure 2 (left, docs/gpt1.md "Analysis"), the score against the number of pre-trained blocks
 transferred. The embeddings always come from pre-training; blocks k+1..L start fresh (FinetuneConfig.init_layers
 = k, see gpt1_jax.finetune.transplant). The full arm's lr for the task (Table 5's grid) is used; k = L is the
 full arm's own run. Runs go under OUT/layers/<task>/k<k>/seed<s>/; writes results/layers.json and layers.png.

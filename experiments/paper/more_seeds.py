@@ -1,10 +1,10 @@
 """Stage 5: more seeds for Table 5's pairs (full, no_pretrain), added after the planned table was read.
 
 Table 5's seeds (Budget.seeds) were fixed before any result. `Budget.more_seeds` are run later, for the two
-arms whose paired difference is the claim, each at the lr Table 5 chose for that arm and task
-(results/lr_grid.json); the planned seeds' runs are reused from their records. Whether to add them was
-decided knowing the planned result, so their intervals are a follow-up, reported apart (results/more_seeds.md
-and more_seeds.json) beside the planned seeds' own, which table5.md keeps. Runs go where Table 5's go,
+arms whose paired difference is the claim, each at the lr Table 5 chose for that arm and task (table5.best_lr,
+from its seed-0 grid: the stage may run before Table 5's other arm); the planned seeds' runs are reused from
+their records. Whether to add them was decided knowing the planned result, so their intervals are a follow-up,
+reported apart (results/more_seeds.md and more_seeds.json) beside the planned seeds' own, which table5.md keeps. Runs go where Table 5's go,
 OUT/table5/<arm>/<task>/lr<lr>/seed<k>/, cheapest task first (table5.CHEAPEST_FIRST).
 """
 
@@ -14,28 +14,28 @@ import sys
 
 from experiments.paper import stats
 from experiments.paper.settings import Paper
-from experiments.paper.table5 import baselines, cell, intervals, interval_text, ran_now, run_all, run_of, run_order, score
+from experiments.paper.table5 import (baselines, best_lr, cell, intervals, interval_text, ran_now, run_all, run_of,
+                                      run_order, score)
 
 PAIR = ("full", "no_pretrain")
 
 
 def more_seeds_stage(paper: Paper) -> bool | None:
-    """Runs the pairs' added seeds -> whether any run ran now (False too when the budget adds none, or Table 5
-    has not chosen its lrs yet); None when a run stopped at a checkpoint, having written the tasks finished."""
+    """Runs the pairs' added seeds -> whether any run ran now (False too when the budget adds none); None when a
+    run stopped at a checkpoint, having written the tasks finished."""
     if not paper.budget.more_seeds:
-        return False
-    chosen = paper.load_json("lr_grid.json")
-    if not chosen:
-        print(f"more_seeds: waits for Table 5's lrs ({paper.results_dir / 'lr_grid.json'})", file=sys.stderr)
         return False
     by_seed: dict[str, dict[str, dict[int, float]]] = {}  # task -> arm -> seed -> score
     fresh, waiting = False, []
     for arm, task in [(a, t) for a, t in run_order(paper.tasks) if a in PAIR]:
-        lr = chosen[task][arm]["lr"]
-        if lr is None:  # every run of its grid failed: no seed to add
-            continue
         seeds = paper.budget.seeds_of(arm) + paper.budget.more_seeds
         try:
+            # Table 5's own choice, from its seed-0 grid (the kept records; a grid run missing is made, as there)
+            if (best := best_lr(paper.for_task(task), arm, task)) is None:
+                write(paper, by_seed)
+                return None
+            if (lr := best[0]) is None:  # every run of its grid failed: no seed to add
+                continue
             dones = run_all(paper.for_task(task), [run_of(paper, arm, task, lr, s) for s in seeds], stage="more_seeds")
         except FileNotFoundError:
             if not paper.left_out(task):
