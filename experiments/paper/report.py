@@ -74,14 +74,15 @@ def table5_summary(paper: Paper) -> list[str]:
 
 def more_seeds_summary(paper: Paper) -> list[str]:
     """The pairs' added seeds (more_seeds.md), where the budget has them."""
-    found = paper.load_json("more_seeds.json")
     if not paper.budget.more_seeds:
         return []
-    if not found:
+    if not (found := paper.load_json("more_seeds.json")):
         return ["", f"Seeds {list(paper.budget.more_seeds)} for full and no_pretrain, added after the table was read: "
                 "not run yet (`more_seeds.md`)."]
-    gains = "; ".join(f"{t} {table5.interval_text(c['gain'])} (n {c['gain']['n']})" for t, c in found["all"]["tasks"].items())
-    average = f"; 5-task average {table5.interval_text(found['all']['average_gain'])}" if found["complete"] else ""
+    tasks = found["all"]["tasks"]
+    gains = "; ".join(f"{t} {table5.interval_text(c['gain'])} (n {c['gain']['n']})" for t, c in tasks.items())
+    average = (f"; {len(tasks)}-task average {table5.interval_text(found['all']['average_gain'])}" if found["complete"]
+               else "")
     return ["", f"With seeds {found['more_seeds']} added to full and no_pretrain after the table was read (a follow-up, "
             f"not the planned test; `more_seeds.md`{'' if found['complete'] else ', in progress'}), the paired gain over "
             f"every seed: {gains}{average}."]

@@ -259,6 +259,8 @@ def test_more_seeds_extend_the_pairs_and_report_them_beside_the_planned_seeds(tm
     text = (paper.results_dir / "more_seeds.md").read_text()
     assert "Seeds 5–9 were added after it was read" in text and "In progress" not in text
     assert "Gain above zero at 95%, seeds 0–9: sst2 (1 of 2 tasks)" in text
+    from experiments.paper.report import more_seeds_summary
+    assert "cola 0.0 [-0.8, 0.8] (n 10); sst2 5.5 [3.3, 7.7] (n 10); 2-task average" in more_seeds_summary(paper)[1]
 
 
 def test_the_cost_counts_the_tokens_make_batch_pads():
