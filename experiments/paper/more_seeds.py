@@ -24,6 +24,7 @@ def more_seeds_stage(paper: Paper) -> bool | None:
     """Runs the pairs' added seeds -> whether any run ran now (False too when the budget adds none); None when a
     run stopped at a checkpoint, having written the tasks finished."""
     if not paper.budget.more_seeds:
+        print(f"more_seeds: the {paper.budget_name} budget adds no seeds", file=sys.stderr)
         return False
     by_seed: dict[str, dict[str, dict[int, float]]] = {}  # task -> arm -> seed -> score
     fresh, waiting = False, []
