@@ -3,8 +3,9 @@ records (training nothing), then which of them differ from git. From the reposit
 
     python -m experiments.regenerate
 
-It runs `report.rebuild_results` (experiments/paper/results/), `run_study --tables` (the optimizer study,
-pre-training then fine-tuning) and `plan_table --table` (experiments/scale/). Not rebuilt, their inputs not
+It runs `report.rebuild_results` for both committed paper pipelines (experiments/paper/results/ and
+results_4ep/), `run_study --tables` (the optimizer study, pre-training then fine-tuning) and `plan_table --table`
+(experiments/scale/). Not rebuilt, their inputs not
 being committed: experiments/paper/release/README.md (the pre-training run's data_info.json and metrics),
 paper/results/pretrain_loss.png (that run's own plot) and scale/results/data_bench_1b.json (a measurement);
 experiments/bench/ and experiments/glue/ commit no generated results.
@@ -24,18 +25,22 @@ from pathlib import Path
 
 from experiments.optimizers import run_study
 from experiments.paper.report import rebuild_results
+from experiments.paper.settings import PAPER_DIR
 from experiments.scale.plan_table import write_table
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIMIZERS = ROOT / "experiments" / "optimizers" / "results"
-OUTPUTS = ["experiments/paper/results", "experiments/optimizers/results", "experiments/scale/results",
+OUTPUTS = ["experiments/paper/results", "experiments/paper/results_4ep", "experiments/optimizers/results",
+           "experiments/scale/results",
            "experiments/scale/README.md"]
+RECIPE_4EP = PAPER_DIR / "pretrain_4ep.yaml"  # the stronger release's recipe, its results in results_4ep/
 CORPUS = "../shared/data/corpus/english_mixed.txt.gz"  # the pre-training study's, as its table names it
 
 
 def regenerate() -> None:
     with tempfile.TemporaryDirectory() as scratch, contextlib.redirect_stderr(io.StringIO()):  # "done before" x 100
         rebuild_results(Path(scratch) / "paper")
+        rebuild_results(Path(scratch) / "paper_4ep", RECIPE_4EP, "full_sets")
         for study in ("pretrain", "finetune"):  # finetune's optimizers: the best of <out>/pretrain/results.json
             run_study.main([study, "--tables", "--out", f"{scratch}/optimizers", "--corpus", CORPUS,
                             "--records", str(OPTIMIZERS / "records"), "--results", str(OPTIMIZERS)])

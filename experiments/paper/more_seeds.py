@@ -4,8 +4,8 @@ Table 5's seeds (Budget.seeds) were fixed before any result. `Budget.more_seeds`
 arms whose paired difference is the claim, each at the lr Table 5 chose for that arm and task (table5.best_lr,
 from its seed-0 grid: the stage may run before Table 5's other arm); the planned seeds' runs are reused from
 their records. Whether to add them was decided knowing the planned result, so their intervals are a follow-up,
-reported apart (results/more_seeds.md and more_seeds.json) beside the planned seeds' own, which table5.md keeps. Runs go where Table 5's go,
-OUT/table5/<arm>/<task>/lr<lr>/seed<k>/, cheapest task first (table5.CHEAPEST_FIRST).
+reported apart (results/more_seeds.md and more_seeds.json) beside the planned seeds' own, which table5.md keeps.
+Runs go where Table 5's go, OUT/table5/<arm>/<task>/lr<lr>/seed<k>/, cheapest task first (table5.CHEAPEST_FIRST).
 """
 
 from __future__ import annotations
@@ -101,11 +101,12 @@ def more_seeds_markdown(paper: Paper, found: dict, by_seed: dict) -> str:
     lines.append("")
     for name, c in ((f"seeds {seeds_text(planned)} (planned)", first), (f"seeds {every}", claims)):
         above = [t for t, x in c["tasks"].items() if stats.Interval(**x["gain"]).above_zero]
-        avg = stats.Interval(**c["average_gain"]) if found["complete"] else None
-        lines.append(f"Gain above zero at 95%, {name}: {', '.join(above) if above else 'none'} ({len(above)} of "
-                     f"{len(c['tasks'])} tasks)"
-                     + ("" if avg is None else f"; the {len(c['tasks'])}-task average's interval {'is' if avg.above_zero else 'is not'} "
-                                               "above zero") + ".")
+        n = len(c["tasks"])
+        average = ""
+        if found["complete"]:
+            average = f"; the {n}-task average's interval {'is' if stats.Interval(**c['average_gain']).above_zero else 'is not'} above zero"
+        lines.append(f"Gain above zero at 95%, {name}: {', '.join(above) if above else 'none'} ({len(above)} of {n} tasks)"
+                     f"{average}.")
     flat = [f"{t}/{a}" for t, c in claims["tasks"].items() for a, arm in c["arms"].items() if arm["above_baseline"] is False]
     if flat:
         lines.append(f"At the constant-prediction baseline over seeds {every} (the cell's interval reaches it; ° in "

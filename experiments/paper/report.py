@@ -8,8 +8,9 @@ import shutil
 from pathlib import Path
 
 from experiments.paper import layers, table5, zeroshot
-from experiments.paper.settings import ARMS, LAPTOP, RECIPE, TASKS, Paper, shown
-from experiments.paper.table5 import cell, goal, goal_line
+from experiments.paper.more_seeds import more_seeds_stage
+from experiments.paper.settings import ARMS, BUDGETS, RECIPE, TASKS, Paper, shown
+from experiments.paper.table5 import cell, goal
 from gpt1_jax.config import PretrainConfig, load_yaml
 from gpt1_jax.metrics import read_metrics
 
@@ -65,11 +66,10 @@ def table5_summary(paper: Paper) -> list[str]:
         partial = paper.results_dir / "table5.md"  # a stopped Table 5 writes the cells it has finished
         return ["In progress: the cells finished so far are in `table5.md` (the average and the goal wait for all of "
                 "them)."] if partial.is_file() else ["Not run yet."]
-    verdict = goal(table)
     claims = paper.load_json("table5_intervals.json")
-    return [goal_line(verdict), "",
-            "Averages: " + ", ".join(f"{a} {verdict['averages'][a]:.1f}" for a in ARMS) + ". Per task: `table5.md`.",
-            *(["", *table5.interval_lines(claims)] if claims else [])]
+    return [table5.verdict(paper, table, claims)[1], "",
+            "Averages: " + ", ".join(f"{a} {goal(table)['averages'][a]:.1f}" for a in ARMS) + ". Per task: `table5.md`.",
+            *(["", *table5.interval_lines(claims, table5.gain_goal(paper))] if claims else [])]
 
 
 def more_seeds_summary(paper: Paper) -> list[str]:
@@ -102,10 +102,14 @@ def layers_summary(paper: Paper) -> list[str]:
 
 def diagnosis_summary(paper: Paper) -> list[str]:
     found = paper.load_json("diagnosis.json")
+    if not found and not paper.budget.max_train:
+        return [f"Not run: this Table 5 already fine-tunes on every training example{paper.budget.caps_note()}, and the "
+                "stage asks whether more of them would move the gain."]
     if not found:
         table = paper.load_json("table5.json")
         why = ("Table 5 met its goal, and this stage is for one that misses it"
-               if table and goal(table)["met"] else "the stage for a Table 5 that misses its goal")
+               if table and table5.verdict(paper, table, paper.load_json("table5_intervals.json"))[0]
+               else "the stage for a Table 5 that misses its goal")
         return [f"Not run: {why} (`--stages diagnosis`; ~2 h at the laptop budget)."]
     size = f"at most {found['max_train']:,}" if found["max_train"] else "all"
     lines = [f"`full` vs `no_pretrain` on {size} training examples per task (seed {found['seed']}):"]
@@ -203,15 +207,18 @@ def write_readme(paper: Paper) -> None:
     paper.save_text("README.md", text)
 
 
-def rebuild_results(scratch: Path) -> None:
-    """The committed results/ again from what it keeps (runs/, pretrain.json, zeroshot.json, timings.json),
-    training nothing: Table 5, lr_grid.json, Figure 2's plots and README.md. `scratch`: an empty folder for
-    the run workdirs the kept records are put back into. pretrain_loss.png is the pre-training run's own plot
-    (a copy), so it is not rebuilt."""
-    paper = Paper(out=scratch, budget_name="laptop", pretrain_config=str(RECIPE), tasks=TASKS,
-                  layer_tasks=LAPTOP.layer_tasks, train=False)
+def rebuild_results(scratch: Path, recipe: Path = RECIPE, budget: str = "laptop") -> None:
+    """A committed pipeline's results (settings.COMMITTED) again from what it keeps (runs/, pretrain.json,
+    zeroshot.json, timings.json), training nothing: Table 5, its more seeds, lr_grid.json, Figure 2's plots and
+    README.md. A cell whose runs are not all recorded yet stays empty, as the pipeline stopped there writes it.
+    `scratch`: an empty folder for the run workdirs the kept records are put back into. pretrain_loss.png is the
+    pre-training run's own plot (a copy), so it is not rebuilt."""
+    paper = Paper(out=scratch, budget_name=budget, pretrain_config=str(recipe), tasks=TASKS,
+                  layer_tasks=BUDGETS[budget].layer_tasks, train=False, train_tasks=())
+    assert paper.committed, (recipe, budget)
     table5.table5_stage(paper)
-    layers.layers_stage(paper)
+    more_seeds_stage(paper)
+    if (paper.results_dir / "layers.json").is_file():  # the first release ran Figure 2 (left); the 4ep one has not
+        layers.layers_stage(paper)
     zeroshot.plot(paper.load_json("zeroshot.json"), paper.results_dir / "zeroshot.png")
     write_readme(paper)
-
