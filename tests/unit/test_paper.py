@@ -6,6 +6,7 @@ standard errors of their majority, a stage's wall-clock sums every session's. Th
 
 import dataclasses
 import json
+import os
 import types
 
 import numpy as np
@@ -283,6 +284,17 @@ def test_more_seeds_extend_the_pairs_and_report_them_beside_the_planned_seeds(tm
     assert "Gain above zero at 95%, seeds 0–9: sst2 (1 of 2 tasks)" in text
     from experiments.paper.report import more_seeds_summary
     assert "cola 0.0 [-0.8, 0.8] (n 10); sst2 5.5 [3.3, 7.7] (n 10); 2-task average" in more_seeds_summary(paper)[1]
+
+
+def test_check_run_names_a_missing_data_folder_in_one_line(tmp_path, monkeypatch, capsys):
+    from experiments.paper import check_run
+
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # check_run sets its 2 devices there: restored after
+    argv = ["--arm", "full", "--task", "cola", "--lr", "1e-3", "--data-dir", str(tmp_path / "none"), "--out", str(tmp_path)]
+    assert check_run.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("check_run: error:") and "no GLUE CoLA folder" in err[-1]
+    assert "Traceback" not in "\n".join(err)
 
 
 def test_the_cost_counts_the_tokens_make_batch_pads():
