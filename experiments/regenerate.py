@@ -25,22 +25,20 @@ from pathlib import Path
 
 from experiments.optimizers import run_study
 from experiments.paper.report import rebuild_results
-from experiments.paper.settings import PAPER_DIR
+from experiments.paper.settings import COMMITTED, PAPER_DIR
 from experiments.scale.plan_table import write_table
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIMIZERS = ROOT / "experiments" / "optimizers" / "results"
-OUTPUTS = ["experiments/paper/results", "experiments/paper/results_4ep", "experiments/optimizers/results",
-           "experiments/scale/results",
-           "experiments/scale/README.md"]
-RECIPE_4EP = PAPER_DIR / "pretrain_4ep.yaml"  # the stronger release's recipe, its results in results_4ep/
+PAPER_RESULTS = [f"experiments/paper/{results}" for _, results in COMMITTED.values()]
+OUTPUTS = [*PAPER_RESULTS, "experiments/optimizers/results", "experiments/scale/results", "experiments/scale/README.md"]
 CORPUS = "../shared/data/corpus/english_mixed.txt.gz"  # the pre-training study's, as its table names it
 
 
 def regenerate() -> None:
     with tempfile.TemporaryDirectory() as scratch, contextlib.redirect_stderr(io.StringIO()):  # "done before" x 100
-        rebuild_results(Path(scratch) / "paper")
-        rebuild_results(Path(scratch) / "paper_4ep", RECIPE_4EP, "full_sets")
+        for recipe, budget in COMMITTED:  # each committed paper pipeline: results/ and results_4ep/
+            rebuild_results(Path(scratch) / f"paper_{budget}", PAPER_DIR / recipe, budget)
         for study in ("pretrain", "finetune"):  # finetune's optimizers: the best of <out>/pretrain/results.json
             run_study.main([study, "--tables", "--out", f"{scratch}/optimizers", "--corpus", CORPUS,
                             "--records", str(OPTIMIZERS / "records"), "--results", str(OPTIMIZERS)])

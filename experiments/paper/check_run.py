@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from experiments import harness
-from experiments.paper.settings import ARMS, PAPER_DIR, TASKS, Paper
+from experiments.paper.settings import ARMS, RECIPE_4EP, TASKS, Paper
 from gpt1_jax.cli import simulate_devices
 from gpt1_jax.config import FinetuneConfig
 from gpt1_jax.errors import GPT1JaxError
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     simulate_devices(DEVICES)  # before jax starts its backend
     from experiments.paper.table5 import run_of  # jax-importing: after the devices are set
 
-    paper = Paper(out=Path(args.out), budget_name="full_sets", pretrain_config=str(PAPER_DIR / "pretrain_4ep.yaml"),
+    paper = Paper(out=Path(args.out), budget_name="full_sets", pretrain_config=str(RECIPE_4EP),
                   tasks=TASKS, layer_tasks=(), data_dir=args.data_dir, train=False)
     model = dataclasses.replace(FinetuneConfig().model, dtype=args.dtype)
     for seed in seeds:

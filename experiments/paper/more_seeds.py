@@ -29,15 +29,15 @@ def more_seeds_stage(paper: Paper) -> bool | None:
     by_seed: dict[str, dict[str, dict[int, float]]] = {}  # task -> arm -> seed -> score
     fresh, waiting = False, []
     for arm, task in [(a, t) for a, t in run_order(paper.tasks) if a in PAIR]:
-        seeds = paper.budget.seeds_of(arm) + paper.budget.more_seeds
+        seeds, runs_paper = paper.budget.seeds_of(arm) + paper.budget.more_seeds, paper.for_task(task)
         try:
             # Table 5's own choice, from its seed-0 grid (the kept records; a grid run missing is made, as there)
-            if (best := best_lr(paper.for_task(task), arm, task)) is None:
+            if (best := best_lr(runs_paper, arm, task)) is None:
                 write(paper, by_seed)
                 return None
             if (lr := best[0]) is None:  # every run of its grid failed: no seed to add
                 continue
-            dones = run_all(paper.for_task(task), [run_of(paper, arm, task, lr, s) for s in seeds], stage="more_seeds")
+            dones = run_all(runs_paper, [run_of(paper, arm, task, lr, s) for s in seeds], stage="more_seeds")
         except FileNotFoundError:
             if not paper.left_out(task):
                 raise

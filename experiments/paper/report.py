@@ -66,9 +66,9 @@ def table5_summary(paper: Paper) -> list[str]:
         partial = paper.results_dir / "table5.md"  # a stopped Table 5 writes the cells it has finished
         return ["In progress: the cells finished so far are in `table5.md` (the average and the goal wait for all of "
                 "them)."] if partial.is_file() else ["Not run yet."]
-    claims = paper.load_json("table5_intervals.json")
+    claims, averages = paper.load_json("table5_intervals.json"), goal(table)["averages"]
     return [table5.verdict(paper, table, claims)[1], "",
-            "Averages: " + ", ".join(f"{a} {goal(table)['averages'][a]:.1f}" for a in ARMS) + ". Per task: `table5.md`.",
+            "Averages: " + ", ".join(f"{a} {averages[a]:.1f}" for a in ARMS) + ". Per task: `table5.md`.",
             *(["", *table5.interval_lines(claims, table5.gain_goal(paper))] if claims else [])]
 
 
