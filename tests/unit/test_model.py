@@ -217,7 +217,7 @@ def test_hf_state_round_trip_is_exact():
 
 @pytest.mark.parametrize("spec", ["btd,dqhk->btqhk", "bthk,hkd->btd", "btd,vd->btv"])
 def test_mixed_einsum_gradients_match_fp32(spec):
-    from gpt1_jax.model import mixed_einsum
+    from gpt1_jax.precision import mixed_einsum
 
     x_axes, w_axes = spec.split("->")[0].split(",")
     sizes = dict(b=2, t=5, d=8, q=3, h=2, k=4, v=11)
@@ -231,3 +231,32 @@ def test_mixed_einsum_gradients_match_fp32(spec):
     assert gx.dtype == gw.dtype == jnp.float32
     for got, ref in ((gx, rx), (gw, rw)):
         assert float(jnp.linalg.norm(got - ref) / jnp.linalg.norm(ref)) < 1e-2  # bf16 inputs: ~3 digits
+
+
+
+def test_bf16_compute_keeps_bias_gradients_and_gelu_in_fp32():
+    """XLA:CPU has no bf16 arithmetic: it converts around every bf16 elementwise op, and a sum over a bf16
+    gradient (a bias's) becomes a converted tree reduction (reduce-window), which cost the bf16 `small`
+    step ~20% (experiments/bench/README.md). In bf16 compute the bias joins the fp32 product, and GELU
+    runs in fp32: the loss gradient's jaxpr has no bf16 tanh and no bf16 sum of a bias's shape."""
+    import re
+
+    import optax
+
+    config = dataclasses.replace(model_preset("tiny"), dtype="bfloat16")
+    params = nn.meta.unbox(init_params(config, 0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, config.vocab_size, (2, 17)), jnp.int32)
+
+    def loss(params):
+        model = GPT1(config)
+        h = model.apply({"params": params}, tokens[:, :-1], deterministic=False, rngs={"dropout": jax.random.key(0)})
+        logits = model.apply({"params": params}, h, method=GPT1.logits)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    text = str(jax.make_jaxpr(jax.grad(loss))(params))
+    assert re.search(r"bf16\[[^\]]*\] = dot_general", text)  # the products do take bf16
+    assert not re.search(r"bf16\[[^\]]*\] = tanh", text)
+    bias_shapes = {",".join(map(str, b.shape)) for path, b in jax.tree_util.tree_leaves_with_path(params)
+                   if path[-1].key == "bias" and b.ndim}
+    bf16_sums = set(re.findall(r"bf16\[([^\]]*)\] = reduce_sum", text))
+    assert bias_shapes and not bf16_sums & bias_shapes, bf16_sums & bias_shapes
