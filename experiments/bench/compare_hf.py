@@ -38,7 +38,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from gpt1_jax import heads
+from gpt1_jax import heads, hugepages
 from gpt1_jax.config import MeshConfig, OptimConfig, PretrainConfig, resolve
 from gpt1_jax.flops import cpu_flags
 from gpt1_jax.generate import generate
@@ -220,7 +220,8 @@ def jax_finetune(t: dict, args) -> dict:
     lm_step_s, _, _ = timed(lm, lm_batches)
     return {"device_kind": jax.devices()[0].device_kind, "step_s_median": round(step_s, 4),
             "step_s": [round(x, 4) for x in times], "losses": losses, "tokens_per_s": round(B * T / step_s, 2),
-            "examples_per_s": round(B / step_s, 2), "pretrain_step_s_median": round(lm_step_s, 4), "per_token_cost_vs_pretrain": round(step_s / lm_step_s, 3)}
+            "examples_per_s": round(B / step_s, 2), "pretrain_step_s_median": round(lm_step_s, 4),
+            "per_token_cost_vs_pretrain": round(step_s / lm_step_s, 3), "malloc_huge_pages": hugepages.active()}
 
 
 WORKERS = {("hf", "train"): hf_train, ("hf", "finetune"): hf_train, ("hf", "generate"): hf_generate,
@@ -280,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--batch must be >= 1, got {args.batch}")
     if args.worker:
         t = with_batch(TARGETS[args.target], args.batch)
+        if args.worker == "jax" and t["kind"] == "finetune":
+            # As `gpt1-jax finetune` runs (the train side's `gpt1-jax bench` does the same): without it the
+            # finetune row measured ~30% below the verb on 2026-11-28's machine (experiments/bench/README.md).
+            hugepages.reexec_with_huge_pages()
         result = WORKERS[(args.worker, t["kind"])](t, args)
         print(json.dumps({"impl": "gpt1_jax" if args.worker == "jax" else "hf_torch", "target": args.target,
                           "dtype": args.dtype, **result}), flush=True)

@@ -12,7 +12,9 @@ Each thunk is put in one group by what its HLO holds: the jaxpr path in the inst
 step, share of the step, thunks per step) and a summary: the step's wall time under the profiler, the
 busy time, the time no thunk was running ("idle": dispatch, waiting, host work), the thunks per step,
 the step's temporary bytes, the page faults and kernel CPU time per step, whether glibc's huge pages
-were on, and the CPU flags. `--trace-dir` keeps the trace for Perfetto or TensorBoard.
+were on, and the CPU flags. Run from a command line it re-executes itself under glibc's huge pages, as
+`gpt1-jax bench` and the training verbs do (gpt1_jax/hugepages.py; `GPT1_JAX_HUGE_PAGES=off` for plain
+pages). `--trace-dir` keeps the trace for Perfetto or TensorBoard.
 """
 
 from __future__ import annotations
@@ -248,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.devices < 1 or args.steps < 1:
         p.error("--devices and --steps must be >= 1")
+    if argv is None:  # a command line: profile the step as `gpt1-jax bench` and the training verbs run it
+        hugepages.reexec_with_huge_pages()
 
     simulate_devices(args.devices if args.devices > 1 else None)  # before jax starts its backend
     overrides = [f"data.global_batch_size={args.batch}"] * (args.batch is not None)
