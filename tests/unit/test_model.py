@@ -217,7 +217,7 @@ def test_hf_state_round_trip_is_exact():
 
 @pytest.mark.parametrize("spec", ["btd,dqhk->btqhk", "bthk,hkd->btd", "btd,vd->btv"])
 def test_mixed_einsum_gradients_match_fp32(spec):
-    from gpt1_jax.precision import mixed_einsum
+    from gpt1_jax.model import mixed_einsum
 
     x_axes, w_axes = spec.split("->")[0].split(",")
     sizes = dict(b=2, t=5, d=8, q=3, h=2, k=4, v=11)
