@@ -2,11 +2,13 @@
 
 import dataclasses
 import functools
+import re
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
@@ -239,10 +241,6 @@ def test_bf16_compute_keeps_bias_gradients_and_gelu_in_fp32():
     gradient (a bias's) becomes a converted tree reduction (reduce-window), which cost the bf16 `small`
     step ~20% (experiments/bench/README.md). In bf16 compute the bias joins the fp32 product, and GELU
     runs in fp32: the loss gradient's jaxpr has no bf16 tanh and no bf16 sum of a bias's shape."""
-    import re
-
-    import optax
-
     config = dataclasses.replace(model_preset("tiny"), dtype="bfloat16")
     params = nn.meta.unbox(init_params(config, 0))
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, config.vocab_size, (2, 17)), jnp.int32)
