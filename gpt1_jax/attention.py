@@ -2,12 +2,15 @@
 
 Shapes use nanodo's suffixes: B batch, T query time, S key time, H heads, K head dim.
 Implementations:
-  "xla"          masked softmax as two einsums; fastest on CPU (docs/stack.md: jax.nn.dot_product_attention's
-                 backward pass was ~1.7x slower there) and the only one with attention dropout.
+  "xla"          masked softmax as two einsums (docs/stack.md: jax.nn.dot_product_attention's backward pass was
+                 ~1.7x slower on CPU); with "xla_blocked", the only ones with attention dropout.
+  "xla_blocked"  the same core in blocks of queries (`query_blocks`), each over the keys up to its own end: the
+                 masked triangle above the blocks is never computed. Fastest on CPU. Not the default elsewhere:
+                 compiled for a TPU (v5e, 2026-11-28) it moved more bytes than "xla" (docs/scale.md).
   "dot_product"  jax.nn.dot_product_attention with XLA's own lowering.
   "cudnn"        jax.nn.dot_product_attention's cuDNN flash kernel (GPU; bf16/fp16 only, head dims a multiple of
                  8 up to 128 on every GPU: jax refuses the rest with NotImplementedError).
-  "auto"         cudnn on GPU where it runs and no dropout is asked for, xla otherwise.
+  "auto"         xla_blocked on CPU; cudnn on GPU where it runs and no dropout is asked for; xla otherwise.
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ def resolve_impl(impl: str, dropout_active: bool, dtype, backend: str | None = N
     cudnn_dtype = jnp.dtype(dtype) in CUDNN_DTYPES
     cudnn_head = head_dim % 8 == 0 and head_dim <= 128
     if impl == "auto":
-        on_gpu = (backend or jax.default_backend()) == "gpu"
-        return "cudnn" if on_gpu and cudnn_dtype and cudnn_head and not dropout_active else "xla"
+        backend = backend or jax.default_backend()
+        if backend == "cpu":
+            return "xla_blocked"
+        return "cudnn" if backend == "gpu" and cudnn_dtype and cudnn_head and not dropout_active else "xla"
     if impl in ("dot_product", "cudnn") and dropout_active:
         raise ConfigError(f"model.attention={impl!r} has no attention dropout; set attn_dropout=0 or attention='xla'")
     if impl == "cudnn" and not cudnn_dtype:
@@ -78,6 +83,10 @@ def causal_attention(
             return jax.nn.dot_product_attention(
                 q_BTHK, k_BSHK, v_BSHK, is_causal=True, implementation=None if impl == "dot_product" else "cudnn"
             )
+    elif impl == "xla_blocked" and query_offset is None and q_BTHK.shape[1] == k_BSHK.shape[1]:
+        def core(q_BTHK, k_BSHK, v_BSHK, dropout_rng):
+            return _query_blocked_attention(q_BTHK, k_BSHK, v_BSHK, dropout_rate if dropout_active else 0.0,
+                                            dropout_rng)
     else:
         def core(q_BTHK, k_BSHK, v_BSHK, dropout_rng):
             return _einsum_attention(q_BTHK, k_BSHK, v_BSHK, dropout_rate if dropout_active else 0.0, dropout_rng,
@@ -85,6 +94,32 @@ def causal_attention(
     if recompute and query_offset is None:  # a decode step has no backward pass
         core = jax.checkpoint(core)
     return core(q_BTHK, k_BSHK, v_BSHK, dropout_rng if dropout_active else None)
+
+
+def query_blocks(T: int) -> int:
+    """How many blocks the einsum core splits T queries into (at least 128 queries a block, at most 4 blocks).
+
+    Block i's queries see only the keys up to the block's own end, so the products, the softmax and the
+    dropout draws skip the masked triangle above the blocks: 4 blocks do 10/16 of the T x T work. On CPU the
+    117M train step at 2 x 512 went from 2.75 to 2.53 s and the `small` one at 16 x 256 from 0.67 to 0.59 s;
+    blocks of 32 queries made the `small` 16 x 128 step no faster in fp32 and slower in bf16, for twice the
+    compile time (experiments/bench/README.md, 2026-11-28)."""
+    return max(1, min(4, T // 128))
+
+
+def _query_blocked_attention(q_BTHK, k_BSHK, v_BSHK, dropout_rate: float, dropout_rng) -> jax.Array:
+    """The causal core over T == S positions, query block by query block (`query_blocks`); each block
+    draws its own dropout mask from `fold_in(dropout_rng, block)`."""
+    T = q_BTHK.shape[1]
+    n = query_blocks(T)
+    if n == 1:
+        return _einsum_attention(q_BTHK, k_BSHK, v_BSHK, dropout_rate, dropout_rng, None)
+    ends = [T * (i + 1) // n for i in range(n)]
+    out = []
+    for i, (start, end) in enumerate(zip([0] + ends[:-1], ends)):
+        rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
+        out.append(_einsum_attention(q_BTHK[:, start:end], k_BSHK[:, :end], v_BSHK[:, :end], dropout_rate, rng, None))
+    return jnp.concatenate(out, axis=1)
 
 
 def _einsum_attention(q_BTHK, k_BSHK, v_BSHK, dropout_rate: float, dropout_rng, query_offset) -> jax.Array:

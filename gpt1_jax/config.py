@@ -30,7 +30,7 @@ from gpt1_jax.files import atomic_write_text
 T = TypeVar("T")
 
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_IMPLS = ("auto", "xla", "dot_product", "cudnn")
+ATTENTION_IMPLS = ("auto", "xla", "xla_blocked", "dot_product", "cudnn")
 REMAT_POLICIES = ("none", "full", "dots", "attention")
 
 # How a model runs, not which weights it has: free to differ between a checkpoint and the run using it.

@@ -27,9 +27,11 @@ from collections import defaultdict
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from gpt1_jax import flops, sizing, topology
+from gpt1_jax.attention import resolve_impl
 from gpt1_jax.config import MeshConfig, PretrainConfig
 from gpt1_jax.errors import ConfigError, PlanDoesNotFit
 from gpt1_jax.step import lm_batch_spec, lm_trainer
@@ -289,7 +291,8 @@ def _header(config, where, mesh_config, mesh, trainer) -> dict[str, Any]:
     return {
         "topology": where.name, "num_slices": where.num_slices, "chip": where.device_kind, "chips": len(where.devices),
         "mesh": dict(mesh.shape), "dcn": {a: getattr(mesh_config, f"dcn_{a}") for a in ("data", "fsdp", "tensor")},
-        "remat": config.model.remat, "dtype": config.model.dtype, "state_dtype": config.optim.state_dtype,
+        "remat": config.model.remat, "attention": config.model.attention, "dtype": config.model.dtype,
+        "state_dtype": config.optim.state_dtype,
         "num_params": config.model.num_params(), "global_batch": B, "seq_len": T,
         "per_chip_batch": B / (mesh.shape["data"] * mesh.shape["fsdp"]), "accum_steps": config.accum_steps,
         "state_bytes_per_chip": sizing.state_bytes_per_device(trainer), **_state_split(trainer),
@@ -532,6 +535,12 @@ def auto(config: PretrainConfig, where: Target, compile_top: int = 3, baselines:
 def plan(config: PretrainConfig, where: Target, mesh_auto: bool = False, progress=None) -> dict[str, Any]:
     """The plan the CLI prints: one mesh (`config.mesh`) or the best of `--mesh auto`. A plan that does not
     fit raises PlanDoesNotFit with one line."""
+    # `model.attention=auto` as the target resolves it: traced here it would see this host's default backend,
+    # a CPU when the target is a TPU topology.
+    model = config.model
+    attention = resolve_impl(model.attention, model.attn_dropout > 0.0, jnp.dtype(model.dtype),
+                             where.devices[0].platform, model.head_dim)
+    config = dataclasses.replace(config, model=dataclasses.replace(model, attention=attention))
     if mesh_auto:
         return auto(config, where, progress=progress)
     result = compile_plan(config, where)

@@ -115,17 +115,21 @@ def test_ctrl_c_in_every_phase_stops_with_one_line_and_the_same_command_goes_on(
 
     phases = [  # (name, when the phase has begun, how long after that to press Ctrl-C)
         ("training the BPE", lambda proc: reading(proc, corpus), rng.uniform(0.0, 1.0)),
-        ("tokenizing", tokenizing, rng.uniform(0.0, 2.0)),
+        ("tokenizing", tokenizing, rng.uniform(0.0, 1.0)),
         ("measuring, compiling", said("pretrain:"), rng.uniform(0.0, 3.0)),  # the progress bar: before init
     ]
+    checkpoints = lambda: sorted(p.name for p in (workdir / "checkpoints").glob("[0-9]*"))  # noqa: E731
     for name, ready, delay in phases:
+        before = checkpoints()
         status, err = interrupt(argv, log, ready, delay)
         why = f"{name}, {delay:.2f} s in (seed {seed})"
         line = assert_stopped_cleanly(status, err, [workdir, cache], why)
-        if name == "measuring, compiling" and line.endswith(": checkpoint saved; run the same command to resume"):
-            continue  # a remembered matmul peak makes this phase short: the Ctrl-C came once training had begun
+        if name != "training the BPE" and line.endswith(": checkpoint saved; run the same command to resume"):
+            # With the compiled step cached and the matmul peak remembered, what follows the tokens takes
+            # under 2 s on a fast CPU (2026-11-28: a Ctrl-C 1.68 s into tokenizing came at step 1).
+            continue
         assert "before training started; nothing was written half-way; run the same command" in line, (why, line)
-        assert not list((workdir / "checkpoints").glob("[0-9]*")), why
+        assert checkpoints() == before, why
 
     # "starting: ...M params" ("resuming at step N: ..." after a Ctrl-C above came late) comes right before
     # the loop, which compiles the step: the first Ctrl-C saves, then stops. One that lands in the instant

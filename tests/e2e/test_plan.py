@@ -25,6 +25,7 @@ def _plan_cli(capsys, *argv) -> dict:
 def test_tiny_plan_compiles_for_a_tpu_topology_and_fits(capsys, topology, mesh):
     result = _plan_cli(capsys, "--topology", topology, "--mesh", mesh)
     assert result["chips"] == 4 and result["chip"].startswith("TPU v")
+    assert result["attention"] == "xla"  # `auto` as the TPU resolves it, not as this CPU host would
     assert result["fits"] is True and 0 < result["peak_bytes_per_chip"] < result["hbm_bytes_per_chip"]
     assert result["margin_bytes"] == result["hbm_bytes_per_chip"] - result["peak_bytes_per_chip"]
     assert set(result["collectives"]) <= set(plan.COLLECTIVES) and result["collectives"]

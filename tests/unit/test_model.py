@@ -13,7 +13,7 @@ import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
 import gpt1_jax
-from gpt1_jax.attention import causal_attention, check_runnable, resolve_impl
+from gpt1_jax.attention import _einsum_attention, causal_attention, check_runnable, query_blocks, resolve_impl
 from gpt1_jax.config import ConfigError, ModelConfig, apply_overrides, model_preset
 from gpt1_jax.model import GPT1, init_params
 from gpt1_jax.weights import hf_state_to_params, params_to_hf_state
@@ -140,8 +140,9 @@ def test_attention_implementation_choice():
     assert resolve_impl("auto", False, jnp.float16, backend="gpu") == "cudnn"
     assert resolve_impl("auto", False, jnp.float32, backend="gpu") == "xla"
     assert resolve_impl("auto", True, jnp.bfloat16, backend="gpu") == "xla"
-    assert resolve_impl("auto", False, jnp.bfloat16, backend="cpu") == "xla"
-    assert resolve_impl("auto", False, jnp.bfloat16) == "xla"  # this machine: a CPU
+    assert resolve_impl("auto", False, jnp.bfloat16, backend="cpu") == "xla_blocked"
+    assert resolve_impl("auto", True, jnp.float32) == "xla_blocked"  # this machine: a CPU
+    assert resolve_impl("auto", True, jnp.bfloat16, backend="tpu") == "xla"
     with pytest.raises(ConfigError, match="'cudnn' needs bf16 or fp16 compute, got float32"):
         resolve_impl("cudnn", False, jnp.float32, backend="gpu")
     with pytest.raises(ConfigError, match="has no attention dropout"):
@@ -172,6 +173,49 @@ def test_dot_product_attention_matches_the_einsum_core():
     np.testing.assert_allclose(causal_attention(q, k, v, impl="dot_product"), ref, rtol=1e-5, atol=1e-5)
     # the first query sees only the first key: its output is that key's value
     np.testing.assert_allclose(ref[:, 0], v[:, 0], rtol=1e-6, atol=1e-6)
+
+
+def test_query_blocked_attention_matches_float64_and_the_unblocked_gradients():
+    """At 520 positions the blocked einsum core runs 4 query blocks of 130 (each over the keys up to its end):
+    outputs as float64 NumPy's causal softmax attention, gradients as the one-block core's."""
+    B, T, H, K = 1, 520, 2, 8
+    assert [query_blocks(t) for t in (64, 128, 255, 256, 511, 520, 4096)] == [1, 1, 1, 2, 3, 4, 4]
+    q, k, v = (jax.random.normal(jax.random.key(i), (B, T, H, K)) for i in range(3))
+    q64, k64, v64 = (np.asarray(a, np.float64) for a in (q, k, v))
+    scores = np.einsum("bthk,bshk->bhts", q64, k64) / np.sqrt(K)
+    scores = np.where(np.tri(T, dtype=bool), scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = np.einsum("bhts,bshk->bthk", probs / probs.sum(-1, keepdims=True), v64)
+    blocked_core = functools.partial(causal_attention, impl="xla_blocked")
+    # no array of all T x S scores: the masked triangle above the blocks is never computed
+    assert ",520,520]" not in str(jax.make_jaxpr(blocked_core)(q, k, v))
+    assert ",520,520]" in str(jax.make_jaxpr(functools.partial(causal_attention, impl="xla"))(q, k, v))
+    np.testing.assert_allclose(blocked_core(q, k, v), expected, rtol=1e-5, atol=1e-5)
+
+    def loss(core, q, k, v):
+        return jnp.sum(jnp.sin(core(q, k, v)))
+    blocked = jax.grad(functools.partial(loss, blocked_core), argnums=(0, 1, 2))(q, k, v)
+    one_block = functools.partial(_einsum_attention, dropout_rate=0.0, dropout_rng=None, query_offset=None)
+    for a, b in zip(blocked, jax.grad(functools.partial(loss, one_block), argnums=(0, 1, 2))(q, k, v)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_query_blocks_each_draw_their_own_dropout_mask():
+    """With v the identity over 260 keys (2 query blocks), the output rows are the attention probabilities
+    after dropout: causal in both blocks, dropped at the asked rate, kept ones scaled by 1 / (1 - rate), and
+    the two blocks' masks are not one mask repeated."""
+    T, rate = 260, 0.25
+    q, k = (jax.random.normal(jax.random.key(i), (1, T, 1, 16)) for i in range(2))
+    v = jnp.eye(T)[None, :, None, :]
+    kept = causal_attention(q, k, v, impl="xla_blocked", dropout_rate=rate, dropout_rng=jax.random.key(3))
+    kept, plain = (np.asarray(out)[0, :, 0] for out in (kept, causal_attention(q, k, v, impl="xla_blocked")))
+    lower = np.tri(T, dtype=bool)
+    assert not kept[~lower].any() and not plain[~lower].any()
+    dropped = (kept == 0) & lower
+    assert abs(dropped.sum() / lower.sum() - rate) < 0.01
+    np.testing.assert_allclose(kept[~dropped & lower], plain[~dropped & lower] / (1 - rate), rtol=1e-5)
+    first, second = dropped[:130, :130], dropped[130:, :130]
+    assert (first[np.tri(130, dtype=bool)] != second[np.tri(130, dtype=bool)]).mean() > 0.2
 
 
 def test_attention_recompute_keeps_gradients_and_drops_the_saved_scores(capsys):
