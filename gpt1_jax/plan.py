@@ -251,8 +251,18 @@ def with_slices(mesh: MeshConfig, num_slices: int) -> MeshConfig:
     return dataclasses.replace(mesh, dcn_data=num_slices)
 
 
+def on_target(config: PretrainConfig, where: Target) -> PretrainConfig:
+    """`config` with `model.attention=auto` as `where`'s devices resolve it: traced as it is, the step would
+    resolve it against this host's default backend, a CPU when the target is a TPU topology."""
+    model = config.model
+    attention = resolve_impl(model.attention, model.attn_dropout > 0.0, jnp.dtype(model.dtype),
+                             where.devices[0].platform, model.head_dim)
+    return dataclasses.replace(config, model=dataclasses.replace(model, attention=attention))
+
+
 def compile_plan(config: PretrainConfig, where: Target) -> dict[str, Any]:
     """The plan of one mesh: compile `config`'s train step for `where` and read it (see module docstring)."""
+    config = on_target(config, where)
     mesh_config = with_slices(config.mesh, where.num_slices)
     trainer = lm_trainer(config.model, config.optim, mesh_config, accum_steps=config.accum_steps, seed=config.seed,
                          devices=list(where.devices))
@@ -535,12 +545,6 @@ def auto(config: PretrainConfig, where: Target, compile_top: int = 3, baselines:
 def plan(config: PretrainConfig, where: Target, mesh_auto: bool = False, progress=None) -> dict[str, Any]:
     """The plan the CLI prints: one mesh (`config.mesh`) or the best of `--mesh auto`. A plan that does not
     fit raises PlanDoesNotFit with one line."""
-    # `model.attention=auto` as the target resolves it: traced here it would see this host's default backend,
-    # a CPU when the target is a TPU topology.
-    model = config.model
-    attention = resolve_impl(model.attention, model.attn_dropout > 0.0, jnp.dtype(model.dtype),
-                             where.devices[0].platform, model.head_dim)
-    config = dataclasses.replace(config, model=dataclasses.replace(model, attention=attention))
     if mesh_auto:
         return auto(config, where, progress=progress)
     result = compile_plan(config, where)

@@ -53,6 +53,7 @@ def test_mesh_auto_fits_and_beats_data_only_and_fsdp_only():
     where = plan.target("v5e:2x2")
     best = plan.auto(config, where, compile_top=1)
     assert best["fits"] is True and best["auto"]["candidates"] > best["auto"]["compiled"] >= 1
+    assert config.model.attention == "auto" and best["attention"] == "xla"  # as the TPU resolves it
     # data-only and fsdp-only were compiled beside the analytic best, and none beats the pick
     ranking = best["auto"]["ranking"]
     for mesh in ({"data": 4, "fsdp": 1, "tensor": 1}, {"data": 1, "fsdp": 4, "tensor": 1}):
