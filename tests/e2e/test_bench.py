@@ -34,6 +34,7 @@ def test_bench_tiny_prints_json(capsys):
     assert result["flops_per_token"] == flops_per_token(model_preset("tiny"), 32)
     assert result["state_bytes_per_device"] < result["state_bytes_total"]
     assert result["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert result["attention"] == "xla_blocked"  # `auto` on a CPU
 
 
 def test_bench_compile_only_is_the_dry_run_report(capsys, tmp_path, monkeypatch):
