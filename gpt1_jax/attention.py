@@ -58,6 +58,11 @@ def check_runnable(impl: str, attn_dropout: float, training: bool, head_dim: int
     resolve_impl(impl, training and attn_dropout > 0.0, jnp.bfloat16, backend, head_dim)
 
 
+def model_impl(model, backend: str) -> str:
+    """The implementation a ModelConfig's train step traces on `backend` (its attention dropout on)."""
+    return resolve_impl(model.attention, model.attn_dropout > 0.0, model.dtype, backend, model.head_dim)
+
+
 def causal_attention(
     q_BTHK: jax.Array,
     k_BSHK: jax.Array,
@@ -78,6 +83,7 @@ def causal_attention(
     which at GPT-1's 512 tokens are about half a block's activations, for one more QK^T product."""
     dropout_active = dropout_rate > 0.0 and dropout_rng is not None
     impl = resolve_impl(impl, dropout_active, q_BTHK.dtype, head_dim=q_BTHK.shape[-1])
+    rate = dropout_rate if dropout_active else 0.0
     if impl in ("dot_product", "cudnn"):
         def core(q_BTHK, k_BSHK, v_BSHK, _):
             return jax.nn.dot_product_attention(
@@ -85,12 +91,10 @@ def causal_attention(
             )
     elif impl == "xla_blocked" and query_offset is None and q_BTHK.shape[1] == k_BSHK.shape[1]:
         def core(q_BTHK, k_BSHK, v_BSHK, dropout_rng):
-            return _query_blocked_attention(q_BTHK, k_BSHK, v_BSHK, dropout_rate if dropout_active else 0.0,
-                                            dropout_rng)
+            return _query_blocked_attention(q_BTHK, k_BSHK, v_BSHK, rate, dropout_rng)
     else:
         def core(q_BTHK, k_BSHK, v_BSHK, dropout_rng):
-            return _einsum_attention(q_BTHK, k_BSHK, v_BSHK, dropout_rate if dropout_active else 0.0, dropout_rng,
-                                     query_offset)
+            return _einsum_attention(q_BTHK, k_BSHK, v_BSHK, rate, dropout_rng, query_offset)
     if recompute and query_offset is None:  # a decode step has no backward pass
         core = jax.checkpoint(core)
     return core(q_BTHK, k_BSHK, v_BSHK, dropout_rng if dropout_active else None)

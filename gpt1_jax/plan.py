@@ -27,11 +27,10 @@ from collections import defaultdict
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from gpt1_jax import flops, sizing, topology
-from gpt1_jax.attention import resolve_impl
+from gpt1_jax.attention import model_impl
 from gpt1_jax.config import MeshConfig, PretrainConfig
 from gpt1_jax.errors import ConfigError, PlanDoesNotFit
 from gpt1_jax.step import lm_batch_spec, lm_trainer
@@ -254,10 +253,8 @@ def with_slices(mesh: MeshConfig, num_slices: int) -> MeshConfig:
 def on_target(config: PretrainConfig, where: Target) -> PretrainConfig:
     """`config` with `model.attention=auto` as `where`'s devices resolve it: traced as it is, the step would
     resolve it against this host's default backend, a CPU when the target is a TPU topology."""
-    model = config.model
-    attention = resolve_impl(model.attention, model.attn_dropout > 0.0, jnp.dtype(model.dtype),
-                             where.devices[0].platform, model.head_dim)
-    return dataclasses.replace(config, model=dataclasses.replace(model, attention=attention))
+    attention = model_impl(config.model, where.devices[0].platform)
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, attention=attention))
 
 
 def compile_plan(config: PretrainConfig, where: Target) -> dict[str, Any]:

@@ -16,10 +16,9 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from gpt1_jax import flops
-from gpt1_jax.attention import resolve_impl
+from gpt1_jax.attention import model_impl
 from gpt1_jax.config import ModelConfig, PretrainConfig
 from gpt1_jax.step import lm_batch_spec, lm_trainer
 
@@ -49,8 +48,7 @@ def size_step(trainer, batch_spec: dict[str, Any], model: ModelConfig) -> tuple[
         "dtype": model.dtype,
         "param_dtype": model.param_dtype,
         # the attention core the step traced (`auto` resolved for the mesh's devices)
-        "attention": resolve_impl(model.attention, model.attn_dropout > 0.0, jnp.dtype(model.dtype),
-                                  trainer.mesh.devices.flat[0].platform, model.head_dim),
+        "attention": model_impl(model, trainer.mesh.devices.flat[0].platform),
         "global_batch": B,
         "seq_len": T,
         "accum_steps": trainer.accum_steps,
