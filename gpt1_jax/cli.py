@@ -34,6 +34,7 @@ import argparse
 import dataclasses
 import errno
 import json
+import math
 import os
 import sys
 import time
@@ -45,7 +46,7 @@ from gpt1_jax import compile_cache, distributed, hugepages
 from gpt1_jax import workdir as run_folder
 from gpt1_jax.config import (DataConfig, FinetuneConfig, ModelConfig, PretrainConfig, TRACKER_NAMES, apply_overrides,
                              guarded_text, resolve)
-from gpt1_jax.errors import ConfigError, DivergenceError, GPT1JaxError, Interrupted
+from gpt1_jax.errors import ConfigError, DataError, DivergenceError, GPT1JaxError, Interrupted
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps, newest_checkpoint, record, verify_checkpoints
 from gpt1_jax.interrupt import CtrlC
 from gpt1_jax.metrics import close_open_bars
@@ -74,6 +75,34 @@ def on_off(text: str) -> bool:
     if text.lower() in ("off", "false"):
         return False
     raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An integer flag's type that refuses values below `low` in argparse's own error line."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    parse.__name__ = "int"  # argparse names the type in some errors
+    return parse
+
+
+def finite(low: float, *, above: bool = False) -> Callable[[str], float]:
+    """A float flag's type: finite and >= `low` (> `low` with `above`)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (math.isfinite(value) and (value > low if above else value >= low)):
+            raise argparse.ArgumentTypeError(f"must be a finite number {'>' if above else '>='} {low:g}, got {text}")
+        return value
+    parse.__name__ = "float"
+    return parse
 
 
 SEED_HELP = ("one seed for every random choice the verb makes: initial weights, dropout, the order of the "
@@ -178,7 +207,7 @@ def _model_flags() -> argparse.ArgumentParser:
                 "applied after the other flags)")
     g.add_argument("--mesh", default=None, metavar="AXIS=N,...",
                    help="e.g. data=2,fsdp=2,tensor=2 (default: data over all devices); `plan` also takes auto")
-    g.add_argument("--simulate-devices", type=int, default=None, metavar="N",
+    g.add_argument("--simulate-devices", type=at_least(1), default=None, metavar="N",
                    help="N fake CPU devices: try a mesh, or size a pod job, on one machine; on a 2-core CPU, 2 "
                    "also train data-parallel 8-16%% faster than 1 (experiments/bench/README.md)")
     return p
@@ -193,7 +222,7 @@ def _model_source_flags(p: argparse.ArgumentParser, workdir_help: str) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--workdir", help=workdir_help)
     where.add_argument("--init", metavar="SOURCE", help=INIT_SOURCES)
-    p.add_argument("--step", type=int, default=None, metavar="N",
+    p.add_argument("--step", type=at_least(0), default=None, metavar="N",
                    help="checkpoint step of a run workdir (default: the latest)")
     _flag(p, None, "--tokenizer", note="default: the one in the workdir or SOURCE")
 
@@ -395,7 +424,7 @@ def _evaluate_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, None, "--data", note="default: a pre-training run's own validation split (other sources need it)")
     _flag(p, PretrainConfig, "--batch-size", note="default: the run's, else --config's")
     _flag(p, PretrainConfig, "--seq-len", note="default: the run's, else the model's whole context (n_positions)")
-    p.add_argument("--max-batches", type=int, default=0, metavar="N", help="stop after this many batches (0: all)")
+    p.add_argument("--max-batches", type=at_least(0), default=0, metavar="N", help="stop after this many batches (0: all)")
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -427,10 +456,10 @@ def _sample_flags(p: argparse.ArgumentParser) -> None:
     _model_source_flags(p, "a run directory (its latest checkpoint and tokenizer)")
     _flag(p, None, "--seed")
     p.add_argument("--prompt", default="the", help="text to continue")
-    p.add_argument("--max-new-tokens", type=int, default=40)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--num-samples", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=at_least(1), default=40)
+    p.add_argument("--temperature", type=finite(0.0), default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=at_least(0), default=40, help="0 = the whole vocabulary")
+    p.add_argument("--num-samples", type=at_least(1), default=3)
 
 
 def _sample(args: argparse.Namespace) -> int:
@@ -442,6 +471,10 @@ def _sample(args: argparse.Namespace) -> int:
     if others:
         raise ConfigError(f"--set {others[0]} does not apply to sample: it takes model.* fields (how the checkpoint "
                           "runs)")
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError:  # bytes the shell passed that are not UTF-8 (Python keeps them as lone surrogates)
+        raise DataError("--prompt is not UTF-8 text: give the prompt in UTF-8") from None
     model = _open_model(args, _runtime(args), sets)
     prompt_ids = model.tokenizer.encode(args.prompt)
     if prompt_ids:  # an empty prompt is sample's own one-line error
@@ -462,7 +495,7 @@ def _convert_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("dst", help="output directory (must not exist or be empty, unless --overwrite)")
     p.add_argument("--to", choices=("hf", "jax"), default="hf", help="output format (default: hf)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty DST")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step of a run workdir (default: the latest)")
+    p.add_argument("--step", type=at_least(0), default=None, help="checkpoint step of a run workdir (default: the latest)")
     _flag(p, ModelConfig, "--n-heads")
     _add_set(p, "a model config field: run-time ones (dtype, scan_layers, ...) anywhere, any on an original release")
 
@@ -488,6 +521,8 @@ def _verify_flags(p: argparse.ArgumentParser) -> None:
 def _verify(args: argparse.Namespace) -> int:
     """One line per checkpoint; exit status 1 if any is damaged."""
     directory = Path(args.workdir) / "checkpoints"
+    if not Path(args.workdir).exists():
+        raise FileNotFoundError(f"{args.workdir} does not exist: give a run's workdir")
     if not directory.is_dir():
         raise FileNotFoundError(f"{args.workdir}: no checkpoints/ folder (not a run directory)")
     if args.record_missing:
@@ -560,7 +595,7 @@ def _bench_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=5, help="timed steps (bench's own count, not the config's steps)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps after compilation")
     p.add_argument("--compile-only", action="store_true", help="compile and report time, memory and FLOPs; do not run")
-    p.add_argument("--peak-flops", type=float, default=None,
+    p.add_argument("--peak-flops", type=finite(0.0, above=True), default=None,
                    help="peak FLOP/s for MFU (default: the accelerator's table entry, or a measured matmul)")
 
 
@@ -604,9 +639,17 @@ VERBS: dict[str, Verb] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a wrong flag as one line (`gpt1-jax VERB: error: ...`, exit 2), as every other error of the
+    command line, not under a usage block of a dozen lines; the line says where the usage is."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     # No abbreviations: `evaluate --init DIR` must not be read as `--init-timeout DIR`.
-    parser = argparse.ArgumentParser(prog="gpt1-jax", description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser = _Parser(prog="gpt1-jax", description=__doc__.splitlines()[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     model_flags, multi_process = _model_flags(), _distributed_flags()
     for name, verb in VERBS.items():

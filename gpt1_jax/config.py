@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import re
 import typing
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
@@ -284,6 +285,8 @@ class DataConfig:
             raise ConfigError(f"data.seq_len must be >= 1, got {self.seq_len}")
         if self.global_batch_size < 1:
             raise ConfigError(f"data.global_batch_size must be >= 1, got {self.global_batch_size}")
+        if self.vocab_size < 1:
+            raise ConfigError(f"data.vocab_size must be >= 1, got {self.vocab_size}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
         if not self.cache_wait_s > 0:
@@ -326,6 +329,8 @@ class PretrainConfig:
         for name in ("checkpoint_every", "eval_every", "eval_batches", "log_every", "stats_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if any(s < 1 for s in self.keep_steps):
+            raise ConfigError(f"keep_steps must list steps >= 1, got {list(self.keep_steps)}")
         if self.data.seq_len > self.model.n_positions:
             raise ConfigError(f"data.seq_len={self.data.seq_len} is longer than the model's context "
                               f"model.n_positions={self.model.n_positions}")
@@ -456,6 +461,8 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{key} must be a mapping, got {value!r}")
         return from_dict(kind, value, prefix=f"{key}.")
+    if kind is tuple:
+        return _coerce_tuple(value, typing.get_args(annotation), key)
     if isinstance(value, str) and kind in (int, float):
         try:  # YAML 1.1 reads "1e-4" as a string; Python's parsers do not
             value = kind(value)
@@ -472,13 +479,26 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     return value
 
 
+def _coerce_tuple(value: Any, items: tuple, key: str) -> tuple:
+    """A YAML list (or, for pairs such as mesh.rules, a mapping) -> the field's tuple, each item coerced."""
+    if isinstance(value, Mapping):
+        value = list(value.items())
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{key} must be a list, got {value!r}")
+    if len(items) == 2 and items[1] is Ellipsis:
+        return tuple(_coerce(v, items[0], f"{key}[{i}]") for i, v in enumerate(value))
+    if len(value) != len(items):
+        raise ConfigError(f"{key} must hold {len(items)} items, got {value!r}")
+    return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, items)))
+
+
 def from_dict(cls: type[T], values: dict[str, Any], prefix: str = "") -> T:
     """Builds `cls` from a plain mapping, naming the first unknown or ill-typed key."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for key in values:
         if key not in names:
-            raise ConfigError(f"unknown config key {prefix}{key!r}; known: {', '.join(sorted(names))}")
+            raise ConfigError(f"unknown config key '{prefix}{key}'; known: {', '.join(sorted(names))}")
     return cls(**{k: _coerce(v, hints[k], prefix + k) for k, v in values.items()})
 
 
@@ -501,7 +521,11 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
             node = node[part]
         if leaf not in node:
             raise ConfigError(f"unknown config key {key!r}; known: {', '.join(sorted(node))}")
-        node[leaf] = yaml.safe_load(raw) if raw.strip() else raw
+        try:
+            node[leaf] = read_yaml(raw) if raw.strip() else raw
+        except yaml.YAMLError as e:
+            why = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({why})") from None
     return from_dict(type(config), values)
 
 
@@ -512,6 +536,40 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
 GUARD_LINE = ("# gpt1-jax run config, guarded by the sha256 on its last line: change fields with --set KEY=VALUE "
               "(to keep a hand edit, delete this line)\n")
 _DIGEST_PREFIX = "# sha256 "
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML as configs read it: `10:15` stays a string (YAML 1.1 reads digits around colons as one base-60
+    number, 615), and a key given twice is an error rather than the last one silently."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+_ConfigLoader.yaml_implicit_resolvers = {  # PyYAML's int and float resolvers, less their base-60 forms
+    first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"))
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9_]+(?:[eE][-+][0-9]+)?"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
+
+
+def read_yaml(text: str) -> Any:
+    """A config's YAML (a file's text or a `key=value` override's value) -> plain Python values."""
+    return yaml.load(text, Loader=_ConfigLoader)
 
 
 def guarded_text(path: Path) -> str:
@@ -535,7 +593,7 @@ def load_yaml(cls: type[T], path: str | Path) -> T:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        values = yaml.safe_load(guarded_text(path)) or {}
+        values = read_yaml(guarded_text(path)) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(values, dict):

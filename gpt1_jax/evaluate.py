@@ -33,6 +33,8 @@ def pretraining_run(source: Path, *, required: bool) -> bool:
     held = workdir_identity(source) if source.is_dir() else None
     if not required:  # a gpt1-jax checkpoint folder has a config.yaml too, but no checkpoints/
         return held is not None and held.kind == "pretrain" and (source / "checkpoints").is_dir()
+    if not source.exists():
+        raise FileNotFoundError(f"{source} does not exist: give a pre-training run's workdir")
     if held is None or not (source / "config.yaml").is_file():
         raise FileNotFoundError(f"{source} is not a pre-training workdir (no config.yaml)")
     if held.kind != "pretrain":

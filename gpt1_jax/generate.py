@@ -4,6 +4,7 @@ compiled program (a `fori_loop`). Temperature, top-k, greedy (temperature 0)."""
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -79,8 +80,10 @@ def generate(config: ModelConfig, params, prompts, *, max_new_tokens: int = 50, 
     if outside.size:
         raise DataError(f"prompt token id {outside[0]} is outside the model's vocabulary of {config.vocab_size} ids "
                         f"(0..{config.vocab_size - 1}): the tokenizer does not belong to this model")
-    if temperature < 0:
-        raise ConfigError(f"temperature must be >= 0, got {temperature}")
+    if not 0 <= temperature < math.inf:  # NaN included: it would sample from NaN logits
+        raise ConfigError(f"temperature must be a finite number >= 0, got {temperature}")
+    if top_k < 0:
+        raise ConfigError(f"top_k must be >= 0 (0: the whole vocabulary), got {top_k}")
     if max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     P = prompts.shape[1]
@@ -104,6 +107,8 @@ def sample(
     """`num_samples` continuations (new tokens only) of one prompt; temperature 0 is greedy."""
     if not prompt_ids:
         raise DataError("the prompt is empty: give at least one token")
+    if num_samples < 1:
+        raise ConfigError(f"num_samples must be >= 1, got {num_samples}")
     prompts = [list(prompt_ids)] * num_samples
     out = generate(config, params, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                    seed=seed)

@@ -155,8 +155,8 @@ class Loop:
         return json.loads(json.dumps({"batches": batches.state(), "tally": self._tally,
                                       "hooks": {h.name: h.state() for h in self.hooks if h.state}}))
 
-    def restore_position(self, position: dict, batches) -> None:
-        batches.restore(position["batches"])
+    def restore_position(self, position: dict) -> None:
+        """The hooks' and the tally's part of `position` (the batches restore theirs first: `start`)."""
         for h in self.hooks:
             if h.restore and h.name in position.get("hooks", {}):
                 h.restore(position["hooks"][h.name])
@@ -314,24 +314,28 @@ def start(workdir: Path, job: run_folder.Identity, config, trainer, checkpointer
           steps: int, init_state: Callable[[], Any], hooks: Callable[[Progress], list[Hook]], desc: str,
           write_files: Callable[[], None] = lambda: None, progress: bool = True,
           **loop_options) -> tuple[Loop, Any]:
-    """Everything both jobs do before their loop -> (loop, state at `begin`). Process 0 claims the workdir for
-    `job` and writes config.yaml (and the job's own `write_files`); the state comes from checkpoint `begin`
-    (`resume_step`), with the batches' and the hooks' positions, or from `init_state()` for a new run.
-    `hooks(progress)` makes the hooks, which may write to the progress bar."""
+    """Everything both jobs do before their loop -> (loop, state at `begin`). The state comes from checkpoint
+    `begin` (`resume_step`), with the batches' and the hooks' positions, or from `init_state()` for a new run.
+    Then process 0 opens the tracker, claims the workdir for `job` and writes config.yaml (and the job's own
+    `write_files`): in that order, so a resume the checkpoint refuses (another corpus or batch size) or a
+    tracker that cannot start leaves the folder as it was. `hooks(progress)` makes the hooks, which may write
+    to the progress bar."""
     is_main = jax.process_index() == 0
+    if begin:
+        state, position, _ = checkpointer.restore(trainer.abstract_state_sharded(), begin)
+        batches.restore(position["batches"])
+    else:
+        state, position = init_state(), None
+    tracker = open_tracker(config.tracker, workdir, config, begin) if is_main else None
     if is_main:
         run_folder.claim(workdir, job, config.model.architecture())
         save_yaml(config, workdir / "config.yaml")
         write_files()
     bar = Progress(steps, begin, enabled=progress and is_main, desc=desc)
-    tracker = open_tracker(config.tracker, workdir, config, begin) if is_main else None
     metrics = MetricsWriter(workdir, enabled=is_main, resume_step=begin, tracker=tracker)
     loop = Loop(trainer, steps, checkpointer, config.model, metrics, bar, hooks(bar),
                 profile=profile_window(config.profile), profile_dir=workdir / "profile",
                 stats_every=config.stats_every, **loop_options)
-    if begin:
-        state, position, _ = checkpointer.restore(trainer.abstract_state_sharded(), begin)
-        loop.restore_position(position, batches)
-    else:
-        state = init_state()
+    if position is not None:
+        loop.restore_position(position)
     return loop, state

@@ -20,7 +20,8 @@ import jax
 from gpt1_jax import flops
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
-from gpt1_jax.config import PretrainConfig
+from gpt1_jax.config import PretrainConfig, load_yaml
+from gpt1_jax.errors import ConfigError
 from gpt1_jax.data.pipeline import build_pipeline
 from gpt1_jax.data.tokens import TOKENIZER_FILE
 from gpt1_jax.evaluate import lm_loss
@@ -32,6 +33,7 @@ from gpt1_jax.sharding import make_mesh
 from gpt1_jax.step import check_batch_size, lm_trainer
 from gpt1_jax.workdir import Identity
 from gpt1_jax.workdir import check as check_workdir
+from gpt1_jax.workdir import check_same_data
 
 
 def with_schedule_span(config: PretrainConfig) -> PretrainConfig:
@@ -47,11 +49,17 @@ def run(config: PretrainConfig, workdir: Path) -> Outcome:
     is_main = jax.process_index() == 0
     config = with_schedule_span(config)
     job = Identity("pretrain")
-    check_workdir(workdir, job, "pretrain")
+    held = check_workdir(workdir, job, "pretrain")
+    if held is not None and (workdir / "config.yaml").is_file() and any((workdir / "checkpoints").glob("[0-9]*")):
+        check_same_data(workdir, config, load_yaml(PretrainConfig, workdir / "config.yaml"))
     # What needs no data is checked before the corpus is read: tokenizing can take minutes, and writes.
     check_batch_size(make_mesh(config.mesh), config.data.global_batch_size, config.accum_steps)
     check_attention(config.model.attention, config.model.attn_dropout, True, config.model.head_dim)
     pipeline = build_pipeline(dataclasses.replace(config.data, progress=is_main), workdir)
+    if config.eval_every and pipeline.val_indices.size == 0:  # found now, not at the first evaluation
+        raise ConfigError(f"eval_every={config.eval_every} evaluates on validation windows, and data.val_fraction="
+                          f"{config.data.val_fraction} leaves none of this corpus's {pipeline.train_indices.size} windows: "
+                          "set data.val_fraction above 0, or eval_every=0")
     config = dataclasses.replace(config, model=flops.fit_compute_dtype(
         dataclasses.replace(config.model, vocab_size=pipeline.tokenizer.vocab_size)))
     trainer = lm_trainer(config.model, config.optim, config.mesh, accum_steps=config.accum_steps, seed=config.seed)

@@ -253,6 +253,8 @@ class GPT1Tokenizer:
         """
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
+        if vocab_size < 1:
+            raise ConfigError(f"vocab_size must be >= 1, got {vocab_size}")
         options: dict[str, Any] = {} if limit_alphabet is None else {"limit_alphabet": limit_alphabet}
         trainer = BpeTrainer(
             vocab_size=vocab_size,

@@ -80,11 +80,17 @@ class WandB:
         workdir = Path(workdir)
         id_file = workdir / "wandb_run_id"
         run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:12]  # W&B: [a-z0-9]
-        if not id_file.is_file():
+        workdir.mkdir(parents=True, exist_ok=True)  # W&B keeps its files there (an empty folder is still a new run)
+        try:
+            self._run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "gpt1-jax", name=workdir.resolve().name,
+                                   id=run_id, resume="allow", dir=os.environ.get("WANDB_DIR") or str(workdir),
+                                   config=to_dict(config))
+        except wandb.errors.Error as e:  # no login, a bad key or project, no network: before the run writes anything
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"tracker=wandb could not start a W&B run: {first} (or log offline: WANDB_MODE=offline; "
+                              "or --tracker tensorboard)") from None
+        if not id_file.is_file():  # only once W&B has the run: a folder the run never claimed holds no stray id
             atomic_write_text(id_file, run_id + "\n")
-        self._run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "gpt1-jax", name=workdir.resolve().name,
-                               id=run_id, resume="allow", dir=os.environ.get("WANDB_DIR") or str(workdir),
-                               config=to_dict(config))
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         # W&B steps only go up: after a resume, the steps replayed up to the last one it saw are dropped by W&B.

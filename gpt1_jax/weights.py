@@ -383,8 +383,22 @@ def _check_tree(config: ModelConfig, params, source: str) -> None:
 
 
 def _refuse_overwrite(path: Path, overwrite: bool) -> None:
-    if path.exists() and any(path.iterdir()) and not overwrite:
+    """A non-empty `path` is refused, and with `overwrite` too unless it holds a model folder (what
+    `save_pretrained`, `save_jax` or HF wrote): never a run's folder, never a folder of anything else."""
+    if path.exists() and not path.is_dir():
+        raise OutputExistsError(f"{path} is a file, not a folder: pick a new or empty folder")
+    held = sorted(p.name for p in path.iterdir()) if path.exists() else []
+    if not held:
+        return
+    if not overwrite:
         raise FileExistsError(f"{path} exists and is not empty; refusing to overwrite it")
+    why = "it replaces only a model folder; pick an empty or new folder"
+    if marks := [n for n in ("run.json", "checkpoints", "metrics.jsonl") if n in held]:
+        raise OutputExistsError(f"{path} holds a gpt1-jax run ({', '.join(marks)}), which --overwrite would delete: {why}")
+    if not ((path / "config.json").is_file() or ((path / "config.yaml").is_file() and (path / "params").is_dir())):
+        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise OutputExistsError(f"{path} holds {shown} and no model (no config.json, nor config.yaml with params/), "
+                                f"which --overwrite would delete: {why}")
 
 
 def _atomic_dir(path: Path, overwrite: bool):
@@ -451,6 +465,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str = "hf", o
                           "or empty folder")
     try:
         _refuse_overwrite(Path(dst), overwrite)  # before reading the weights, which may take a while
+    except OutputExistsError:
+        raise
     except FileExistsError:
         raise OutputExistsError(f"{dst} is not empty; nothing was written: pass --overwrite to replace what is in "
                                 "it, or pick an empty or new folder") from None

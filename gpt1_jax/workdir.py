@@ -10,7 +10,9 @@ line naming the folder, what it holds and what to do:
   - a non-empty folder that holds no run (a home directory, a project checkout).
 A fine-tuning run is also refused when its settings differ from the ones its folder was trained with
 (`check_same_settings`): resuming a finished run with other flags would report the old run's scores
-under the new settings. Runs written before `run.json` existed are recognised by their config.yaml.
+under the new settings. A pre-training run resumed with other data settings is refused too (`check_same_data`):
+its checkpoint continues only the batches it began. Runs written before `run.json` existed are recognised by
+their config.yaml.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from gpt1_jax.config import guarded_text, to_dict
 from gpt1_jax.errors import WorkdirError
 from gpt1_jax.files import atomic_write_text
 
-__all__ = ["Identity", "WorkdirError", "check", "claim", "read", "check_same_settings", "init_identity"]
+__all__ = ["Identity", "WorkdirError", "check", "claim", "read", "check_same_settings", "init_identity", "check_same_data"]
 
 RUN_FILE = "run.json"
 FORMAT = 1
@@ -44,6 +46,14 @@ def _ahead_of_a_run(entry: Path) -> bool:
 # batches, laid over devices, profiled or watched (per-layer statistics), none of which moves its results.
 RESUMABLE_WITH_OTHER = ("mesh", "keep_checkpoints", "checkpoint_every", "eval_batch_size", "model.attention",
                         "model.remat", "profile", "stats_every", "tracker")
+
+
+# Pre-training settings that fix how a run's corpus is cut into windows and in which order they come
+# (gpt1_jax/data/pipeline.py): resumed with others, a run would not continue its own batches. The corpus and
+# the tokenizer are paths that may move with a run (a fresh clone, another disk): the data iterator compares
+# what they make when the checkpoint is restored. Everything else (steps, the schedule, cadences, the mesh,
+# the dtype) may change when a pre-training run is resumed.
+PRETRAIN_DATA = ("data.seq_len", "data.global_batch_size", "data.val_fraction", "data.split_seed", "data.seed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +162,11 @@ def _flat(values: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _shown(differ: list[str], old: dict, new: dict) -> str:
+    return (", ".join(f"{k}={old.get(k)!r} there, {new.get(k)!r} now" for k in differ[:3])
+            + (", ..." if len(differ) > 3 else ""))
+
+
 def check_same_settings(workdir: Path, config, saved) -> None:
     """A fine-tuning run resumed (or rerun once finished) with other settings than its folder's is refused,
     naming the first few that differ: its checkpoints and scores belong to the saved settings."""
@@ -159,7 +174,17 @@ def check_same_settings(workdir: Path, config, saved) -> None:
     differ = [k for k in sorted(set(new) | set(old)) if new.get(k) != old.get(k)
               and not any(k == f or k.startswith(f + ".") for f in RESUMABLE_WITH_OTHER)]
     if differ:
-        shown = ", ".join(f"{k}={old.get(k)!r} there, {new.get(k)!r} now" for k in differ[:3])
-        raise WorkdirError(f"{workdir} holds a fine-tuning run with other settings ({shown}"
-                           f"{', ...' if len(differ) > 3 else ''}): choose another --workdir (one folder per setting), "
-                           "or repeat the run's own flags to resume it")
+        raise WorkdirError(f"{workdir} holds a fine-tuning run with other settings ({_shown(differ, old, new)}): "
+                           "choose another --workdir (one folder per setting), or repeat the run's own flags to resume it")
+
+
+def check_same_data(workdir: Path, config, saved) -> None:
+    """A pre-training run resumed from a checkpoint with other data settings (`PRETRAIN_DATA`) is refused, naming
+    them, before the corpus is read: its checkpoint continues only the stream of batches it began. (The data
+    iterator's own check at restore, gpt1_jax/data/pipeline.py, is the backstop for what the config misses.)"""
+    new, old = _flat(to_dict(config)), _flat(to_dict(saved))
+    differ = [k for k in PRETRAIN_DATA if new.get(k) != old.get(k)]
+    if differ:
+        raise WorkdirError(f"{workdir} holds a pre-training run on other data ({_shown(differ, old, new)}): its "
+                           "checkpoints continue only the batches they began; repeat the run's own flags to resume "
+                           "it (or leave them out: its config.yaml is the default), or choose another --workdir")

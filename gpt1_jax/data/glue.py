@@ -136,7 +136,10 @@ def read_tsv(path: str | Path, task: GlueTask | str, split: str) -> Iterator[dic
         raise FileNotFoundError(f"{path}: GLUE {task.dirname} {split} file not found")
     # utf-8-sig drops MRPC's byte-order mark; split on "\n" only (splitlines would also break on
     # \x1c, \u2028, ... which are text inside a field).
-    lines = path.read_text(encoding="utf-8-sig").split("\n")
+    try:
+        lines = path.read_text(encoding="utf-8-sig").split("\n")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not a GLUE TSV file (byte {e.start} is not UTF-8 text)") from None
     if lines and lines[-1] == "":
         lines.pop()
     headerless = bool(task.headerless_columns) and not split.startswith("test")

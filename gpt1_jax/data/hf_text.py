@@ -71,8 +71,19 @@ def _import_datasets() -> Any:
         import datasets
     except ImportError:
         raise ConfigError(f"hf: sources need the datasets package: {_INSTALL_HINT}") from None
-    datasets.logging.set_verbosity_error()  # its progress bars and notices are not ours to print
+    # its progress bars, notices and logged errors are not ours to print: a failure is raised, and becomes one line
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     return datasets
+
+
+def _one_line(e: Exception, what: str) -> Exception:
+    """`datasets`' failure as a DataError of one line, or `e` itself when it is not one of the data's: OS and value
+    errors (pyarrow's parse errors are value errors), and datasets' own (DatasetNotFoundError, ...), which have no
+    common base here."""
+    if not (isinstance(e, (ValueError, OSError)) or type(e).__module__.split(".")[0] in ("datasets", "huggingface_hub")):
+        return e
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return DataError(f"{what}: {first}")
 
 
 @dataclass(frozen=True)
@@ -85,7 +96,7 @@ class HfSource:
         """Loads the dataset and reads its first row now: a missing dataset or field is one line here, not an
         error once the token cache asks for documents."""
         source = cls(spec, parse_hf_spec(spec))
-        first = next(iter(source._load()), None)
+        first = next(iter(source._rows()), None)
         if first is None:
             raise DataError(f"hf source {spec!r} has no rows")
         source._check(first, 0)
@@ -110,15 +121,18 @@ class HfSource:
             except NotImplementedError:  # a dataset that cannot stream
                 return datasets.load_dataset(p.name, split=p.split, **kwargs)
         except Exception as e:
-            # OS and value errors, and datasets' own (DatasetNotFoundError, ...), which have no common base here
-            ours = isinstance(e, (ValueError, OSError)) or type(e).__module__.split(".")[0] in ("datasets", "huggingface_hub")
-            if not ours:
-                raise
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise DataError(f"hf source {self.spec!r}: cannot load it: {first}") from None
+            raise _one_line(e, f"hf source {self.spec!r}: cannot load it") from None
+
+    def _rows(self) -> Iterator[dict]:
+        """The rows, as `datasets` reads them (lazily, when streamed): a file it cannot parse is one line too."""
+        rows = self._load()
+        try:
+            yield from rows
+        except Exception as e:
+            raise _one_line(e, f"hf source {self.spec!r}: cannot read its rows") from None
 
     def documents(self) -> Iterator[str]:
-        for i, row in enumerate(self._load()):
+        for i, row in enumerate(self._rows()):
             if text := self._check(row, i).strip():
                 yield text
 

@@ -177,11 +177,13 @@ class BatchIterator:
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        for k in ("seed", "windows", "global_batch_size"):
+        named = {"seed": "data.seed", "windows": "training windows", "global_batch_size": "data.global_batch_size"}
+        for k, what in named.items():
             if k in state and int(state[k]) != self.state()[k]:
+                why = " (another corpus, tokenizer, seq_len or val_fraction than the run began with)" if k == "windows" else ""
                 raise CheckpointMismatchError(
-                    f"data state was saved with {k}={state[k]}, this iterator has {self.state()[k]}: "
-                    "resuming would not reproduce the batch order"
+                    f"the checkpoint was saved with {what} {state[k]}, this run's data has {self.state()[k]}{why}: "
+                    "resuming would not continue its batches; repeat the run's own data flags, or choose another --workdir"
                 )
         epoch, index = int(state["epoch"]), int(state["index"])
         if epoch < 0 or not 0 <= index <= self.batches_per_epoch:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import tarfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +53,16 @@ def load_race(path: str | Path, split: str, levels: tuple[str, ...] | str = LEVE
             for f in sorted((root / folder / level).glob("*.txt")):
                 docs.append((str(f), level, _read_json(f.read_bytes(), str(f))))
     elif path.is_file():
-        with tarfile.open(path) as tar:
-            for member in tar:
-                parts = member.name.split("/")
-                if member.isfile() and len(parts) >= 3 and parts[-3] == folder and parts[-2] in levels:
-                    where = f"{path}:{member.name}"
-                    docs.append((member.name, parts[-2], _read_json(tar.extractfile(member).read(), where)))
+        try:
+            with tarfile.open(path) as tar:
+                for member in tar:
+                    parts = member.name.split("/")
+                    if member.isfile() and len(parts) >= 3 and parts[-3] == folder and parts[-2] in levels:
+                        where = f"{path}:{member.name}"
+                        docs.append((member.name, parts[-2], _read_json(tar.extractfile(member).read(), where)))
+        except (tarfile.TarError, EOFError, zlib.error) as e:  # not an archive, or one cut short or damaged
+            why = str(e).strip().splitlines()[0].rstrip(":") if str(e).strip() else type(e).__name__
+            raise DataError(f"{path}: not a readable RACE archive (race.tar.gz or its unpacked folder): {why}") from None
     else:
         raise FileNotFoundError(f"{path}: RACE archive (race.tar.gz) or folder not found")
     if not docs:

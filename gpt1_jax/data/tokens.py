@@ -170,7 +170,7 @@ def _load_trained(source: TextSource, workdir: Path, vocab_size: int) -> GPT1Tok
         if meta.get("vocab_size") != vocab_size:
             raise ConfigError(
                 f"{path} was trained with vocab_size={meta.get('vocab_size')}, not {vocab_size}, and the run's "
-                "checkpoints use it: set data.vocab_size back, or start a new run in another workdir"
+                "checkpoints use it: set data.vocab_size (--vocab-size) back, or start a new run in another workdir"
             )
         if "sha256" in meta and hashlib.sha256(path.read_bytes()).hexdigest() != meta["sha256"]:
             raise DataError(f"{path} is damaged (it no longer matches the sha256 in tokenizer.meta.json): restore it "

@@ -217,6 +217,9 @@ def test_verify_command(run40, tmp_path):
     assert done.returncode == 1 and done.stdout.splitlines()[-1].startswith("config.yaml: is cut short")
 
     done = run("verify", "--workdir", str(tmp_path / "nowhere"))
+    assert done.returncode == 2 and last_line(done) == f"gpt1-jax verify: error: {tmp_path / 'nowhere'} does not exist: give a run's workdir"
+    (tmp_path / "empty").mkdir()
+    done = run("verify", "--workdir", str(tmp_path / "empty"))
     assert done.returncode == 2 and last_line(done).startswith("gpt1-jax verify: error: ") and "no checkpoints/" in done.stderr
 
 

@@ -53,6 +53,18 @@ def test_local_json_lines_and_parquet_are_one_document_per_row(jsonl, monkeypatc
         open_source(f"hf:json:{folder}/nothing-*.jsonl")
 
 
+def test_a_file_the_builder_cannot_parse_is_one_line(tmp_path, monkeypatch, capsys):
+    """pyarrow's parse error, raised while the rows stream, was a 71-line traceback (and datasets logged its own)."""
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    (tmp_path / "broken.jsonl").write_text('{"text": "fine"}\n{not json\n')
+    (tmp_path / "plain.txt").write_text("just text\n")
+    for name, row in (("broken.jsonl", 1), ("plain.txt", 0)):
+        with pytest.raises(DataError, match=rf"hf source 'hf:json:{tmp_path}/{name}': cannot read its rows: JSON parse "
+                                            rf"error: .* in row {row}$"):
+            list(open_source(f"hf:json:{tmp_path}/{name}").documents())
+    assert capsys.readouterr().err == ""
+
+
 def _cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "gpt1_jax.cli", *args], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, **(env or {})}, timeout=300)

@@ -230,6 +230,38 @@ def test_a_damaged_config_yaml_is_named_not_replaced_by_defaults(reference, tmp_
     assert snapshot(workdir) == before
 
 
+def _other_corpus(folder: Path) -> Path:
+    rng = np.random.default_rng(1)
+    words = np.array(["alpha", "beta", "gamma", "delta", "module", "function", "returns", "the", "a", "value"])
+    path = folder / "other.txt"
+    path.write_text("\n\n".join(" ".join(rng.choice(words, 300)) for _ in range(40)) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--seq-len", "32"], "holds a pre-training run on other data (data.seq_len=64 there, 32 now): its checkpoints "
+                          "continue only the batches they began; repeat the run's own flags"),
+    (["--batch-size", "4"], "holds a pre-training run on other data (data.global_batch_size=8 there, 4 now)"),
+    (["--data", "{other}"], "the checkpoint was saved with training windows "),
+], ids=["seq-len", "batch-size", "corpus"])
+def test_a_resume_on_other_data_is_refused_and_leaves_the_run_as_it_was(reference, tmp_path, cache, capsys, flags,
+                                                                        message):
+    """Refused once config.yaml (with a fresh digest), data_info.json, metrics.jsonl and the TensorBoard events had
+    been rewritten for the new flags: from then on the run's own command was refused too, and `verify` said ok."""
+    import shutil
+
+    from gpt1_jax import cli
+
+    workdir = tmp_path / "run"
+    shutil.copytree(reference, workdir)
+    before = snapshot(workdir)
+    flags = [f.format(other=_other_corpus(tmp_path)) for f in flags]
+    status = cli.main(["pretrain", "--workdir", str(workdir), "--steps", "14", "--set", f"data.cache_dir={cache}", *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and err[-1].startswith("gpt1-jax pretrain: error: ") and message in err[-1], err[-3:]
+    assert snapshot(workdir) == before
+
+
 def test_a_given_tokenizer_is_copied_into_the_workdir_so_the_workdir_alone_is_the_model(tmp_path, cache, vocab_dir):
     """data.tokenizer=PATH: the run keeps a copy, so `sample --init WORKDIR` (and evaluate, finetune, the paper's
     zero-shot stage) find the tokenizer without the path the config named."""

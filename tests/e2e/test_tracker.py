@@ -11,6 +11,7 @@ import pytest
 
 from gpt1_jax import pretrain
 from gpt1_jax.config import PretrainConfig, preset
+from gpt1_jax.errors import ConfigError
 from gpt1_jax.metrics import read_metrics
 from tests.support.pretrain import cache  # noqa: F401 (a pytest fixture)
 
@@ -83,3 +84,27 @@ def test_no_tracker_writes_metrics_jsonl_alone(tmp_path, cache):
     assert pretrain.run(_config(cache, 2, "none"), tmp_path / "run").finished
     assert not (tmp_path / "run" / "tensorboard").exists() and not (tmp_path / "run" / "wandb").exists()
     assert [r["step"] for r in read_metrics(tmp_path / "run") if "loss" in r] == [1, 2]
+
+
+def test_wandb_that_cannot_start_is_one_line_and_the_run_is_not_claimed(tmp_path, cache, monkeypatch):
+    """Online without a login, W&B refuses at once (no network needed). That used to end in wandb's 39-line traceback
+    after config.yaml, run.json and wandb_run_id were written."""
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for name in ("WANDB_API_KEY", "WANDB_DIR", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc, no W&B settings of this machine's user
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / ".config" / "wandb"))
+    import wandb
+
+    wandb.teardown()  # W&B keeps its settings per process: the offline test's mode would be read again
+    workdir = tmp_path / "run"
+    try:
+        with pytest.raises(ConfigError, match=r"^tracker=wandb could not start a W&B run: No API key configured\..* "
+                                              r"\(or log offline: WANDB_MODE=offline; or --tracker tensorboard\)$"):
+            pretrain.run(_config(cache, 2, "wandb"), workdir)
+    finally:
+        wandb.teardown()  # nor this test's online mode by a later one
+    # what a folder no run claimed may hold (gpt1_jax/workdir.py): the BPE trained ahead, an empty checkpoints/
+    assert sorted(p.name for p in workdir.iterdir()) == ["checkpoints", "tokenizer.json", "tokenizer.meta.json"]
+    assert not any((workdir / "checkpoints").iterdir())

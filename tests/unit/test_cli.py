@@ -5,6 +5,7 @@ its traceback. One model runs: evaluate on the committed 5M release, seconds."""
 
 import json
 import re
+import shutil
 from pathlib import Path
 import errno  # noqa: E402
 import os  # noqa: E402
@@ -160,6 +161,8 @@ def test_debug_env_shows_the_traceback_of_a_project_error(failing_bench, monkeyp
                                            "split of its own: pass --data"),
     (["evaluate", "--workdir", str(RELEASE), "--data", "x"], f"{RELEASE} is not a pre-training workdir"),
     (["evaluate", "--init", str(RELEASE), "--data", "x", "--step", "3"], f"{RELEASE}: step=3 only applies to a run"),
+    (["evaluate", "--workdir", "no/such/run"], "no/such/run does not exist: give a pre-training run's workdir"),
+    (["verify", "--workdir", "no/such/run"], "no/such/run does not exist: give a run's workdir"),
 ])
 def test_a_flag_a_verb_or_its_source_cannot_honour_is_one_line(capsys, argv, message):
     assert cli.main(argv) == 2
@@ -280,3 +283,51 @@ def test_evaluate_takes_any_model_source_as_sample_does(tmp_path, capsys):
                      "--set", "model.attention=cudnn"]) == 2
     assert capsys.readouterr().err.strip().endswith("model.attention='cudnn' needs an NVIDIA GPU, and this run's "
                                                     "devices are cpu; set attention=auto")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["sample", "--workdir", "w", "--num-samples", "0"], "argument --num-samples: must be >= 1, got 0"),
+    (["sample", "--workdir", "w", "--temperature", "nan"], "argument --temperature: must be a finite number >= 0, got nan"),
+    (["sample", "--workdir", "w", "--top-k", "-3"], "argument --top-k: must be >= 0, got -3"),
+    (["sample", "--workdir", "w", "--max-new-tokens", "x"], "argument --max-new-tokens: expected a whole number, got 'x'"),
+    (["evaluate", "--workdir", "w", "--max-batches", "-1"], "argument --max-batches: must be >= 0, got -1"),
+    (["bench", "--peak-flops", "-1"], "argument --peak-flops: must be a finite number > 0, got -1"),
+    (["pretrain", "--workdir", "w", "--simulate-devices", "0"], "argument --simulate-devices: must be >= 1, got 0"),
+    (["convert", "a", "b", "--to", "onnx"], "argument --to: invalid choice: 'onnx' (choose from 'hf', 'jax')"),
+])
+def test_a_bad_flag_value_is_one_line_naming_the_flag_not_a_usage_block(capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(argv)
+    err = capsys.readouterr().err.splitlines()
+    assert e.value.code == 2 and err == [f"gpt1-jax {argv[0]}: error: {message} (see gpt1-jax {argv[0]} --help)"]
+
+
+def test_a_prompt_that_is_not_utf8_is_one_line(capsys, monkeypatch, tmp_path):
+    """Bytes that are not UTF-8 reach Python's argv as lone surrogates, which the tokenizer rejects with a TypeError."""
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    prompt = b"\xff\xfe".decode("utf-8", "surrogateescape")
+    assert cli.main(["sample", "--workdir", str(tmp_path), "--prompt", prompt]) == 2
+    assert _one_error_line(capsys, "sample") == "gpt1-jax sample: error: --prompt is not UTF-8 text: give the prompt in UTF-8"
+
+
+def test_convert_overwrite_replaces_a_model_folder_but_never_a_run_or_a_stranger(tmp_path, capsys, monkeypatch):
+    """--overwrite deleted whatever DST held: a fine-tuning run's checkpoints and results, a pre-training run."""
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    dst = tmp_path / "dst"
+    for held, message in [({"run.json": "{}", "checkpoints/4/x": "", "results.json": "{}"},
+                           f"{dst} holds a gpt1-jax run (run.json, checkpoints), which --overwrite would delete"),
+                          ({"notes.txt": "mine", "data.csv": ""},
+                           f"{dst} holds data.csv, notes.txt and no model (no config.json, nor config.yaml with params/)")]:
+        for name, text in held.items():
+            (dst / name).parent.mkdir(parents=True, exist_ok=True)
+            (dst / name).write_text(text)
+        before = sorted(str(p.relative_to(dst)) for p in dst.rglob("*"))
+        assert cli.main(["convert", str(RELEASE), str(dst), "--overwrite"]) == 2
+        assert _one_error_line(capsys, "convert").startswith(f"gpt1-jax convert: error: {message}")
+        assert sorted(str(p.relative_to(dst)) for p in dst.rglob("*")) == before
+        shutil.rmtree(dst)
+    # a model folder (a previous conversion) is what --overwrite replaces
+    assert cli.main(["convert", str(RELEASE), str(dst)]) == 0
+    (dst / "stale.txt").write_text("from the last conversion")
+    assert cli.main(["convert", str(RELEASE), str(dst), "--overwrite"]) == 0
+    assert (dst / "model.safetensors").is_file() and not (dst / "stale.txt").exists()

@@ -1,7 +1,12 @@
-"""The names config.py validates against agree with the registries beside their code. config.py is imported
-by the modules holding those registries, so it keeps the names itself; these tests keep the two as one."""
+"""The names config.py validates against agree with the registries beside their code (config.py is imported
+by the modules holding those registries, so it keeps the names itself; these tests keep the two as one); and
+values from `--set` and YAML files become the fields' types, or one error naming the key."""
+
+import pytest
 
 from gpt1_jax import config
+from gpt1_jax.config import PretrainConfig, apply_overrides, load_yaml, preset
+from gpt1_jax.errors import ConfigError
 from gpt1_jax.data.glue import GLUE_TASKS
 from gpt1_jax.optim import OPTIMIZERS, SCHEDULES
 from gpt1_jax.sharding import DEFAULT_RULES
@@ -18,3 +23,40 @@ def test_logical_axes_are_the_rules_table():
 
 def test_task_names_are_glue_then_race():
     assert config.TASK_NAMES == (*GLUE_TASKS, "race")
+
+
+def test_list_and_pair_fields_are_typed_from_set_and_yaml():
+    base = preset(PretrainConfig, "tiny")
+    assert apply_overrides(base, ["keep_steps=[2, 4]"]).keep_steps == (2, 4)
+    rules = apply_overrides(base, ["mesh.rules={vocab: null, embed: fsdp}"]).mesh.rules
+    assert rules == (("vocab", None), ("embed", "fsdp"))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("keep_steps=abc", "keep_steps must be a list, got 'abc'"),
+    ("keep_steps=5", "keep_steps must be a list, got 5"),
+    ("keep_steps=[1, x]", "keep_steps[1] must be int, got 'x'"),
+    ("keep_steps=[0, 4]", "keep_steps must list steps >= 1, got [0, 4]"),
+    ("mesh.rules=abc", "mesh.rules must be a list, got 'abc'"),
+    ("mesh.rules=[[vocab]]", "mesh.rules[0] must hold 2 items, got ['vocab']"),
+    ("data.vocab_size=-5", "data.vocab_size must be >= 1, got -5"),
+    ("keep_steps=[1,", "override 'keep_steps=[1,': the value is not valid YAML"),
+    ("model.d_modle=3", "unknown config key 'model.d_modle'"),
+])
+def test_a_bad_value_is_one_error_naming_the_key(override, message):
+    """Each of these once ended in a traceback: a ValueError or TypeError where the value was first used."""
+    with pytest.raises(ConfigError) as e:
+        apply_overrides(preset(PretrainConfig, "tiny"), [override])
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_yaml_keeps_start_stop_as_text_and_refuses_a_key_given_twice(tmp_path):
+    """YAML 1.1 reads `1:2` as one base-60 number (62): `profile: 1:2` was refused as "must be str, got 62"."""
+    assert apply_overrides(preset(PretrainConfig, "tiny"), ["profile=1:2"]).profile == "1:2"
+    path = tmp_path / "run.yaml"
+    path.write_text("steps: 5\nprofile: 2:3\noptim: {lr: 1e-4, warmup_steps: 10, total_steps: 1_000}\n")
+    loaded = load_yaml(PretrainConfig, path)
+    assert (loaded.profile, loaded.optim.lr, loaded.optim.warmup_steps, loaded.optim.total_steps) == ("2:3", 1e-4, 10, 1000)
+    path.write_text("steps: 5\nsteps: 6\n")
+    with pytest.raises(ConfigError, match=f"config file {path} is not valid YAML: the key 'steps' is given twice"):
+        load_yaml(PretrainConfig, path)

@@ -1,4 +1,4 @@
-"""Sampling refuses prompt ids outside the vocabulary before generating. KV-cache decoding against full
+"""Sampling refuses prompt ids outside the vocabulary, and settings it cannot honour, before generating. KV-cache decoding against full
 recompute, seeding and the `sample` verb: tests/e2e/test_generate.py."""
 
 import flax.linen as nn
@@ -7,7 +7,7 @@ import pytest
 
 import gpt1_jax
 from gpt1_jax.config import model_preset
-from gpt1_jax.errors import DataError
+from gpt1_jax.errors import ConfigError, DataError
 from gpt1_jax.generate import sample
 
 
@@ -20,3 +20,17 @@ def test_prompt_ids_outside_the_vocabulary_are_one_error():
             sample(config, params, [1, bad, 2], max_new_tokens=2)
     with pytest.raises(DataError, match=r"token ids must lie in \[0, 512\), got \[1, 600\]"):
         gpt1_jax.lm_logits(config, params, np.asarray([[1, 600]]))
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"temperature": float("nan")}, "temperature must be a finite number >= 0, got nan"),
+    ({"temperature": float("inf")}, "temperature must be a finite number >= 0, got inf"),
+    ({"top_k": -3}, r"top_k must be >= 0 \(0: the whole vocabulary\), got -3"),
+    ({"num_samples": 0}, "num_samples must be >= 1, got 0"),
+])
+def test_settings_that_would_sample_garbage_are_refused(setting, message):
+    """NaN and inf temperatures sampled from NaN logits (`<unk>`, or what looked greedy); a negative top-k, greedy."""
+    config = model_preset("tiny")
+    params = nn.meta.unbox(gpt1_jax.init_params(config, 0))
+    with pytest.raises(ConfigError, match=message):
+        sample(config, params, [1, 2], max_new_tokens=2, **setting)

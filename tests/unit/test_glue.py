@@ -12,6 +12,7 @@ import pytest
 
 from gpt1_jax.data import glue
 from gpt1_jax.data.race import load_race
+from gpt1_jax.errors import DataError
 
 COUNTS = {  # the official row counts (README of ../shared)
     ("cola", "train"): 8551, ("cola", "validation"): 1043, ("sst2", "train"): 67349, ("sst2", "validation"): 872,
@@ -116,6 +117,14 @@ def test_missing_column_and_missing_file(tmp_path):
         list(glue.read_tsv(path, "rte", "train"))
     with pytest.raises(FileNotFoundError, match="nope.tsv"):
         list(glue.read_tsv(tmp_path / "nope.tsv", "rte", "train"))
+
+
+def test_a_file_that_is_not_text_is_one_error(tmp_path):
+    path = tmp_path / "T" / "train.tsv"
+    path.parent.mkdir()
+    path.write_bytes(b"index\tsentence1\tsentence2\tlabel\n0\t\xd2\xff\tb\tentailment\n")
+    with pytest.raises(DataError, match=r"train\.tsv: not a GLUE TSV file \(byte 34 is not UTF-8 text\)"):
+        list(glue.read_tsv(path, "rte", "train"))
 
 
 def test_quotes_and_odd_separators_stay_inside_fields(tmp_path):
@@ -232,3 +241,8 @@ def test_race_reader(tmp_path):
         load_race(path, "test")
     with pytest.raises(ValueError, match="unknown RACE level"):
         load_race(path, "dev", "low")
+    (tmp_path / "cut.tar.gz").write_bytes(path.read_bytes()[:60])  # a download cut short
+    (tmp_path / "notes.txt").write_text("not an archive")
+    for bad in ("cut.tar.gz", "notes.txt"):
+        with pytest.raises(DataError, match=rf"{bad}: not a readable RACE archive \(race.tar.gz or its unpacked folder\)"):
+            load_race(tmp_path / bad, "dev")

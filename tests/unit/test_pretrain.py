@@ -35,3 +35,17 @@ def test_bad_input_is_one_clear_line(tmp_path, cache, capsys, make_input, flags,
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and err[-1].startswith("gpt1-jax pretrain: error: ") and message in err[-1], err
     assert not workdir.exists()  # no tokenizer either: checked before the corpus is read, or trained on nothing
+
+
+def test_no_validation_windows_with_evaluations_on_is_refused_before_training(tmp_path, cache, capsys):
+    """It was found at the first evaluation, after the steps before it had trained (and left a run behind)."""
+    from gpt1_jax import cli
+
+    workdir = tmp_path / "run"
+    status = cli.main(["pretrain", "--config", "tiny", "--workdir", str(workdir), "--set", f"data.cache_dir={cache}",
+                       "--set", "data.val_fraction=0", "--set", "eval_every=2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and err[-1].startswith("gpt1-jax pretrain: error: eval_every=2 evaluates on validation windows, "
+                                              "and data.val_fraction=0.0 leaves none of this corpus's "), err
+    assert err[-1].endswith("set data.val_fraction above 0, or eval_every=0")
+    assert sorted(p.name for p in workdir.iterdir()) == ["tokenizer.json", "tokenizer.meta.json"]  # no run claimed
