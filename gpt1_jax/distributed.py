@@ -18,7 +18,10 @@ for minutes (JAX's defaults: ~100 s heartbeat, ~300 s shutdown; docs/stack.md). 
     non-zero exit status from a verb does the same (`exit_status`). The peers then see the closed
     connections or the missing heartbeats and abort too: nothing hangs, every process exits non-zero.
   * a clean exit (status 0) still goes through JAX's shutdown barrier, so process 0 (which hosts the
-    coordinator) never pulls the service from under processes still finishing.
+    coordinator) never pulls the service from under processes still finishing;
+  * a process other than 0 given --coordinator first waits (up to --init-timeout) for it to accept a TCP
+    connection: never reached, that is one error line, where XLA's client would end the process with a C++
+    check failure blaming another task.
 
 The flags themselves are declared in gpt1_jax/cli.py; `resolve` reads them by their argparse names.
 Importing jax starts no backend (and `import gpt1_jax` has imported it): only `initialize` must come first.
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import socket
 import sys
 import time
 import traceback
@@ -178,6 +182,9 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
         # A local run: bind the coordinator to loopback only, not every interface (JAX's default).
         kwargs["coordinator_bind_address"] = f"{host_port[0]}:{host_port[1]}"
     t0 = time.perf_counter()
+    if host_port and cfg.process_id not in (None, 0):
+        waited = _wait_for_coordinator(*host_port, cfg.init_timeout_s)
+        kwargs["initialization_timeout"] = max(1, int(cfg.init_timeout_s - waited))
     jax.distributed.initialize(**kwargs)
     _state.update(initialized=True, multi=jax.process_count() > 1)
     if _state["multi"]:
@@ -186,6 +193,22 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
           f"(coordinator {cfg.coordinator or 'auto-detected'}, {jax.local_device_count()} local / "
           f"{jax.device_count()} global devices)", file=sys.stderr, flush=True)
     return _state["multi"]
+
+
+def _wait_for_coordinator(host: str, port: int, timeout_s: int) -> float:
+    """Seconds until the coordinator (process 0's) accepts a connection; never: one error line. XLA's client,
+    which would otherwise find out, ends the process with a C++ check failure that blames another task."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return time.monotonic() - t0
+        except OSError:
+            if time.monotonic() - t0 >= timeout_s:
+                raise DistributedConfigError(
+                    f"no coordinator answered at {host}:{port} within {timeout_s} s (--init-timeout): start process 0 "
+                    "(it serves the coordinator), or check --coordinator") from None
+            time.sleep(0.2)
 
 
 def _flush() -> None:

@@ -74,3 +74,23 @@ def test_slurm_is_detected_through_jax(monkeypatch):
     assert distributed.detected_cluster() == "SlurmCluster"
     monkeypatch.setenv("SLURM_NTASKS", "1")  # an interactive allocation running one process
     assert distributed.detected_cluster() is None
+
+
+def test_a_process_that_finds_no_coordinator_says_so_in_one_line():
+    """Process 1 started with nobody serving --coordinator: XLA's client ended it with a C++ check failure
+    (status 134) blaming "another task". Probed on loopback first, it is one error at --init-timeout."""
+    import socket
+    import time
+
+    with socket.socket() as s:  # a loopback port nobody listens on once this block ends
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(distributed.DistributedConfigError, match=rf"^no coordinator answered at 127.0.0.1:{port} "
+                                                                  r"within 1 s \(--init-timeout\): start process 0"):
+        distributed._wait_for_coordinator("127.0.0.1", port, 1)
+    assert time.monotonic() - t0 < 5
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        assert distributed._wait_for_coordinator("127.0.0.1", server.getsockname()[1], 1) < 1
