@@ -447,7 +447,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     data = base.data if run else dataclasses.replace(base.data, seq_len=model.config.n_positions)
     config = apply_overrides(dataclasses.replace(base, model=model.config, data=data), others)
     result = evaluate(config, model.params, run=source if run else None, data=args.data,
-                      tokenizer=model.tokenizer_path, max_batches=args.max_batches)
+                      tokenizer=model.tokenizer_path, max_batches=args.max_batches, progress=True)
     _print_json({"source": str(source), "step": model.step, **result})
     return 0
 

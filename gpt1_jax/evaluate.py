@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from pathlib import Path
 
+import jax
 import numpy as np
+from tqdm.auto import tqdm
 
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.config import PretrainConfig
@@ -16,14 +19,20 @@ from gpt1_jax.step import lm_trainer
 from gpt1_jax.workdir import read as workdir_identity
 
 
-def lm_loss(trainer, params, batches, max_batches: int = 0) -> tuple[float, float]:
-    """(token-weighted mean LM loss, tokens) over (up to max_batches of) an iterator; padding weighs 0."""
+def lm_loss(trainer, params, batches, max_batches: int = 0, *, progress: bool = False) -> tuple[float, float]:
+    """(token-weighted mean LM loss, tokens) over (up to max_batches of) an iterator; padding weighs 0.
+    `progress`: a bar of batches on stderr (`gpt1-jax evaluate`; not inside training, which has its own)."""
     total, weight = 0.0, 0.0
-    for i, batch in enumerate(batches):
-        if max_batches and i >= max_batches:
-            break
-        loss_sum, weight_sum, _ = trainer.eval_sums(params, trainer.put_batch(batch, train=False))
-        total, weight = total + float(loss_sum), weight + float(weight_sum)
+    count = getattr(batches, "batches_per_epoch", None)  # a BatchIterator that does not repeat: one pass
+    count = min(count, max_batches) if count and max_batches else count or max_batches or None
+    with tqdm(total=count, desc="evaluate", unit="batch", disable=not progress, file=sys.stderr, dynamic_ncols=True,
+              mininterval=0.5) as bar:
+        for i, batch in enumerate(batches):
+            if max_batches and i >= max_batches:
+                break
+            loss_sum, weight_sum, _ = trainer.eval_sums(params, trainer.put_batch(batch, train=False))
+            total, weight = total + float(loss_sum), weight + float(weight_sum)
+            bar.update(1)
     return total / max(weight, 1.0), weight
 
 
@@ -44,11 +53,11 @@ def pretraining_run(source: Path, *, required: bool) -> bool:
 
 
 def evaluate(config: PretrainConfig, params, *, run: Path | None, data: str | None, tokenizer: str,
-             max_batches: int = 0) -> dict:
+             max_batches: int = 0, progress: bool = False) -> dict:
     """LM loss and perplexity of `params` (a model of `config.model`) on every `config.data.seq_len` window of
     the text source `data`, tokenised by `tokenizer` (a path), or, with `data` None, on the validation split
     of the pre-training run `run`, cut as its config cuts it. Batches of `config.data.global_batch_size`
-    over `config.mesh`."""
+    over `config.mesh`. `progress`: a bar of the batches on process 0."""
     check_attention(config.model.attention, config.model.attn_dropout, False, config.model.head_dim)
     trainer = lm_trainer(config.model, config.optim, config.mesh)
     params = trainer.place_params(params)
@@ -64,6 +73,6 @@ def evaluate(config: PretrainConfig, params, *, run: Path | None, data: str | No
         batches = BatchIterator(pipeline.windows, np.arange(len(pipeline.windows)), data_config.global_batch_size,
                                 shuffle=False, repeat=False, pad_last=True)
         split = "all windows"
-    loss, n_tokens = lm_loss(trainer, params, batches, max_batches)
+    loss, n_tokens = lm_loss(trainer, params, batches, max_batches, progress=progress and jax.process_index() == 0)
     return {"data": data or config.data.source, "split": split, "seq_len": data_config.seq_len,
             "tokens": int(n_tokens), "loss": loss, "perplexity": math.exp(min(loss, 50.0))}

@@ -273,7 +273,9 @@ def test_evaluate_takes_any_model_source_as_sample_does(tmp_path, capsys):
         assert "--init" in _subparsers()[verb]._option_string_actions
     assert cli.main(["evaluate", "--init", str(RELEASE), "--data", str(text), "--seq-len", "32", "--max-batches", "1",
                      "--set", f"data.cache_dir={tmp_path / 'cache'}"]) == 0
-    result = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert "evaluate: 100%" in err and "1/1" in err  # the progress bar of its batches
     assert (result["source"], result["step"], result["seq_len"], result["split"]) == (str(RELEASE), None, 32,
                                                                                      "all windows")
     assert result["tokens"] == 16 * 32 and 0 < result["loss"] < 9.1  # 16: the default batch; ln(8192) = 9.01
