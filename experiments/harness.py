@@ -6,7 +6,10 @@ A run is a typed config (PretrainConfig or FinetuneConfig, built with dataclasse
 fine-tuning what it starts from. It ends in one record: a JSON summary of its outcome, which the sweep writes
 (`summarize`). One done rule: a run is finished when its record exists, as <workdir>/record.json or as the
 kept copy under the sweep's records folder. The copy is committed with the results, so a fresh clone, or a
-sweep spanning sessions, resumes without the run workdirs (the copy is put back into the workdir).
+sweep spanning sessions, resumes without the run workdirs (the copy is put back into the workdir). A
+fine-tuning run's record keeps a digest of its settings (`settings`): a record found under the same workdir
+but made with others (another config, another --init model: a --quick pipeline under the same --out, a
+sweep rerun with --set) stops the sweep with one line instead of counting as this run's.
 
 Runs execute in this process, one at a time, through pretrain.run and finetune.run, for three reasons. The
 outcome is a value (gpt1_jax/loop.py: finished, preempted or diverged). The imports and the compiled
@@ -19,6 +22,8 @@ Anything else is a bug and stops the sweep with its traceback.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 import math
 import shutil
@@ -29,14 +34,19 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from gpt1_jax import finetune, pretrain  # the modules: tests patch pretrain.run and finetune.run
-from gpt1_jax.config import FinetuneConfig, PretrainConfig
+from gpt1_jax.config import FinetuneConfig, PretrainConfig, to_dict
 from gpt1_jax.errors import GPT1JaxError
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.interrupt import CtrlC
 from gpt1_jax.loop import Outcome
 from gpt1_jax.metrics import close_open_bars
+from gpt1_jax.workdir import RESUMABLE_WITH_OTHER, flat_fields
 
 RECORD = "record.json"
+SETTINGS = "settings"  # the record's digest of what decided its score (`settings`)
+# How a fine-tuning run computes, besides what may change when it resumes: not what it computes. Its dtype
+# among them: a sweep uses the faster of fp32 and bf16 on each machine, and a kept record travels between them.
+HOW_IT_RUNS = (*RESUMABLE_WITH_OTHER, "model.dtype", "model.scan_layers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +94,8 @@ class Records:
 
     def load(self, workdir: Path, same: dict | None = None) -> dict | None:
         """The run's record (a kept copy is put back into the workdir), or None. A record whose fields differ
-        from `same` was made under another budget: its score is not comparable, and the sweep stops with one line."""
+        from `same` was made under another budget or with other settings: its score is not comparable, and the
+        sweep stops with one line. (Records from before `settings` was kept are not compared on it.)"""
         done, kept = Path(workdir) / RECORD, self.kept_path(workdir)
         if not done.is_file() and kept is not None and kept.is_file():
             done.parent.mkdir(parents=True, exist_ok=True)
@@ -92,7 +103,11 @@ class Records:
         if not done.is_file():
             return None
         record = json.loads(done.read_text())
-        other = {k: record.get(k) for k, v in (same or {}).items() if record.get(k) != v}
+        if SETTINGS in (same or {}) and record.get(SETTINGS, same[SETTINGS]) != same[SETTINGS]:
+            raise SystemExit(f"{workdir}: finished with other settings than this sweep's (its config, or the model its "
+                             "--init holds, differs): give this sweep its own --out (and records), or repeat that "
+                             "sweep's own flags")
+        other = {k: record.get(k) for k, v in (same or {}).items() if k != SETTINGS and record.get(k) != v}
         if other:
             raise SystemExit(f"{workdir}: finished under another budget ({', '.join(f'{k}={v}' for k, v in other.items())}; "
                              f"this sweep: {', '.join(f'{k}={same[k]}' for k in other)}); give it its own --out and records")
@@ -123,6 +138,8 @@ def make(run: Run, records: Records, summarize: Summarize, same: dict | None = N
     """The run's record: found, or made now by training it -> Done; None when the run stopped at a checkpoint
     before its end (SIGTERM): the sweep stops, and the same command resumes it. `announce`: a line printed only
     when the run starts."""
+    if (digest := settings(run)) is not None:
+        same = {**(same or {}), SETTINGS: digest}
     if (record := records.load(run.workdir, same)) is not None:
         return Done(run, record)
     if not records.train:
@@ -142,8 +159,51 @@ def make(run: Run, records: Records, summarize: Summarize, same: dict | None = N
     record = summarize(run, outcome, seconds)
     if record is None:
         return Done(run, error=outcome.message or f"no record ({outcome.status})", seconds=seconds)
+    if digest is not None:
+        record = {**record, SETTINGS: digest}
     records.save(run.workdir, record)
     return Done(run, record, seconds=seconds)
+
+
+def settings(run: Run) -> str | None:
+    """A fine-tuning run's settings as a digest: its config less how it runs (`HOW_IT_RUNS`), and what its --init
+    holds (its files' contents, not its path: a kept record comes back under another one on a fresh clone).
+    None for pre-training runs (their sweep compares its budget, `same`). The data folder is not in it: the
+    same GLUE files sit under another path on each machine."""
+    if not isinstance(run.config, FinetuneConfig):
+        return None
+    fields = {k: v for k, v in flat_fields(to_dict(run.config)).items()
+              if not any(k == f or k.startswith(f + ".") for f in HOW_IT_RUNS)}
+    init = run.init or "none"
+    kind, folder = ("scratch", init.removeprefix("scratch:")) if init.startswith("scratch:") else ("init", init)
+    held = "none" if init == "none" else _contents(Path(folder).resolve())
+    text = json.dumps({"config": fields, "init": [kind, held]}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _contents(folder: Path) -> str:
+    """What a model folder holds, as a digest: a run workdir's newest checkpoint (its recorded digests), or the
+    files of a checkpoint or HF folder (its model card aside, which is rewritten without the weights changing)."""
+    if (folder / "checkpoints").is_dir():  # a run: its newest checkpoint's integrity.json digests its files
+        steps = sorted((int(p.name) for p in (folder / "checkpoints").iterdir() if p.name.isdigit()), reverse=True)
+        digests = next((folder / "checkpoints" / str(s) / "integrity.json" for s in steps
+                        if (folder / "checkpoints" / str(s) / "integrity.json").is_file()), None)
+        return hashlib.sha256(digests.read_bytes()).hexdigest() if digests else "no checkpoint"
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix != ".md") if folder.is_dir() else []
+    return _digest(tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files), folder)
+
+
+@functools.lru_cache(maxsize=16)
+def _digest(files: tuple[tuple[str, int, int], ...], folder: Path) -> str:
+    """sha256 over the files' names (relative to `folder`) and contents; once per process while they are
+    unchanged (a sweep asks once per run)."""
+    h = hashlib.sha256()
+    for name, _, _ in files:
+        h.update(str(Path(name).relative_to(folder)).encode() + b"\0")
+        with open(name, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
 
 
 def sweep(runs: Iterable[Run], records: Records, summarize: Summarize,

@@ -17,6 +17,7 @@ status 0; 1 when a file differs).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import subprocess
@@ -49,7 +50,10 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    # No options; a parser all the same, so that `--help` (or a typo) explains instead of rewriting every file.
+    argparse.ArgumentParser(prog="python -m experiments.regenerate", description=__doc__.split("\n\n")[0],
+                            allow_abbrev=False).parse_args(argv)
     regenerate()
     new_files = git("ls-files", "--others", "--exclude-standard", "--", *OUTPUTS)
     changed = git("diff", "--stat", "--", *OUTPUTS) + new_files

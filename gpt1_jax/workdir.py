@@ -152,11 +152,12 @@ def claim(workdir: str | Path, job: Identity, architecture: dict[str, Any]) -> N
     atomic_write_text(workdir / RUN_FILE, json.dumps(record, indent=1) + "\n")
 
 
-def _flat(values: dict, prefix: str = "") -> dict[str, Any]:
+def flat_fields(values: dict, prefix: str = "") -> dict[str, Any]:
+    """A config's nested dict as {"optim.lr": ..., ...}."""
     out = {}
     for k, v in values.items():
         if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
+            out.update(flat_fields(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -170,7 +171,7 @@ def _shown(differ: list[str], old: dict, new: dict) -> str:
 def check_same_settings(workdir: Path, config, saved) -> None:
     """A fine-tuning run resumed (or rerun once finished) with other settings than its folder's is refused,
     naming the first few that differ: its checkpoints and scores belong to the saved settings."""
-    new, old = _flat(to_dict(config)), _flat(to_dict(saved))
+    new, old = flat_fields(to_dict(config)), flat_fields(to_dict(saved))
     differ = [k for k in sorted(set(new) | set(old)) if new.get(k) != old.get(k)
               and not any(k == f or k.startswith(f + ".") for f in RESUMABLE_WITH_OTHER)]
     if differ:
@@ -182,7 +183,7 @@ def check_same_data(workdir: Path, config, saved) -> None:
     """A pre-training run resumed from a checkpoint with other data settings (`PRETRAIN_DATA`) is refused, naming
     them, before the corpus is read: its checkpoint continues only the stream of batches it began. (The data
     iterator's own check at restore, gpt1_jax/data/pipeline.py, is the backstop for what the config misses.)"""
-    new, old = _flat(to_dict(config)), _flat(to_dict(saved))
+    new, old = flat_fields(to_dict(config)), flat_fields(to_dict(saved))
     differ = [k for k in PRETRAIN_DATA if new.get(k) != old.get(k)]
     if differ:
         raise WorkdirError(f"{workdir} holds a pre-training run on other data ({_shown(differ, old, new)}): its "

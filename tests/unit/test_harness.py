@@ -1,9 +1,10 @@
 """experiments/harness.py, the one way the experiments make runs: the done rule (a record in the workdir, or
 the kept copy put back), both copies written whole, a record of another budget refused, a rebuild that must
-not train, one run's project error kept as its one line while the sweep goes on, and a run stopped at a
-checkpoint stopping the sweep without a record. The runs here return made-up outcomes; the real runs go
+not train, one run's project error kept as its one line while the sweep goes on, a run stopped at a
+checkpoint stopping the sweep without a record, and a record made with other settings not taken for this run's. The runs here return made-up outcomes; the real runs go
 through it in tests/e2e (test_paper.py, test_optimizers_study.py, test_finetune.py's glue_table)."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -76,7 +77,8 @@ def test_one_runs_error_is_its_line_and_the_sweep_goes_on(tmp_path, monkeypatch)
     assert dones[1].error == "loss is nan at step 2" and dones[1].record is None  # Table 5 keeps no diverged run
     assert [p.parent.name for p in tmp_path.rglob("record.json")] == ["seed2"]
     # a finished run's results.json, without the paths of this machine or the config the workdir keeps
-    assert dones[2].record == {"main_metric": "accuracy", "metrics": {"accuracy": 0.5}} and dones[2].error is None
+    assert dones[2].record == {"main_metric": "accuracy", "metrics": {"accuracy": 0.5},
+                               "settings": harness.settings(_runs(tmp_path, 3)[2])} and dones[2].error is None
 
 
 def test_a_run_stopped_at_a_checkpoint_stops_the_sweep_without_a_record(tmp_path, monkeypatch, capsys):
@@ -90,3 +92,43 @@ def test_a_run_stopped_at_a_checkpoint_stops_the_sweep_without_a_record(tmp_path
     assert harness.sweep(_runs(tmp_path, 3), harness.Records(tmp_path, tmp_path / "kept"), _record) is None
     assert started == [0] and not list(tmp_path.rglob("*.json"))
     assert "stopped at step 3 (SIGTERM); the same command resumes" in capsys.readouterr().err
+
+
+def test_a_record_made_with_other_settings_is_not_this_runs(tmp_path, monkeypatch):
+    """A --quick pipeline's records under the same --out counted as the laptop budget's, and a glue_table rerun with
+    --set optim.lr=... or another --init reported the old runs' scores under the new settings."""
+    monkeypatch.setattr(gpt1_jax.finetune, "run", lambda config, workdir, **k: Outcome("finished", 3))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"weights")
+    (model / "README.md").write_text("card")
+
+    def run(init=str(model), **changes):
+        config = FinetuneConfig(task="sst2")
+        return harness.Run(dataclasses.replace(config, **changes), tmp_path / "out" / "sst2" / "seed0", init)
+
+    records = harness.Records(tmp_path / "out")
+    assert harness.make(run(), records, _record).seconds > 0
+    assert harness.make(run(), records, _record).seconds == 0  # done before
+    with pytest.raises(SystemExit, match=r"seed0: finished with other settings than this sweep's \(its config, or "
+                                         r"the model its --init holds, differs\): give this sweep its own --out"):
+        harness.make(run(optim=dataclasses.replace(FinetuneConfig().optim, lr=1e-3)), records, _record)
+    with pytest.raises(SystemExit, match="finished with other settings"):
+        harness.make(run(init="none"), records, _record)
+
+    # what does not decide the score does not count: how it runs, the model card, the model folder's path
+    before = harness.settings(run())
+    moved = tmp_path / "moved"
+    model.rename(moved)
+    (moved / "README.md").write_text("a rewritten card")
+    same = run(init=str(moved), model=dataclasses.replace(FinetuneConfig().model, dtype="bfloat16"),
+               eval_batch_size=64, checkpoint_every=5)
+    assert harness.settings(same) == before
+    (moved / "model.safetensors").write_bytes(b"other weights")
+    assert harness.settings(run(init=str(moved))) != before
+
+    # a record from before settings were kept is taken as it is
+    record = tmp_path / "out" / "sst2" / "seed0" / "record.json"
+    record.write_text(json.dumps({"seed": 0, "status": "finished"}))
+    assert harness.make(run(init="none"), records, _record).record == {"seed": 0, "status": "finished"}
