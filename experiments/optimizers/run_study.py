@@ -442,22 +442,35 @@ def kept_records(args, study: Path) -> Path | None:
     return Path(args.records).absolute() / study.relative_to(Path(args.out)) if args.records else None
 
 
+def table_scope(names: list[str], seeds: list[int], finished: list[dict]) -> tuple[list[dict], list[str], list[int]]:
+    """(the finished runs of optimizers other than `names`, the optimizers and the seeds the tables show): a study
+    run again for a subset (--optimizers adamw, --seeds 0) keeps the rest of its finished runs in its tables,
+    instead of rewriting them (and their committed copy) with the subset alone."""
+    others = [r for r in finished if r["optimizer"] not in names]
+    shown = names + [n for n in SPECS if n not in names and any(r["optimizer"] == n for r in others)]
+    return others, shown, seeds + sorted({r["seed"] for r in finished} - set(seeds))
+
+
 def run_sweep(args, table: tuple[Path, str, str], names: list[str], seeds: list[int], run_one) -> tuple[list[dict], bool]:
     """One study's loop (`study_loop`) from each optimizer's centre lr, its tables rewritten after every new run."""
     study, kind, title = table
     grids = {n: lr_grid(SPECS[n][f"{kind}_lr"] * args.lr_scale, args.lr_points) for n in names}
+    finished = harness.Records(study, kept_records(args, study)).finished("runs")
+    others, shown, shown_seeds = table_scope(names, seeds, finished)
     return study_loop(study, names, seeds, grids, run_one, args.max_extensions,
-                      lambda runs, plots: write_outputs(study, kind, runs, names, seeds, args, title, plots),
-                      harness.Records(study, kept_records(args, study)).finished("runs"))
+                      lambda runs, plots: write_outputs(study, kind, others + runs, shown, shown_seeds, args, title, plots),
+                      finished)
 
 
 def rewrite_tables(args, names: list[str], seeds: list[int]) -> None:
     """Each study's results from its finished runs alone (a fresh clone has them all under --records)."""
     for study, kind, title in study_tables(args):
-        runs = [r for r in harness.Records(study, kept_records(args, study)).finished("runs") if r["optimizer"] in names]
+        finished = harness.Records(study, kept_records(args, study)).finished("runs")
+        others, shown, shown_seeds = table_scope(names, seeds, finished)
+        runs = [r for r in finished if r["optimizer"] in names] + others
         if runs:
             study.mkdir(parents=True, exist_ok=True)
-            write_outputs(study, kind, runs, names, seeds, args, title)
+            write_outputs(study, kind, runs, shown, shown_seeds, args, title)
 
 
 def pretrain_setup(args, study: Path) -> tuple[dict, str]:

@@ -118,6 +118,12 @@ def test_rerun_skips_finished_runs_even_without_their_run_dirs(quick_study):
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
     assert done.returncode == 0 and "==" not in done.stderr, done.stderr[-3000:]
     assert json.loads((study / "results.json").read_text())["summary"] == summary
+    subset = list(argv)
+    subset[subset.index("--optimizers") + 1] = "gpt1_adam"  # one of the study's two, again: its tables keep both
+    done = subprocess.run(subset, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
+    assert done.returncode == 0 and "==" not in done.stderr, done.stderr[-3000:]
+    assert json.loads((study / "results.json").read_text())["summary"] == summary
+    assert (study.parent / "published" / "pretrain" / "results.json").read_text() == (study / "results.json").read_text()
     records = {p: p.read_text() for p in (study.parent / "records").rglob("*.json")}
     longer = list(argv)
     longer[longer.index("--steps") + 1] = "8"  # another budget over the same records: refused, not mixed in
