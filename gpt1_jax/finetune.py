@@ -28,6 +28,7 @@ from gpt1_jax import flops, heads
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
 from gpt1_jax.config import ConfigError, FinetuneConfig, ModelConfig, load_yaml, to_dict
+from gpt1_jax.errors import WorkdirError
 from gpt1_jax.data.layout import Markers
 from gpt1_jax.data.tasks import (EpochBatches, Encoded, Splits, Task, encode_task, eval_order, make_batch, make_task,
                                   prepare_once, process_rows, train_rows, write_predictions, write_submission)
@@ -179,8 +180,15 @@ def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, token
     task = make_task(config, data_dir, tfds_dir)
     prepare_once(task, ("train", *task.dev_splits, *(task.test_splits if predict_test else ())))
     tok = source.tokenizer
-    if tok is None and (workdir / "tokenizer.json").is_file() and (workdir / "checkpoints").is_dir():
+    resuming = (workdir / "tokenizer.json").is_file() and (workdir / "checkpoints").is_dir()
+    if tok is None and resuming:
         tok = GPT1Tokenizer.load(workdir / "tokenizer.json")  # resuming: the BPE this run already trained
+    elif tok is not None and resuming and not tok.same_as(GPT1Tokenizer.load(workdir / "tokenizer.json")):
+        # Of the same size, another BPE would go through every other check and train on other ids.
+        raise WorkdirError(f"{workdir} holds a fine-tuning run trained with another tokenizer than "
+                           f"{'--tokenizer ' + str(tokenizer) if tokenizer else 'its --init source'} gives (its "
+                           "checkpoints use the ids of its own tokenizer.json): repeat the run's own --tokenizer, or "
+                           "choose another --workdir")
     if tok is None:  # no pre-training, no vocabulary to inherit: a BPE from the task's own training text
         train = task.load("train")
         texts = [t for i in train_rows(len(train), config)[0] for t in task.texts(train[i])]

@@ -313,6 +313,10 @@ class GPT1Tokenizer:
         hf_config = {"tokenizer_class": "OpenAIGPTTokenizer", "unk_token": UNK_TOKEN, "model_max_length": model_max_length}
         (folder / "tokenizer_config.json").write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
 
+    def same_as(self, other: GPT1Tokenizer) -> bool:
+        """Whether `other` gives the same ids for every text (its vocabulary, merges, word splitting and mode)."""
+        return self._mode == other._mode and self._backend.to_str() == other._backend.to_str()
+
     @classmethod
     def load(cls, path: str | Path) -> GPT1Tokenizer:
         p = _check_file(path, "tokenizer JSON")

@@ -345,8 +345,14 @@ def _snapshot(folder):
 
 
 def test_a_finished_run_refuses_other_jobs_and_settings_byte_for_byte(uninterrupted, tmp_path, data_dir, capsys):
-    """A sweep reusing a folder, a pre-training run or `evaluate` pointed at it: one line each, nothing changed."""
+    """A sweep reusing a folder, a pre-training run or `evaluate` pointed at it, another tokenizer: one line each,
+    nothing changed."""
     own = _argv(uninterrupted, data_dir, tmp_path)[3:]  # the run's own flags, without `python -m gpt1_jax.cli`
+    # a BPE of the run's own size from other text: it passed every size check, and the run went on with other ids
+    mine = GPT1Tokenizer.load(uninterrupted / "tokenizer.json")
+    other = tmp_path / "other.json"
+    GPT1Tokenizer.train([_sentences(300, 5)], vocab_size=mine.base_vocab_size).save(other)
+    assert GPT1Tokenizer.load(other).vocab_size == mine.vocab_size and not GPT1Tokenizer.load(other).same_as(mine)
     before = _snapshot(uninterrupted)
     cases = [
         ([a if a != "cola" else "stsb" for a in own], f"{uninterrupted} holds a fine-tuning run of cola from none, "
@@ -359,6 +365,9 @@ def test_a_finished_run_refuses_other_jobs_and_settings_byte_for_byte(uninterrup
         (["evaluate", "--workdir", str(uninterrupted)], f"{uninterrupted} holds a fine-tuning run of cola from none, "
          f"not a pre-training run: evaluate measures a pre-training checkpoint's LM loss; this run's dev scores are in "
          f"{uninterrupted / 'results.json'}"),
+        (own + ["--tokenizer", str(other)], f"{uninterrupted} holds a fine-tuning run trained with another tokenizer "
+         f"than --tokenizer {other} gives (its checkpoints use the ids of its own tokenizer.json): repeat the run's own "
+         "--tokenizer, or choose another --workdir"),
     ]
     for argv, message in cases:
         assert cli.main(argv) == 2
