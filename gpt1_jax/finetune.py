@@ -28,7 +28,7 @@ from gpt1_jax import flops, heads
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
 from gpt1_jax.config import ConfigError, FinetuneConfig, ModelConfig, load_yaml, to_dict
-from gpt1_jax.errors import WorkdirError
+from gpt1_jax.errors import DataError, WorkdirError
 from gpt1_jax.data.layout import Markers
 from gpt1_jax.data.tasks import (EpochBatches, Encoded, Splits, Task, encode_task, eval_order, make_batch, make_task,
                                   prepare_once, process_rows, train_rows, write_predictions, write_submission)
@@ -225,6 +225,14 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
                                            predict_test=predict_test, tfds_dir=tfds_dir)
     if held is not None and (workdir / "config.yaml").is_file():
         check_same_settings(workdir, config, load_yaml(FinetuneConfig, workdir / "config.yaml"))
+    for split, enc in splits.dev.items():  # the best epoch is chosen, and the run scored, on labelled examples
+        if enc.examples and all(ex["label"] == -1 for ex in enc.examples):
+            raise DataError(f"{task.name}'s {split} split has no labels (a test file in place of the dev file?): "
+                            "there is nothing to score the run on")
+    stems = [task.submission(s) if task.submission else f"{task.name}_{s}" for s in splits.test]
+    if predict_test and (workdir / "results.json").is_file() and not all((workdir / f"{n}.tsv").is_file() for n in stems):
+        raise WorkdirError(f"{workdir} holds a run that finished without --predict-test: test predictions are made at "
+                           "the best epoch while it trains; run it with --predict-test in another --workdir")
     init_fn, loss_fn, predict_fn = heads.finetune_functions(config.model, task.kind, task.n_outputs, task.regression,
                                                             config.clf_dropout, config.lm_coef,
                                                             2 if task.kind == "similarity" else 1)
@@ -268,7 +276,10 @@ def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, sou
         f"{config.optim.total_steps} steps{f', resuming at {begin}' if begin else ''}; mesh {dict(trainer.mesh.shape)}")
     t0 = time.perf_counter()
     outcome = loop.run(state, batches)  # a finished run (rerun) only closes, then rewrites its results
-    return outcome, dev, time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    if begin >= config.optim.total_steps and (workdir / "results.json").is_file():  # a rerun: the run's own seconds
+        seconds = json.loads((workdir / "results.json").read_text()).get("train_seconds", seconds)
+    return outcome, dev, seconds
 
 
 def initial_state(trainer, source: Source, model_config: ModelConfig, config: FinetuneConfig):

@@ -55,6 +55,38 @@ def test_finetune_from_scratch_writes_results_predictions_and_submission(tmp_pat
     assert saved.optim.total_steps == 10 and saved.model.vocab_size == GPT1Tokenizer.load(workdir / "tokenizer.json").vocab_size
 
 
+def test_a_rerun_keeps_its_seconds_and_what_it_cannot_give_is_refused(tmp_path, data_dir, capsys):
+    """A finished run's rerun rewrote train_seconds as 0.0; with --predict-test added it listed a submission file
+    that no epoch wrote; a dev file without labels (a test file in its place) made a run of no scores, status 0."""
+    import shutil
+
+    workdir, results = _finetune(tmp_path, data_dir, "--epochs", "1")
+    assert results["train_seconds"] > 0 and results["submission"] == {}
+    _, again = _finetune(tmp_path, data_dir, "--epochs", "1")
+    assert again["train_seconds"] == results["train_seconds"] and again["metrics"] == results["metrics"]
+    before = {p: p.read_bytes() for p in sorted(workdir.rglob("*")) if p.is_file()}
+    argv = ["finetune", "--task", "cola", "--workdir", str(workdir), "--data-dir", str(data_dir), "--config", "tiny",
+            "--tfds-dir", str(tmp_path / "tfds"), "--batch-size", "8", "--no-progress", "--init", "none",
+            "--epochs", "1"]
+    assert cli.main(argv + ["--predict-test"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gpt1-jax finetune: error: {workdir} holds a run that finished without --predict-test: test predictions "
+        "are made at the best epoch while it trains; run it with --predict-test in another --workdir")
+    assert {p: p.read_bytes() for p in sorted(workdir.rglob("*")) if p.is_file()} == before
+
+    unlabelled = tmp_path / "unlabelled"
+    shutil.copytree(data_dir, unlabelled)
+    (unlabelled / "STS-B" / "dev.tsv").write_text("\n".join(l.rsplit("\t", 1)[0] for l in
+                                                             (data_dir / "STS-B" / "dev.tsv").read_text().splitlines()) + "\n")
+    fresh = tmp_path / "fresh"
+    assert cli.main([a if a not in (str(workdir), str(data_dir), "cola") else
+                     {str(workdir): str(fresh), str(data_dir): str(unlabelled), "cola": "stsb"}[a] for a in argv]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "gpt1-jax finetune: error: stsb's validation split has no labels (a test file in place of the dev file?): "
+        "there is nothing to score the run on")
+    assert not (fresh / "config.yaml").exists()
+
+
 def test_the_epoch_is_chosen_on_the_held_out_slice_and_dev_is_only_reported(tmp_path, data_dir):
     """--holdout-fraction 0.25 of CoLA's 40 training examples: 30 train, 10 choose the epoch; the reported dev
     score is the chosen epoch's, whatever dev says about the other epochs."""
