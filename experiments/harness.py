@@ -26,6 +26,7 @@ import functools
 import hashlib
 import json
 import math
+import os
 import shutil
 import signal
 import sys
@@ -34,6 +35,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from gpt1_jax import finetune, pretrain  # the modules: tests patch pretrain.run and finetune.run
+from gpt1_jax.cli import DEBUG_ENV, os_error_message
 from gpt1_jax.config import FinetuneConfig, PretrainConfig, to_dict
 from gpt1_jax.errors import GPT1JaxError
 from gpt1_jax.files import atomic_write_text
@@ -246,14 +248,23 @@ def finetune_record(run: Run, outcome: Outcome, seconds: float) -> dict | None:
     return {k: v for k, v in outcome.results.items() if k not in ("config", "init", "predictions", "submission")}
 
 
-def main(fn: Callable[[], int], prog: str) -> int:
-    """Runs a sweep's command line: Ctrl-C or SIGTERM, between two runs too, stops it with one line (the run in
-    progress saved a checkpoint, or had none yet) and exit status 130; the same command resumes."""
+def main(fn: Callable[[], int | None], prog: str) -> int:
+    """Runs an experiment's command line: Ctrl-C or SIGTERM, between two runs too, stops it with one line (the run
+    in progress saved a checkpoint, or had none yet) and exit status 130; the same command resumes. A project error
+    or an OSError that escapes (a bad --tasks, an --out that is a file) is one line and exit status 2, as
+    `gpt1-jax`'s (gpt1_jax/cli.py); anything else is a bug and keeps its traceback."""
     with CtrlC(signals=(signal.SIGINT, signal.SIGTERM)) as guard:  # re-raises one Python dropped in a gc callback
         try:
-            return fn()
+            return fn() or 0
         except KeyboardInterrupt as e:
             guard.caught()
             close_open_bars()
             print(f"{prog}: interrupted{f': {e}' if str(e) else ''}; the same command resumes", file=sys.stderr)
             return 130
+        except (GPT1JaxError, OSError) as e:  # a project error (gpt1_jax/errors.py), a path, a disk
+            if os.environ.get(DEBUG_ENV):
+                raise
+            close_open_bars()
+            message = e if isinstance(e, (GPT1JaxError, FileNotFoundError)) else os_error_message(e)
+            print(f"{prog}: error: {message}", file=sys.stderr)
+            return 2

@@ -91,7 +91,7 @@ def at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
-def finite(low: float, *, above: bool = False) -> Callable[[str], float]:
+def number_at_least(low: float, *, above: bool = False) -> Callable[[str], float]:
     """A float flag's type: finite and >= `low` (> `low` with `above`)."""
     def parse(text: str) -> float:
         try:
@@ -457,7 +457,7 @@ def _sample_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, None, "--seed")
     p.add_argument("--prompt", default="the", help="text to continue")
     p.add_argument("--max-new-tokens", type=at_least(1), default=40)
-    p.add_argument("--temperature", type=finite(0.0), default=0.8, help="0 = greedy")
+    p.add_argument("--temperature", type=number_at_least(0.0), default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=at_least(0), default=40, help="0 = the whole vocabulary")
     p.add_argument("--num-samples", type=at_least(1), default=3)
 
@@ -595,7 +595,7 @@ def _bench_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=5, help="timed steps (bench's own count, not the config's steps)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps after compilation")
     p.add_argument("--compile-only", action="store_true", help="compile and report time, memory and FLOPs; do not run")
-    p.add_argument("--peak-flops", type=finite(0.0, above=True), default=None,
+    p.add_argument("--peak-flops", type=number_at_least(0.0, above=True), default=None,
                    help="peak FLOP/s for MFU (default: the accelerator's table entry, or a measured matmul)")
 
 
@@ -686,8 +686,9 @@ def _interrupted_line(args: argparse.Namespace, error: KeyboardInterrupt) -> int
     return 130
 
 
-def _os_error_message(args: argparse.Namespace, e: OSError) -> str:
-    """`cannot <do> PATH: <the system's words>; <what to do>` for an OSError that escaped a verb."""
+def os_error_message(e: OSError, last_checkpoint: int | None = None) -> str:
+    """`cannot <do> PATH: <the system's words>; <what to do>` for an OSError that escaped a verb (or an experiment's
+    command line: experiments/harness.py); `last_checkpoint`: the one a training verb keeps, named on a full disk."""
     name = e.filename if isinstance(e.filename, (str, bytes, os.PathLike)) else None  # not a file descriptor
     path = Path(os.fsdecode(name)) if name is not None else None
     where = "" if path is None else f" {path}" + (
@@ -702,8 +703,8 @@ def _os_error_message(args: argparse.Namespace, e: OSError) -> str:
         do, fix = "write", "choose a folder on a writable disk"
     elif code in (errno.ENOSPC, errno.EDQUOT):
         do, fix = "write", "free some space or choose a folder on another disk"
-        if (last := _last_checkpoint(args)) is not None:
-            fix += f"; checkpoint {last} is kept, and the same command resumes from it"
+        if last_checkpoint is not None:
+            fix += f"; checkpoint {last_checkpoint} is kept, and the same command resumes from it"
     elif code == errno.EEXIST and exists and not path.is_dir():
         do, fix = "create the folder", "it is a file: choose another path (e.g. another --workdir) or remove the file"
     elif code == errno.EEXIST:
@@ -757,7 +758,7 @@ def main(argv: list[str] | None = None) -> int:
         except (GPT1JaxError, FileNotFoundError) as e:  # CheckpointWriteError too: it says which checkpoints are kept
             status = _error_line(args.verb, e, 2)
         except OSError as e:  # a folder it cannot write, a full or read-only disk, a file where a folder goes...
-            status = _error_line(args.verb, e, 2, _os_error_message(args, e))
+            status = _error_line(args.verb, e, 2, os_error_message(e, _last_checkpoint(args)))
     return distributed.exit_status(status)  # multi-process: a failing process leaves at once
 
 

@@ -24,6 +24,7 @@ import argparse
 import ctypes
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -166,6 +167,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error("no command: put it after --")
     if args.num_processes < 1:
         p.error("-n must be >= 1")
+    if args.devices_per_process is not None and args.devices_per_process < 1:
+        p.error("-d must be >= 1")
+    if args.port is not None and not 1 <= args.port <= 65535:
+        p.error(f"--port must be a TCP port, 1 to 65535, got {args.port}")
+    if not args.grace >= 0:
+        p.error(f"--grace must be >= 0 seconds, got {args.grace}")
+    if shutil.which(cmd[0]) is None:  # found now, not as n tracebacks of a failed fork
+        p.exit(127, f"{p.prog}: error: {cmd[0]}: command not found (or not executable)\n")
     return launch(cmd, args.num_processes, args.devices_per_process, args.port, args.grace)
 
 

@@ -27,11 +27,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from experiments import harness
 from gpt1_jax import flops, sizing
 from gpt1_jax.attention import causal_attention
 from gpt1_jax.config import PretrainConfig, resolve
 from gpt1_jax.model import layer_norm
 from gpt1_jax.bench import seeded_batches
+from gpt1_jax.cli import at_least
 
 
 def median_seconds(fn, *args, repeats: int = 5) -> float:
@@ -105,10 +107,10 @@ def optimizer_seconds(config) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--config", default="gpt1")
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--batch", type=at_least(1), default=2)
+    p.add_argument("--seq", type=at_least(1), default=512)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    p.add_argument("--steps", type=int, default=4, help="timed steps per variant")
+    p.add_argument("--steps", type=at_least(1), default=4, help="timed steps per variant")
     p.add_argument("--set", action="append", default=[], help="config override (e.g. model.scan_layers=true)")
     args = p.parse_args(argv)
     overrides = [f"data.global_batch_size={args.batch}", f"data.seq_len={args.seq}", f"model.dtype={args.dtype}",
@@ -136,4 +138,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(main, "breakdown"))

@@ -16,9 +16,11 @@ import sys
 import time
 from pathlib import Path
 
+from experiments import harness
 from experiments.harness import Run
 from experiments.paper.settings import FULL_SETS, PAPER_DIR, TASKS
 from gpt1_jax import flops
+from gpt1_jax.cli import at_least
 
 RUNS = ((1e-4, 0), (3e-4, 0), (1e-4, 1))  # another lr, then another seed (its batch order brings new padded shapes)
 
@@ -29,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="a fresh folder for the runs' workdirs")
     p.add_argument("--task", default="rte", choices=TASKS)
     p.add_argument("--release", default=str(PAPER_DIR / "release"), help="the model fine-tuned")
-    p.add_argument("--examples", type=int, default=256, help="training examples per run (default: 256)")
+    p.add_argument("--examples", type=at_least(2), default=256, help="training examples per run (default: 256)")
     args = p.parse_args(argv)
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
@@ -48,4 +50,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(main, "shared_programs"))

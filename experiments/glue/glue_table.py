@@ -22,6 +22,7 @@ from pathlib import Path
 from experiments import harness
 from experiments.glue.common import ABLATIONS, ablation, errors_of, mean_std, metric_values, missing_path, table_config, write_table
 from gpt1_jax.data.glue import GLUE_TASKS, split_available
+from gpt1_jax.cli import at_least
 from gpt1_jax.errors import ConfigError
 
 # The paper's numbers (docs/gpt1.md, "Results"): task -> [(metric, GPT-1)].
@@ -52,7 +53,7 @@ def available_tasks(data_dir: str | None) -> tuple[list[str], list[str]]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--init", required=True, help="pre-training workdir, HF/original checkpoint folder, or none")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=at_least(0), nargs="+", default=[0, 1, 2])
     p.add_argument("--tasks", default=None, help="comma-separated (default: every task available in --data-dir)")
     p.add_argument("--ablations", default="full", help=f"comma-separated of {', '.join(ABLATIONS)}")
     p.add_argument("--data-dir", default=None, help="GLUE's official TSV distribution (<dir>/<Task>/{train,dev,test}.tsv; "
@@ -66,8 +67,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bad = [a for a in args.ablations if a not in ABLATIONS]
     if bad:
         p.error(f"unknown ablation(s) {bad}; known: {', '.join(ABLATIONS)}")
-    if bad_path := missing_path("--data-dir", args.data_dir):
+    init = None if args.init == "none" else args.init.removeprefix("scratch:")
+    if bad_path := missing_path("--data-dir", args.data_dir) or missing_path("--init", init):
         p.exit(2, f"{p.prog}: error: {bad_path}\n")
+    if len(set(args.seeds)) < len(args.seeds):
+        p.error(f"a seed is given twice in --seeds {' '.join(map(str, args.seeds))}")
     try:
         args.config = table_config(args.quick, args.set)
     except ConfigError as e:

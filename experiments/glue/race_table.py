@@ -16,6 +16,7 @@ from pathlib import Path
 
 from experiments import harness
 from experiments.glue.common import ABLATIONS, ablation, errors_of, mean_std, metric_values, missing_path, table_config, write_table
+from gpt1_jax.cli import at_least
 from gpt1_jax.errors import ConfigError
 
 PAPER = [("accuracy_middle", "RACE-m", 62.9), ("accuracy_high", "RACE-h", 57.4), ("accuracy", "RACE", 59.0)]
@@ -24,7 +25,7 @@ PAPER = [("accuracy_middle", "RACE-m", 62.9), ("accuracy_high", "RACE-h", 57.4),
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--init", required=True, help="pre-training workdir, HF/original checkpoint folder, or none")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=at_least(0), nargs="+", default=[0, 1, 2])
     p.add_argument("--ablations", default="full", help=f"comma-separated of {', '.join(ABLATIONS)}")
     p.add_argument("--data", required=True, help="race.tar.gz or its unpacked folder")
     p.add_argument("--out", required=True)
@@ -34,8 +35,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.ablations = args.ablations.split(",")
     if bad := [a for a in args.ablations if a not in ABLATIONS]:
         p.error(f"unknown ablation(s) {bad}; known: {', '.join(ABLATIONS)}")
-    if missing := missing_path("--data", args.data):
+    init = None if args.init == "none" else args.init.removeprefix("scratch:")
+    if missing := missing_path("--data", args.data) or missing_path("--init", init):
         p.exit(2, f"{p.prog}: error: {missing}\n")
+    if len(set(args.seeds)) < len(args.seeds):
+        p.error(f"a seed is given twice in --seeds {' '.join(map(str, args.seeds))}")
     try:
         args.config = dataclasses.replace(table_config(args.quick, args.set), task="race")
     except ConfigError as e:

@@ -51,6 +51,7 @@ from experiments.optimizers.sweep import finite, median, run_name, study_loop
 from experiments.optimizers.tables import REFERENCE, UNIGRAM, load_bench, load_unigram, write_outputs
 from experiments.paper.settings import shown
 from gpt1_jax import bench, compile_cache
+from gpt1_jax.cli import at_least, number_at_least
 from gpt1_jax.config import FinetuneConfig, PretrainConfig, load_yaml, preset, resolve
 from gpt1_jax.data.pipeline import build_pipeline, unigram_loss
 from gpt1_jax.data.sources import open_source
@@ -367,6 +368,17 @@ def finetune_optimizers(args) -> list[str]:
     return ranked[:4] + ([REFERENCE] if REFERENCE not in ranked[:4] else [])
 
 
+def seed_list(text: str) -> list[int]:
+    """--seeds: distinct whole numbers, comma-separated (the first sweeps the lrs, the others repeat the best)."""
+    try:
+        seeds = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if len(set(seeds)) < len(seeds):
+        raise argparse.ArgumentTypeError(f"a seed is given twice in {text!r}")
+    return seeds
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("study", choices=["pretrain", "bench", "finetune"])
@@ -374,12 +386,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="minutes: tiny model, a short pre-training / a small GLUE subset")
     p.add_argument("--optimizers", default=None, help=f"comma-separated subset of {','.join(SPECS)} (finetune's "
                    "default: the pre-training study's best four plus gpt1_adam)")
-    p.add_argument("--seeds", default="0,1,2", help="first: the lr sweep; others: repeats at the best lr")
-    p.add_argument("--lr-points", type=int, default=3, help="initial lrs per optimizer (the 1-3-10 log ladder)")
-    p.add_argument("--lr-scale", type=float, default=1.0, help="multiplies every centre lr")
-    p.add_argument("--max-extensions", type=int, default=None,
+    p.add_argument("--seeds", type=seed_list, default=[0, 1, 2], help="first: the lr sweep; others: repeats at the best lr")
+    p.add_argument("--lr-points", type=at_least(1), default=3, help="initial lrs per optimizer (the 1-3-10 log ladder)")
+    p.add_argument("--lr-scale", type=number_at_least(0.0, above=True), default=1.0, help="multiplies every centre lr")
+    p.add_argument("--max-extensions", type=at_least(0), default=None,
                    help="lrs added per optimizer to bracket its best (default: 4 for pretrain, 2 for finetune)")
-    p.add_argument("--steps", type=int, default=None, help="pre-training steps (overrides the budget)")
+    p.add_argument("--steps", type=at_least(1), default=None, help="pre-training steps (overrides the budget)")
     p.add_argument("--tokenizer", default=None, help="pretrain: a tokenizer .json (default: the recipe's, from "
                    "experiments/paper/release, or one trained on --corpus)")
     p.add_argument("--records", default=None, help="also keep each run's record here (commit it: a study "
@@ -535,7 +547,7 @@ def finetune_study(args, names: list[str], seeds: list[int]) -> tuple[list[dict]
 
 def main(argv=None) -> int:
     args, names = parse_args(argv)
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = args.seeds
     if args.tables:
         rewrite_tables(args, names, seeds)
         return 0

@@ -26,12 +26,15 @@ import json
 import os
 import random
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from experiments import harness
+from gpt1_jax.cli import at_least, number_at_least
 from gpt1_jax.config import MODEL_PRESETS
 from gpt1_jax.data.bench import benchmark_iterator
 from gpt1_jax.data.pipeline import BatchIterator, PackedWindows, split_windows
@@ -188,16 +191,16 @@ def batches(args, stream) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--out", type=Path, required=True, help="folder for the corpus and its cache (e.g. runs/data-1b)")
-    ap.add_argument("--tokens", type=float, default=50e6, help="corpus size in tokens (1e9: BooksCorpus size)")
+    ap.add_argument("--tokens", type=number_at_least(1.0), default=50e6, help="corpus size in tokens (1e9: BooksCorpus size)")
     ap.add_argument("--source", type=Path, default=SHARED / "corpus" / "english_mixed.txt.gz")
     ap.add_argument("--tokenizer", default=str(SHARED / "gpt1_vocab"), help="tokenizer .json or OpenAI vocab folder")
-    ap.add_argument("--files", type=int, default=16, help="corpus files")
+    ap.add_argument("--files", type=at_least(1), default=16, help="corpus files")
     ap.add_argument("--seed", type=int, default=0, help="shuffles of the passes")
     ap.add_argument("--reuse-cache", action="store_true", help="keep OUT/cache (skips measuring tokenisation)")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=64, help="global batch (117M: 64)")
     ap.add_argument("--processes", type=int, default=1, help="hosts sharing the global batch (this host: 1/N of it)")
-    ap.add_argument("--batches", type=int, default=200, help="batches timed")
+    ap.add_argument("--batches", type=at_least(1), default=200, help="batches timed")
     ap.add_argument("--chip", default="TPU v4", choices=sorted(ACCELERATOR_PEAK_FLOPS))
     ap.add_argument("--mfu", type=float, default=0.5, help="the step's MFU on --chip (an estimate)")
     ap.add_argument("--chip-tokens-per-s", type=float, default=None, help="one chip's step rate, e.g. from a plan")
@@ -211,4 +214,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(harness.main(main, "data_bench"))

@@ -36,6 +36,19 @@ def test_local_launcher_env_and_prefixes():
     assert "[launcher] exit statuses [0, 0, 0]" in done.stdout
 
 
+@pytest.mark.parametrize("args, status, message", [
+    (["-n", "2", "--", "no-such-command-here"], 127, "no-such-command-here: command not found (or not executable)"),
+    (["-n", "2", "-d", "0", "--", "true"], 2, "-d must be >= 1"),
+    (["-n", "2", "--port", "99999", "--", "true"], 2, "--port must be a TCP port, 1 to 65535, got 99999"),
+    (["-n", "2", "--grace", "-1", "--", "true"], 2, "--grace must be >= 0 seconds, got -1.0"),
+])
+def test_local_launcher_refuses_what_it_cannot_start_in_one_line(args, status, message):
+    """A missing command was a FileNotFoundError traceback from the fork; -d 0, port 99999 and a negative grace ran."""
+    done = local(*args)
+    assert done.returncode == status and done.stderr.strip().splitlines()[-1] == f"launch/local.py: error: {message}"
+    assert "[launcher]" not in done.stdout  # nothing started
+
+
 def test_local_sh_wrapper():
     done = subprocess.run([str(LAUNCH / "local.sh"), "2", "--", sys.executable, "-c", "print('hi')"],
                           capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHON": sys.executable})

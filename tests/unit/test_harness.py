@@ -132,3 +132,28 @@ def test_a_record_made_with_other_settings_is_not_this_runs(tmp_path, monkeypatc
     record = tmp_path / "out" / "sst2" / "seed0" / "record.json"
     record.write_text(json.dumps({"seed": 0, "status": "finished"}))
     assert harness.make(run(init="none"), records, _record).record == {"seed": 0, "status": "finished"}
+
+
+def test_an_experiments_command_line_ends_a_project_or_os_error_in_one_line(tmp_path, capsys, monkeypatch):
+    """glue_table --tasks qqq, run_study --out FILE, ...: tracebacks before; now as `gpt1-jax`'s one line, status 2."""
+    from gpt1_jax.cli import DEBUG_ENV
+    from gpt1_jax.errors import ConfigError
+
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    (tmp_path / "a_file").write_text("")
+
+    def bad_task():
+        raise ConfigError("unknown task 'qqq'; known: cola, sst2")
+
+    def out_is_a_file():
+        (tmp_path / "a_file" / "pretrain").mkdir(parents=True)
+
+    assert harness.main(bad_task, "glue_table") == 2
+    assert capsys.readouterr().err == "glue_table: error: unknown task 'qqq'; known: cola, sst2\n"
+    assert harness.main(out_is_a_file, "run_study") == 2
+    assert capsys.readouterr().err == (f"run_study: error: cannot use {tmp_path}/a_file/pretrain: Not a directory; "
+                                       f"{tmp_path}/a_file is a file, not a folder: choose another path or move the "
+                                       "file out of the way\n")
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    with pytest.raises(ConfigError):
+        harness.main(bad_task, "glue_table")

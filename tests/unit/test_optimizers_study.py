@@ -7,6 +7,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from experiments.lr_grid import lr_grid
 from experiments.optimizers import run_study as rs
 from experiments.optimizers import sweep as sw
@@ -249,3 +251,16 @@ def test_an_optimizer_on_the_unigram_plateau_is_not_ranked_and_speedups_read_the
     assert "lamb 0.62×" in text and "muon > 1.00×" in text and "fast 2.00×" in text and "lion (" not in text.split("Did not train")[0]
     table = "\n".join(tb._table("pretrain", tb.summarize(runs, ["gpt1_adam", "lamb", "muon", "lion"], [0], unigram=6.97), runs))
     assert "| did not train |" in table and "| 0.62× |" in table and "| > 1.00× |" in table
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--seeds", "a"], "argument --seeds: expected comma-separated whole numbers, got 'a'"),
+    (["--seeds", "0,0"], "argument --seeds: a seed is given twice in '0,0'"),
+    (["--lr-scale", "0"], "argument --lr-scale: must be a finite number > 0, got 0"),
+    (["--steps", "0"], "argument --steps: must be >= 1, got 0"),
+])
+def test_flags_it_cannot_honour_are_one_line(flags, message, capsys):
+    """--lr-scale 0 was a ZeroDivisionError, --seeds a a ValueError; --steps 0 ran the default budget, 0,0 twice."""
+    with pytest.raises(SystemExit) as e:
+        rs.parse_args(["pretrain", "--out", "o", *flags])
+    assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: {message}")
