@@ -33,6 +33,7 @@ from experiments.paper.table5 import table5_stage
 from experiments.paper.zeroshot import zeroshot_stage
 from gpt1_jax import compile_cache, hugepages
 from gpt1_jax.cli import simulate_devices
+from gpt1_jax.data.race import check_archive
 from gpt1_jax.errors import ConfigError, GPT1JaxError
 
 PER_RUN_TIMES = ("table5", "more_seeds", "layers", "diagnosis")  # their fine-tuning runs add their own time as each finishes (table5.run_all)
@@ -110,6 +111,8 @@ def check_inputs(paper: Paper, stages: list[str]) -> None:
     if "diagnosis" in stages and "table5" not in stages and not (paper.results_dir / "lr_grid.json").is_file():
         raise FileNotFoundError(f"{paper.results_dir / 'lr_grid.json'}: no Table 5 learning rates for the diagnosis "
                                 "stage (run the table5 stage)")
+    if "zeroshot" in stages and paper.race:
+        check_archive(paper.race)
     if "zeroshot" in stages and "pretrain" not in stages and not (paper.pretrain_dir / "checkpoints").is_dir():
         raise FileNotFoundError(f"{paper.pretrain_dir}: no pre-training checkpoints for the zeroshot stage")
 

@@ -61,8 +61,7 @@ def load_race(path: str | Path, split: str, levels: tuple[str, ...] | str = LEVE
                         where = f"{path}:{member.name}"
                         docs.append((member.name, parts[-2], _read_json(tar.extractfile(member).read(), where)))
         except (tarfile.TarError, EOFError, zlib.error) as e:  # not an archive, or one cut short or damaged
-            why = str(e).strip().splitlines()[0].rstrip(":") if str(e).strip() else type(e).__name__
-            raise DataError(f"{path}: not a readable RACE archive (race.tar.gz or its unpacked folder): {why}") from None
+            raise _unreadable(path, e) from None
     else:
         raise FileNotFoundError(f"{path}: RACE archive (race.tar.gz) or folder not found")
     if not docs:
@@ -72,6 +71,26 @@ def load_race(path: str | Path, split: str, levels: tuple[str, ...] | str = LEVE
     for i, ex in enumerate(examples):
         ex["idx"] = i
     return examples
+
+
+def check_archive(path: str | Path) -> None:
+    """Fails now, in one line, on a RACE path that `load_race` would fail on only when it is read (a file that is not
+    a tar archive, or one cut short in its first member): a pipeline checks it before its hours of other stages."""
+    path = Path(path)
+    if not path.is_file():
+        if not path.is_dir():
+            raise FileNotFoundError(f"{path}: RACE archive (race.tar.gz) or folder not found")
+        return
+    try:
+        with tarfile.open(path) as tar:
+            tar.next()
+    except (tarfile.TarError, EOFError, zlib.error) as e:
+        raise _unreadable(path, e) from None
+
+
+def _unreadable(path: Path, e: Exception) -> DataError:
+    why = str(e).strip().splitlines()[0].rstrip(":") if str(e).strip() else type(e).__name__
+    return DataError(f"{path}: not a readable RACE archive (race.tar.gz or its unpacked folder): {why}")
 
 
 def _read_json(raw: bytes, where: str) -> dict:

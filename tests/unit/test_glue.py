@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gpt1_jax.data import glue
-from gpt1_jax.data.race import load_race
+from gpt1_jax.data.race import check_archive, load_race
 from gpt1_jax.errors import DataError
 
 COUNTS = {  # the official row counts (README of ../shared)
@@ -244,5 +244,8 @@ def test_race_reader(tmp_path):
     (tmp_path / "cut.tar.gz").write_bytes(path.read_bytes()[:60])  # a download cut short
     (tmp_path / "notes.txt").write_text("not an archive")
     for bad in ("cut.tar.gz", "notes.txt"):
-        with pytest.raises(DataError, match=rf"{bad}: not a readable RACE archive \(race.tar.gz or its unpacked folder\)"):
-            load_race(tmp_path / bad, "dev")
+        for read in (lambda f: load_race(f, "dev"), check_archive):  # check_archive: the paper pipeline's, up front
+            with pytest.raises(DataError, match=rf"{bad}: not a readable RACE archive \(race.tar.gz or its unpacked "
+                                                r"folder\)"):
+                read(tmp_path / bad)
+    check_archive(path)  # a good one passes
