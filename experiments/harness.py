@@ -37,6 +37,7 @@ from pathlib import Path
 from gpt1_jax import finetune, pretrain  # the modules: tests patch pretrain.run and finetune.run
 from gpt1_jax.cli import DEBUG_ENV, os_error_message
 from gpt1_jax.config import FinetuneConfig, PretrainConfig, to_dict
+from gpt1_jax.data.glue import glue_task
 from gpt1_jax.errors import GPT1JaxError
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.interrupt import CtrlC
@@ -170,8 +171,8 @@ def make(run: Run, records: Records, summarize: Summarize, same: dict | None = N
 def settings(run: Run) -> str | None:
     """A fine-tuning run's settings as a digest: its config less how it runs (`HOW_IT_RUNS`), and what its --init
     holds (its files' contents, not its path: a kept record comes back under another one on a fresh clone).
-    None for pre-training runs (their sweep compares its budget, `same`). The data folder is not in it: the
-    same GLUE files sit under another path on each machine."""
+    None for pre-training runs (their sweep compares its budget, `same`). The data are in it by content too: the
+    task's files under --data-dir (the same GLUE files sit under another path on each machine), or "tfds"."""
     if not isinstance(run.config, FinetuneConfig):
         return None
     fields = {k: v for k, v in flat_fields(to_dict(run.config)).items()
@@ -179,8 +180,20 @@ def settings(run: Run) -> str | None:
     init = run.init or "none"
     kind, folder = ("scratch", init.removeprefix("scratch:")) if init.startswith("scratch:") else ("init", init)
     held = "none" if init == "none" else _contents(Path(folder).resolve())
-    text = json.dumps({"config": fields, "init": [kind, held]}, sort_keys=True)
+    text = json.dumps({"config": fields, "init": [kind, held], "data": _data(run)}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _data(run: Run) -> str:
+    """The fine-tuning data as a digest: RACE's archive (or folder), or the task's folder of GLUE TSV files."""
+    if run.data_dir is None:
+        return "tfds"  # tensorflow-datasets' own GLUE, versioned by tfds
+    where = Path(run.data_dir).resolve()
+    if run.config.task != "race" and where.is_dir():
+        where = where / glue_task(run.config.task).dirname
+    files = [where] if where.is_file() else sorted(p for p in where.rglob("*") if p.is_file()) if where.is_dir() else []
+    root = where.parent if where.is_file() else where
+    return _digest(tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files), root)
 
 
 def _contents(folder: Path) -> str:

@@ -128,6 +128,13 @@ def test_a_record_made_with_other_settings_is_not_this_runs(tmp_path, monkeypatc
     (moved / "model.safetensors").write_bytes(b"other weights")
     assert harness.settings(run(init=str(moved))) != before
 
+    # the task's GLUE files count by content: a copy elsewhere is the same data, other rows are not
+    for name, text in (("a", "row 1\n"), ("b", "row 1\n"), ("c", "row 2\n")):
+        (tmp_path / name / "SST-2").mkdir(parents=True)
+        (tmp_path / name / "SST-2" / "train.tsv").write_text(text)
+    on = {name: harness.settings(dataclasses.replace(run(init="none"), data_dir=str(tmp_path / name))) for name in "abc"}
+    assert on["a"] == on["b"] != on["c"] and on["a"] != harness.settings(run(init="none"))
+
     # a record from before settings were kept is taken as it is
     record = tmp_path / "out" / "sst2" / "seed0" / "record.json"
     record.write_text(json.dumps({"seed": 0, "status": "finished"}))
