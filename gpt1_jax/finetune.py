@@ -39,7 +39,7 @@ from gpt1_jax.sharding import make_mesh
 from gpt1_jax.step import check_batch_size, make_trainer
 from gpt1_jax.tokenizer import GPT1Tokenizer, find_tokenizer
 from gpt1_jax.weights import load_pretrained
-from gpt1_jax.workdir import Identity, check_same_settings, init_identity
+from gpt1_jax.workdir import Identity, check_same_settings, hold, init_identity
 from gpt1_jax.workdir import check as check_workdir
 
 
@@ -221,11 +221,38 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
     mesh = make_mesh(config.mesh)
     check_batch_size(mesh, config.batch_size, config.accum_steps, "batch_size")
     check_batch_size(mesh, config.eval_batch_size or config.batch_size, 1, "eval_batch_size")
-    task, source, config, splits = prepare(config, workdir, init=init, data_dir=data_dir, tokenizer=tokenizer,
-                                           predict_test=predict_test, tfds_dir=tfds_dir)
-    if held is not None and (workdir / "config.yaml").is_file():
-        check_same_settings(workdir, config, load_yaml(FinetuneConfig, workdir / "config.yaml"))
-    for split, enc in splits.dev.items():  # the best epoch is chosen, and the run scored, on labelled examples
+    with hold(workdir, "finetune", enabled=jax.process_index() == 0):  # one job at a time in a run folder
+        task, source, config, splits = prepare(config, workdir, init=init, data_dir=data_dir, tokenizer=tokenizer,
+                                               predict_test=predict_test, tfds_dir=tfds_dir)
+        if held is not None and (workdir / "config.yaml").is_file():
+            check_same_settings(workdir, config, load_yaml(FinetuneConfig, workdir / "config.yaml"))
+        check_outputs(workdir, task, splits, predict_test)
+        init_fn, loss_fn, predict_fn = heads.finetune_functions(config.model, task.kind, task.n_outputs,
+                                                                task.regression, config.clf_dropout, config.lm_coef,
+                                                                2 if task.kind == "similarity" else 1)
+        trainer = make_trainer(init_fn, loss_fn, config.optim, config.mesh, accum_steps=config.accum_steps,
+                               seed=config.seed, predict_fn=predict_fn)
+        ckpt = Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints, save_every=config.checkpoint_every)
+        try:  # until the loop takes the checkpointer over: an error or Ctrl-C must not leave orbax's threads running
+            outcome, dev, seconds = _train(config, workdir, job, task, source, splits, trainer, ckpt, progress)
+        finally:
+            ckpt.close()
+        if not outcome.finished:
+            return outcome
+        results = summary(task, source, config, splits, dev, train_seconds=seconds)
+        if jax.process_index() == 0:
+            atomic_write_text(workdir / "results.json", json.dumps(results, indent=2, default=str) + "\n")
+            if progress:
+                scores = "  ".join(f"{k} {v:.4f}" for k, v in dev.best["scores"].items())
+                print(f"best epoch {dev.best['epoch']}: {scores}  -> {workdir / 'results.json'}", file=sys.stderr)
+        return dataclasses.replace(outcome, results=results)
+
+
+def check_outputs(workdir: Path, task: Task, splits: Splits, predict_test: bool) -> None:
+    """Refuses a run that could not give what it is asked for: scores from a dev split without labels (a test
+    file in its place), or test predictions from a run that finished without them (they are made at the best
+    epoch, while it trains)."""
+    for split, enc in splits.dev.items():
         if enc.examples and all(ex["label"] == -1 for ex in enc.examples):
             raise DataError(f"{task.name}'s {split} split has no labels (a test file in place of the dev file?): "
                             "there is nothing to score the run on")
@@ -233,25 +260,6 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
     if predict_test and (workdir / "results.json").is_file() and not all((workdir / f"{n}.tsv").is_file() for n in stems):
         raise WorkdirError(f"{workdir} holds a run that finished without --predict-test: test predictions are made at "
                            "the best epoch while it trains; run it with --predict-test in another --workdir")
-    init_fn, loss_fn, predict_fn = heads.finetune_functions(config.model, task.kind, task.n_outputs, task.regression,
-                                                            config.clf_dropout, config.lm_coef,
-                                                            2 if task.kind == "similarity" else 1)
-    trainer = make_trainer(init_fn, loss_fn, config.optim, config.mesh, accum_steps=config.accum_steps, seed=config.seed,
-                           predict_fn=predict_fn)
-    ckpt = Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints, save_every=config.checkpoint_every)
-    try:  # until the loop takes the checkpointer over: an error or Ctrl-C must not leave orbax's threads running
-        outcome, dev, seconds = _train(config, workdir, job, task, source, splits, trainer, ckpt, progress)
-    finally:
-        ckpt.close()
-    if not outcome.finished:
-        return outcome
-    results = summary(task, source, config, splits, dev, train_seconds=seconds)
-    if jax.process_index() == 0:
-        atomic_write_text(workdir / "results.json", json.dumps(results, indent=2, default=str) + "\n")
-        if progress:
-            print(f"best epoch {dev.best['epoch']}: " + "  ".join(f"{k} {v:.4f}" for k, v in dev.best["scores"].items())
-                  + f"  -> {workdir / 'results.json'}", file=sys.stderr)
-    return dataclasses.replace(outcome, results=results)
 
 
 def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, source: Source, splits: Splits, trainer,

@@ -33,7 +33,7 @@ from gpt1_jax.sharding import make_mesh
 from gpt1_jax.step import check_batch_size, lm_trainer
 from gpt1_jax.workdir import Identity
 from gpt1_jax.workdir import check as check_workdir
-from gpt1_jax.workdir import check_same_data
+from gpt1_jax.workdir import check_same_data, hold
 
 
 def with_schedule_span(config: PretrainConfig) -> PretrainConfig:
@@ -55,6 +55,11 @@ def run(config: PretrainConfig, workdir: Path) -> Outcome:
     # What needs no data is checked before the corpus is read: tokenizing can take minutes, and writes.
     check_batch_size(make_mesh(config.mesh), config.data.global_batch_size, config.accum_steps)
     check_attention(config.model.attention, config.model.attn_dropout, True, config.model.head_dim)
+    with hold(workdir, "pretrain", enabled=is_main):  # one job at a time in a run folder
+        return _build_and_train(config, workdir, job, is_main)
+
+
+def _build_and_train(config: PretrainConfig, workdir: Path, job: Identity, is_main: bool) -> Outcome:
     pipeline = build_pipeline(dataclasses.replace(config.data, progress=is_main), workdir)
     if config.eval_every and pipeline.val_indices.size == 0:  # found now, not at the first evaluation
         raise ConfigError(f"eval_every={config.eval_every} evaluates on validation windows, and data.val_fraction="

@@ -20,6 +20,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +31,22 @@ import yaml
 from gpt1_jax.config import guarded_text, to_dict
 from gpt1_jax.errors import WorkdirError
 from gpt1_jax.files import atomic_write_text
+from gpt1_jax.lockfile import LOCK_STALE_S, break_lock, held, mtime_ns, owner_is_gone, read_owner, try_lock
 
-__all__ = ["Identity", "WorkdirError", "check", "claim", "read", "check_same_settings", "init_identity", "check_same_data"]
+__all__ = ["Identity", "WorkdirError", "check", "claim", "read", "check_same_settings", "init_identity", "check_same_data", "hold"]
 
 RUN_FILE = "run.json"
+LOCK_FILE = "run.lock"  # held by the job training in the folder (`hold`)
 FORMAT = 1
 
 
 def _ahead_of_a_run(entry: Path) -> bool:
     """What may already sit in a folder no run has claimed: the BPE `gpt1-jax tokenize --tokenizer train
-    --workdir W` trains ahead of a pre-training run, and an empty checkpoints/ (a mount point or a link to
-    a bigger disk)."""
+    --workdir W` trains ahead of a pre-training run, an empty checkpoints/ (a mount point or a link to
+    a bigger disk), and the lock of a job starting there (`hold`)."""
     if entry.name == "checkpoints":
         return entry.is_dir() and not any(entry.iterdir())
-    return entry.name in ("tokenizer.json", "tokenizer.meta.json")
+    return entry.name in ("tokenizer.json", "tokenizer.meta.json", LOCK_FILE)
 # Fine-tuning settings that may change when a run is resumed: how it is checkpointed, evaluated in
 # batches, laid over devices, profiled or watched (per-layer statistics), none of which moves its results.
 RESUMABLE_WITH_OTHER = ("mesh", "keep_checkpoints", "checkpoint_every", "eval_batch_size", "model.attention",
@@ -138,6 +143,35 @@ def _check_writable(workdir: Path) -> None:
                            "choose a folder you can write")
     if existing != workdir and not existing.is_dir():
         raise WorkdirError(f"cannot create --workdir {workdir}: {existing} is a file, not a folder")
+
+
+@contextmanager
+def hold(workdir: str | Path, verb: str, enabled: bool = True) -> Iterator[None]:
+    """Holds <workdir>/run.lock while a job trains there (process 0 of a job: `enabled`), so that a second job
+    started on the same folder is refused in one line instead of writing the same checkpoints and metrics
+    (interleaved steps in metrics.jsonl, saves failing under each other). A lock whose holder is gone (killed on
+    this host, or silent for LOCK_STALE_S) is broken (gpt1_jax/lockfile.py)."""
+    if not enabled:
+        yield
+        return
+    workdir = Path(workdir)
+    created = not workdir.exists()
+    workdir.mkdir(parents=True, exist_ok=True)
+    lock = workdir / LOCK_FILE
+    token = try_lock(lock)
+    # Another host's holder: its heartbeat's age on the shared disk, by this host's clock (skew shortens it).
+    if token is None and (owner_is_gone(lock) or time.time() - (mtime_ns(lock) or 0) / 1e9 > LOCK_STALE_S):
+        break_lock(lock)
+        token = try_lock(lock)
+    if token is None:
+        raise WorkdirError(f"{workdir} is in use by {read_owner(lock)} (a job training there now): wait for it to end, "
+                           f"or stop it; {verb} would write the same checkpoints and metrics")
+    try:
+        with held(lock, token):
+            yield
+    finally:
+        if created and not any(workdir.iterdir()):  # a job refused before its first write leaves no folder
+            workdir.rmdir()
 
 
 def claim(workdir: str | Path, job: Identity, architecture: dict[str, Any]) -> None:

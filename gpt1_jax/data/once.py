@@ -11,7 +11,8 @@ process build and every other one wait for the finished result:
   start time) keeps separate jobs sharing a cache directory (two runs on one machine, or two jobs on
   one shared disk) from building the same thing twice. The builder touches it every
   ``LOCK_HEARTBEAT_S``; a waiter that sees its mtime stand still for ``LOCK_STALE_S`` of its own clock
-  (no comparison of clocks across hosts) treats the builder as dead, breaks the lock and builds. In
+  (no comparison of clocks across hosts), or whose builder ran on this host and is gone (kill -9), treats the
+  builder as dead, breaks the lock and builds (gpt1_jax/lockfile.py). In
   the rare race where a lock is broken while its holder still runs, both build: the result is renamed
   into place atomically, first rename wins, and both contents are identical, so this costs time only.
 * **Waiting.** A waiter polls for the finished result (its presence means complete: results are built
@@ -27,28 +28,20 @@ process build and every other one wait for the finished result:
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from gpt1_jax.errors import DataError
+from gpt1_jax.lockfile import (LOCK_HEARTBEAT_S, LOCK_STALE_S, break_lock, held, mtime_ns, owner_is_gone, read_owner,
+                               try_lock)
 
 __all__ = ["Peers", "build_once", "LOCK_HEARTBEAT_S", "LOCK_STALE_S"]
 
 T = TypeVar("T")
 
-LOCK_HEARTBEAT_S = 5.0
-# A builder whose heartbeat stood still this long is dead (or stalled for good). Well above NFS's longest
-# attribute caching (acregmax 60 s), during which a live lock's mtime can look frozen from another host.
-LOCK_STALE_S = 120.0
 VISIBILITY_GRACE_S = 30.0  # NFS-like filesystems cache attributes for a few seconds (actimeo: 3-60 s)
 # The other processes wait this much longer than process 0, and process 0, failing, waits up to
 # ACK_WAIT_S for them to read why: its exit takes jax.distributed's coordinator down, and JAX then
@@ -128,74 +121,6 @@ def _announcement(peers: Peers, key: str) -> str | None:
         return None
 
 
-# --- the lock --------------------------------------------------------------------------------------
-def _try_lock(lock: Path) -> str | None:
-    """Create the lock; its token (None: someone else holds it)."""
-    try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        return None
-    token = uuid.uuid4().hex
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "token": token}, f)
-    return token
-
-
-def _still_ours(lock: Path, token: str) -> bool:
-    """After a (wrongly) broken lock another process may hold a new one under the same name: not ours to touch."""
-    try:
-        return json.loads(lock.read_text(encoding="utf-8")).get("token") == token
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def _read_owner(lock: Path) -> str:
-    try:
-        owner = json.loads(lock.read_text(encoding="utf-8"))
-        return f"pid {owner['pid']} on {owner['host']}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "an unknown process"
-
-
-def _mtime(path: Path) -> int | None:
-    try:
-        return path.stat().st_mtime_ns
-    except FileNotFoundError:
-        return None
-
-
-def _break_lock(lock: Path) -> None:
-    """Rename first: of several waiters breaking the same stale lock, exactly one succeeds."""
-    graveyard = lock.with_name(f"{lock.name}.stale-{uuid.uuid4().hex[:8]}")
-    try:
-        os.rename(lock, graveyard)
-    except FileNotFoundError:
-        return
-    graveyard.unlink(missing_ok=True)
-
-
-@contextmanager
-def _held(lock: Path, token: str, heartbeat_s: float) -> Iterator[None]:
-    """Keep the lock's mtime moving while the body runs; remove the lock after, whatever happens."""
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(heartbeat_s):
-            if not _still_ours(lock, token):  # broken by a waiter that thought us dead: finish anyway (module doc)
-                return
-            os.utime(lock)
-
-    thread = threading.Thread(target=beat, name=f"heartbeat {lock.name}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-        if _still_ours(lock, token):
-            lock.unlink(missing_ok=True)
-
-
 # --- the protocol ----------------------------------------------------------------------------------
 @dataclass
 class _Wait:
@@ -267,25 +192,28 @@ def _build_under_lock(ready, build, load, lock: Path, wait: _Wait, stale_s: floa
                       on_wait) -> T:
     seen_mtime, seen_at, told = None, time.monotonic(), False
     while True:
-        token = _try_lock(lock)
+        token = try_lock(lock)
         if token is not None:
-            with _held(lock, token, heartbeat_s):
+            with held(lock, token, heartbeat_s):
                 # Someone may have finished between our ready() and taking the lock.
                 return load() if ready() else build()
         time.sleep(_POLL_S)
         if ready():
             return load()
-        mtime = _mtime(lock)
+        if owner_is_gone(lock):  # killed on this host (kill -9, a crash): no need to wait for its heartbeat to stop
+            break_lock(lock)
+            continue
+        mtime = mtime_ns(lock)
         if mtime != seen_mtime:
             seen_mtime, seen_at = mtime, time.monotonic()
         elif mtime is not None and time.monotonic() - seen_at >= stale_s:
-            _break_lock(lock)  # its holder stopped beating: dead, or stuck for good
+            break_lock(lock)  # its holder stopped beating: dead, or stuck for good
             continue
         if on_wait and not told:
-            on_wait(f"waiting up to {wait.wait_s:g} s for {_read_owner(lock)} to build {wait.what} at {wait.path}")
+            on_wait(f"waiting up to {wait.wait_s:g} s for {read_owner(lock)} to build {wait.what} at {wait.path}")
             told = True
         if wait.expired():
-            raise wait.fail(f"still being built by {_read_owner(lock)} (lock {lock.name} alive)")
+            raise wait.fail(f"still being built by {read_owner(lock)} (lock {lock.name} alive)")
 
 
 def _wait_for_process_0(ready, load, peers: Peers, key: str, wait: _Wait, on_wait) -> T:

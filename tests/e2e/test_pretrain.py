@@ -129,6 +129,28 @@ def test_sigterm_saves_and_exits_0(tmp_path, cache, reference):
     assert resumed.returncode == 0 and losses(workdir) == losses(reference)
 
 
+def test_a_second_job_on_a_training_runs_folder_is_refused(tmp_path, cache):
+    """Two pre-trainings on one folder both trained: every step twice in metrics.jsonl, saves failing under each
+    other (and one rewrote config.yaml under the other). The second is one line now, and the first goes on."""
+    import socket
+
+    workdir = tmp_path / "run"
+    first = start(tiny(workdir, cache, "--steps", "400"), tmp_path / "log")
+    try:
+        wait_for_step(workdir, 2, first)
+        done = run(tiny(workdir, cache, "--steps", "200"))
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert done.stderr.strip().splitlines()[-1] == (
+            f"gpt1-jax pretrain: error: {workdir} is in use by pid {first.pid} on {socket.gethostname()} (a job "
+            "training there now): wait for it to end, or stop it; pretrain would write the same checkpoints and metrics")
+        assert first.poll() is None
+    finally:
+        first.kill()
+        first.wait()
+    steps = [r["step"] for r in read_metrics(workdir) if "loss" in r]
+    assert steps == list(range(1, len(steps) + 1))  # one job's steps, once each
+
+
 def test_workdir_of_another_model_is_refused(reference, cache, tmp_path):
     before = {p: p.read_bytes() for p in [reference / "config.yaml", reference / "metrics.jsonl"]}
     done = run(tiny(reference, cache, "--set", "model.d_model=128", "--steps", "20"))

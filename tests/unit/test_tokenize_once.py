@@ -48,6 +48,25 @@ def test_a_dead_builders_lock_goes_stale_and_is_taken_over(tmp_path, corpus, tok
     assert sorted(p.name for p in cache.iterdir()) == [final.name]  # the stale lock is gone with ours
 
 
+def test_a_builder_killed_on_this_host_is_not_waited_for(tmp_path, corpus, tok_path):
+    """kill -9 during `gpt1-jax tokenize` left its lock, and the rerun waited the whole LOCK_STALE_S (125 s) in
+    silence: a lock whose holder ran on this host and is gone is broken at once."""
+    import socket
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    final = cache / cache_name(corpus, tok_path, tmp_path / "probe")
+    cache.mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (cache / f".{final.name}.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": int(gone.stdout),
+                                                           "started": 0}))
+    t0 = time.monotonic()
+    stream = tokenize_to_cache(open_source(str(corpus)), GPT1Tokenizer.load(tok_path), cache, progress=False, wait_s=60)
+    assert not stream.from_cache and time.monotonic() - t0 < 20  # not LOCK_STALE_S (120 s)
+    assert sorted(p.name for p in cache.iterdir()) == [final.name]
+
+
 def test_a_builders_heartbeat_keeps_its_lock_alive_and_it_goes_after(tmp_path):
     lock, result, mtimes = tmp_path / ".x.lock", tmp_path / "x", []
 

@@ -173,3 +173,50 @@ def test_a_bpe_from_before_fingerprints_is_retrained_while_no_checkpoint_uses_it
     tokenizer_for(open_source(str(tmp_path / "c.txt")), run, vocab_size=80)
     assert "fingerprint" in json.loads((run / "tokenizer.meta.json").read_text())
     assert (run / "tokenizer.json").read_text() != stale.replace("python", "pythn")
+
+
+def test_one_job_at_a_time_in_a_run_folder(tmp_path):
+    """Two pre-trainings (or fine-tunings) on one folder both trained: metrics.jsonl with every step twice,
+    interleaved, and saves failing under each other. The second is refused now; a holder that is gone is not
+    waited for."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from gpt1_jax.lockfile import LOCK_STALE_S
+
+    folder = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from gpt1_jax import workdir as wd\n"
+                               f"with wd.hold({str(folder)!r}, 'pretrain'):\n    print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(WorkdirError, match=rf"^{folder} is in use by pid {holder.pid} on {socket.gethostname()} "
+                                               r"\(a job training there now\): wait for it to end, or stop it; "
+                                               "finetune would write the same checkpoints and metrics$"):
+            with wd.hold(folder, "finetune"):
+                pass
+    finally:
+        holder.kill()  # kill -9: its lock stays behind, and its pid is gone
+        holder.wait()
+    assert (folder / wd.LOCK_FILE).is_file()
+    with wd.hold(folder, "pretrain"):
+        assert json.loads((folder / wd.LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert not (folder / wd.LOCK_FILE).exists()
+
+    # another host's lock: alive while it beats, broken once it has been silent for LOCK_STALE_S
+    (folder / wd.LOCK_FILE).write_text(json.dumps({"host": "elsewhere", "pid": 1, "token": "t"}))
+    with pytest.raises(WorkdirError, match="is in use by pid 1 on elsewhere"):
+        with wd.hold(folder, "pretrain"):
+            pass
+    old = time.time() - LOCK_STALE_S - 5
+    os.utime(folder / wd.LOCK_FILE, (old, old))
+    with wd.hold(folder, "pretrain"):
+        pass
+    assert not (folder / wd.LOCK_FILE).exists()
+    # a folder the lock made for a job refused before its first write is not left behind
+    with pytest.raises(RuntimeError):
+        with wd.hold(tmp_path / "new", "pretrain"):
+            raise RuntimeError("refused")
+    assert not (tmp_path / "new").exists()
