@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = ["LOCK_HEARTBEAT_S", "LOCK_STALE_S", "try_lock", "held", "read_owner", "owner_is_gone", "break_lock",
-           "mtime_ns"]
+           "mtime_ns", "pid_alive"]
 
 LOCK_HEARTBEAT_S = 5.0
 # A holder whose heartbeat stood still this long is dead (or stalled for good). Well above NFS's longest
@@ -67,12 +67,20 @@ def owner_is_gone(lock: Path) -> bool:
     if owner is None or owner["host"] != socket.gethostname() or owner["pid"] == os.getpid():
         return False
     try:
-        os.kill(int(owner["pid"]), 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, ValueError, OverflowError):  # alive under another user, or not a pid
+        return not pid_alive(int(owner["pid"]))
+    except (ValueError, OverflowError):  # not a pid
         return False
-    return False
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host has that pid (another user's included)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, under another user
+        return True
+    return True
 
 
 def mtime_ns(path: Path) -> int | None:

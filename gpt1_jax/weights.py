@@ -34,6 +34,7 @@ from safetensors.numpy import load_file, save_file
 from gpt1_jax.config import (RUNTIME_FIELDS, ConfigError, FinetuneConfig, ModelConfig, PretrainConfig, apply_overrides,
                              load_yaml, save_yaml)
 from gpt1_jax.errors import CheckpointFormatError, OutputExistsError
+from gpt1_jax.lockfile import pid_alive
 from gpt1_jax.model import init_params
 from gpt1_jax.optim import eval_params, uses_eval_params
 from gpt1_jax.tokenizer import find_tokenizer
@@ -402,16 +403,33 @@ def _refuse_overwrite(path: Path, overwrite: bool) -> None:
 
 
 def _atomic_dir(path: Path, overwrite: bool):
-    """A temporary sibling directory, renamed onto `path` by the caller once it is complete."""
+    """A temporary sibling directory, renamed onto `path` by the caller once it is complete. Its name carries
+    this process's pid: the ones a killed writer left on this host are removed first."""
     _refuse_overwrite(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    for left in path.parent.glob(f".{path.name}.tmp-*-*"):
+        pid = left.name.removeprefix(f".{path.name}.tmp-").split("-")[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
 
 
 def _commit_dir(tmp: Path, path: Path):
+    """`tmp` becomes `path`; an old `path` is moved aside first and deleted last, so that a kill at any point
+    leaves the old folder or the new one in place (or both, the old one under a .old- name)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    # mkdtemp's 0700 and safetensors' 0600 would make the model private to its writer: the umask's, as any file
+    for entry in [tmp, *tmp.rglob("*")]:
+        entry.chmod((0o777 if entry.is_dir() else 0o666) & ~umask)
+    old = None
     if path.exists():
-        shutil.rmtree(path)
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        path.rename(old)
     tmp.rename(path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def save_pretrained(config: ModelConfig, params, path: str | os.PathLike, *, overwrite: bool = False,

@@ -6,6 +6,8 @@ its traceback. One model runs: evaluate on the committed 5M release, seconds."""
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 import errno  # noqa: E402
 import os  # noqa: E402
@@ -331,5 +333,14 @@ def test_convert_overwrite_replaces_a_model_folder_but_never_a_run_or_a_stranger
     # a model folder (a previous conversion) is what --overwrite replaces
     assert cli.main(["convert", str(RELEASE), str(dst)]) == 0
     (dst / "stale.txt").write_text("from the last conversion")
-    assert cli.main(["convert", str(RELEASE), str(dst), "--overwrite"]) == 0
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / f".dst.tmp-{int(gone.stdout)}-x1").mkdir()  # what a convert killed mid-write left
+    old = os.umask(0o022)
+    try:
+        assert cli.main(["convert", str(RELEASE), str(dst), "--overwrite"]) == 0
+    finally:
+        os.umask(old)
     assert (dst / "model.safetensors").is_file() and not (dst / "stale.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst"]  # the killed writer's folder, the old one: gone
+    assert dst.stat().st_mode & 0o777 == 0o755  # the umask's, not mkdtemp's 0700 (nor safetensors' 0600)
+    assert {p.stat().st_mode & 0o777 for p in dst.iterdir()} == {0o644}
