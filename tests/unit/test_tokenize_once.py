@@ -7,6 +7,7 @@ Subprocesses run with JAX_PLATFORMS=cpu: with libtpu installed, every JAX proces
 open the TPU (and its lock file) side by side."""
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -50,7 +51,8 @@ def test_a_dead_builders_lock_goes_stale_and_is_taken_over(tmp_path, corpus, tok
 
 def test_a_builder_killed_on_this_host_is_not_waited_for(tmp_path, corpus, tok_path):
     """kill -9 during `gpt1-jax tokenize` left its lock, and the rerun waited the whole LOCK_STALE_S (125 s) in
-    silence: a lock whose holder ran on this host and is gone is broken at once."""
+    silence, and its half-written tokens for good: a lock whose holder ran on this host and is gone is broken at once,
+    and the folder it was writing is removed."""
     import socket
     import subprocess
     import sys
@@ -61,6 +63,12 @@ def test_a_builder_killed_on_this_host_is_not_waited_for(tmp_path, corpus, tok_p
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (cache / f".{final.name}.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": int(gone.stdout),
                                                            "started": 0}))
+    left = cache / f".tmp-{final.name}-{int(gone.stdout)}-0123abcd"  # and the half-written tokens it left (13 MB there)
+    left.mkdir()
+    (left / "tokens.bin").write_bytes(b"\0" * 64)
+    quiet = time.time() - 30
+    os.utime(left / "tokens.bin", (quiet, quiet))
+    os.utime(left, (quiet, quiet))
     t0 = time.monotonic()
     stream = tokenize_to_cache(open_source(str(corpus)), GPT1Tokenizer.load(tok_path), cache, progress=False, wait_s=60)
     assert not stream.from_cache and time.monotonic() - t0 < 20  # not LOCK_STALE_S (120 s)
