@@ -8,7 +8,7 @@ fine-tuning what it starts from. It ends in one record: a JSON summary of its ou
 kept copy under the sweep's records folder. The copy is committed with the results, so a fresh clone, or a
 sweep spanning sessions, resumes without the run workdirs (the copy is put back into the workdir). A
 fine-tuning run's record keeps a digest of its settings (`settings`): a record found under the same workdir
-but made with others (another config, another --init model: a --quick pipeline under the same --out, a
+but made with others (another config, --init model or data: a --quick pipeline under the same --out, a
 sweep rerun with --set) stops the sweep with one line instead of counting as this run's.
 
 Runs execute in this process, one at a time, through pretrain.run and finetune.run, for three reasons. The
@@ -107,9 +107,9 @@ class Records:
             return None
         record = json.loads(done.read_text())
         if SETTINGS in (same or {}) and record.get(SETTINGS, same[SETTINGS]) != same[SETTINGS]:
-            raise SystemExit(f"{workdir}: finished with other settings than this sweep's (its config, or the model its "
-                             "--init holds, differs): give this sweep its own --out (and records), or repeat that "
-                             "sweep's own flags")
+            raise SystemExit(f"{workdir}: finished with other settings than this sweep's (its config, the model its "
+                             "--init holds or its data differ): give this sweep its own --out (and records), or "
+                             "repeat that sweep's own flags")
         other = {k: record.get(k) for k, v in (same or {}).items() if k != SETTINGS and record.get(k) != v}
         if other:
             raise SystemExit(f"{workdir}: finished under another budget ({', '.join(f'{k}={v}' for k, v in other.items())}; "

@@ -111,8 +111,8 @@ def test_a_record_made_with_other_settings_is_not_this_runs(tmp_path, monkeypatc
     records = harness.Records(tmp_path / "out")
     assert harness.make(run(), records, _record).seconds > 0
     assert harness.make(run(), records, _record).seconds == 0  # done before
-    with pytest.raises(SystemExit, match=r"seed0: finished with other settings than this sweep's \(its config, or "
-                                         r"the model its --init holds, differs\): give this sweep its own --out"):
+    with pytest.raises(SystemExit, match=r"seed0: finished with other settings than this sweep's \(its config, the "
+                                         r"model its --init holds or its data differ\): give this sweep its own --out"):
         harness.make(run(optim=dataclasses.replace(FinetuneConfig().optim, lr=1e-3)), records, _record)
     with pytest.raises(SystemExit, match="finished with other settings"):
         harness.make(run(init="none"), records, _record)
