@@ -227,6 +227,7 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
         if held is not None and (workdir / "config.yaml").is_file():
             check_same_settings(workdir, config, load_yaml(FinetuneConfig, workdir / "config.yaml"))
         check_outputs(workdir, task, splits, predict_test)
+        trained_on = check_same_examples(workdir, splits)
         init_fn, loss_fn, predict_fn = heads.finetune_functions(config.model, task.kind, task.n_outputs,
                                                                 task.regression, config.clf_dropout, config.lm_coef,
                                                                 2 if task.kind == "similarity" else 1)
@@ -234,7 +235,8 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
                                seed=config.seed, predict_fn=predict_fn)
         ckpt = Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints, save_every=config.checkpoint_every)
         try:  # until the loop takes the checkpointer over: an error or Ctrl-C must not leave orbax's threads running
-            outcome, dev, seconds = _train(config, workdir, job, task, source, splits, trainer, ckpt, progress)
+            outcome, dev, seconds = _train(config, workdir, job, task, source, splits, trainer, ckpt, progress,
+                                           trained_on)
         finally:
             ckpt.close()
         if not outcome.finished:
@@ -246,6 +248,30 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
                 scores = "  ".join(f"{k} {v:.4f}" for k, v in dev.best["scores"].items())
                 print(f"best epoch {dev.best['epoch']}: {scores}  -> {workdir / 'results.json'}", file=sys.stderr)
         return dataclasses.replace(outcome, results=results)
+
+
+DATA_INFO = "data_info.json"  # what the run trains on (`check_same_examples`)
+
+
+def check_same_examples(workdir: Path, splits: Splits) -> dict:
+    """-> the training examples' digest, for data_info.json; a run resumed (or rerun) on other examples than its
+    checkpoints trained on (another --data-dir, edited files) is refused in one line: neither the config nor
+    the folder's path says which files those were."""
+    trained_on = {"n_train": len(splits.train.seqs), "train_sha256": splits.train.digest()}
+    info = workdir / DATA_INFO
+    if info.is_file() and any((workdir / "checkpoints").glob("[0-9]*")):
+        before = json.loads(info.read_text())
+        if before.get("train_sha256", trained_on["train_sha256"]) != trained_on["train_sha256"]:
+            raise WorkdirError(f"{workdir} holds a fine-tuning run trained on other examples ({before.get('n_train')} "
+                               f"there, {trained_on['n_train']} now, or other tokens or labels: another --data-dir, or "
+                               "edited files): repeat the run's own --data-dir, or choose another --workdir")
+    return trained_on
+
+
+def write_run_files(workdir: Path, source: Source, trained_on: dict) -> None:
+    """The tokenizer (the workdir alone is the model) and what the run trains on."""
+    source.tokenizer.save(workdir / "tokenizer.json")
+    atomic_write_text(workdir / DATA_INFO, json.dumps(trained_on, indent=1) + "\n")
 
 
 def check_outputs(workdir: Path, task: Task, splits: Splits, predict_test: bool) -> None:
@@ -263,7 +289,7 @@ def check_outputs(workdir: Path, task: Task, splits: Splits, predict_test: bool)
 
 
 def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, source: Source, splits: Splits, trainer,
-           ckpt, progress: bool) -> tuple[Outcome, DevEvaluation, float]:
+           ckpt, progress: bool, trained_on: dict) -> tuple[Outcome, DevEvaluation, float]:
     """The loop, resumed or new -> (its outcome, the dev evaluation hook, training seconds)."""
     markers = Markers.of(source.tokenizer)
     batches = EpochBatches(splits.train, config.batch_size, config.seed, splits.n_ctx, markers, config.group_by_length)
@@ -274,7 +300,7 @@ def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, sou
                         init_state=lambda: initial_state(trainer, source, config.model, config),
                         hooks=lambda bar: [Hook("dev", dev, every=batches.steps_per_epoch, state=dev.state,
                                                 restore=dev.restore)],
-                        desc=f"finetune {task.name}", write_files=lambda: source.tokenizer.save(workdir / "tokenizer.json"),
+                        desc=f"finetune {task.name}", write_files=lambda: write_run_files(workdir, source, trained_on),
                         progress=progress)
     loop.progress.write(
         f"finetune {task.name}: init {source.described}; {config.model.num_params() / 1e6:.2f}M params; "

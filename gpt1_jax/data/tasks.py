@@ -10,6 +10,8 @@ file formats.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 from pathlib import Path
 from typing import Callable
@@ -101,6 +103,12 @@ class Encoded:
     seqs: list[list[list[int]]]
     labels: np.ndarray
     examples: list[dict]
+
+    def digest(self) -> str:
+        """sha256 of the token sequences and labels, in order: what a run trained on, whatever files it came from."""
+        h = hashlib.sha256(json.dumps(self.seqs, separators=(",", ":")).encode())
+        h.update(np.ascontiguousarray(self.labels).tobytes())
+        return h.hexdigest()
 
 
 def encode_split(task: Task, examples: list[dict], tok, n_ctx: int) -> Encoded:

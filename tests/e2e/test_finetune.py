@@ -4,6 +4,7 @@ GLUE's submission file; init from none, from a HF directory and from a pre-train
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,8 +59,6 @@ def test_finetune_from_scratch_writes_results_predictions_and_submission(tmp_pat
 def test_a_rerun_keeps_its_seconds_and_what_it_cannot_give_is_refused(tmp_path, data_dir, capsys):
     """A finished run's rerun rewrote train_seconds as 0.0; with --predict-test added it listed a submission file
     that no epoch wrote; a dev file without labels (a test file in its place) made a run of no scores, status 0."""
-    import shutil
-
     workdir, results = _finetune(tmp_path, data_dir, "--epochs", "1")
     assert results["train_seconds"] > 0 and results["submission"] == {}
     _, again = _finetune(tmp_path, data_dir, "--epochs", "1")
@@ -377,14 +376,19 @@ def _snapshot(folder):
 
 
 def test_a_finished_run_refuses_other_jobs_and_settings_byte_for_byte(uninterrupted, tmp_path, data_dir, capsys):
-    """A sweep reusing a folder, a pre-training run or `evaluate` pointed at it, another tokenizer: one line each,
-    nothing changed."""
+    """A sweep reusing a folder, a pre-training run or `evaluate` pointed at it, another tokenizer, other training
+    files: one line each, nothing changed."""
     own = _argv(uninterrupted, data_dir, tmp_path)[3:]  # the run's own flags, without `python -m gpt1_jax.cli`
     # a BPE of the run's own size from other text: it passed every size check, and the run went on with other ids
     mine = GPT1Tokenizer.load(uninterrupted / "tokenizer.json")
     other = tmp_path / "other.json"
     GPT1Tokenizer.train([_sentences(300, 5)], vocab_size=mine.base_vocab_size).save(other)
     assert GPT1Tokenizer.load(other).vocab_size == mine.vocab_size and not GPT1Tokenizer.load(other).same_as(mine)
+    # the same task's files with every training label flipped: its config and its folder's name say nothing of it
+    flipped = tmp_path / "flipped"
+    shutil.copytree(data_dir, flipped)
+    rows = [r.split("\t") for r in (data_dir / "CoLA" / "train.tsv").read_text().splitlines()]
+    (flipped / "CoLA" / "train.tsv").write_text("".join("\t".join([r[0], str(1 - int(r[1])), *r[2:]]) + "\n" for r in rows))
     before = _snapshot(uninterrupted)
     cases = [
         ([a if a != "cola" else "stsb" for a in own], f"{uninterrupted} holds a fine-tuning run of cola from none, "
@@ -400,6 +404,9 @@ def test_a_finished_run_refuses_other_jobs_and_settings_byte_for_byte(uninterrup
         (own + ["--tokenizer", str(other)], f"{uninterrupted} holds a fine-tuning run trained with another tokenizer "
          f"than --tokenizer {other} gives (its checkpoints use the ids of its own tokenizer.json): repeat the run's own "
          "--tokenizer, or choose another --workdir"),
+        ([str(flipped) if a == str(data_dir) else a for a in own], f"{uninterrupted} holds a fine-tuning run trained on "
+         "other examples (40 there, 40 now, or other tokens or labels: another --data-dir, or edited files): repeat the "
+         "run's own --data-dir, or choose another --workdir"),
     ]
     for argv, message in cases:
         assert cli.main(argv) == 2
