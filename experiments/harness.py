@@ -40,6 +40,7 @@ from gpt1_jax.config import FinetuneConfig, PretrainConfig, to_dict
 from gpt1_jax.data.glue import glue_task
 from gpt1_jax.errors import GPT1JaxError
 from gpt1_jax.files import atomic_write_text
+from gpt1_jax.integrity import DIGESTS, checkpoint_steps
 from gpt1_jax.interrupt import CtrlC
 from gpt1_jax.loop import Outcome
 from gpt1_jax.metrics import close_open_bars
@@ -191,27 +192,30 @@ def _data(run: Run) -> str:
     where = Path(run.data_dir).resolve()
     if run.config.task != "race" and where.is_dir():
         where = where / glue_task(run.config.task).dirname
-    files = [where] if where.is_file() else sorted(p for p in where.rglob("*") if p.is_file()) if where.is_dir() else []
-    root = where.parent if where.is_file() else where
-    return _digest(tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files), root)
+    if where.is_file():
+        return _files_digest([where], where.parent)
+    return _files_digest(sorted(p for p in where.rglob("*") if p.is_file()) if where.is_dir() else [], where)
 
 
 def _contents(folder: Path) -> str:
     """What a model folder holds, as a digest: a run workdir's newest checkpoint (its recorded digests), or the
     files of a checkpoint or HF folder (its model card aside, which is rewritten without the weights changing)."""
-    if (folder / "checkpoints").is_dir():  # a run: its newest checkpoint's integrity.json digests its files
-        steps = sorted((int(p.name) for p in (folder / "checkpoints").iterdir() if p.name.isdigit()), reverse=True)
-        digests = next((folder / "checkpoints" / str(s) / "integrity.json" for s in steps
-                        if (folder / "checkpoints" / str(s) / "integrity.json").is_file()), None)
+    if (checkpoints := folder / "checkpoints").is_dir():  # a run: its newest checkpoint's integrity.json
+        recorded = [checkpoints / str(s) / DIGESTS for s in reversed(checkpoint_steps(checkpoints))]
+        digests = next((p for p in recorded if p.is_file()), None)
         return hashlib.sha256(digests.read_bytes()).hexdigest() if digests else "no checkpoint"
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix != ".md") if folder.is_dir() else []
+    return _files_digest(files, folder)
+
+
+def _files_digest(files: list[Path], folder: Path) -> str:
     return _digest(tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files), folder)
 
 
 @functools.lru_cache(maxsize=16)
 def _digest(files: tuple[tuple[str, int, int], ...], folder: Path) -> str:
-    """sha256 over the files' names (relative to `folder`) and contents; once per process while they are
-    unchanged (a sweep asks once per run)."""
+    """sha256 over the files' names (relative to `folder`) and contents, keyed by their sizes and mtimes: once per
+    process while they are unchanged (a sweep asks once per run)."""
     h = hashlib.sha256()
     for name, _, _ in files:
         h.update(str(Path(name).relative_to(folder)).encode() + b"\0")

@@ -28,11 +28,12 @@ from gpt1_jax import flops, heads
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
 from gpt1_jax.config import ConfigError, FinetuneConfig, ModelConfig, load_yaml, to_dict
-from gpt1_jax.errors import DataError, WorkdirError
 from gpt1_jax.data.layout import Markers
 from gpt1_jax.data.tasks import (EpochBatches, Encoded, Splits, Task, encode_task, eval_order, make_batch, make_task,
                                   prepare_once, process_rows, train_rows, write_predictions, write_submission)
+from gpt1_jax.errors import DataError, WorkdirError
 from gpt1_jax.files import atomic_write_text
+from gpt1_jax.integrity import newest_checkpoint
 from gpt1_jax.loop import Hook, Outcome, resume_step, start
 from gpt1_jax.optim import eval_params
 from gpt1_jax.sharding import make_mesh
@@ -160,8 +161,7 @@ class DevEvaluation:
         for split, p in preds.items():
             write_predictions(self.workdir / "predictions" / f"{split}.tsv", self.task, self.splits.dev[split], p)
         for split, p in tests.items():
-            stem = self.task.submission(split) if self.task.submission else f"{self.task.name}_{split}"
-            write_submission(self.workdir / f"{stem}.tsv", self.task, self.splits.test[split], p)
+            write_submission(self.workdir / submission_file(self.task, split), self.task, self.splits.test[split], p)
 
     def state(self) -> dict:
         return {"history": self.history, "best": self.best}
@@ -259,7 +259,7 @@ def check_same_examples(workdir: Path, splits: Splits) -> dict:
     the folder's path says which files those were."""
     trained_on = {"n_train": len(splits.train.seqs), "train_sha256": splits.train.digest()}
     info = workdir / DATA_INFO
-    if info.is_file() and any((workdir / "checkpoints").glob("[0-9]*")):
+    if info.is_file() and newest_checkpoint(workdir / "checkpoints") is not None:
         before = json.loads(info.read_text())
         if before.get("train_sha256", trained_on["train_sha256"]) != trained_on["train_sha256"]:
             raise WorkdirError(f"{workdir} holds a fine-tuning run trained on other examples ({before.get('n_train')} "
@@ -274,6 +274,11 @@ def write_run_files(workdir: Path, source: Source, trained_on: dict) -> None:
     atomic_write_text(workdir / DATA_INFO, json.dumps(trained_on, indent=1) + "\n")
 
 
+def submission_file(task: Task, split: str) -> str:
+    """The file a test split's predictions go to in the workdir: GLUE's submission name (CoLA.tsv, ...)."""
+    return f"{task.submission(split) if task.submission else f'{task.name}_{split}'}.tsv"
+
+
 def check_outputs(workdir: Path, task: Task, splits: Splits, predict_test: bool) -> None:
     """Refuses a run that could not give what it is asked for: scores from a dev split without labels (a test
     file in its place), or test predictions from a run that finished without them (they are made at the best
@@ -282,8 +287,8 @@ def check_outputs(workdir: Path, task: Task, splits: Splits, predict_test: bool)
         if enc.examples and all(ex["label"] == -1 for ex in enc.examples):
             raise DataError(f"{task.name}'s {split} split has no labels (a test file in place of the dev file?): "
                             "there is nothing to score the run on")
-    stems = [task.submission(s) if task.submission else f"{task.name}_{s}" for s in splits.test]
-    if predict_test and (workdir / "results.json").is_file() and not all((workdir / f"{n}.tsv").is_file() for n in stems):
+    files = [workdir / submission_file(task, s) for s in splits.test]
+    if predict_test and (workdir / "results.json").is_file() and not all(f.is_file() for f in files):
         raise WorkdirError(f"{workdir} holds a run that finished without --predict-test: test predictions are made at "
                            "the best epoch while it trains; run it with --predict-test in another --workdir")
 
@@ -342,7 +347,7 @@ def summary(task: Task, source: Source, config: FinetuneConfig, splits: Splits, 
         "steps": config.optim.total_steps,
         "train_seconds": round(train_seconds, 2),
         "predictions": {s: f"predictions/{s}.tsv" for s in splits.dev},
-        "submission": {s: f"{task.submission(s) if task.submission else f'{task.name}_{s}'}.tsv" for s in splits.test},
+        "submission": {s: submission_file(task, s) for s in splits.test},
         "config": to_dict(config),
     }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import threading
 import time
@@ -20,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = ["LOCK_HEARTBEAT_S", "LOCK_STALE_S", "try_lock", "held", "read_owner", "owner_is_gone", "break_lock",
-           "mtime_ns", "pid_alive"]
+           "mtime_ns", "pid_alive", "remove_abandoned"]
 
 LOCK_HEARTBEAT_S = 5.0
 # A holder whose heartbeat stood still this long is dead (or stalled for good). Well above NFS's longest
@@ -120,3 +121,19 @@ def held(lock: Path, token: str, heartbeat_s: float = LOCK_HEARTBEAT_S) -> Itera
         thread.join()
         if _still_ours(lock, token):
             lock.unlink(missing_ok=True)
+
+
+def remove_abandoned(parent: Path, prefix: str, *, dead_quiet_s: float = 0.0, stale_s: float | None = None) -> None:
+    """Removes the folders `<parent>/<prefix><pid>-...` that killed writers left (a half-written model, a token
+    cache's gigabytes): those whose writer ran on this host and is gone, once their files stood still for
+    `dead_quiet_s`; and with `stale_s`, whoever wrote them, those whose files stood still that long (a live writer,
+    on another host too, writes without pause)."""
+    for left in parent.glob(f"{prefix}*"):
+        pid = left.name.removeprefix(prefix).split("-")[0]
+        try:
+            quiet = time.time() - max(p.stat().st_mtime for p in [left, *left.iterdir()])
+        except OSError:  # gone meanwhile, or not a folder
+            continue
+        gone = pid.isdigit() and not pid_alive(int(pid))
+        if (gone and quiet >= dead_quiet_s) or (stale_s is not None and quiet > stale_s):
+            shutil.rmtree(left, ignore_errors=True)

@@ -21,11 +21,12 @@ from gpt1_jax import flops
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
 from gpt1_jax.config import PretrainConfig, load_yaml
-from gpt1_jax.errors import ConfigError
 from gpt1_jax.data.pipeline import build_pipeline
 from gpt1_jax.data.tokens import TOKENIZER_FILE
+from gpt1_jax.errors import ConfigError
 from gpt1_jax.evaluate import lm_loss
 from gpt1_jax.files import atomic_write_text
+from gpt1_jax.integrity import newest_checkpoint
 from gpt1_jax.loop import Hook, Outcome, resume_step, start
 from gpt1_jax.metrics import plot_losses
 from gpt1_jax.optim import eval_params
@@ -50,7 +51,7 @@ def run(config: PretrainConfig, workdir: Path) -> Outcome:
     config = with_schedule_span(config)
     job = Identity("pretrain")
     held = check_workdir(workdir, job, "pretrain")
-    if held is not None and (workdir / "config.yaml").is_file() and any((workdir / "checkpoints").glob("[0-9]*")):
+    if held is not None and (workdir / "config.yaml").is_file() and newest_checkpoint(workdir / "checkpoints") is not None:
         check_same_data(workdir, config, load_yaml(PretrainConfig, workdir / "config.yaml"))
     # What needs no data is checked before the corpus is read: tokenizing can take minutes, and writes.
     check_batch_size(make_mesh(config.mesh), config.data.global_batch_size, config.accum_steps)

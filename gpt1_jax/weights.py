@@ -34,7 +34,7 @@ from safetensors.numpy import load_file, save_file
 from gpt1_jax.config import (RUNTIME_FIELDS, ConfigError, FinetuneConfig, ModelConfig, PretrainConfig, apply_overrides,
                              load_yaml, save_yaml)
 from gpt1_jax.errors import CheckpointFormatError, OutputExistsError
-from gpt1_jax.lockfile import pid_alive
+from gpt1_jax.lockfile import remove_abandoned
 from gpt1_jax.model import init_params
 from gpt1_jax.optim import eval_params, uses_eval_params
 from gpt1_jax.tokenizer import find_tokenizer
@@ -407,10 +407,7 @@ def _atomic_dir(path: Path, overwrite: bool):
     this process's pid: the ones a killed writer left on this host are removed first."""
     _refuse_overwrite(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
-    for left in path.parent.glob(f".{path.name}.tmp-*-*"):
-        pid = left.name.removeprefix(f".{path.name}.tmp-").split("-")[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            shutil.rmtree(left, ignore_errors=True)
+    remove_abandoned(path.parent, f".{path.name}.tmp-")
     return Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
 
 

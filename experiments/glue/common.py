@@ -43,6 +43,11 @@ def missing_path(flag: str, path: str | None) -> str | None:
     return f"{flag} {path}: no such file or directory"
 
 
+def missing_init(init: str) -> str | None:
+    """missing_path for --init: `none` needs no folder, and scratch:DIR needs DIR."""
+    return None if init == "none" else missing_path("--init", init.removeprefix("scratch:"))
+
+
 def mean_std(values: list[float], scale: float = 100.0) -> str:
     if not values:
         return "–"

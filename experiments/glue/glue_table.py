@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 
 from experiments import harness
-from experiments.glue.common import ABLATIONS, ablation, errors_of, mean_std, metric_values, missing_path, table_config, write_table
+from experiments.glue.common import (ABLATIONS, ablation, errors_of, mean_std, metric_values, missing_init, missing_path,
+                                     table_config, write_table)
 from gpt1_jax.data.glue import GLUE_TASKS, split_available
 from gpt1_jax.cli import at_least
 from gpt1_jax.errors import ConfigError
@@ -67,8 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bad = [a for a in args.ablations if a not in ABLATIONS]
     if bad:
         p.error(f"unknown ablation(s) {bad}; known: {', '.join(ABLATIONS)}")
-    init = None if args.init == "none" else args.init.removeprefix("scratch:")
-    if bad_path := missing_path("--data-dir", args.data_dir) or missing_path("--init", init):
+    if bad_path := missing_path("--data-dir", args.data_dir) or missing_init(args.init):
         p.exit(2, f"{p.prog}: error: {bad_path}\n")
     if len(set(args.seeds)) < len(args.seeds):
         p.error(f"a seed is given twice in --seeds {' '.join(map(str, args.seeds))}")

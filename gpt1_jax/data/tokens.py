@@ -36,7 +36,6 @@ import re
 import shutil
 import socket
 import sys
-import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -46,10 +45,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from gpt1_jax.data.once import LOCK_STALE_S, Peers, build_once
-from gpt1_jax.lockfile import pid_alive
 from gpt1_jax.data.sources import TextSource
 from gpt1_jax.errors import ConfigError, DataError
 from gpt1_jax.files import atomic_write_text
+from gpt1_jax.lockfile import remove_abandoned
 from gpt1_jax.tokenizer import GPT1Tokenizer
 
 __all__ = [
@@ -412,25 +411,12 @@ def tokenize_to_cache(
     )
 
 
-def _remove_leftovers(final: Path) -> None:
-    """The temporary folders of builds that were killed (their tokens.bin can be gigabytes): the ones whose files
-    stood still for LOCK_STALE_S, or for a few seconds when their builder ran here and is gone. (A live build,
-    on another host too, writes its tokens.bin without pause.)"""
-    for left in final.parent.glob(f".tmp-{final.name}-*-*"):
-        pid = left.name.removeprefix(f".tmp-{final.name}-").split("-")[0]
-        try:
-            quiet = time.time() - max((p.stat().st_mtime for p in [left, *left.iterdir()]), default=0.0)
-        except OSError:  # gone meanwhile
-            continue
-        if quiet > LOCK_STALE_S or (quiet > 10 and pid.isdigit() and not pid_alive(int(pid))):
-            shutil.rmtree(left, ignore_errors=True)
-
-
 def _build_cache(
     source: TextSource, tokenizer: GPT1Tokenizer, final: Path, sep: int, dtype: np.dtype, peers: Peers, progress: bool
 ) -> TokenStream:
     """Tokenise into a temporary directory beside ``final``, then rename it into place."""
-    _remove_leftovers(final)
+    # killed builds' folders: a few seconds quiet when their builder ran here, LOCK_STALE_S when it may be elsewhere
+    remove_abandoned(final.parent, f".tmp-{final.name}-", dead_quiet_s=10.0, stale_s=LOCK_STALE_S)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
