@@ -15,7 +15,8 @@ Targets (same shapes, same seeded data, same weights where outputs are compared)
   generate_b8    the same, 8 prompts
   finetune_sst2  `small` preset fine-tuning a classifier with the auxiliary LM loss (lambda 0.5), batch
                  32 x 64 (SST-2's bucketed length), vs HF's OpenAIGPTDoubleHeadsModel doing the same work;
-                 examples/s, and jax's per-token cost relative to its own pre-training step at that shape
+                 examples/s, and jax's per-token cost relative to its own pre-training step at that shape;
+                 fp32 and bf16 (torch: autocast, as train_117m)
 
 Each measurement runs in its own subprocess (no shared thread pools or memory), alternating jax / HF
 for `--rounds` rounds so drift in the machine's speed hits both; summaries take medians. Where torch sees
@@ -26,6 +27,7 @@ every target's batch, since the CPU shapes leave a GPU idle.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -38,9 +40,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from gpt1_jax import heads, hugepages
+from gpt1_jax import flops, heads, hugepages
 from gpt1_jax.config import MeshConfig, OptimConfig, PretrainConfig, resolve
-from gpt1_jax.flops import cpu_flags
 from gpt1_jax.generate import generate
 from gpt1_jax.step import lm_batch, lm_trainer, make_trainer
 from gpt1_jax.weights import load_pretrained
@@ -52,7 +53,7 @@ TARGETS = {
     "train_small": {"kind": "train", "config": "small", "batch": 16, "seq": 128, "dtypes": ("float32", "bfloat16")},
     "generate_b1": {"kind": "generate", "config": "gpt1", "batch": 1, "seq": 16, "new": 128, "dtypes": ("float32",)},
     "generate_b8": {"kind": "generate", "config": "gpt1", "batch": 8, "seq": 16, "new": 128, "dtypes": ("float32",)},
-    "finetune_sst2": {"kind": "finetune", "config": "small", "batch": 32, "seq": 64, "dtypes": ("float32",)},
+    "finetune_sst2": {"kind": "finetune", "config": "small", "batch": 32, "seq": 64, "dtypes": ("float32", "bfloat16")},
 }
 LR = 1e-4
 
@@ -191,8 +192,9 @@ def jax_generate(t: dict, args) -> dict:
 
 def jax_finetune(t: dict, args) -> dict:
     """The fine-tuning step `gpt1-jax finetune` runs (classifier head + lambda 0.5 LM loss, gpt1_adam), and
-    the pre-training step on the same tokens, for the per-token cost ratio."""
-    c = model_config(t["config"])
+    the pre-training step on the same tokens, for the per-token cost ratio; bf16 as `finetune --dtype bfloat16`
+    computes (fp32 where the CPU has no native bf16)."""
+    c = flops.fit_compute_dtype(dataclasses.replace(model_config(t["config"]), dtype=args.dtype))
     B, T, n = t["batch"], t["seq"], args.warmup + args.steps
     optim = OptimConfig(lr=LR, schedule="constant", warmup_steps=0)
     data = tokens(args.seed, (n, B, T), c.vocab_size)
@@ -239,7 +241,7 @@ def _run(cmd: list[str]) -> dict:
 
 def summarize(name: str, t: dict, results: dict[str, dict[str, list[dict]]]) -> dict:
     summary: dict = {"summary": True, "target": name, "config": t["config"], "batch": t["batch"], "seq": t["seq"],
-                     "cpu_flags": cpu_flags()}
+                     "cpu_flags": flops.cpu_flags()}
     runs = [r for by_impl in results.values() for rs in by_impl.values() for r in rs]
     summary["devices"] = sorted({str(r.get("device_kind") or r.get("device") or "cpu") for r in runs})
     for dtype, by_impl in results.items():
