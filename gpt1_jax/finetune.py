@@ -315,7 +315,8 @@ def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, sou
         f"{config.optim.total_steps} steps{f', resuming at {begin}' if begin else ''}; mesh {dict(trainer.mesh.shape)}")
     t0 = time.perf_counter()
     outcome = loop.run(state, batches)  # a finished run (rerun) only closes, then rewrites its results
-    seconds = time.perf_counter() - t0
+    # Every session's time (the checkpoints carry it); this session's where an older checkpoint did not.
+    seconds = time.perf_counter() - t0 if outcome.seconds is None else outcome.seconds
     if begin >= config.optim.total_steps and (workdir / "results.json").is_file():  # a rerun: the run's own seconds
         seconds = json.loads((workdir / "results.json").read_text()).get("train_seconds", seconds)
     return outcome, dev, seconds

@@ -55,7 +55,8 @@ class Outcome:
     """How a run ended. `step`: the last step trained (diverged: the step whose loss was not finite);
     `metrics`: the last values logged of every metric (train loss, the hooks' evaluations); `last_good`
     (diverged): the newest checkpoint that verifies, None if there is none; `results`: what the job adds
-    (fine-tuning: its results.json)."""
+    (fine-tuning: its results.json); `seconds`: the loop's wall clock over every session that trained the run
+    (steps, hooks, saves; checkpoints carry it), None for a run resumed from a checkpoint that did not."""
 
     status: typing.Literal["finished", "preempted", "diverged"]
     step: int
@@ -63,6 +64,7 @@ class Outcome:
     message: str = ""
     last_good: int | None = None
     results: dict | None = None
+    seconds: float | None = None
     state: Any = dataclasses.field(default=None, repr=False, compare=False)  # the train state it ended with
 
     @property
@@ -145,6 +147,8 @@ class Loop:
 
     def __post_init__(self):
         self._tally = {h.name: [0.0, 0] for h in self.hooks}  # train-loss sum and count since each hook ran
+        self._seconds_before: float | None = 0.0  # the sessions before this one (a resumed checkpoint's)
+        self._t_run = time.perf_counter()
         self._tracing = False
         if self.profile and self.profile[1] > self.steps:
             raise ConfigError(f"profile {self.profile[0]}:{self.profile[1]} ends after the run's last step ({self.steps})")
@@ -152,8 +156,14 @@ class Loop:
     def position(self, batches: Batches) -> dict:
         """What a checkpoint records beside the train state: a copy, since the save is written after the
         loop has gone on changing the live lists (asynchronous checkpointing)."""
-        return json.loads(json.dumps({"batches": batches.state(), "tally": self._tally,
+        return json.loads(json.dumps({"batches": batches.state(), "tally": self._tally, "seconds": self._seconds(),
                                       "hooks": {h.name: h.state() for h in self.hooks if h.state}}))
+
+    def _seconds(self) -> float | None:
+        """The run's training time so far, this session included."""
+        if self._seconds_before is None:
+            return None
+        return self._seconds_before + time.perf_counter() - self._t_run
 
     def restore_position(self, position: dict) -> None:
         """The hooks' and the tally's part of `position` (the batches restore theirs first: `start`)."""
@@ -161,13 +171,15 @@ class Loop:
             if h.restore and h.name in position.get("hooks", {}):
                 h.restore(position["hooks"][h.name])
         self._tally.update({k: list(v) for k, v in position.get("tally", {}).items() if k in self._tally})
+        self._seconds_before = position.get("seconds")  # None: saved before checkpoints kept the time
 
     def run(self, state, batches: Batches) -> Outcome:
         """Trains from `state.step` to `steps` -> Outcome. Stopped by Ctrl-C, raises Interrupted once its
         checkpoint is saved."""
         start = int(jax.device_get(state.step))
         preemption, step, cut, diverged = Preemption(), start, None, None
-        self._t_last, self._last, self._step = time.perf_counter(), {}, start
+        self._t_run = self._t_last = time.perf_counter()
+        self._last, self._step = {}, start
         try:
             state, step = self._steps(state, batches, start, preemption)
             self.checkpointer.wait()  # the last save failing fails the run
@@ -193,12 +205,14 @@ class Loop:
                     else "no checkpoint was saved yet; run the same command to start again")
             raise Interrupted(f"interrupted (Ctrl-C) in step {step}, without saving it: {kept}", step=last) from cut
         if diverged is not None:
-            return Outcome("diverged", diverged.step, dict(self._last), str(diverged), diverged.last_good, state=state)
+            return Outcome("diverged", diverged.step, dict(self._last), str(diverged), diverged.last_good,
+                           seconds=self._seconds(), state=state)
         if preemption.requested and preemption.signum == signal.SIGINT:
             raise Interrupted(f"interrupted (Ctrl-C) at step {step}: checkpoint saved; run the same command to resume",
                               step=step)
         # A signal that came after the last step, or with it, stopped nothing: the run is finished.
-        return Outcome("finished" if step == self.steps else "preempted", step, dict(self._last), state=state)
+        return Outcome("finished" if step == self.steps else "preempted", step, dict(self._last), seconds=self._seconds(),
+                       state=state)
 
     def _steps(self, state, batches: Batches, start: int, preemption: Preemption):
         """The steps themselves -> (state, the last step run)."""

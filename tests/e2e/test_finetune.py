@@ -321,9 +321,13 @@ def test_finetune_sigterm_saves_exits_0_and_resumes(uninterrupted, tmp_path, dat
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=120)
     assert proc.returncode == 0 and "preempted: checkpoint saved at step" in open(tmp_path / "log").read()
+    saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    first_session = json.loads((workdir / "checkpoints" / str(saved) / "data" / "metadata").read_text())["seconds"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     assert _outputs(workdir) == _outputs(uninterrupted)
+    # The training time counts the preempted session too (it once counted the last session's alone).
+    assert json.loads((workdir / "results.json").read_text())["train_seconds"] > first_session > 0
 
 
 def test_accumulated_steps_train_like_the_whole_batch(tmp_path, data_dir):

@@ -1,6 +1,6 @@
 """Checkpoints and the training loop, in process on real orbax folders: digests catch changed, missing and
 resized files; the NaN stop names only a verified checkpoint; a finished or pre-empted loop returns its
-outcome; SIGTERM and Ctrl-C save, stop and leave the signal handlers as they found them; a failed save's
+outcome, with its training time over every session; SIGTERM and Ctrl-C save, stop and leave the signal handlers as they found them; a failed save's
 echoes through sys.unraisablehook are dropped, nothing else. Damaged runs,
 full and read-only disks through `gpt1-jax`: tests/e2e/test_checkpoint.py."""
 
@@ -164,6 +164,43 @@ def test_sigterm_saves_stops_and_gives_the_handlers_back(tmp_path):
     assert (outcome.status, outcome.step, outcome.finished) == ("preempted", 2, False) and int(outcome.state.step) == 2
     assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [2]
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_the_training_time_adds_up_over_the_sessions_of_a_run(tmp_path):
+    """Preempted at step 2 of 5, then resumed from its checkpoint: the finished outcome's seconds count both
+    sessions (the checkpoint carries the time), so a resumed fine-tuning run's train_seconds is not its last
+    session's alone. A checkpoint saved before it kept the time gives None."""
+    import time
+
+    import jax
+
+    from gpt1_jax.checkpoint import Checkpointer
+    from gpt1_jax.config import ModelConfig
+    from gpt1_jax.loop import Loop
+
+    ckpt = Checkpointer(tmp_path / "checkpoints", save_every=0)
+
+    def slow(step):
+        time.sleep(0.2)
+        if step == 2 and first_session:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    first_session = True
+    first = Loop(Trainer(slow), 5, ckpt, ModelConfig(), Quiet(), Quiet()).run(State(np.int32(0), np.zeros(4, np.float32)),
+                                                                              Batches())
+    assert first.status == "preempted" and 0.4 <= first.seconds < 5
+    first_session = False
+    ckpt = Checkpointer(tmp_path / "checkpoints", save_every=0)
+    abstract = State(jax.ShapeDtypeStruct((), np.int32), jax.ShapeDtypeStruct((4,), np.float32))
+    state, position, step = ckpt.restore(abstract)
+    assert step == 2 and position["seconds"] == pytest.approx(first.seconds, abs=0.1)
+    loop = Loop(Trainer(slow), 5, ckpt, ModelConfig(), Quiet(), Quiet())
+    loop.restore_position(position)
+    second = loop.run(state, Batches())
+    assert second.finished and second.seconds >= position["seconds"] + 0.6  # steps 3 to 5 on top of the first two
+    loop = Loop(Trainer(slow), 5, Checkpointer(tmp_path / "other"), ModelConfig(), Quiet(), Quiet())
+    loop.restore_position({k: v for k, v in position.items() if k != "seconds"})
+    assert loop.run(state, Batches()).seconds is None
 
 
 def _loop(tmp_path, before, save_every=0):
