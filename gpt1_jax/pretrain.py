@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import jax
+from jax.experimental import multihost_utils
 
 from gpt1_jax import flops
 from gpt1_jax.attention import check_runnable as check_attention
@@ -56,6 +57,8 @@ def run(config: PretrainConfig, workdir: Path) -> Outcome:
     # What needs no data is checked before the corpus is read: tokenizing can take minutes, and writes.
     check_batch_size(make_mesh(config.mesh), config.data.global_batch_size, config.accum_steps)
     check_attention(config.model.attention, config.model.attn_dropout, True, config.model.head_dim)
+    if jax.process_count() > 1:  # every process has checked the folder before process 0 writes into it (its BPE)
+        multihost_utils.sync_global_devices("pretrain: workdir checked")
     with hold(workdir, "pretrain", enabled=is_main):  # one job at a time in a run folder
         return _build_and_train(config, workdir, job, is_main)
 

@@ -100,13 +100,40 @@ def single(tmp_path_factory, cache):
     return workdir
 
 
+# Runs the CLI with process 1 checking the workdir 2 s late, and each process's end of the check and process 0's
+# first write into the folder (taking its lock) printed with their times.
+LATE_CHECK = """
+import sys, time
+from gpt1_jax import pretrain
+_check, _hold = pretrain.check_workdir, pretrain.hold
+def check(*args, **kw):
+    import jax
+    if jax.process_index() == 1:
+        time.sleep(2)
+    try:
+        return _check(*args, **kw)
+    finally:
+        print(f"order: checked {time.time()!r}", flush=True)
+def hold(*args, **kw):
+    if kw.get("enabled"):
+        print(f"order: writes {time.time()!r}", flush=True)
+    return _hold(*args, **kw)
+pretrain.check_workdir, pretrain.hold = check, hold
+from gpt1_jax import cli
+sys.exit(cli.main())
+"""
+
+
 @pytest.fixture(scope="module")
 def multi(tmp_path_factory, cache):
     """2 processes x 2 devices through the local launcher, first half of the run only (steps 1-6), steps 2-3
-    profiled (a trace observes the run: the losses below are the reference's all the same)."""
+    profiled (a trace observes the run: the losses below are the reference's all the same); process 1 checks
+    the workdir 2 s after process 0 (LATE_CHECK)."""
     workdir = tmp_path_factory.mktemp("multi")
-    done, seconds = run_launcher(["-m", "gpt1_jax.cli", *pretrain_args(workdir, cache, "--steps", str(SAVE_EVERY),
-                                                                     "--profile", "2:3")])
+    script = workdir.parent / "late_check.py"
+    script.write_text(LATE_CHECK)
+    done, seconds = run_launcher([str(script), *pretrain_args(workdir, cache, "--steps", str(SAVE_EVERY),
+                                                              "--profile", "2:3")])
     assert done.returncode == 0, done.stdout[-4000:]
     return workdir, done.stdout, seconds
 
@@ -127,6 +154,12 @@ def test_two_processes_match_one_process(single, multi):
     # --profile: each process wrote its own host's trace
     for i in range(2):
         assert list((workdir / "profile" / f"process{i}").rglob("*.xplane.pb")), i
+    # Process 0 wrote nothing into the folder before every process had checked it: a late process 1 once
+    # found process 0's half-written tokenizer there and refused the folder as "not empty and holds no run".
+    order = {line.split("order: ")[1].split()[0] + line[:4]: float(line.split()[-1])
+             for line in out.splitlines() if "order: " in line}
+    assert set(order) == {"checked[p0]", "checked[p1]", "writes[p0]"}, out[-3000:]
+    assert order["writes[p0]"] > max(order["checked[p0]"], order["checked[p1]"])
 
 
 def test_multi_process_checkpoint_continues_in_one_process(single, multi, tmp_path, cache):
