@@ -13,7 +13,7 @@ diverged (a NaN/inf loss: nothing saved at that step; the outcome names the newe
 verifies against its digests). A failed save stops the run (CheckpointWriteError), and a Ctrl-C is the
 user stopping the process, not an outcome: `Interrupted`, once its checkpoint is saved. A checkpoint
 holds the train state and `position()`: the batch source's position plus every hook's state, so a
-resumed run replays exactly what an uninterrupted one would have done.
+resumed run replays exactly what an uninterrupted one would have done, and the training seconds so far.
 
 `start` is what both jobs do around the loop: resume from the newest intact checkpoint or initialise,
 claim the workdir and write its config, open the metrics and the progress bar.
