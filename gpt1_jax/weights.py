@@ -404,10 +404,13 @@ def _refuse_overwrite(path: Path, overwrite: bool) -> None:
 
 def _atomic_dir(path: Path, overwrite: bool):
     """A temporary sibling directory, renamed onto `path` by the caller once it is complete. Its name carries
-    this process's pid: the ones a killed writer left on this host are removed first."""
+    this process's pid: the ones a killed writer left on this host are removed first, and so are the old folders
+    it had moved aside once `path` stands (`_commit_dir`: killed while deleting one, or between its renames)."""
     _refuse_overwrite(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_abandoned(path.parent, f".{path.name}.tmp-")
+    if path.exists():  # else a kill between the renames left the old model only under its .old- name: kept
+        remove_abandoned(path.parent, f".{path.name}.old-")
     return Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
 
 

@@ -335,6 +335,8 @@ def test_convert_overwrite_replaces_a_model_folder_but_never_a_run_or_a_stranger
     (dst / "stale.txt").write_text("from the last conversion")
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (tmp_path / f".dst.tmp-{int(gone.stdout)}-x1").mkdir()  # what a convert killed mid-write left
+    (tmp_path / f".dst.old-{int(gone.stdout)}").mkdir()  # and one killed while deleting the folder it replaced
+    (tmp_path / f".dst.old-{int(gone.stdout)}" / "model.safetensors").write_text("half deleted")
     old = os.umask(0o022)
     try:
         assert cli.main(["convert", str(RELEASE), str(dst), "--overwrite"]) == 0
