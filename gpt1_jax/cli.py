@@ -290,8 +290,12 @@ def _pretrain_flags(p: argparse.ArgumentParser) -> None:
 def _pretrain(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir)
     run_folder.check(workdir, run_folder.Identity("pretrain"), "pretrain")  # before its config.yaml is read as ours
-    config = resolve(PretrainConfig, args.config, saved=workdir / "config.yaml",
-                     overrides=_overrides(args, PretrainConfig), mesh=args.mesh)
+    overrides = _overrides(args, PretrainConfig)
+    if not args.dry_run and any(o.split("=", 1)[0].strip() == "model.vocab_size" for o in overrides):
+        # The run would replace it with its tokenizer's size without a word (a dry run has no tokenizer: it sizes it).
+        raise ConfigError("model.vocab_size follows the run's tokenizer (the BPE's entries + 3 fine-tuning markers): "
+                          "set data.vocab_size for the size of the BPE trained on the corpus, or data.tokenizer")
+    config = resolve(PretrainConfig, args.config, saved=workdir / "config.yaml", overrides=overrides, mesh=args.mesh)
     from gpt1_jax.pretrain import run, with_schedule_span
 
     if args.dry_run:

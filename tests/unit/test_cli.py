@@ -183,6 +183,15 @@ def test_workdir_that_is_a_file_is_one_line(tmp_path, capsys, monkeypatch):
     assert workdir.read_text() == "not a run\n" and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
+def test_model_vocab_size_on_pretrain_is_refused_not_silently_replaced(tmp_path, capsys, monkeypatch):
+    """The run takes its tokenizer's size; a --set model.vocab_size was dropped without a word."""
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    status = cli.main(["pretrain", "--config", "tiny", "--workdir", str(tmp_path / "run"), "--set", "model.vocab_size=300",
+                       "--set", f"data.cache_dir={tmp_path / 'cache'}"])
+    assert status == 2 and "set data.vocab_size for the size of the BPE" in _one_error_line(capsys, "pretrain")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders: no error to see")
 def test_workdir_under_a_folder_without_write_permission_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
