@@ -28,7 +28,7 @@ from experiments.paper.layers import layers_stage
 from experiments.paper.more_seeds import more_seeds_stage
 from experiments.paper.release import pretrain_config, pretrain_stage, release_stage, trained_step
 from experiments.paper.report import write_readme
-from experiments.paper.settings import BUDGETS, RECIPE, STAGES, TASKS, Paper
+from experiments.paper.settings import BUDGETS, OUT_ENTRIES, RECIPE, STAGES, TASKS, Paper
 from experiments.paper.table5 import table5_stage
 from experiments.paper.zeroshot import zeroshot_stage
 from gpt1_jax import compile_cache, hugepages
@@ -99,7 +99,12 @@ def paper_of(args: argparse.Namespace) -> Paper:
 
 
 def check_inputs(paper: Paper, stages: list[str]) -> None:
-    """What a later stage needs that an earlier one will not make: fail now, not after an hour of training."""
+    """What a later stage needs that an earlier one will not make: fail now, not after an hour of training; and an
+    --out that holds something else than a pipeline (a home folder, a checkout), which its runs would land beside."""
+    held = sorted(p.name for p in paper.out.iterdir() if not p.name.startswith(".")) if paper.out.is_dir() else []
+    if held and not OUT_ENTRIES & set(held):
+        raise ConfigError(f"--out {paper.out} is not empty and holds no paper pipeline ({', '.join(held[:3])}"
+                          f"{', ...' if len(held) > 3 else ''}): choose a new or empty folder")
     if "pretrain" in stages and paper.corpus is None:
         step = trained_step(paper.pretrain_dir)
         if step is None or step < pretrain_config(paper).steps:

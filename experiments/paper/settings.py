@@ -143,6 +143,8 @@ RECIPE_4EP = PAPER_DIR / "pretrain_4ep.yaml"  # its stronger successor, 4 epochs
 # (pretrain_4ep.yaml; Table 5 on the full training sets, issue 33).
 COMMITTED = {(RECIPE.name, "laptop"): ("release", "results"),
              (RECIPE_4EP.name, "full_sets"): ("release_4ep", "results_4ep")}
+# What the pipeline makes under --out: its stages' run folders, the release, the results, the token cache.
+OUT_ENTRIES = {"pretrain", "release", "results", "token-cache", "table5", "layers", "diagnosis", "race_dev_passages.txt"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,6 +32,14 @@ def test_missing_inputs_are_one_line_errors(tmp_path, capsys):
     assert "unrecognized arguments: --cpu 2" in capsys.readouterr().err
     assert run.main(["--stages", "table5", "--out", str(tmp_path), "--budget", "paper"]) == 2  # nothing to fine-tune
     assert "no release" in capsys.readouterr().err
+    home = tmp_path / "home"  # a folder of the user's own: the runs would land beside its files
+    (home / "notes").mkdir(parents=True)
+    (home / "todo.txt").write_text("mine\n")
+    assert run.main(["--stages", "pretrain", "--quick", "--corpus", "default", "--out", str(home)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"run.py: error: --out {home} is not empty and holds no paper pipeline (notes, todo.txt): choose a new or "
+        "empty folder")
+    assert sorted(p.name for p in home.iterdir()) == ["notes", "todo.txt"]
 
 
 def test_a_stage_spanning_sessions_counts_the_time_of_each(tmp_path, monkeypatch):
