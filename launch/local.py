@@ -81,21 +81,24 @@ def status_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def _say(out, lock: threading.Lock, line: str) -> None:
+    with lock:
+        out.write(f"[launcher] {line}\n".encode())
+        out.flush()
+
+
 def launch(cmd: list[str], n: int, devices: int | None = None, port: int | None = None, grace: float = 15.0,
            out=None) -> int:
     out = out or sys.stdout.buffer
     port = port or free_port()
     lock = threading.Lock()
     procs: list[subprocess.Popen] = []
-    pumps: list[threading.Thread] = []
     signals_seen = []
 
     def forward(signum, frame):
         signals_seen.append(signum)
         sig = signal.SIGTERM if len(signals_seen) == 1 else signal.SIGKILL
-        with lock:
-            out.write(f"[launcher] got signal {signum}: sending {signal.Signals(sig).name} to all processes\n".encode())
-            out.flush()
+        _say(out, lock, f"got signal {signum}: sending {signal.Signals(sig).name} to all processes")
         for p in procs:
             if p.poll() is None:
                 p.send_signal(sig)
@@ -103,50 +106,45 @@ def launch(cmd: list[str], n: int, devices: int | None = None, port: int | None 
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, forward)
 
-    with lock:
-        out.write(f"[launcher] {n} processes, coordinator {LOOPBACK}:{port}"
-                  f"{f', {devices} CPU devices each' if devices else ''}: {shlex.join(cmd)}\n".encode())
-        out.flush()
+    _say(out, lock, f"{n} processes, coordinator {LOOPBACK}:{port}{f', {devices} CPU devices each' if devices else ''}: "
+                    f"{shlex.join(cmd)}")
+    pumps = []
     for i in range(n):
         p = subprocess.Popen(cmd, env=child_env(os.environ, i, n, port, devices), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                              preexec_fn=_die_with_parent)
         procs.append(p)
-        t = threading.Thread(target=_pump, args=(p.stdout, f"[p{i}] ".encode(), out, lock), daemon=True)
-        t.start()
-        pumps.append(t)
+        pumps.append(threading.Thread(target=_pump, args=(p.stdout, f"[p{i}] ".encode(), out, lock), daemon=True))
+        pumps[-1].start()
+    first_failure, failed_at, ended = _watch(procs, grace, out, lock)
+    for t in pumps:
+        t.join(timeout=5)
+    after = f" (last exit {ended - failed_at:.1f}s after the first failure)" if failed_at else ""
+    _say(out, lock, f"exit statuses {[status_of(p.returncode) for p in procs]}{after}")
+    return first_failure[1] if first_failure else 0
 
-    first_failure: tuple[int, int] | None = None  # (process, status)
+
+def _watch(procs: list[subprocess.Popen], grace: float, out, lock: threading.Lock):
+    """Waits for every process -> ((process, status) of the first to fail or None, when it failed, when the last
+    ended); once one has failed, the others get `grace` seconds to end before they are killed."""
+    first_failure: tuple[int, int] | None = None
     failed_at = None
     killed = False
     while True:
-        alive = False
+        ended = [p.poll() is not None for p in procs]  # one look per round: a failure is seen before "all ended"
         for i, p in enumerate(procs):
-            if p.poll() is None:
-                alive = True
-            elif p.returncode != 0 and first_failure is None:
+            if ended[i] and p.returncode != 0 and first_failure is None:
                 first_failure, failed_at = (i, status_of(p.returncode)), time.monotonic()
-                with lock:
-                    out.write(f"[launcher] process {i} failed with status {first_failure[1]}; "
-                              f"stopping the others in {grace:g}s unless they end first\n".encode())
-                    out.flush()
-        if not alive:
-            break
+                _say(out, lock, f"process {i} failed with status {first_failure[1]}; stopping the others in {grace:g}s "
+                                "unless they end first")
+        if all(ended):
+            return first_failure, failed_at, time.monotonic()
         if failed_at is not None and not killed and time.monotonic() - failed_at > grace:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
             killed = True
         time.sleep(0.05)
-    ended = time.monotonic()
-    for t in pumps:
-        t.join(timeout=5)
-    codes = [status_of(p.returncode) for p in procs]
-    after = f" (last exit {ended - failed_at:.1f}s after the first failure)" if failed_at else ""
-    with lock:
-        out.write(f"[launcher] exit statuses {codes}{after}\n".encode())
-        out.flush()
-    return first_failure[1] if first_failure else 0
 
 
 def main(argv: list[str] | None = None) -> int:
