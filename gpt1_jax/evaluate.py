@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import sys
 from pathlib import Path
@@ -52,6 +53,18 @@ def pretraining_run(source: Path, *, required: bool) -> bool:
     return True
 
 
+def check_same_tokens(run: Path, digest: str | None) -> None:
+    """Refuses to score a run on another text than it trained on: its corpus path, read again, may name another
+    file now (a relative path, from another folder) or edited files. Runs and caches from before the digest
+    was kept are not compared."""
+    info = run / "data_info.json"
+    trained_on = json.loads(info.read_text()).get("tokens_sha256") if info.is_file() else None
+    if trained_on and digest and trained_on != digest:
+        raise DataError(f"{run}'s corpus gives other tokens now than the run trained on (its files changed, or a "
+                        "relative path names another file from this folder): its validation split would be another "
+                        "text's; run evaluate from the folder the run was started in, or pass --data")
+
+
 def evaluate(config: PretrainConfig, params, *, run: Path | None, data: str | None, tokenizer: str,
              max_batches: int = 0, progress: bool = False) -> dict:
     """LM loss and perplexity of `params` (a model of `config.model`) on every `config.data.seq_len` window of
@@ -63,7 +76,9 @@ def evaluate(config: PretrainConfig, params, *, run: Path | None, data: str | No
     params = trainer.place_params(params)
     data_config = dataclasses.replace(config.data, progress=False)
     if data is None:  # the run's held-out windows
-        batches, split = build_pipeline(data_config, run).val_iter(), "validation split"
+        pipeline = build_pipeline(data_config, run)
+        check_same_tokens(run, pipeline.windows.digest)
+        batches, split = pipeline.val_iter(), "validation split"
     else:
         pipeline = build_pipeline(dataclasses.replace(data_config, source=data, tokenizer=tokenizer, val_fraction=0.0),
                                   run)

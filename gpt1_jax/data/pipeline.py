@@ -91,13 +91,15 @@ def split_windows(n_windows: int, val_fraction: float, split_seed: int = 0) -> t
 
 
 class PackedWindows:
-    """``seq_len + 1``-token windows over a 1-D token array (a memmap is read lazily)."""
+    """``seq_len + 1``-token windows over a 1-D token array (a memmap is read lazily); `digest`: the tokens'
+    sha256, when known (a token cache built before it was recorded has none)."""
 
-    def __init__(self, tokens: np.ndarray, seq_len: int) -> None:
+    def __init__(self, tokens: np.ndarray, seq_len: int, digest: str | None = None) -> None:
         if tokens.ndim != 1:
             raise ValueError(f"token stream must be 1-D, got shape {tokens.shape}")
         self.tokens = tokens
         self.seq_len = seq_len
+        self.digest = digest
         self.n_windows = max(0, (tokens.shape[0] - 1) // seq_len)
         self._offsets = np.arange(seq_len + 1, dtype=np.int64)
 
@@ -174,6 +176,7 @@ class BatchIterator:
             "seed": self.seed,
             "windows": int(self.indices.size),
             "global_batch_size": self.global_batch_size,
+            **({"tokens_sha256": self.windows.digest} if self.windows.digest else {}),
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -185,6 +188,11 @@ class BatchIterator:
                     f"the checkpoint was saved with {what} {state[k]}, this run's data has {self.state()[k]}{why}: "
                     "resuming would not continue its batches; repeat the run's own data flags, or choose another --workdir"
                 )
+        if state.get("tokens_sha256") and self.windows.digest and state["tokens_sha256"] != self.windows.digest:
+            raise CheckpointMismatchError(
+                "the checkpoint was saved on other tokens than this run's data gives (the corpus's files changed, or a "
+                "relative path now names another file: it is read from the folder the command runs in): resuming would "
+                "not continue its batches; give the run's own corpus, or choose another --workdir")
         epoch, index = int(state["epoch"]), int(state["index"])
         if epoch < 0 or not 0 <= index <= self.batches_per_epoch:
             raise CheckpointFormatError(f"data state out of range: epoch={epoch} index={index}")
@@ -315,7 +323,7 @@ def tokenize_source(config: DataConfig, workdir: str | Path | None) -> tuple[Tex
 def build_pipeline(config: DataConfig, workdir: str | Path) -> DataPipeline:
     """Tokenise (:func:`tokenize_source`), pack, split."""
     source, tokenizer, stream = tokenize_source(config, workdir)
-    windows = PackedWindows(stream.tokens, config.seq_len)
+    windows = PackedWindows(stream.tokens, config.seq_len, stream.meta.get("tokens_sha256"))
     train, val = split_windows(len(windows), config.val_fraction, config.split_seed)
     info = {
         "source": config.source,
@@ -323,6 +331,7 @@ def build_pipeline(config: DataConfig, workdir: str | Path) -> DataPipeline:
         "documents": stream.meta.get("n_docs"),
         "vocab_size": tokenizer.vocab_size,
         "eod_id": stream.meta.get("eod_id"),
+        "tokens_sha256": stream.meta.get("tokens_sha256"),
         "windows": len(windows),
         "train_windows": int(train.size),
         "val_windows": int(val.size),

@@ -421,6 +421,7 @@ def _build_cache(
     tmp.mkdir()
     try:
         n_tokens = n_docs = 0
+        digest = hashlib.sha256()
         # The length is unknown until the end, so stream raw ids first and prepend the .npy
         # header afterwards (one sequential copy, cheap next to tokenising).
         raw = tmp / "tokens.bin"
@@ -429,6 +430,7 @@ def _build_cache(
         ) as bar:
             for arr, docs in encode_documents(source.documents(), tokenizer, dtype, sep):
                 f.write(arr.data)  # not ndarray.tofile, which turns a Ctrl-C inside it into a TypeError
+                digest.update(arr.data)
                 n_tokens += arr.size
                 n_docs += docs
                 bar.update(arr.size)
@@ -448,6 +450,8 @@ def _build_cache(
             "dtype": dtype.str,
             "vocab_size": tokenizer.vocab_size,
             "tokenizer_sha256": tokenizer_hash(tokenizer),
+            # What the tokens are, whatever path the text came from: a resumed run checks it trains on the same.
+            "tokens_sha256": digest.hexdigest(),
             # Who tokenised it: how a pod job's log shows it was done once, and by whom.
             "built_by": {"host": socket.gethostname(), "pid": os.getpid(), "process_index": peers.index},
         }

@@ -284,6 +284,28 @@ def test_a_resume_on_other_data_is_refused_and_leaves_the_run_as_it_was(referenc
     assert snapshot(workdir) == before
 
 
+def test_a_relative_corpus_read_from_another_folder_is_refused_by_resume_and_evaluate(tmp_path, cache):
+    """`--data corpus.txt` is kept as typed; from another folder it names another file. With one word changed
+    there (as many windows), the resume trained on it and exited 0, and evaluate scored the other file's
+    "validation split" under the run's data name. The tokens' digest now tells, whatever the path."""
+    first, other = tmp_path / "first", tmp_path / "other"
+    first.mkdir(), other.mkdir()
+    text = _other_corpus(first).read_text()
+    (first / "corpus.txt").write_text(text)
+    (other / "corpus.txt").write_text(text.replace("alpha", "omega", 1))
+    workdir = first / "run"
+    argv = cli("pretrain", "--config", "tiny", "--data", "corpus.txt", "--steps", "2", "--set", "checkpoint_every=2",
+               "--set", "eval_every=0", workdir=workdir, cache=cache)
+    assert run(argv, cwd=first).returncode == 0
+    before = snapshot(workdir)
+    resumed = run(cli("pretrain", "--steps", "4", workdir=workdir, cache=cache), cwd=other)
+    assert resumed.returncode == 2 and "saved on other tokens than this run's data gives" in resumed.stderr.splitlines()[-1]
+    scored = run(cli("evaluate", workdir=workdir, cache=cache), cwd=other)
+    assert scored.returncode == 2 and "corpus gives other tokens now than the run trained on" in scored.stderr.splitlines()[-1]
+    assert snapshot(workdir) == before
+    assert run(cli("pretrain", "--steps", "4", workdir=workdir, cache=cache), cwd=first).returncode == 0  # its own folder
+
+
 def test_a_given_tokenizer_is_copied_into_the_workdir_so_the_workdir_alone_is_the_model(tmp_path, cache, vocab_dir):
     """data.tokenizer=PATH: the run keeps a copy, so `sample --init WORKDIR` (and evaluate, finetune, the paper's
     zero-shot stage) find the tokenizer without the path the config named."""
