@@ -15,10 +15,14 @@ read an entry another one is still writing. JAX's default is neither. The price:
 the folder's sizes (two unit-test files compiling their small programs against a 3,000-entry folder: 13.8 s
 bounded, 11.7 s unbounded), so the test suite, which writes thousands of tiny entries, runs unbounded.
 
-    GPT1_JAX_COMPILE_CACHE=DIR        put the per-CPU directories under DIR (default ~/.cache/gpt1_jax/xla)
+    GPT1_JAX_COMPILE_CACHE=DIR        put the per-CPU directories under DIR (default $XDG_CACHE_HOME/gpt1_jax/xla,
+                                      ~/.cache/gpt1_jax/xla without it)
     GPT1_JAX_COMPILE_CACHE=off        no persistent cache
     JAX_COMPILATION_CACHE_DIR         JAX's own setting; when set it is used as it is
     JAX_COMPILATION_CACHE_MAX_SIZE    JAX's own bound in bytes, when set (-1: unbounded and unlocked)
+
+The cache only saves time: a directory that cannot be made or written (a read-only home, another user's shared
+folder) is said in one line on stderr and the process goes on without it.
 
 Entries written unbounded keep no record of their last use, which the bounded cache needs for every entry;
 `enable` gives them one (`adopt_unbounded_entries`), so a folder filled by an older gpt1-jax keeps working.
@@ -29,12 +33,14 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import sys
 from pathlib import Path
 
 import filelock
 import jax
 
-DEFAULT_ROOT = Path("~/.cache/gpt1_jax/xla")
+from gpt1_jax.files import user_cache
+
 MAX_BYTES = 4 << 30  # a 117M step's executable is a few MB, a tiny one's ~100 KB
 OFF = ("0", "off", "none", "false", "no")
 
@@ -58,7 +64,7 @@ def cpu_identity() -> str:
 
 def cache_dir(root: str | os.PathLike | None = None) -> Path:
     digest = hashlib.sha256(cpu_identity().encode()).hexdigest()[:16]
-    return Path(root or DEFAULT_ROOT).expanduser() / f"{platform.machine()}-{digest}"
+    return (Path(root).expanduser() if root else user_cache("xla")) / f"{platform.machine()}-{digest}"
 
 
 def enable(root: str | os.PathLike | None = None) -> Path | None:
@@ -67,9 +73,17 @@ def enable(root: str | os.PathLike | None = None) -> Path | None:
     setting = os.environ.get("GPT1_JAX_COMPILE_CACHE", "")
     if setting.lower() in OFF:
         return None
-    path = Path(os.environ["JAX_COMPILATION_CACHE_DIR"]) if os.environ.get("JAX_COMPILATION_CACHE_DIR") \
-        else cache_dir(root or setting or None)
-    path.mkdir(parents=True, exist_ok=True)
+    variable = "JAX_COMPILATION_CACHE_DIR" if os.environ.get("JAX_COMPILATION_CACHE_DIR") else "GPT1_JAX_COMPILE_CACHE"
+    path = Path(os.environ[variable]) if variable == "JAX_COMPILATION_CACHE_DIR" else cache_dir(root or setting or None)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ or jax.config.jax_compilation_cache_max_size != -1:
+            adopt_unbounded_entries(path)  # bounded: JAX locks the folder; taking its lock is the first write
+    except (OSError, filelock.Timeout) as e:
+        print(f"gpt1-jax: no compilation cache ({path}: {getattr(e, 'strerror', None) or e}): every program is compiled "
+              f"afresh; set {variable} to a folder you can write, or GPT1_JAX_COMPILE_CACHE=off", file=sys.stderr)
+        jax.config.update("jax_compilation_cache_dir", None)  # JAX read JAX_COMPILATION_CACHE_DIR itself
+        return None
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(path)  # child processes (sweeps) share it
     jax.config.update("jax_compilation_cache_dir", str(path))
     # Every program, however quick to compile: a short run compiles dozens of small ones (init, eval, ...).
@@ -77,8 +91,6 @@ def enable(root: str | os.PathLike | None = None) -> Path | None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ:
         jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
-    if jax.config.jax_compilation_cache_max_size != -1:
-        adopt_unbounded_entries(path)
     return path
 
 

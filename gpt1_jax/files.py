@@ -1,5 +1,5 @@
 """The one way gpt1-jax writes a small file that others may read while it is written (run identity, configs,
-tokenizers, metadata, plots): whole or not at all."""
+tokenizers, metadata, plots): whole or not at all; and where its caches live by default (`user_cache`)."""
 
 from __future__ import annotations
 
@@ -28,3 +28,10 @@ def atomic_write_text(path: Path, text: str) -> None:
 def save_figure(fig, path: Path, **kwargs) -> None:
     """A matplotlib figure saved whole or not at all, in the format its name says."""
     atomic_write(path, lambda tmp: fig.savefig(tmp, format=Path(path).suffix.lstrip("."), **kwargs))
+
+
+def user_cache(name: str) -> Path:
+    """<$XDG_CACHE_HOME or ~/.cache>/gpt1_jax/<name>: the caches shared by every run on the machine (token streams,
+    compiled programs, prepared GLUE)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "gpt1_jax" / name

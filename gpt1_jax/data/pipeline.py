@@ -21,7 +21,6 @@ and numpy version, and a resumed run sees exactly the batches it would have seen
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from gpt1_jax.config import DataConfig
 from gpt1_jax.data.sources import TextSource, open_source
 from gpt1_jax.data.tokens import TokenStream, tokenize_to_cache, tokenizer_for
 from gpt1_jax.errors import CheckpointFormatError, CheckpointMismatchError, ConfigError
+from gpt1_jax.files import user_cache
 from gpt1_jax.tokenizer import GPT1Tokenizer
 
 __all__ = [
@@ -52,8 +52,7 @@ Batch = dict[str, np.ndarray]
 
 def default_cache_dir() -> Path:
     """Shared across runs so a corpus is tokenised once per machine, not once per experiment."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gpt1_jax" / "tokens"
+    return user_cache("tokens")
 
 
 # --- hashing ---------------------------------------------------------------------------------------
