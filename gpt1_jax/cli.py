@@ -36,11 +36,14 @@ import errno
 import json
 import math
 import os
+import signal
 import sys
 import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
+
+import jax
 
 from gpt1_jax import compile_cache, distributed, hugepages
 from gpt1_jax import workdir as run_folder
@@ -742,8 +745,50 @@ def _error_line(verb: str, error: BaseException, status: int, message: str | Non
     return status
 
 
+# The flags that name a folder or file: '~' is the home folder in each, as in the shell, and as in --data and the
+# config's paths (a quoted '~/run' made a folder named '~', whose model then met the home folder's tokenizer).
+PATH_FLAGS = ("workdir", "init", "config", "data_dir", "tfds_dir", "tokenizer", "src", "dst")
+
+
+def _expand_home(args: argparse.Namespace) -> None:
+    for name in PATH_FLAGS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and value.startswith("~"):
+            setattr(args, name, os.path.expanduser(value))
+
+
+def _standard_streams() -> None:
+    """A stream closed when the command started (`2>&-`): /dev/null in its place, so that writing to it does not end
+    a run half-made, and no file the run opens takes its descriptor (and XLA's log lines with it). Text that the
+    terminal's encoding cannot show is escaped, not an error."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, "w", closefd=False))
+        stream = getattr(sys, name)
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def _start_backend() -> None:
+    """JAX_PLATFORMS naming hardware this machine lacks ends inside JAX in a traceback (a bare AssertionError for
+    cuda): one line instead, before anything is read or written."""
+    try:
+        jax.devices()
+    except (RuntimeError, AssertionError) as e:
+        asked = os.environ.get("JAX_PLATFORMS")
+        why = str(e).split(" (set JAX_PLATFORMS")[0].splitlines()[0] if str(e) else "no such device on this machine"
+        raise ConfigError(f"JAX cannot start {f'JAX_PLATFORMS={asked}' if asked else 'its backend'}: {why}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
+    _standard_streams()
     args = build_parser().parse_args(argv)
+    _expand_home(args)
     if argv is None and VERBS[args.verb].huge_pages:  # a command line, not a call from Python
         hugepages.reexec_with_huge_pages()
     simulate_devices(getattr(args, "simulate_devices", None))
@@ -752,6 +797,7 @@ def main(argv: list[str] | None = None) -> int:
             # Multi-process start-up (flags, GPT1_* env or a cluster JAX detects); nothing on a plain machine.
             distributed.initialize(args)
             if VERBS[args.verb].runs_model:
+                _start_backend()
                 compile_cache.enable()  # before the first compilation (after distributed start-up)
             status = args.run(args)
         except KeyboardInterrupt as e:  # Ctrl-C, anywhere (SIGTERM stops the training loop with status 0)
@@ -759,6 +805,9 @@ def main(argv: list[str] | None = None) -> int:
             status = _interrupted_line(args, e)
         except DivergenceError as e:  # the run stopped itself, keeping its last good checkpoint
             status = _error_line(args.verb, e, 1)
+        except BrokenPipeError:  # the reader went away (`| head -1`): not an error of ours; quiet, as `yes | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit, flushing what is left
+            status = 128 + signal.SIGPIPE
         except (GPT1JaxError, FileNotFoundError) as e:  # CheckpointWriteError too: it says which checkpoints are kept
             status = _error_line(args.verb, e, 2)
         except OSError as e:  # a folder it cannot write, a full or read-only disk, a file where a folder goes...

@@ -162,10 +162,13 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
     cfg = resolve(args)
     if cfg.mode == "off":
         return False
-    if cfg.mode == "auto" and not cfg.explicit:
-        cluster = detected_cluster()
-        if cluster is None:
+    cluster = None if cfg.explicit else detected_cluster()
+    if cluster is None and not cfg.explicit:
+        if cfg.mode == "auto":
             return False
+        raise DistributedConfigError(f"--distributed on ({ENV_MODE}=on): no cluster JAX can detect here (Cloud TPU, "
+                                     "SLURM, Open MPI, Kubernetes) and no --coordinator: pass --coordinator, "
+                                     "--num-processes and --process-id")
     if cfg.explicit and cfg.num_processes == 1 and cfg.mode == "auto":
         return False  # one process: nothing to coordinate
 
@@ -181,6 +184,10 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
     if host_port and host_port[0] in ("127.0.0.1", "localhost", "::1"):
         # A local run: bind the coordinator to loopback only, not every interface (JAX's default).
         kwargs["coordinator_bind_address"] = f"{host_port[0]}:{host_port[1]}"
+    # Until every process has joined there is nothing else to see (a job step that started fewer processes than
+    # its scheduler announced waits the whole timeout): say what it waits for.
+    print(f"gpt1-jax: starting a multi-process run ({cluster or 'coordinator ' + str(cfg.coordinator)}): waiting up to "
+          f"{cfg.init_timeout_s} s for every process to join", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     if host_port and cfg.process_id not in (None, 0):
         waited = _wait_for_coordinator(*host_port, cfg.init_timeout_s)

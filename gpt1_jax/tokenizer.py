@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -333,8 +334,10 @@ class GPT1Tokenizer:
     @classmethod
     def from_path(cls, path: str | Path) -> GPT1Tokenizer | None:
         """A saved tokenizer .json, or a folder holding one of: OpenAI's `encoder_bpe_40000.json` +
-        `vocab_40000.bpe`, HF's `vocab.json` + `merges.txt`, our `tokenizer.json`. None if none is there."""
-        p = Path(path).expanduser()
+        `vocab_40000.bpe`, HF's `vocab.json` + `merges.txt`, our `tokenizer.json`. None if none is there. A string
+        (a flag, a config's value) may start with '~'; a Path is a folder already found (a model's), taken as it is:
+        `Path("./~/run")` prints as "~/run", which expanded would be another folder than the model's."""
+        p = Path(os.path.expanduser(path)) if isinstance(path, str) else Path(path)
         if p.is_file():
             return cls.load(p)
         for enc, merges in (("encoder_bpe_40000.json", "vocab_40000.bpe"), ("vocab.json", "merges.txt")):

@@ -1,13 +1,18 @@
 """The one command line: every verb that runs a model takes the shared flags; a flag that sets config fields
 is declared once and says which in --help; --seed means one thing everywhere; evaluate and sample read the
 same model sources; a project error ends as one line (exit 2, or 1 for a diverged run), anything else keeps
-its traceback. One model runs: evaluate on the committed 5M release, seconds."""
+its traceback. One model runs: evaluate on the committed 5M release, seconds. And the command line's
+surroundings: pipes, closed streams, the output's encoding, JAX_PLATFORMS, '~' in paths."""
 
+
+from pathlib import Path
 
 import pytest
 
 from gpt1_jax import cli
 from tests.support.cli import _one_error_line
+
+RELEASE = Path(__file__).resolve().parents[2] / "experiments" / "paper" / "release"
 
 
 @pytest.mark.parametrize("where", ["workdir", "cache_dir"])
@@ -26,3 +31,59 @@ def test_a_read_only_disk_is_one_line(tmp_path, capsys, monkeypatch, mount_tmpfs
     line = _one_error_line(capsys, "pretrain")
     assert status == 2 and str(disk) in line and "read-only" in line.lower(), line
     assert not (tmp_path / "run" / "config.yaml").exists() and not (tmp_path / "run" / "checkpoints").exists()
+
+
+# A verb whose run prints far more than a pipe holds: what `gpt1-jax sample --num-samples 8000 | head -1` does, in
+# a second instead of a minute.
+CHATTY = """
+import sys
+from gpt1_jax import cli
+def chatty(args):
+    for i in range(100_000):
+        print(f"line {i} of a long answer")
+    return 0
+cli.VERBS["verify"] = cli.VERBS["verify"]._replace(run=chatty)
+sys.exit(cli.main())
+"""
+
+
+def test_the_streams_around_the_command_line(tmp_path):
+    """`| head -1` ended in "error: Broken pipe; check the path and the disk it is on", exit 2 (now: quiet, 141,
+    as `yes | head -1`); a pre-training run started with its stderr closed (`2>&-`) died at its first progress
+    bar, exit 1, without a word; a prompt the output's encoding cannot show (PYTHONIOENCODING=ascii) was a
+    UnicodeEncodeError; JAX_PLATFORMS=cuda on this CPU a bare AssertionError; a quoted '~' in --workdir a folder
+    named '~'."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    from tests.support.env import xla_flags
+
+    env = {**os.environ, "XLA_FLAGS": xla_flags()}
+    script = tmp_path / "chatty.py"
+    script.write_text(CHATTY)
+    chatty = shlex.join([sys.executable, str(script), "verify", "--workdir", str(tmp_path)])
+    piped = subprocess.run(["bash", "-o", "pipefail", "-c", f"{chatty} | head -1"], capture_output=True, text=True,
+                           timeout=120, env=env)
+    assert (piped.returncode, piped.stdout, piped.stderr) == (141, "line 0 of a long answer\n", "")
+
+    gpt1 = [sys.executable, "-m", "gpt1_jax.cli"]
+    workdir = tmp_path / "quiet run"
+    argv = [*gpt1, "pretrain", "--config", "tiny", "--steps", "2", "--set", "checkpoint_every=2", "--set", "eval_every=0",
+            "--set", f"data.cache_dir={tmp_path / 'cache'}", "--workdir", str(workdir)]
+    closed = subprocess.run(["bash", "-c", f"{shlex.join(argv)} 2>&-"], capture_output=True, text=True, timeout=300, env=env)
+    assert closed.returncode == 0 and (workdir / "checkpoints" / "2").is_dir()
+
+    sample = [*gpt1, "sample", "--init", str(RELEASE), "--max-new-tokens", "3", "--num-samples", "1"]
+    ascii_out = subprocess.run([*sample, "--prompt", "thé"], capture_output=True, text=True, timeout=120,
+                               env={**env, "PYTHONIOENCODING": "ascii"})
+    assert ascii_out.returncode == 0 and "th\\xe9 >> " in ascii_out.stdout, ascii_out.stderr[-2000:]
+    cuda = subprocess.run([*sample, "--prompt", "the"], capture_output=True, text=True, timeout=120,
+                          env={**env, "JAX_PLATFORMS": "cuda"})
+    assert cuda.returncode == 2 and cuda.stderr.strip().splitlines()[-1] == (
+        "gpt1-jax sample: error: JAX cannot start JAX_PLATFORMS=cuda: no such device on this machine")
+    home = subprocess.run([*gpt1, "verify", "--workdir", "~/nothing"], capture_output=True, text=True, timeout=120,
+                          env={**env, "HOME": str(tmp_path)})
+    assert home.returncode == 2 and home.stderr.strip().splitlines()[-1] == (
+        f"gpt1-jax verify: error: {tmp_path / 'nothing'} does not exist: give a run's workdir")

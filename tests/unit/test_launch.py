@@ -65,6 +65,9 @@ def test_no_cluster_no_initialize(monkeypatch):
             monkeypatch.delenv(k)
     assert distributed.detected_cluster() is None
     assert distributed.initialize(None) is False
+    monkeypatch.setenv("GPT1_DISTRIBUTED", "on")  # asked for, with nothing to start from: one line, not JAX's ValueError
+    with pytest.raises(distributed.DistributedConfigError, match=r"no cluster JAX can detect here .* pass --coordinator"):
+        distributed.initialize(None)
 
 
 def test_slurm_is_detected_through_jax(monkeypatch):
