@@ -241,6 +241,7 @@ class Loop:
             self._run_hooks(due, step, state)
             if save:
                 self.checkpointer.save(step, state, self.position(batches), self.model_config)
+                self._t_last = time.perf_counter()  # saving is not training throughput (nor the next step's time)
             if preempted:
                 if preemption.signum != signal.SIGINT:  # Ctrl-C's line comes last, from Interrupted in run
                     self.progress.write(f"preempted: checkpoint saved at step {step}; run the same command to resume")
@@ -287,11 +288,14 @@ class Loop:
 
     def _record(self, step: int, metrics, epoch) -> None:
         m = {k: float(v) for k, v in jax.device_get(metrics).items() if k != "weight"}
-        if not math.isfinite(m["loss"]):
-            self.metrics.write(step, loss=m["loss"])
+        # The loss is measured before the update; a gradient that is not finite makes the updated weights NaN
+        # while the loss still reads finite: either one and the step's state is not saved.
+        bad = [f"{k} is {m[k]}" for k in ("loss", "grad_norm") if k in m and not math.isfinite(m[k])]
+        if bad:
+            self.metrics.write(step, **{k: m[k] for k in ("loss", "grad_norm") if k in m})
             last = self.checkpointer.latest_verified_step()
             raise DivergenceError(
-                f"loss is {m['loss']} at step {step}; stopping (lower optim.lr?). Last good checkpoint: "
+                f"{' and '.join(bad)} at step {step}; stopping (lower optim.lr?). Last good checkpoint: "
                 f"{'step ' + str(last) if last is not None else 'none'} in {self.checkpointer.directory}",
                 step=step, loss=m["loss"], last_good=last)
         for tally in self._tally.values():

@@ -63,8 +63,8 @@ class Trainer:
     """Each step adds 1 to w and reports `loss(step)`; `before(step)` runs first (damage a checkpoint, send a
     signal)."""
 
-    def __init__(self, before, loss=lambda step: 1.0):
-        self.before, self.loss = before, loss
+    def __init__(self, before, loss=lambda step: 1.0, grad_norm=lambda step: 1.0):
+        self.before, self.loss, self.grad_norm = before, loss, grad_norm
 
     def put_batch(self, batch):
         return batch
@@ -72,7 +72,8 @@ class Trainer:
     def step(self, state, batch):
         step = int(state.step) + 1
         self.before(step)
-        return State(np.int32(step), state.w + 1), {"loss": np.float32(self.loss(step))}
+        return State(np.int32(step), state.w + 1), {"loss": np.float32(self.loss(step)),
+                                                    "grad_norm": np.float32(self.grad_norm(step))}
 
 
 class Batches:
@@ -104,6 +105,22 @@ def test_nan_stop_names_only_a_verified_checkpoint(tmp_path):
     error = outcome.divergence()  # what a command reports, exit 1
     assert isinstance(error, DivergenceError) and error.last_good == 1 and str(error) == outcome.message
     assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [1, 2]  # reported, not moved
+
+
+def test_a_gradient_that_is_not_finite_stops_the_run_before_its_step_is_saved(tmp_path):
+    """The loss is measured before the update: at lr 1e6 step 4's loss read finite while its gradient norm was
+    nan, the run ended with status 0 and checkpoint 4 held NaN weights, which a resume then called good."""
+    from gpt1_jax.checkpoint import Checkpointer
+    from gpt1_jax.config import ModelConfig
+    from gpt1_jax.loop import Loop
+
+    ckpt = Checkpointer(tmp_path / "checkpoints", save_every=1)
+    trainer = Trainer(lambda step: None, loss=lambda step: 3e16, grad_norm=lambda step: np.nan if step == 4 else 1e9)
+    outcome = Loop(trainer, 4, ckpt, ModelConfig(), Quiet(), Quiet()).run(State(np.int32(0), np.zeros(4, np.float32)),
+                                                                         Batches())
+    assert (outcome.status, outcome.step, outcome.last_good) == ("diverged", 4, 3)
+    assert outcome.message.startswith("grad_norm is nan at step 4; stopping")
+    assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [1, 2, 3]
 
 
 def test_a_result_handed_to_a_closed_event_loop_is_dropped_and_other_unraisables_are_not(monkeypatch):
