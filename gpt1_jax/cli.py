@@ -47,8 +47,8 @@ import jax
 
 from gpt1_jax import compile_cache, distributed, hugepages
 from gpt1_jax import workdir as run_folder
-from gpt1_jax.config import (DataConfig, FinetuneConfig, ModelConfig, PretrainConfig, TRACKER_NAMES, apply_overrides,
-                             guarded_text, resolve)
+from gpt1_jax.config import (SEED_RANGE, DataConfig, FinetuneConfig, ModelConfig, PretrainConfig, TRACKER_NAMES,
+                             apply_overrides, guarded_text, resolve)
 from gpt1_jax.errors import ConfigError, DataError, DivergenceError, GPT1JaxError, Interrupted
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps, newest_checkpoint, record, verify_checkpoints
 from gpt1_jax.interrupt import CtrlC
@@ -80,8 +80,8 @@ def on_off(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
 
 
-def at_least(low: int) -> Callable[[str], int]:
-    """An integer flag's type that refuses values below `low` in argparse's own error line."""
+def at_least(low: int, *, at_most: int | None = None) -> Callable[[str], int]:
+    """An integer flag's type that refuses values below `low` (or above `at_most`) in argparse's own error line."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -89,6 +89,8 @@ def at_least(low: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        if at_most is not None and value > at_most:
+            raise argparse.ArgumentTypeError(f"must be <= {at_most}, got {value}")
         return value
     parse.__name__ = "int"  # argparse names the type in some errors
     return parse
@@ -132,7 +134,8 @@ CONFIG_FLAGS: dict[str, ConfigFlag] = {
     "--dtype": ConfigFlag({PretrainConfig: ("model.dtype",)},
                           "compute dtype (parameters and optimizer state stay in model.param_dtype)",
                           choices=("float32", "bfloat16")),
-    "--seed": ConfigFlag({PretrainConfig: ("seed", "data.seed"), FinetuneConfig: ("seed",)}, SEED_HELP, int, "N"),
+    "--seed": ConfigFlag({PretrainConfig: ("seed", "data.seed"), FinetuneConfig: ("seed",)}, SEED_HELP,
+                         at_least(SEED_RANGE[0], at_most=SEED_RANGE[1]), "N"),
     "--task": ConfigFlag({FinetuneConfig: ("task",)}, "cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli or race"),
     "--epochs": ConfigFlag({FinetuneConfig: ("epochs",)}, "passes over the training set", int, "N"),
     "--lm-coef": ConfigFlag({FinetuneConfig: ("lm_coef",)}, "weight of the auxiliary LM loss (0: off)", float),

@@ -31,6 +31,15 @@ from gpt1_jax.files import atomic_write_text
 T = TypeVar("T")
 
 DTYPES = ("float32", "bfloat16", "float16")
+MAX_VOCAB = 1 << 22  # BPE entries: far above any GPT's vocabulary, far below what exhausts memory in training it
+SEED_RANGE = (-(1 << 63), (1 << 63) - 1)  # what the random generators take (a larger one was an OverflowError)
+
+
+def check_seeds(config, prefix: str, names: tuple[str, ...]) -> None:
+    for name in names:
+        if not SEED_RANGE[0] <= getattr(config, name) <= SEED_RANGE[1]:
+            raise ConfigError(f"{prefix}{name} must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}, got "
+                              f"{getattr(config, name)}")
 ATTENTION_IMPLS = ("auto", "xla", "xla_blocked", "dot_product", "cudnn")
 REMAT_POLICIES = ("none", "full", "dots", "attention")
 
@@ -73,6 +82,10 @@ class ModelConfig:
         for name in ("embd_dropout", "attn_dropout", "resid_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0 < self.layer_norm_eps < math.inf:  # LayerNorm divides by sqrt(var + eps): NaN from step 1
+            raise ConfigError(f"model.layer_norm_eps must be > 0, got {self.layer_norm_eps}")
+        if not 0 <= self.init_std < math.inf:
+            raise ConfigError(f"model.init_std must be >= 0, got {self.init_std}")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in DTYPES:
                 raise ConfigError(f"model.{name}={getattr(self, name)!r} is not one of {', '.join(DTYPES)}")
@@ -174,8 +187,9 @@ class OptimConfig:
             raise ConfigError(f"optim.schedule={self.schedule!r} is not one of {', '.join(SCHEDULE_NAMES)}")
         if self.state_dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"optim.state_dtype={self.state_dtype!r} is not one of float32, bfloat16")
-        if self.lr < 0 or self.weight_decay < 0 or self.clip_norm < 0 or self.eps < 0:
-            raise ConfigError("optim.lr, weight_decay, clip_norm and eps must be >= 0")
+        for name in ("lr", "weight_decay", "clip_norm", "eps"):  # nan passed a plain `< 0` test
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ConfigError(f"optim.{name} must be a number >= 0, got {getattr(self, name)}")
         if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
             raise ConfigError(f"optim.b1/b2 must lie in [0, 1), got {self.b1}, {self.b2}")
         if not (0 <= self.momentum < 1 and 0 <= self.muon_beta < 1 and 0 <= self.adafactor_momentum < 1):
@@ -285,8 +299,9 @@ class DataConfig:
             raise ConfigError(f"data.seq_len must be >= 1, got {self.seq_len}")
         if self.global_batch_size < 1:
             raise ConfigError(f"data.global_batch_size must be >= 1, got {self.global_batch_size}")
-        if self.vocab_size < 1:
-            raise ConfigError(f"data.vocab_size must be >= 1, got {self.vocab_size}")
+        if not 1 <= self.vocab_size <= MAX_VOCAB:  # a larger one ended in the BPE trainer's allocation failure
+            raise ConfigError(f"data.vocab_size must be between 1 and {MAX_VOCAB:,}, got {self.vocab_size}")
+        check_seeds(self, "data.", ("seed", "split_seed"))
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
         if not self.cache_wait_s > 0:
@@ -326,6 +341,7 @@ class PretrainConfig:
         for name in ("steps", "accum_steps", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_seeds(self, "", ("seed",))
         for name in ("checkpoint_every", "eval_every", "eval_batches", "log_every", "stats_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -399,6 +415,7 @@ class FinetuneConfig:
         for name in ("epochs", "batch_size", "accum_steps", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_seeds(self, "", ("seed",))
         for name in ("eval_batch_size", "n_ctx", "max_train_examples", "max_eval_examples", "checkpoint_every",
                      "stats_every"):
             if getattr(self, name) < 0:
@@ -526,6 +543,10 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
         except yaml.YAMLError as e:
             why = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({why})") from None
+    if "steps" in values and isinstance(values.get("optim"), dict):
+        # A pre-training schedule spans the run's steps (pretrain.with_schedule_span): a --set optim.warmup_steps
+        # above the preset's total was refused against a total the run replaces anyway.
+        values["optim"]["total_steps"] = values["steps"]
     return from_dict(type(config), values)
 
 

@@ -39,7 +39,14 @@ def test_list_and_pair_fields_are_typed_from_set_and_yaml():
     ("keep_steps=[0, 4]", "keep_steps must list steps >= 1, got [0, 4]"),
     ("mesh.rules=abc", "mesh.rules must be a list, got 'abc'"),
     ("mesh.rules=[[vocab]]", "mesh.rules[0] must hold 2 items, got ['vocab']"),
-    ("data.vocab_size=-5", "data.vocab_size must be >= 1, got -5"),
+    ("data.vocab_size=-5", "data.vocab_size must be between 1 and 4,194,304, got -5"),
+    ("data.vocab_size=99999999999", "data.vocab_size must be between 1 and 4,194,304"),  # was a Rust allocation abort
+    ("seed=18446744073709551617", "seed must be between -9223372036854775808 and 9223372036854775807"),
+    ("data.split_seed=-9223372036854775809", "data.split_seed must be between"),
+    ("optim.lr=nan", "optim.lr must be a number >= 0, got nan"),
+    ("optim.lr=1e400", "optim.lr must be a number >= 0, got inf"),
+    ("model.layer_norm_eps=-1", "model.layer_norm_eps must be > 0, got -1"),
+    ("model.init_std=-5", "model.init_std must be >= 0, got -5"),
     ("keep_steps=[1,", "override 'keep_steps=[1,': the value is not valid YAML"),
     ("model.d_modle=3", "unknown config key 'model.d_modle'"),
 ])
@@ -60,3 +67,12 @@ def test_yaml_keeps_start_stop_as_text_and_refuses_a_key_given_twice(tmp_path):
     path.write_text("steps: 5\nsteps: 6\n")
     with pytest.raises(ConfigError, match=f"config file {path} is not valid YAML: the key 'steps' is given twice"):
         load_yaml(PretrainConfig, path)
+
+
+def test_a_warmup_longer_than_the_presets_total_follows_the_runs_steps():
+    """pretrain's schedule spans its steps: `--steps 200 --set optim.warmup_steps=100` on the tiny preset was refused
+    as "exceeds total_steps=50", the preset's total that the run replaces anyway."""
+    config = apply_overrides(preset(PretrainConfig, "tiny"), ["steps=200", "optim.warmup_steps=100"])
+    assert (config.optim.warmup_steps, config.optim.total_steps) == (100, 200)
+    with pytest.raises(ConfigError, match="optim.warmup_steps=300 exceeds total_steps=200"):
+        apply_overrides(preset(PretrainConfig, "tiny"), ["steps=200", "optim.warmup_steps=300"])
