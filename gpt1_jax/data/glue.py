@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shutil
 import socket
 import threading
 from collections.abc import Iterator
@@ -262,8 +263,15 @@ def local_builder(task: GlueTask | str, data_dir: str | Path, tfds_dir: str | Pa
     builder = _builder_class()(config=task.name, data_dir=str(root / f"glue_tsv-{_fingerprint(folder, task)}"),
                                file_format="array_record")
     if not builder.is_prepared():
+        for split, name in task.files:  # tfds would end a split without examples in its own AssertionError
+            if (folder / name).is_file() and next(read_tsv(folder / name, task, split), None) is None:
+                raise DataError(f"{folder / name}: no examples in it (an empty file, or only its header)")
         tfds.disable_progress_bar()  # tfds' nested bars would interleave with ours; we say "preparing" ourselves
-        builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(data_dir)))
+        try:
+            builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(data_dir)))
+        except BaseException:  # a half-prepared dataset would be found, and warned about, by every later run
+            shutil.rmtree(root / f"glue_tsv-{_fingerprint(folder, task)}", ignore_errors=True)
+            raise
     return builder
 
 

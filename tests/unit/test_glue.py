@@ -167,6 +167,19 @@ def test_edited_tsv_prepares_a_fresh_dataset(tmp_path):
     assert len(glue.load_split("rte", "validation", root, tfds_dir=tmp_path / "tfds")) == 2
 
 
+@pytest.mark.parametrize("name, text", [("dev.tsv", "index\tsentence1\tsentence2\tlabel\n"),
+                                        ("test.tsv", "index\tsentence1\tsentence2\n")])
+def test_a_split_without_examples_is_one_error_and_prepares_nothing(tmp_path, name, text):
+    """An empty or header-only file ended in tfds' "AssertionError: Failed to finalize writing of split ... No
+    examples were yielded" (a header-only test.tsv even without --predict-test), and the half-prepared dataset
+    was warned about by every later run."""
+    root = _small_glue(tmp_path)
+    _write(root, "RTE", name, text)
+    with pytest.raises(DataError, match=rf"RTE/{name}: no examples in it \(an empty file, or only its header\)"):
+        glue.load_split("rte", "train", root, tfds_dir=tmp_path / "tfds")
+    assert not any((tmp_path / "tfds").glob("glue_tsv-*/**/*.array_record*"))
+
+
 def test_real_glue_builder_fails_fast_offline(tmp_path):
     if glue._reachable("dl.fbaipublicfiles.com", 3.0):
         pytest.skip("GLUE's host is reachable here: this test is about the offline failure")
