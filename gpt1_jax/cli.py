@@ -52,7 +52,7 @@ from gpt1_jax.config import (SEED_RANGE, DataConfig, FinetuneConfig, ModelConfig
 from gpt1_jax.errors import ConfigError, DataError, DivergenceError, GPT1JaxError, Interrupted
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps, newest_checkpoint, record, verify_checkpoints
 from gpt1_jax.interrupt import CtrlC
-from gpt1_jax.metrics import close_open_bars
+from gpt1_jax.metrics import close_open_bars, json_safe
 from gpt1_jax.weights import convert, load_pretrained
 
 DEBUG_ENV = "GPT1_JAX_DEBUG"
@@ -265,7 +265,7 @@ def _refuse(args: argparse.Namespace, verb: str, reasons: dict[str, str]) -> Non
 
 
 def _print_json(result: dict) -> None:
-    print(json.dumps(result), flush=True)
+    print(json.dumps(json_safe(result)), flush=True)
 
 
 def simulate_devices(n: int | None) -> None:

@@ -53,6 +53,11 @@ def pretraining_run(source: Path, *, required: bool) -> bool:
     return True
 
 
+def perplexity(loss: float) -> float:
+    """exp(loss), inf where a float cannot hold it (it was capped at exp(50) without a word)."""
+    return math.exp(loss) if loss < 700 else math.inf
+
+
 def check_same_tokens(run: Path, digest: str | None) -> None:
     """Refuses to score a run on another text than it trained on: its corpus path, read again, may name another
     file now (a relative path, from another folder) or edited files. Runs and caches from before the digest
@@ -90,4 +95,4 @@ def evaluate(config: PretrainConfig, params, *, run: Path | None, data: str | No
         split = "all windows"
     loss, n_tokens = lm_loss(trainer, params, batches, max_batches, progress=progress and jax.process_index() == 0)
     return {"data": data or config.data.source, "split": split, "seq_len": data_config.seq_len,
-            "tokens": int(n_tokens), "loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+            "tokens": int(n_tokens), "loss": loss, "perplexity": perplexity(loss)}

@@ -35,6 +35,7 @@ from gpt1_jax.errors import DataError, WorkdirError
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.integrity import newest_checkpoint
 from gpt1_jax.loop import Hook, Outcome, resume_step, start
+from gpt1_jax.metrics import json_safe
 from gpt1_jax.optim import eval_params
 from gpt1_jax.sharding import make_mesh
 from gpt1_jax.step import check_batch_size, make_trainer
@@ -243,7 +244,7 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
             return outcome
         results = summary(task, source, config, splits, dev, train_seconds=seconds)
         if jax.process_index() == 0:
-            atomic_write_text(workdir / "results.json", json.dumps(results, indent=2, default=str) + "\n")
+            atomic_write_text(workdir / "results.json", json.dumps(json_safe(results), indent=2, default=str) + "\n")
             if progress:
                 scores = "  ".join(f"{k} {v:.4f}" for k, v in dev.best["scores"].items())
                 print(f"best epoch {dev.best['epoch']}: {scores}  -> {workdir / 'results.json'}", file=sys.stderr)

@@ -19,10 +19,15 @@ from tqdm import tqdm
 from gpt1_jax.files import save_figure
 
 
-def _clean(value: Any) -> Any:
-    """JSON has no NaN/inf: they are written as strings, so a diverged step still parses."""
+def json_safe(value: Any) -> Any:
+    """`value` (nested dicts and lists too) with NaN/inf as the strings "nan"/"inf": JSON has no such numbers, and
+    the bare NaN Python's json writes is refused by strict readers (a diverged step, an undefined correlation)."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -44,7 +49,7 @@ class MetricsWriter:
     def write(self, step: int, **scalars: Any) -> None:
         if not self.enabled:
             return
-        record = {"step": int(step), **{k: _clean(v) for k, v in scalars.items()}}
+        record = {"step": int(step), **{k: json_safe(v) for k, v in scalars.items()}}
         self._file.write(json.dumps(record) + "\n")
         if self._tracker is not None:
             self._tracker.log(int(step), scalars)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from gpt1_jax.config import PretrainConfig, load_yaml
 from gpt1_jax.data.pipeline import build_pipeline
 from gpt1_jax.data.tokens import TOKENIZER_FILE
 from gpt1_jax.errors import ConfigError
-from gpt1_jax.evaluate import lm_loss
+from gpt1_jax.evaluate import lm_loss, perplexity
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.integrity import newest_checkpoint
 from gpt1_jax.loop import Hook, Outcome, resume_step, start
@@ -91,7 +90,7 @@ def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, train
             # Schedule-free optimizers are evaluated at their x sequence; for the others this is params.
             loss, _ = lm_loss(trainer, eval_params(state.opt_state, state.params), pipeline.val_iter(),
                               config.eval_batches)
-            ppl = math.exp(min(loss, 50.0))
+            ppl = perplexity(loss)
             progress.write(f"step {step}: val_loss {loss:.4f}  val_ppl {ppl:.2f}")
             return {"val_loss": loss, "val_ppl": ppl}
 

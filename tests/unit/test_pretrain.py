@@ -49,3 +49,18 @@ def test_no_validation_windows_with_evaluations_on_is_refused_before_training(tm
                                               "and data.val_fraction=0.0 leaves none of this corpus's "), err
     assert err[-1].endswith("set data.val_fraction above 0, or eval_every=0")
     assert sorted(p.name for p in workdir.iterdir()) == ["tokenizer.json", "tokenizer.meta.json"]  # no run claimed
+
+
+def test_numbers_json_cannot_hold_are_written_as_text_and_perplexity_is_not_capped():
+    """evaluate printed a bare NaN (strict JSON readers refuse it) and capped perplexity at exp(50) = 5.2e21 for a
+    loss of 2,496; results.json held bare NaN for an undefined STS-B correlation."""
+    import json
+    import math
+
+    from gpt1_jax.evaluate import perplexity
+    from gpt1_jax.metrics import json_safe
+
+    safe = json_safe({"loss": math.nan, "scores": [math.inf, 1.5], "dev": {"pearson": -math.inf}, "n": 3})
+    assert json.loads(json.dumps(safe, allow_nan=False)) == {"loss": "nan", "scores": ["inf", 1.5],
+                                                              "dev": {"pearson": "-inf"}, "n": 3}
+    assert perplexity(2496.7) == math.inf and perplexity(114.0) == pytest.approx(math.exp(114.0))
