@@ -64,6 +64,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1  # bump when the layout or the packing of the stream changes
+UNK_WARN = 0.05  # a share of <unk> tokens above this is said when the cache is built
 _CHUNK_CHARS = 1 << 20  # text per encode_batch call: big enough to keep both Rust threads busy
 TOKENIZER_FILE = "tokenizer.json"
 DEFAULT_WAIT_S = 3600.0  # = DataConfig.cache_wait_s: process 0 tokenising ~1B tokens takes tens of minutes
@@ -420,7 +421,7 @@ def _build_cache(
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
-        n_tokens = n_docs = 0
+        n_tokens = n_docs = n_unk = 0
         digest = hashlib.sha256()
         # The length is unknown until the end, so stream raw ids first and prepend the .npy
         # header afterwards (one sequential copy, cheap next to tokenising).
@@ -431,11 +432,15 @@ def _build_cache(
             for arr, docs in encode_documents(source.documents(), tokenizer, dtype, sep):
                 f.write(arr.data)  # not ndarray.tofile, which turns a Ctrl-C inside it into a TypeError
                 digest.update(arr.data)
+                n_unk += int(np.count_nonzero(arr == 0))  # <unk>'s id (gpt1_jax/tokenizer.py)
                 n_tokens += arr.size
                 n_docs += docs
                 bar.update(arr.size)
         if n_tokens == 0:
             raise DataError(f"text source {source.spec!r} has no documents")
+        if n_unk > UNK_WARN * n_tokens:  # a model trained on <unk> learns nothing, and nothing else would say so
+            _say(f"{n_unk / n_tokens:.0%} of the {n_tokens:,} tokens of {source.spec!r} are <unk>: the tokenizer cannot "
+                 "read much of this text (another script or alphabet than it was trained on?)")
         with open(tmp / "tokens.npy", "wb") as out, open(raw, "rb") as f:
             header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n_tokens,)}
             np.lib.format.write_array_header_1_0(out, header)
@@ -452,6 +457,7 @@ def _build_cache(
             "tokenizer_sha256": tokenizer_hash(tokenizer),
             # What the tokens are, whatever path the text came from: a resumed run checks it trains on the same.
             "tokens_sha256": digest.hexdigest(),
+            "unk_tokens": n_unk,
             # Who tokenised it: how a pod job's log shows it was done once, and by whom.
             "built_by": {"host": socket.gethostname(), "pid": os.getpid(), "process_index": peers.index},
         }

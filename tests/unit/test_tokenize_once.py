@@ -110,6 +110,17 @@ def test_tokenize_verb_builds_the_cache_pretrain_reads(tmp_path, corpus, tok_pat
     assert stream.from_cache and stream.path == path and len(stream) == out["n_tokens"]
 
 
+def test_a_corpus_the_tokenizer_cannot_read_is_said_when_it_is_tokenized(tmp_path, tok_path, capsys):
+    """CJK text through a BPE trained on English: every token <unk>, and tokenize, then pretrain, went on without a
+    word (a loss of 9.2, samples of <unk>)."""
+    cjk = tmp_path / "cjk.txt"
+    cjk.write_text("\n\n".join("漢字かな交じり文の段落 " * 20 for _ in range(30)) + "\n")
+    argv = ["tokenize", "--data", str(cjk), "--tokenizer", str(tok_path), "--cache-dir", str(tmp_path / "c"), "--no-progress"]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "tokens of " in err and "are <unk>: the tokenizer cannot read much of this text" in err
+
+
 @pytest.mark.parametrize("case", ["missing data", "bad gzip", "missing tokenizer", "train without workdir"])
 def test_tokenize_verb_bad_input_is_one_line_and_writes_nothing(tmp_path, corpus, tok_path, capsys, case):
     bad_gzip = tmp_path / "x.txt.gz"
