@@ -402,6 +402,13 @@ def _refuse_overwrite(path: Path, overwrite: bool) -> None:
                                 f"which --overwrite would delete: {why}")
 
 
+def _destination(path: str | os.PathLike) -> Path:
+    """Where a model folder is written: a symbolic link's target (the link stays: replacing the folder would
+    have replaced the link, `models/current -> v1`, with a folder, and left the link under a .old- name)."""
+    path = Path(path)
+    return path.resolve() if path.is_symlink() else path
+
+
 def _atomic_dir(path: Path, overwrite: bool):
     """A temporary sibling directory, renamed onto `path` by the caller once it is complete. Its name carries
     this process's pid: the ones a killed writer left on this host are removed first, and so are the old folders
@@ -436,7 +443,7 @@ def save_pretrained(config: ModelConfig, params, path: str | os.PathLike, *, ove
                     tokenizer=None) -> Path:
     """Writes a HF directory (config.json + model.safetensors) that `OpenAIGPTLMHeadModel.from_pretrained`
     loads, with `tokenizer` (a GPT1Tokenizer) in the files transformers' tokenizers read."""
-    path = Path(path)
+    path = _destination(path)
     hf_config = _config_to_hf(config)
     tmp = _atomic_dir(path, overwrite)
     try:
@@ -457,7 +464,7 @@ def save_jax(config: ModelConfig, params, path: str | os.PathLike, *, overwrite:
     tokenizer (a GPT1Tokenizer) as tokenizer.json."""
     import orbax.checkpoint as ocp  # see the note at the top
 
-    path = Path(path).absolute()
+    path = _destination(path).absolute()
     tmp = _atomic_dir(path, overwrite)
     try:
         save_yaml(config, tmp / "config.yaml")
@@ -482,7 +489,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str = "hf", o
         raise ConfigError(f"convert: {dst} is SRC or holds it; --overwrite would delete what is read: pick a new "
                           "or empty folder")
     try:
-        _refuse_overwrite(Path(dst), overwrite)  # before reading the weights, which may take a while
+        _refuse_overwrite(_destination(dst), overwrite)  # before reading the weights, which may take a while
     except OutputExistsError:
         raise
     except FileExistsError:

@@ -355,3 +355,10 @@ def test_convert_overwrite_replaces_a_model_folder_but_never_a_run_or_a_stranger
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dst"]  # the killed writer's folder, the old one: gone
     assert dst.stat().st_mode & 0o777 == 0o755  # the umask's, not mkdtemp's 0700 (nor safetensors' 0600)
     assert {p.stat().st_mode & 0o777 for p in dst.iterdir()} == {0o644}
+    # a link to a model folder (models/current -> v1) is written through: the link stays, its target is replaced
+    (tmp_path / "current").symlink_to("dst")
+    (dst / "stale.txt").write_text("from the last conversion")
+    assert cli.main(["convert", str(RELEASE), str(tmp_path / "current"), "--overwrite"]) == 0
+    assert (tmp_path / "current").is_symlink() and os.readlink(tmp_path / "current") == "dst"
+    assert (dst / "model.safetensors").is_file() and not (dst / "stale.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "dst"]
