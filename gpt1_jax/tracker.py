@@ -85,7 +85,9 @@ class WandB:
             self._run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "gpt1-jax", name=workdir.resolve().name,
                                    id=run_id, resume="allow", dir=os.environ.get("WANDB_DIR") or str(workdir),
                                    config=to_dict(config))
-        except wandb.errors.Error as e:  # no login, a bad key or project, no network: before the run writes anything
+        # No login, a bad key or project, no network; a bad WANDB_* setting (WANDB_MODE=banana: a pydantic
+        # ValidationError, a ValueError): before the run writes anything.
+        except (wandb.errors.Error, ValueError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConfigError(f"tracker=wandb could not start a W&B run: {first} (or log offline: WANDB_MODE=offline; "
                               "or --tracker tensorboard)") from None

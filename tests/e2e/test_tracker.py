@@ -108,3 +108,17 @@ def test_wandb_that_cannot_start_is_one_line_and_the_run_is_not_claimed(tmp_path
     # what a folder no run claimed may hold (gpt1_jax/workdir.py): the BPE trained ahead, an empty checkpoints/
     assert sorted(p.name for p in workdir.iterdir()) == ["checkpoints", "tokenizer.json", "tokenizer.meta.json"]
     assert not any((workdir / "checkpoints").iterdir())
+
+
+def test_a_bad_wandb_setting_is_one_line(tmp_path, cache, monkeypatch):
+    """WANDB_MODE=banana ended in pydantic's ValidationError traceback (a ValueError, not one of wandb's errors)."""
+    monkeypatch.setenv("WANDB_MODE", "banana")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    import wandb
+
+    wandb.teardown()
+    try:
+        with pytest.raises(ConfigError, match=r"^tracker=wandb could not start a W&B run: .*WANDB_MODE=offline"):
+            pretrain.run(_config(cache, 2, "wandb"), tmp_path / "run")
+    finally:
+        wandb.teardown()
