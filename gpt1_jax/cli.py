@@ -659,7 +659,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     # No abbreviations: `evaluate --init DIR` must not be read as `--init-timeout DIR`.
-    parser = _Parser(prog="gpt1-jax", description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser = _Parser(prog="gpt1-jax", description=__doc__.split(". ")[0] + ".", allow_abbrev=False)
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     model_flags, multi_process = _model_flags(), _distributed_flags()
     for name, verb in VERBS.items():

@@ -94,9 +94,9 @@ def resolve(args: argparse.Namespace | None = None, environ: dict | None = None)
         coordinator=get("coordinator") or env.get(ENV_COORDINATOR) or None,
         num_processes=pick("num_processes", ENV_NUM_PROCESSES),
         process_id=pick("process_id", ENV_PROCESS_ID),
-        heartbeat_timeout_s=pick("heartbeat_timeout", ENV_HEARTBEAT) or DEFAULT_HEARTBEAT_S,
-        shutdown_timeout_s=pick("shutdown_timeout", ENV_SHUTDOWN) or DEFAULT_SHUTDOWN_S,
-        init_timeout_s=pick("init_timeout", ENV_INIT_TIMEOUT) or DEFAULT_INIT_TIMEOUT_S,
+        heartbeat_timeout_s=_or(pick("heartbeat_timeout", ENV_HEARTBEAT), DEFAULT_HEARTBEAT_S),
+        shutdown_timeout_s=_or(pick("shutdown_timeout", ENV_SHUTDOWN), DEFAULT_SHUTDOWN_S),
+        init_timeout_s=_or(pick("init_timeout", ENV_INIT_TIMEOUT), DEFAULT_INIT_TIMEOUT_S),
     )
     if cfg.mode != "off" and cfg.explicit:
         missing = [n for n, v in (("--coordinator", cfg.coordinator), ("--num-processes", cfg.num_processes),
@@ -112,10 +112,15 @@ def resolve(args: argparse.Namespace | None = None, environ: dict | None = None)
             raise DistributedConfigError(f"--num-processes must be >= 1, got {cfg.num_processes}")
         if cfg.process_id is not None and cfg.num_processes is not None and not 0 <= cfg.process_id < cfg.num_processes:
             raise DistributedConfigError(f"--process-id {cfg.process_id} not in [0, {cfg.num_processes})")
-    for name, v in (("heartbeat", cfg.heartbeat_timeout_s), ("shutdown", cfg.shutdown_timeout_s), ("init", cfg.init_timeout_s)):
-        if v < 1:
-            raise DistributedConfigError(f"--{name}-timeout must be >= 1 second, got {v}")
+    for name, v, var in (("heartbeat", cfg.heartbeat_timeout_s, ENV_HEARTBEAT), ("shutdown", cfg.shutdown_timeout_s,
+                         ENV_SHUTDOWN), ("init", cfg.init_timeout_s, ENV_INIT_TIMEOUT)):
+        if v < 1:  # 0 too: it was read as "not set" and replaced by the default without a word
+            raise DistributedConfigError(f"--{name}-timeout ({var}) must be >= 1 second, got {v}")
     return cfg
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def _split_address(address: str) -> tuple[str, int] | None:

@@ -53,4 +53,7 @@ def reexec_with_huge_pages() -> None:
     env["GLIBC_TUNABLES"] = ":".join(filter(None, [env.get("GLIBC_TUNABLES", ""), TUNABLE]))
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    try:
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    except OSError:  # an interpreter this user may run but not execute again (a parent folder it cannot enter)
+        return  # the same work, on plain pages

@@ -132,6 +132,9 @@ def check(workdir: str | Path, job: Identity, verb: str, *, init_path: str | Pat
 
 def _check_writable(workdir: Path) -> None:
     """The nearest existing folder on the way must be writable: found now, not after tokenizing."""
+    if workdir.is_symlink() and not workdir.exists():  # mkdir would say "File exists", and the check below "a file"
+        raise WorkdirError(f"--workdir {workdir} is a symbolic link to nothing ({os.readlink(workdir)} does not exist, "
+                           "or the links go round): make its target, or choose another --workdir")
     existing = workdir
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent

@@ -53,6 +53,7 @@ def test_resolve_flags_over_env():
     ({"GPT1_COORDINATOR": "h:1", "GPT1_NUM_PROCESSES": "2", "GPT1_PROCESS_ID": "2"}, "not in [0, 2)"),
     ({"GPT1_NUM_PROCESSES": "two"}, "must be an integer"),
     ({"GPT1_DISTRIBUTED": "maybe"}, "auto, on or off"),
+    ({"GPT1_HEARTBEAT_TIMEOUT": "0"}, "GPT1_HEARTBEAT_TIMEOUT) must be >= 1 second, got 0"),
 ])
 def test_resolve_rejects_inconsistent_settings(env, message):
     with pytest.raises(distributed.DistributedConfigError, match=message.replace("[", r"\[").replace(")", r"\)")):

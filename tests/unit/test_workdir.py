@@ -220,3 +220,10 @@ def test_one_job_at_a_time_in_a_run_folder(tmp_path):
         with wd.hold(tmp_path / "new", "pretrain"):
             raise RuntimeError("refused")
     assert not (tmp_path / "new").exists()
+
+
+def test_a_workdir_that_is_a_link_to_nothing_is_named_as_such(tmp_path):
+    """A dangling link was "cannot create the folder: File exists; it is a file"."""
+    (tmp_path / "run").symlink_to(tmp_path / "gone")
+    with pytest.raises(WorkdirError, match=r"run is a symbolic link to nothing \(.*gone does not exist"):
+        wd.check(tmp_path / "run", wd.Identity("pretrain"), "pretrain")
