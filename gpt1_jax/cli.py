@@ -483,8 +483,11 @@ def _sample(args: argparse.Namespace) -> int:
                           "runs)")
     try:
         args.prompt.encode("utf-8")
-    except UnicodeEncodeError:  # bytes the shell passed that are not UTF-8 (Python keeps them as lone surrogates)
-        raise DataError("--prompt is not UTF-8 text: give the prompt in UTF-8") from None
+    except UnicodeEncodeError:  # bytes Python could not decode in this locale (it keeps them as lone surrogates)
+        try:  # UTF-8 bytes read under a C/POSIX locale: the argument's own bytes say what was typed
+            args.prompt = os.fsencode(args.prompt).decode("utf-8")
+        except UnicodeDecodeError:
+            raise DataError("--prompt is not UTF-8 text: give the prompt in UTF-8") from None
     model = _open_model(args, _runtime(args), sets)
     prompt_ids = model.tokenizer.encode(args.prompt)
     if prompt_ids:  # an empty prompt is sample's own one-line error

@@ -258,14 +258,13 @@ class DataPipeline:
         self, process_index: int | None = None, process_count: int | None = None, global_batch_size: int | None = None
     ) -> BatchIterator:
         """Endless, reshuffled every epoch; restore its ``state()`` to resume."""
-        return BatchIterator(
-            self.windows,
-            self.train_indices,
-            global_batch_size or self.config.global_batch_size,
-            seed=self.config.seed,
-            process_index=process_index,
-            process_count=process_count,
-        )
+        batch = global_batch_size or self.config.global_batch_size
+        if 0 < self.train_indices.size < batch <= len(self.windows):  # the corpus would do: the held-out share is why
+            raise ConfigError(f"data.val_fraction={self.config.val_fraction} holds out {self.val_indices.size} of the "
+                              f"corpus's {len(self.windows)} windows, leaving {self.train_indices.size} to train on, fewer "
+                              f"than one batch of {batch}: lower data.val_fraction")
+        return BatchIterator(self.windows, self.train_indices, batch, seed=self.config.seed,
+                             process_index=process_index, process_count=process_count)
 
     def val_iter(
         self, process_index: int | None = None, process_count: int | None = None, global_batch_size: int | None = None

@@ -321,6 +321,11 @@ def test_a_prompt_that_is_not_utf8_is_one_line(capsys, monkeypatch, tmp_path):
     prompt = b"\xff\xfe".decode("utf-8", "surrogateescape")
     assert cli.main(["sample", "--workdir", str(tmp_path), "--prompt", prompt]) == 2
     assert _one_error_line(capsys, "sample") == "gpt1-jax sample: error: --prompt is not UTF-8 text: give the prompt in UTF-8"
+    # UTF-8 typed in a C/POSIX locale: Python decoded each byte apart (as ASCII, escaped); the bytes themselves are
+    # UTF-8 text, which was refused as not being so
+    c_locale = b"th\xc3\xa9".decode("ascii", "surrogateescape")
+    assert cli.main(["sample", "--init", str(RELEASE), "--prompt", c_locale, "--max-new-tokens", "2"]) == 0
+    assert all(line.startswith("thé >> ") for line in capsys.readouterr().out.splitlines()[1:])
 
 
 def test_convert_overwrite_replaces_a_model_folder_but_never_a_run_or_a_stranger(tmp_path, capsys, monkeypatch):

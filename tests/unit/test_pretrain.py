@@ -51,6 +51,19 @@ def test_no_validation_windows_with_evaluations_on_is_refused_before_training(tm
     assert sorted(p.name for p in workdir.iterdir()) == ["tokenizer.json", "tokenizer.meta.json"]  # no run claimed
 
 
+def test_a_held_out_share_that_leaves_less_than_a_batch_names_val_fraction(tmp_path, cache, capsys):
+    """It said "only 2 windows ... use a bigger corpus" of a corpus of 1,800 windows."""
+    from gpt1_jax import cli
+
+    workdir = tmp_path / "run"
+    status = cli.main(["pretrain", "--config", "tiny", "--workdir", str(workdir), "--set", f"data.cache_dir={cache}",
+                       "--set", "data.val_fraction=0.999", "--set", "eval_every=0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and err[-1].startswith("gpt1-jax pretrain: error: data.val_fraction=0.999 holds out "), err
+    assert err[-1].endswith("fewer than one batch of 8: lower data.val_fraction")
+    assert not (workdir / "run.json").exists()
+
+
 def test_numbers_json_cannot_hold_are_written_as_text_and_perplexity_is_not_capped():
     """evaluate printed a bare NaN (strict JSON readers refuse it) and capped perplexity at exp(50) = 5.2e21 for a
     loss of 2,496; results.json held bare NaN for an undefined STS-B correlation."""
