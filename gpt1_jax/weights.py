@@ -334,7 +334,7 @@ def load_pretrained(path: str | os.PathLike, config: ModelConfig | None = None, 
         except json.JSONDecodeError as e:
             raise CheckpointFormatError(f"{path}/config.json is not valid JSON: {e}") from None
         final = _runtime_config(saved, config, overrides, str(path))
-        return final, hf_state_to_params(final, _read_hf_state(path), source=str(path))
+        return final, _check_finite(hf_state_to_params(final, _read_hf_state(path), source=str(path)), str(path))
     if fmt == "jax":
         import orbax.checkpoint as ocp  # see the note at the top
 
@@ -346,10 +346,22 @@ def load_pretrained(path: str | os.PathLike, config: ModelConfig | None = None, 
         saved, params, step = _load_run(path, step)
         source = f"{path} step {step}"
     _check_tree(saved, params, source)
+    _check_finite(params, source)
     final = _runtime_config(saved, config, overrides, source)
     if (final.scan_layers, final.param_dtype) != (saved.scan_layers, saved.param_dtype):
         params = hf_state_to_params(final, params_to_hf_state(saved, params), source=source)
     return final, params
+
+
+def _check_finite(params: dict, source: str) -> dict:
+    """Weights that are NaN or inf (a run that diverged, saved before gpt1-jax checked its gradients) made every
+    verb go on: sample printed <unk>, evaluate a NaN loss, fine-tuning stopped at step 1 asking for a lower lr."""
+    for keys, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if not np.isfinite(np.asarray(leaf, np.float32)).all():
+            name = "/".join(str(getattr(k, "key", k)) for k in keys)
+            raise CheckpointFormatError(f"{source}: {name} holds NaN or inf weights: the run had diverged when this was "
+                                        "saved; use an earlier checkpoint (--step)")
+    return params
 
 
 def _override_key(item: str) -> str:

@@ -101,3 +101,16 @@ def test_block_key_order_matches_the_release(vocab_dir):
                 "mlp.c_proj.weight": [1, 3072, 768]}
     for key, shape in expected.items():
         assert shapes[2 + HF_BLOCK_KEYS.index(key)] == shape
+
+
+def test_weights_that_are_not_finite_are_refused_naming_the_array(tmp_path):
+    """A diverged run's NaN weights went on into sample (<unk> only), evaluate (a NaN loss), convert and fine-tuning
+    (stopped at step 1, asking for a lower lr)."""
+    import jax
+
+    params = jax.tree.map(np.asarray, random_params(SMALL))
+    params["h_1"]["mlp"]["c_fc"]["kernel"][3, 5] = np.nan
+    save_pretrained(SMALL, params, tmp_path / "hf")
+    with pytest.raises(CheckpointFormatError, match=r"hf: h_1/mlp/c_fc/kernel holds NaN or inf weights: the run had "
+                                                    r"diverged when this was saved"):
+        load_pretrained(tmp_path / "hf")
