@@ -36,6 +36,7 @@ import errno
 import json
 import math
 import os
+import select
 import signal
 import sys
 import time
@@ -780,6 +781,16 @@ def _standard_streams() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # no descriptor (a caller's stand-in for stdout)
+        return False
+
+
 def _start_backend() -> None:
     """JAX_PLATFORMS naming hardware this machine lacks ends inside JAX in a traceback (a bare AssertionError for
     cuda): one line instead, before anything is read or written."""
@@ -811,9 +822,14 @@ def main(argv: list[str] | None = None) -> int:
             status = _interrupted_line(args, e)
         except DivergenceError as e:  # the run stopped itself, keeping its last good checkpoint
             status = _error_line(args.verb, e, 1)
-        except BrokenPipeError:  # the reader went away (`| head -1`): not an error of ours; quiet, as `yes | head`
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit, flushing what is left
-            status = 128 + signal.SIGPIPE
+        except BrokenPipeError as e:
+            if not _stdout_gone():  # another pipe (a helper process, a socket): an error like any other
+                status = _error_line(args.verb, e, 2, os_error_message(e, _last_checkpoint(args)))
+            else:  # the reader of the output went away (`| head -1`): quiet, as `yes | head -1` is
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())  # nor a second error at exit, flushing what is left
+                os.close(devnull)
+                status = 128 + signal.SIGPIPE
         except (GPT1JaxError, FileNotFoundError) as e:  # CheckpointWriteError too: it says which checkpoints are kept
             status = _error_line(args.verb, e, 2)
         except OSError as e:  # a folder it cannot write, a full or read-only disk, a file where a folder goes...

@@ -30,6 +30,7 @@ Entries written unbounded keep no record of their last use, which the bounded ca
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import platform
@@ -77,6 +78,8 @@ def enable(root: str | os.PathLike | None = None) -> Path | None:
     path = Path(os.environ[variable]) if variable == "JAX_COMPILATION_CACHE_DIR" else cache_dir(root or setting or None)
     try:
         path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):  # an existing folder of another user's, or read-only
+            raise PermissionError(errno.EACCES, "not writable")
         if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ or jax.config.jax_compilation_cache_max_size != -1:
             adopt_unbounded_entries(path)  # bounded: JAX locks the folder; taking its lock is the first write
     except (OSError, filelock.Timeout) as e:

@@ -32,14 +32,9 @@ T = TypeVar("T")
 
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_VOCAB = 1 << 22  # BPE entries: far above any GPT's vocabulary, far below what exhausts memory in training it
-SEED_RANGE = (-(1 << 63), (1 << 63) - 1)  # what the random generators take (a larger one was an OverflowError)
-
-
-def check_seeds(config, prefix: str, names: tuple[str, ...]) -> None:
-    for name in names:
-        if not SEED_RANGE[0] <= getattr(config, name) <= SEED_RANGE[1]:
-            raise ConfigError(f"{prefix}{name} must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}, got "
-                              f"{getattr(config, name)}")
+# What every consumer takes: the train step carries the seed as an int32 (gpt1_jax/step.py Trainer.hyper) and
+# numpy's generators refuse negative ones (fine-tuning's subsets and order); beyond, an OverflowError mid-run.
+SEED_RANGE = (0, (1 << 31) - 1)
 ATTENTION_IMPLS = ("auto", "xla", "xla_blocked", "dot_product", "cudnn")
 REMAT_POLICIES = ("none", "full", "dots", "attention")
 
@@ -47,6 +42,13 @@ REMAT_POLICIES = ("none", "full", "dots", "attention")
 # (`scan_layers` changes the parameter tree's layout; weights.py converts between the two layouts.)
 RUNTIME_FIELDS = ("dtype", "param_dtype", "attention", "scan_layers", "remat", "embd_dropout", "attn_dropout",
                   "resid_dropout")
+
+
+def check_seeds(config, prefix: str, names: tuple[str, ...]) -> None:
+    for name in names:
+        if not SEED_RANGE[0] <= getattr(config, name) <= SEED_RANGE[1]:
+            raise ConfigError(f"{prefix}{name} must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}, got "
+                              f"{getattr(config, name)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -544,9 +546,11 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
             why = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({why})") from None
     if "steps" in values and isinstance(values.get("optim"), dict):
-        # A pre-training schedule spans the run's steps (pretrain.with_schedule_span): a --set optim.warmup_steps
-        # above the preset's total was refused against a total the run replaces anyway.
-        values["optim"]["total_steps"] = values["steps"]
+        # A pre-training schedule spans the run's steps (pretrain.with_schedule_span, which also ends the warmup
+        # before them): a --set optim.warmup_steps above the preset's total was refused against a total the run
+        # replaces anyway.
+        optim = values["optim"]
+        optim["total_steps"] = max(values["steps"], optim.get("warmup_steps", 0), 1)
     return from_dict(type(config), values)
 
 

@@ -130,19 +130,21 @@ def _split_address(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def detected_cluster() -> str | None:
+def detected_cluster(single_task: bool = False) -> str | None:
     """Name of the cluster environment JAX would auto-detect here, or None on a plain machine.
 
     Uses JAX's own detectors (jax._src.clusters: Cloud TPU, GKE TPU, SLURM, Open MPI, Kubernetes); the
     opt-in ones (mpi4py) are skipped as JAX skips them. SLURM / Open MPI with a single task mean an
-    interactive allocation running one process: no coordinator needed, so that is "no cluster".
+    interactive allocation running one process: no coordinator needed, so that is "no cluster", unless
+    `single_task` (`--distributed on` asks for JAX's start-up there all the same).
     """
     try:
         from jax._src.clusters import ClusterEnv  # private, but it *is* JAX's detection
     except ImportError:  # a JAX that moved it: fall back to the schedulers' own variables
-        if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        least = 1 if single_task else 2
+        if int(os.environ.get("SLURM_NTASKS", "0")) >= least:
             return "SlurmCluster"
-        if int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
+        if int(os.environ.get("OMPI_COMM_WORLD_SIZE", "0")) >= least:
             return "OmpiCluster"
         return None
     for env in ClusterEnv._cluster_types:
@@ -151,7 +153,7 @@ def detected_cluster() -> str | None:
         try:
             if not env.is_env_present():
                 continue
-            if env.__name__ in ("SlurmCluster", "OmpiCluster") and env.get_process_count() <= 1:
+            if env.__name__ in ("SlurmCluster", "OmpiCluster") and env.get_process_count() <= 1 and not single_task:
                 return None
         except Exception:  # a detector that cannot run here (missing package, no metadata server)
             continue
@@ -171,9 +173,11 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
     if cluster is None and not cfg.explicit:
         if cfg.mode == "auto":
             return False
-        raise DistributedConfigError(f"--distributed on ({ENV_MODE}=on): no cluster JAX can detect here (Cloud TPU, "
-                                     "SLURM, Open MPI, Kubernetes) and no --coordinator: pass --coordinator, "
-                                     "--num-processes and --process-id")
+        cluster = detected_cluster(single_task=True)  # asked for: JAX starts a one-task allocation as a job of one
+        if cluster is None:
+            raise DistributedConfigError(f"--distributed on ({ENV_MODE}=on): no cluster JAX can detect here (Cloud "
+                                         "TPU, SLURM, Open MPI, Kubernetes) and no --coordinator: pass --coordinator, "
+                                         "--num-processes and --process-id")
     if cfg.explicit and cfg.num_processes == 1 and cfg.mode == "auto":
         return False  # one process: nothing to coordinate
 
@@ -191,8 +195,9 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
         kwargs["coordinator_bind_address"] = f"{host_port[0]}:{host_port[1]}"
     # Until every process has joined there is nothing else to see (a job step that started fewer processes than
     # its scheduler announced waits the whole timeout): say what it waits for.
-    print(f"gpt1-jax: starting a multi-process run ({cluster or 'coordinator ' + str(cfg.coordinator)}): waiting up to "
-          f"{cfg.init_timeout_s} s for every process to join", file=sys.stderr, flush=True)
+    if cfg.num_processes != 1:
+        print(f"gpt1-jax: starting a multi-process run ({cluster or 'coordinator ' + str(cfg.coordinator)}): every "
+              f"process must join within {cfg.init_timeout_s} s", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     if host_port and cfg.process_id not in (None, 0):
         waited = _wait_for_coordinator(*host_port, cfg.init_timeout_s)

@@ -55,7 +55,7 @@ def pretraining_run(source: Path, *, required: bool) -> bool:
 
 def perplexity(loss: float) -> float:
     """exp(loss), inf where a float cannot hold it (it was capped at exp(50) without a word)."""
-    return math.exp(loss) if loss < 700 else math.inf
+    return math.inf if loss >= 700 else math.exp(loss)  # a NaN loss stays NaN
 
 
 def check_same_tokens(run: Path, digest: str | None) -> None:

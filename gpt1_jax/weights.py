@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import yaml
 from optax.contrib import ScheduleFreeState
@@ -357,7 +358,7 @@ def _check_finite(params: dict, source: str) -> dict:
     """Weights that are NaN or inf (a run that diverged, saved before gpt1-jax checked its gradients) made every
     verb go on: sample printed <unk>, evaluate a NaN loss, fine-tuning stopped at step 1 asking for a lower lr."""
     for keys, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        if not np.isfinite(np.asarray(leaf, np.float32)).all():
+        if not bool(jnp.isfinite(leaf).all()):  # where the array is: no host copy of a large model
             name = "/".join(str(getattr(k, "key", k)) for k in keys)
             raise CheckpointFormatError(f"{source}: {name} holds NaN or inf weights: the run had diverged when this was "
                                         "saved; use an earlier checkpoint (--step)")

@@ -192,8 +192,8 @@ def jax_generate(t: dict, args) -> dict:
 
 def jax_finetune(t: dict, args) -> dict:
     """The fine-tuning step `gpt1-jax finetune` runs (classifier head + lambda 0.5 LM loss, gpt1_adam), and
-    the pre-training step on the same tokens, for the per-token cost ratio; bf16 as `finetune --dtype bfloat16`
-    computes (fp32 where the CPU has no native bf16)."""
+    the pre-training step on the same tokens, for the per-token cost ratio; bf16 as `finetune --set
+    model.dtype=bfloat16` computes (fp32 where the CPU has no native bf16)."""
     c = flops.fit_compute_dtype(dataclasses.replace(model_config(t["config"]), dtype=args.dtype))
     B, T, n = t["batch"], t["seq"], args.warmup + args.steps
     optim = OptimConfig(lr=LR, schedule="constant", warmup_steps=0)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import shutil
 import socket
 import threading
 from collections.abc import Iterator
@@ -267,11 +266,7 @@ def local_builder(task: GlueTask | str, data_dir: str | Path, tfds_dir: str | Pa
             if (folder / name).is_file() and next(read_tsv(folder / name, task, split), None) is None:
                 raise DataError(f"{folder / name}: no examples in it (an empty file, or only its header)")
         tfds.disable_progress_bar()  # tfds' nested bars would interleave with ours; we say "preparing" ourselves
-        try:
-            builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(data_dir)))
-        except BaseException:  # a half-prepared dataset would be found, and warned about, by every later run
-            shutil.rmtree(root / f"glue_tsv-{_fingerprint(folder, task)}", ignore_errors=True)
-            raise
+        builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(data_dir)))
     return builder
 
 

@@ -167,7 +167,7 @@ class BatchIterator:
         self._order = self.indices
 
     # position -------------------------------------------------------------------------------------
-    def state(self) -> dict[str, int]:
+    def state(self) -> dict[str, Any]:
         """Where the next batch comes from, plus what must match for a restore to be exact."""
         return {
             "epoch": self._epoch,

@@ -5,12 +5,17 @@ its traceback. One model runs: evaluate on the committed 5M release, seconds. An
 surroundings: pipes, closed streams, the output's encoding, JAX_PLATFORMS, '~' in paths."""
 
 
+import os
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from gpt1_jax import cli
 from tests.support.cli import _one_error_line
+from tests.support.env import xla_flags
 
 RELEASE = Path(__file__).resolve().parents[2] / "experiments" / "paper" / "release"
 
@@ -19,8 +24,6 @@ RELEASE = Path(__file__).resolve().parents[2] / "experiments" / "paper" / "relea
 def test_a_read_only_disk_is_one_line(tmp_path, capsys, monkeypatch, mount_tmpfs, vocab_dir, where):
     """A real read-only file system (a tmpfs remounted ro; needs root). The token cache has no up-front check:
     its OSError reaches the command line's own catch."""
-    import subprocess
-
     monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
     disk = mount_tmpfs(tmp_path / "disk", 1 << 20)
     subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
@@ -53,13 +56,6 @@ def test_the_streams_around_the_command_line(tmp_path):
     bar, exit 1, without a word; a prompt the output's encoding cannot show (PYTHONIOENCODING=ascii) was a
     UnicodeEncodeError; JAX_PLATFORMS=cuda on this CPU a bare AssertionError; a quoted '~' in --workdir a folder
     named '~'."""
-    import os
-    import shlex
-    import subprocess
-    import sys
-
-    from tests.support.env import xla_flags
-
     env = {**os.environ, "XLA_FLAGS": xla_flags()}
     script = tmp_path / "chatty.py"
     script.write_text(CHATTY)

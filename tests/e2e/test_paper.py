@@ -55,7 +55,7 @@ def _snapshot(folder: Path) -> dict:
 def quick(tmp_path_factory, glue_dir):
     out = tmp_path_factory.mktemp("paper")
     argv = [sys.executable, "-m", "experiments.paper.run", "--quick", "--data-dir", str(glue_dir), "--race",
-            str(_write_race(out / "race.tar.gz")), "--out", str(out), "--tfds-dir", str(out / "tfds"),
+            str(_write_race(tmp_path_factory.mktemp("race") / "race.tar.gz")), "--out", str(out), "--tfds-dir", str(out / "tfds"),
             "--tasks", "sst2", "--layer-tasks", "sst2", "--cpu-devices", "2"]
     committed = {name: _snapshot(PAPER / name) for name in ("release", "results")}
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=ENV, cwd=ROOT)

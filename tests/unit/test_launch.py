@@ -78,6 +78,7 @@ def test_slurm_is_detected_through_jax(monkeypatch):
     assert distributed.detected_cluster() == "SlurmCluster"
     monkeypatch.setenv("SLURM_NTASKS", "1")  # an interactive allocation running one process
     assert distributed.detected_cluster() is None
+    assert distributed.detected_cluster(single_task=True) == "SlurmCluster"  # what --distributed on starts there
 
 
 def test_a_process_that_finds_no_coordinator_says_so_in_one_line():
