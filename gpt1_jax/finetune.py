@@ -305,7 +305,7 @@ def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, sou
     loop, state = start(workdir, job, config, trainer, ckpt, batches, begin, steps=config.optim.total_steps,
                         init_state=lambda: initial_state(trainer, source, config.model, config),
                         hooks=lambda bar: [Hook("dev", dev, every=batches.steps_per_epoch, state=dev.state,
-                                                restore=dev.restore)],
+                                                restore=dev.restore, saves=True)],
                         desc=f"finetune {task.name}", write_files=lambda: write_run_files(workdir, source, trained_on),
                         progress=progress)
     loop.progress.write(

@@ -88,6 +88,7 @@ class Hook:
     every: int = 0  # 0: at the last step only
     state: Callable[[], Any] | None = None
     restore: Callable[[Any], None] | None = None
+    saves: bool = False  # a checkpoint follows each run of it (fine-tuning's epoch ends)
 
     def due(self, step: int, last: int) -> bool:
         return step == last or (self.every > 0 and step % self.every == 0)
@@ -180,6 +181,8 @@ class Loop:
         preemption, step, cut, diverged = Preemption(), start, None, None
         self._t_run = self._t_last = time.perf_counter()
         self._last, self._step = {}, start
+        self._dispatched: set[bool] = set()  # the step kinds (per-layer statistics or not) run in this session
+        self._untimed = False  # the next step recorded has no tokens/s of its own (a compilation cut its interval)
         try:
             state, step = self._steps(state, batches, start, preemption)
             self.checkpointer.wait()  # the last save failing fails the run
@@ -227,12 +230,15 @@ class Loop:
                 self._start_trace()
             stats = {"stats": True} if self._watched(step) else {}
             state, metrics = self.trainer.step(state, self.trainer.put_batch(next(batches)), **stats)
+            if bool(stats) not in self._dispatched:  # its first dispatch compiled it (or loaded it from the cache)
+                self._dispatched.add(bool(stats))
+                self._untimed = True  # the step recorded next has the compilation in its interval: no tokens/s
             if pending:
                 self._record(*pending)  # the previous step's, while this one runs
             pending = (step, metrics, epoch)
             preempted = preemption.poll(step)
             due = [h for h in self.hooks if h.due(step, self.steps)]
-            save = preempted or self.checkpointer.should_save(step) or step == self.steps
+            save = preempted or self.checkpointer.should_save(step) or step == self.steps or any(h.saves for h in due)
             if due or save or self._tracing:  # in the profile window each step ends before the next one starts
                 self._record(*pending)
                 pending = None
@@ -241,6 +247,7 @@ class Loop:
             self._run_hooks(due, step, state)
             if save:
                 self.checkpointer.save(step, state, self.position(batches), self.model_config)
+                self.metrics.flush()
                 self._t_last = time.perf_counter()  # saving is not training throughput (nor the next step's time)
             if preempted:
                 if preemption.signum != signal.SIGINT:  # Ctrl-C's line comes last, from Interrupted in run
@@ -303,12 +310,12 @@ class Loop:
             tally[1] += 1
         now = time.perf_counter()
         fields = {}
-        if self.tokens_per_step and not self._profiled(step):  # a traced step runs slower than the others
+        if self.tokens_per_step and not self._profiled(step) and not self._untimed:  # a traced step runs slower
             tokens_per_s = self.tokens_per_step / max(now - self._t_last, 1e-9)
             fields = {"tokens_per_s": tokens_per_s}
             if self.flops_per_token and self.peak_flops:
                 fields["mfu"] = tokens_per_s * self.flops_per_token / self.peak_flops
-        self._t_last = now
+        self._t_last, self._untimed = now, False
         self._last.update(m, **fields)
         if self._watched(step) or (self.log_every and (step % self.log_every == 0 or step == self.steps)):
             self.metrics.write(step, **m, **fields, **({"epoch": epoch} if epoch is not None else {}))

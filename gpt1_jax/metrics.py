@@ -54,6 +54,12 @@ class MetricsWriter:
         if self._tracker is not None:
             self._tracker.log(int(step), scalars)
 
+    def flush(self) -> None:
+        """At a checkpoint: a run killed later and resumed from it replays only the steps after it, so everything
+        logged up to it must be on disk (TensorBoard's writer buffers; metrics.jsonl is line-buffered)."""
+        if self.enabled and self._tracker is not None:
+            self._tracker.flush()
+
     def close(self) -> None:
         if not self.enabled:
             return

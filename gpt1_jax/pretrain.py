@@ -88,11 +88,12 @@ def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, train
     def hooks(progress):
         def evaluate(step, state, train_loss):
             # Schedule-free optimizers are evaluated at their x sequence; for the others this is params.
-            loss, _ = lm_loss(trainer, eval_params(state.opt_state, state.params), pipeline.val_iter(),
-                              config.eval_batches)
+            loss, tokens = lm_loss(trainer, eval_params(state.opt_state, state.params), pipeline.val_iter(),
+                                   config.eval_batches)
             ppl = perplexity(loss)
             progress.write(f"step {step}: val_loss {loss:.4f}  val_ppl {ppl:.2f}")
-            return {"val_loss": loss, "val_ppl": ppl}
+            # how much of the split eval_batches let it read: `evaluate --workdir` reads all of it
+            return {"val_loss": loss, "val_ppl": ppl, "val_tokens": int(tokens)}
 
         return [Hook("eval", evaluate, every=config.eval_every)] if config.eval_every else []
 

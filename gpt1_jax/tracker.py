@@ -25,6 +25,8 @@ from gpt1_jax.files import atomic_write_text
 class Tracker(Protocol):
     def log(self, step: int, scalars: dict[str, float]) -> None: ...
 
+    def flush(self) -> None: ...  # what is logged so far reaches the disk (a checkpoint was just saved)
+
     def close(self) -> None: ...
 
 
@@ -67,6 +69,9 @@ class TensorBoard:
         for key, value in _finite(scalars).items():
             self._writer.add_scalar(key, value, step)
 
+    def flush(self) -> None:
+        self._writer.flush()
+
     def close(self) -> None:
         self._writer.close()
 
@@ -97,6 +102,9 @@ class WandB:
     def log(self, step: int, scalars: dict[str, float]) -> None:
         # W&B steps only go up: after a resume, the steps replayed up to the last one it saw are dropped by W&B.
         self._run.log(_finite(scalars), step=step)
+
+    def flush(self) -> None:
+        pass  # W&B's own process streams what is logged
 
     def close(self) -> None:
         self._run.finish()

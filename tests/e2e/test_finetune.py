@@ -328,6 +328,8 @@ def test_finetune_sigterm_saves_exits_0_and_resumes(uninterrupted, tmp_path, dat
     assert _outputs(workdir) == _outputs(uninterrupted)
     # The training time counts the preempted session too (it once counted the last session's alone).
     assert json.loads((workdir / "results.json").read_text())["train_seconds"] > first_session > 0
+    # each epoch end is a checkpoint (5 and 10 steps; keep_checkpoints=2), not only the last step
+    assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == [5, 10]
 
 
 def test_accumulated_steps_train_like_the_whole_batch(tmp_path, data_dir):

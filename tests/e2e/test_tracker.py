@@ -122,3 +122,19 @@ def test_a_bad_wandb_setting_is_one_line(tmp_path, cache, monkeypatch):
             pretrain.run(_config(cache, 2, "wandb"), tmp_path / "run")
     finally:
         wandb.teardown()
+
+
+def test_tensorboard_events_reach_the_disk_at_each_checkpoint(tmp_path):
+    """The writer buffered them: a run killed after a checkpoint and resumed from it lost, in TensorBoard, every step
+    between the last flush and the checkpoint (steps 16-20 and a validation point), which metrics.jsonl kept."""
+    from gpt1_jax.metrics import MetricsWriter
+    from gpt1_jax.tracker import open_tracker
+
+    writer = MetricsWriter(tmp_path, tracker=open_tracker("tensorboard", tmp_path, preset(PretrainConfig, "tiny"), 0))
+    events = lambda: sum(p.stat().st_size for p in (tmp_path / "tensorboard").iterdir())
+    before = events()
+    writer.write(1, loss=3.0, lr=1e-3)
+    assert events() == before  # buffered
+    writer.flush()  # what the loop does after each save
+    assert events() > before
+    writer.close()

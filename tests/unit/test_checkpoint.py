@@ -56,6 +56,7 @@ class Quiet:
 
     def write(self, *args, **kw): ...
     def update(self, *args, **kw): ...
+    def flush(self): ...
     def close(self): ...
 
 
@@ -69,7 +70,7 @@ class Trainer:
     def put_batch(self, batch):
         return batch
 
-    def step(self, state, batch):
+    def step(self, state, batch, **stats):
         step = int(state.step) + 1
         self.before(step)
         return State(np.int32(step), state.w + 1), {"loss": np.float32(self.loss(step)),
@@ -121,6 +122,33 @@ def test_a_gradient_that_is_not_finite_stops_the_run_before_its_step_is_saved(tm
     assert (outcome.status, outcome.step, outcome.last_good) == ("diverged", 4, 3)
     assert outcome.message.startswith("grad_norm is nan at step 4; stopping")
     assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [1, 2, 3]
+
+
+class Recorded(Quiet):
+    def __init__(self):
+        self.rows = []
+
+    def write(self, step, **scalars):
+        self.rows.append((step, scalars))
+
+
+def test_epoch_end_hooks_save_and_compiling_steps_log_no_throughput(tmp_path):
+    """Fine-tuning saved no checkpoint at its epoch ends (README said it did): a kill after an epoch's dev score
+    retrained from step 0. Step 1, and the step recorded after the first per-layer-statistics step was dispatched,
+    logged a compilation as tokens/s (134 against ~60,000)."""
+    from gpt1_jax.checkpoint import Checkpointer
+    from gpt1_jax.config import ModelConfig
+    from gpt1_jax.loop import Hook, Loop
+
+    ckpt = Checkpointer(tmp_path / "checkpoints", save_every=0, keep=5)
+    metrics = Recorded()
+    epoch_end = Hook("dev", lambda step, state, loss: None, every=2, saves=True)
+    loop = Loop(Trainer(lambda step: None), 5, ckpt, ModelConfig(), metrics, Quiet(), [epoch_end], tokens_per_step=100,
+                stats_every=4)
+    assert loop.run(State(np.int32(0), np.zeros(4, np.float32)), Batches()).finished
+    assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [2, 4, 5]
+    timed = {step for step, scalars in metrics.rows if "tokens_per_s" in scalars}
+    assert timed == {2, 4, 5}  # not 1 (its compilation), nor 3 (recorded right after step 4's stats step compiled)
 
 
 def test_a_result_handed_to_a_closed_event_loop_is_dropped_and_other_unraisables_are_not(monkeypatch):
