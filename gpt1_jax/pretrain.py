@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from jax.experimental import multihost_utils
 from gpt1_jax import flops
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
-from gpt1_jax.config import PretrainConfig, load_yaml
+from gpt1_jax.config import OptimConfig, PretrainConfig, load_yaml
 from gpt1_jax.data.pipeline import build_pipeline
 from gpt1_jax.data.tokens import TOKENIZER_FILE
 from gpt1_jax.errors import ConfigError
@@ -29,7 +30,7 @@ from gpt1_jax.files import atomic_write_text
 from gpt1_jax.integrity import newest_checkpoint
 from gpt1_jax.loop import Hook, Outcome, resume_step, start
 from gpt1_jax.metrics import plot_losses
-from gpt1_jax.optim import eval_params
+from gpt1_jax.optim import eval_params, make_schedule
 from gpt1_jax.sharding import make_mesh
 from gpt1_jax.step import check_batch_size, lm_trainer
 from gpt1_jax.workdir import Identity
@@ -79,11 +80,27 @@ def _build_and_train(config: PretrainConfig, workdir: Path, job: Identity, is_ma
         ckpt.close()
 
 
+def schedule_change(saved: OptimConfig, now: OptimConfig, step: int) -> str | None:
+    """What a resume at `step` does to the learning rate when the schedule's settings changed (a larger --steps
+    stretches a cosine over the new span): said, since the lr then jumps (x100 resuming a finished 30-step run
+    for 50) and the run is no longer the one a fresh run of those settings would be; None if nothing moved."""
+    fields = ("schedule", "lr", "warmup_steps", "total_steps")
+    changed = [f"optim.{f} {getattr(saved, f)} -> {getattr(now, f)}" for f in fields if getattr(saved, f) != getattr(now, f)]
+    if not changed:
+        return None
+    before, after = float(make_schedule(saved)(step)), float(make_schedule(now)(step))
+    if math.isclose(before, after, rel_tol=1e-3, abs_tol=1e-12):
+        return None
+    return (f"the learning-rate schedule changed ({', '.join(changed)}): step {step + 1} trains at lr {after:.3g} where "
+            f"the run's own schedule gave {before:.3g}; repeat the run's --steps ({saved.total_steps}) to keep it")
+
+
 def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, trainer, ckpt, is_main: bool) -> Outcome:
     begin = resume_step(ckpt, config.model)
     if begin >= config.steps:
         print(f"{workdir}: already trained to step {begin} of {config.steps}; nothing to do", file=sys.stderr)
         return Outcome("finished", begin)
+    saved = load_yaml(PretrainConfig, workdir / "config.yaml") if begin and (workdir / "config.yaml").is_file() else None
 
     def hooks(progress):
         def evaluate(step, state, train_loss):
@@ -113,6 +130,8 @@ def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, train
         f"{pipeline.info['train_windows']} train windows of {config.data.seq_len} tokens, "
         f"mesh {dict(trainer.mesh.shape)} over {len(jax.devices())} devices"
     )
+    if saved is not None and (note := schedule_change(saved.optim, config.optim, begin)):
+        loop.progress.write(note)
     outcome = loop.run(state, batches)
     if is_main:
         print(f"loss curve: {plot_losses(workdir)}", file=sys.stderr)

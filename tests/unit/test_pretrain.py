@@ -77,3 +77,19 @@ def test_numbers_json_cannot_hold_are_written_as_text_and_perplexity_is_not_capp
     assert json.loads(json.dumps(safe, allow_nan=False)) == {"loss": "nan", "scores": ["inf", 1.5],
                                                               "dev": {"pearson": "-inf"}, "n": 3}
     assert perplexity(2496.7) == math.inf and perplexity(114.0) == pytest.approx(math.exp(114.0))
+
+
+def test_a_resume_that_moves_the_learning_rate_says_so():
+    """Resuming a finished 30-step run for 50 stretched its cosine over 50 steps: the lr jumped x100 at step 31 and
+    only "resuming at step 30" was said."""
+    from gpt1_jax.config import OptimConfig
+    from gpt1_jax.pretrain import schedule_change
+
+    ran = OptimConfig(lr=3e-3, schedule="warmup_cosine", warmup_steps=5, total_steps=30)
+    note = schedule_change(ran, OptimConfig(lr=3e-3, schedule="warmup_cosine", warmup_steps=5, total_steps=50), 30)
+    assert note.startswith("the learning-rate schedule changed (optim.total_steps 30 -> 50): step 31 trains at lr 0.00")
+    assert note.endswith("repeat the run's --steps (30) to keep it")
+    assert schedule_change(ran, ran, 12) is None
+    constant = OptimConfig(lr=3e-3, schedule="warmup_constant", warmup_steps=5, total_steps=30)
+    assert schedule_change(constant, OptimConfig(lr=3e-3, schedule="warmup_constant", warmup_steps=5, total_steps=50),
+                           30) is None  # the span moved, the lr did not
