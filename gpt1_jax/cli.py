@@ -496,7 +496,8 @@ def _sample(args: argparse.Namespace) -> int:
     outputs = sample(model.config, model.params, prompt_ids, max_new_tokens=args.max_new_tokens,
                      temperature=args.temperature, top_k=args.top_k, seed=args.seed or 0, num_samples=args.num_samples)
     step = "" if model.step is None else f" step {model.step}"
-    print(f"# {Path(args.workdir or args.init)}{step}, temperature {args.temperature}, top-k {args.top_k}")
+    how = "greedy (temperature 0)" if args.temperature == 0 else f"temperature {args.temperature}, top-k {args.top_k}"
+    print(f"# {Path(args.workdir or args.init)}{step}, {how}")
     for ids in outputs:
         print(f"{args.prompt} >> {model.tokenizer.decode(ids)}")
     return 0
