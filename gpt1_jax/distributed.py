@@ -106,8 +106,9 @@ def resolve(args: argparse.Namespace | None = None, environ: dict | None = None)
                 f"multi-process start needs --coordinator, --num-processes and --process-id together "
                 f"(or {ENV_COORDINATOR}/{ENV_NUM_PROCESSES}/{ENV_PROCESS_ID}); missing {', '.join(missing)} "
                 f"(or --distributed on to let JAX detect them)")
-        if cfg.coordinator is not None and not _split_address(cfg.coordinator):
-            raise DistributedConfigError(f"--coordinator must be HOST:PORT, got {cfg.coordinator!r}")
+        if cfg.coordinator is not None and not (_split_address(cfg.coordinator) and
+                                                0 < _split_address(cfg.coordinator)[1] < 65536):
+            raise DistributedConfigError(f"--coordinator must be HOST:PORT (a port 1-65535), got {cfg.coordinator!r}")
         if cfg.num_processes is not None and cfg.num_processes < 1:
             raise DistributedConfigError(f"--num-processes must be >= 1, got {cfg.num_processes}")
         if cfg.process_id is not None and cfg.num_processes is not None and not 0 <= cfg.process_id < cfg.num_processes:
@@ -180,6 +181,11 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
                                          "--num-processes and --process-id")
     if cfg.explicit and cfg.num_processes == 1 and cfg.mode == "auto":
         return False  # one process: nothing to coordinate
+    missing = [f for f, v in (("--coordinator", cfg.coordinator), ("--num-processes", cfg.num_processes),
+                              ("--process-id", cfg.process_id)) if v is None]
+    if cfg.explicit and missing and detected_cluster(single_task=True) is None:  # --distributed on, flags in part
+        raise DistributedConfigError(f"multi-process start is missing {', '.join(missing)}, and no cluster JAX can "
+                                     "detect here gives them: pass all three")
 
     kwargs = dict(
         coordinator_address=cfg.coordinator,
@@ -265,3 +271,15 @@ def exit_status(status: int) -> int:
     if status:
         abort(status)
     return status
+
+
+if __name__ == "__main__":  # `python -m gpt1_jax.distributed`: what a gpt1-jax command would use here, one JSON line
+    import json
+
+    try:
+        cfg = resolve()
+    except DistributedConfigError as e:
+        sys.exit(f"gpt1_jax.distributed: error: {e}")
+    print(json.dumps({**dataclasses.asdict(cfg), "detected_cluster": detected_cluster(),
+                      "starts_jax_distributed": cfg.mode == "on" or (cfg.mode == "auto" and (
+                          (cfg.explicit and cfg.num_processes != 1) or detected_cluster() is not None))}))

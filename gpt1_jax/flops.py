@@ -99,14 +99,14 @@ PEAK_MATMUL_N = 2048  # the CPU peak's n^3 product: the size a remembered peak i
 
 @functools.lru_cache(maxsize=None)
 def measured_matmul_peak(dtype: str = "float32", n: int = PEAK_MATMUL_N, repeats: int = 3) -> float:
-    """FLOP/s of an n^3 matmul on the default device (best of `repeats`: a peak, and the shared 2-core
+    """FLOP/s of an n^3 matmul on this process's first device (best of `repeats`: a peak, and the shared 2-core
     machines are noisy), cached per process. 2048^3 reaches the rate 4096^3 does on these CPUs (measured
     alone on the AVX2 kind: 70.8 and 77.0 against 70.0 and 68.7 GFLOP/s) at an eighth of the cost.
 
     bf16 inputs accumulate in fp32 (`preferred_element_type`), which is what the model's matmuls ask
     for in spirit and the faster path on this CPU.
     """
-    device = jax.devices()[0]
+    device = jax.local_devices()[0]  # jax.devices()[0] is process 0's: another process timed nothing (8.5 PFLOP/s)
     a = jax.device_put(jnp.ones((n, n), dtype), device)
     b = jax.device_put(jnp.ones((n, n), dtype), device)
     mm = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))

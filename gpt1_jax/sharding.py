@@ -14,6 +14,7 @@ dcn_* = 1 (the default) the mesh is a plain one over the local devices.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Mapping, Sequence
 
@@ -127,6 +128,18 @@ def batch_sharding(mesh, ndim: int = 2):
 
 def batch_divisor(mesh) -> int:
     return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+@functools.lru_cache(maxsize=None)
+def batch_rows_shared_by_processes(mesh) -> bool:
+    """Whether two processes hold the same rows of a batch laid over data x fsdp (a mesh whose batch axes do not
+    span the processes, e.g. tensor=4 over 2 processes of 2 devices). Every process reads rows of its own
+    (gpt1_jax/data/pipeline.py), so such a mesh would train each step on a part of its batch."""
+    rows = batch_divisor(mesh)
+    holders: dict[tuple, set] = {}
+    for device, index in batch_sharding(mesh, 1).devices_indices_map((rows,)).items():
+        holders.setdefault(index[0].indices(rows)[:2], set()).add(device.process_index)
+    return any(len(processes) > 1 for processes in holders.values())
 
 
 def like_params_shardings(abstract_tree, abstract_params, param_shardings, mesh):

@@ -32,6 +32,7 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from gpt1_jax import sharding as shd
@@ -287,7 +288,10 @@ class Trainer:
     def place_params(self, params):
         """Any params of this model's shapes (host or device, boxed or not) -> placed on the mesh in the
         storage dtype."""
-        params = jax.tree.map(lambda x, a: jnp.asarray(x, a.dtype), nn.meta.unbox(params), self.abstract_params)
+        # Host copies: a process may put host data on devices of other processes, not its own device's arrays
+        # (loaded weights are those; evaluate in a multi-process job died on "cross-host device transfers").
+        params = jax.tree.map(lambda x, a: np.asarray(jax.device_get(x)).astype(a.dtype), nn.meta.unbox(params),
+                              self.abstract_params)
         return jax.device_put(params, self.param_shardings)
 
     def state_from_params(self, params) -> TrainState:
@@ -352,6 +356,10 @@ def lm_batch_spec(batch: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
 def check_batch_size(mesh, global_batch: int, accum_steps: int = 1, what: str = "global batch") -> None:
     """The one divisibility rule: a batch splits over data x fsdp devices and, to train, into micro-batches
     (`accum_steps`; 1 for evaluation). Jobs call it with the mesh alone, before reading any data."""
+    if jax.process_count() > 1 and shd.batch_rows_shared_by_processes(mesh):
+        raise ConfigError(f"mesh {dict(mesh.shape)} gives {jax.process_count()} processes the same rows of each batch "
+                          f"(data x fsdp = {shd.batch_divisor(mesh)}), and each reads rows of its own: every step would "
+                          "train on part of its batch; give data x fsdp a multiple of the process count")
     divisor = shd.batch_divisor(mesh) * accum_steps
     if global_batch % divisor:
         raise ConfigError(f"{what} {global_batch} is not divisible by data x fsdp" + (" x accum_steps" if accum_steps > 1 else "")

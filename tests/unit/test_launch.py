@@ -50,6 +50,7 @@ def test_resolve_flags_over_env():
 @pytest.mark.parametrize("env, message", [
     ({"GPT1_COORDINATOR": "10.0.0.1:1234"}, "missing --num-processes, --process-id"),
     ({"GPT1_COORDINATOR": "nohost", "GPT1_NUM_PROCESSES": "2", "GPT1_PROCESS_ID": "0"}, "HOST:PORT"),
+    ({"GPT1_COORDINATOR": "h:99999", "GPT1_NUM_PROCESSES": "2", "GPT1_PROCESS_ID": "0"}, "a port 1-65535"),
     ({"GPT1_COORDINATOR": "h:1", "GPT1_NUM_PROCESSES": "2", "GPT1_PROCESS_ID": "2"}, "not in [0, 2)"),
     ({"GPT1_NUM_PROCESSES": "two"}, "must be an integer"),
     ({"GPT1_DISTRIBUTED": "maybe"}, "auto, on or off"),
@@ -68,6 +69,9 @@ def test_no_cluster_no_initialize(monkeypatch):
     assert distributed.initialize(None) is False
     monkeypatch.setenv("GPT1_DISTRIBUTED", "on")  # asked for, with nothing to start from: one line, not JAX's ValueError
     with pytest.raises(distributed.DistributedConfigError, match=r"no cluster JAX can detect here .* pass --coordinator"):
+        distributed.initialize(None)
+    monkeypatch.setenv("GPT1_COORDINATOR", "127.0.0.1:29500")  # on, with one of the three: JAX's ValueError before
+    with pytest.raises(distributed.DistributedConfigError, match="missing --num-processes, --process-id, and no cluster"):
         distributed.initialize(None)
 
 
