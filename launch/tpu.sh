@@ -4,7 +4,7 @@
 #
 #   launch/tpu.sh create                 # gcloud compute tpus tpu-vm create ...
 #   launch/tpu.sh copy                   # this checkout -> ~/gpt1-jax on every worker (no .git/.venv)
-#   launch/tpu.sh install                # venv + `pip install -e . jax[tpu]` on every worker
+#   launch/tpu.sh install                # Python 3.11 venv + the pinned requirements and .[tpu] on every worker
 #   launch/tpu.sh run --config gpt1 ...  # gpt1-jax pretrain --workdir $WORKDIR ... on every worker
 #   launch/tpu.sh stop                   # SIGTERM: checkpoint at a common step, exit 0
 #   launch/tpu.sh delete
@@ -53,7 +53,9 @@ case "$verb" in
     run gcloud compute tpus tpu-vm scp "$tarball" "$TPU_NAME:gpt1-jax-src.tgz" "${zone[@]}" --worker=all
     on_all_workers "mkdir -p ~/$REMOTE_DIR && tar -xzf ~/gpt1-jax-src.tgz -C ~/$REMOTE_DIR" ;;
   install)
-    on_all_workers "cd ~/$REMOTE_DIR && python3 -m venv .venv && .venv/bin/pip install -q -e . \"jax[tpu]\"" ;;
+    # jax 0.10 needs Python >= 3.11; the Ubuntu 22.04 images ship 3.10 (their python3.11 comes from apt). The pins
+    # are requirements.txt's, with the TPU runtime of the same jax ([tpu] extra).
+    on_all_workers "cd ~/$REMOTE_DIR && (command -v python3.11 || (sudo apt-get update -q && sudo apt-get install -y -q python3.11 python3.11-venv)) && python3.11 -m venv .venv && .venv/bin/pip install -q -r requirements.txt -e \".[tpu]\"" ;;
   run)
     args=""
     for a in "$@"; do args+=" $(printf '%q' "$a")"; done
