@@ -138,7 +138,8 @@ def test_slurm_command_is_the_documented_one(tmp_path):
     assert done.returncode == 0, done.stderr
     assert shlex.split(done.stdout.strip()) == shlex.split(expected)
     text = (LAUNCH / "slurm.sbatch").read_text()
-    assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=1" in text
+    # one task per GPU: JAX gives a SLURM task the GPU of its SLURM_LOCALID alone (local_device_ids)
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=8" in text and "#SBATCH --gpus-per-node=8" in text
 
 
 def test_cli_reports_bad_distributed_flags_in_one_line(tmp_path):
