@@ -205,6 +205,8 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
         print(f"gpt1-jax: starting a multi-process run ({cluster or 'coordinator ' + str(cfg.coordinator)}): every "
               f"process must join within {cfg.init_timeout_s} s", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
+    if host_port and cfg.process_id == 0:
+        _check_port_free(kwargs.get("coordinator_bind_address", f"0.0.0.0:{host_port[1]}"))
     if host_port and cfg.process_id not in (None, 0):
         waited = _wait_for_coordinator(*host_port, cfg.init_timeout_s)
         kwargs["initialization_timeout"] = max(1, int(cfg.init_timeout_s - waited))
@@ -216,6 +218,18 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
           f"(coordinator {cfg.coordinator or 'auto-detected'}, {jax.local_device_count()} local / "
           f"{jax.device_count()} global devices)", file=sys.stderr, flush=True)
     return _state["multi"]
+
+
+def _check_port_free(bind: str) -> None:
+    """Process 0 serves the coordinator: a port another program holds ended in JAX's "Failed to start RPC server"
+    traceback, and the other processes in C++ check failures half a minute later."""
+    host, port = _split_address(bind)
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise DistributedConfigError(f"--coordinator port {port} cannot be served here ({e.strerror}: another "
+                                         "job's coordinator?): choose another port") from None
 
 
 def _wait_for_coordinator(host: str, port: int, timeout_s: int) -> float:

@@ -103,3 +103,20 @@ def test_a_process_that_finds_no_coordinator_says_so_in_one_line():
         server.bind(("127.0.0.1", 0))
         server.listen()
         assert distributed._wait_for_coordinator("127.0.0.1", server.getsockname()[1], 1) < 1
+
+
+def test_a_coordinator_port_another_program_holds_is_one_line(monkeypatch):
+    """JAX's "Failed to start RPC server" traceback on process 0, C++ check failures on the others."""
+    import socket
+
+    for k in list(os.environ):
+        if k.startswith(("SLURM_", "OMPI_", "GPT1_")):
+            monkeypatch.delenv(k)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        for k, v in (("GPT1_COORDINATOR", f"127.0.0.1:{port}"), ("GPT1_NUM_PROCESSES", "2"), ("GPT1_PROCESS_ID", "0")):
+            monkeypatch.setenv(k, v)
+        with pytest.raises(distributed.DistributedConfigError, match=f"--coordinator port {port} cannot be served here"):
+            distributed.initialize(None)
