@@ -761,8 +761,9 @@ PATH_FLAGS = ("workdir", "init", "config", "data_dir", "tfds_dir", "tokenizer", 
 def _expand_home(args: argparse.Namespace) -> None:
     for name in PATH_FLAGS:
         value = getattr(args, name, None)
-        if isinstance(value, str) and value.startswith("~"):
-            setattr(args, name, os.path.expanduser(value))
+        prefix = "scratch:" if isinstance(value, str) and value.startswith("scratch:") else ""  # --init scratch:DIR
+        if isinstance(value, str) and value.removeprefix(prefix).startswith("~"):
+            setattr(args, name, prefix + os.path.expanduser(value.removeprefix(prefix)))
 
 
 def _standard_streams() -> None:
