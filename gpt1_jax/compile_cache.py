@@ -76,11 +76,13 @@ def enable(root: str | os.PathLike | None = None) -> Path | None:
         return None
     variable = "JAX_COMPILATION_CACHE_DIR" if os.environ.get("JAX_COMPILATION_CACHE_DIR") else "GPT1_JAX_COMPILE_CACHE"
     path = Path(os.environ[variable]) if variable == "JAX_COMPILATION_CACHE_DIR" else cache_dir(root or setting or None)
+    if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ:
+        jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
     try:
         path.mkdir(parents=True, exist_ok=True)
         if not os.access(path, os.W_OK | os.X_OK):  # an existing folder of another user's, or read-only
             raise PermissionError(errno.EACCES, "not writable")
-        if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ or jax.config.jax_compilation_cache_max_size != -1:
+        if jax.config.jax_compilation_cache_max_size != -1:
             adopt_unbounded_entries(path)  # bounded: JAX locks the folder; taking its lock is the first write
     except (OSError, filelock.Timeout) as e:
         print(f"gpt1-jax: no compilation cache ({path}: {getattr(e, 'strerror', None) or e}): every program is compiled "
@@ -92,8 +94,6 @@ def enable(root: str | os.PathLike | None = None) -> Path | None:
     # Every program, however quick to compile: a short run compiles dozens of small ones (init, eval, ...).
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ:
-        jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
     return path
 
 

@@ -70,6 +70,12 @@ class DistributedConfig:
     def explicit(self) -> bool:
         return any(v is not None for v in (self.coordinator, self.num_processes, self.process_id))
 
+    @property
+    def missing(self) -> list[str]:
+        """The flags of an explicit start left unset."""
+        return [n for n, v in (("--coordinator", self.coordinator), ("--num-processes", self.num_processes),
+                               ("--process-id", self.process_id)) if v is None]
+
 
 def _int(name: str, value) -> int | None:
     if value is None or value == "":
@@ -99,15 +105,12 @@ def resolve(args: argparse.Namespace | None = None, environ: dict | None = None)
         init_timeout_s=_or(pick("init_timeout", ENV_INIT_TIMEOUT), DEFAULT_INIT_TIMEOUT_S),
     )
     if cfg.mode != "off" and cfg.explicit:
-        missing = [n for n, v in (("--coordinator", cfg.coordinator), ("--num-processes", cfg.num_processes),
-                                  ("--process-id", cfg.process_id)) if v is None]
-        if missing and cfg.mode != "on":
+        if cfg.missing and cfg.mode != "on":
             raise DistributedConfigError(
                 f"multi-process start needs --coordinator, --num-processes and --process-id together "
-                f"(or {ENV_COORDINATOR}/{ENV_NUM_PROCESSES}/{ENV_PROCESS_ID}); missing {', '.join(missing)} "
+                f"(or {ENV_COORDINATOR}/{ENV_NUM_PROCESSES}/{ENV_PROCESS_ID}); missing {', '.join(cfg.missing)} "
                 f"(or --distributed on to let JAX detect them)")
-        if cfg.coordinator is not None and not (_split_address(cfg.coordinator) and
-                                                0 < _split_address(cfg.coordinator)[1] < 65536):
+        if cfg.coordinator is not None and not ((hp := _split_address(cfg.coordinator)) and 0 < hp[1] < 65536):
             raise DistributedConfigError(f"--coordinator must be HOST:PORT (a port 1-65535), got {cfg.coordinator!r}")
         if cfg.num_processes is not None and cfg.num_processes < 1:
             raise DistributedConfigError(f"--num-processes must be >= 1, got {cfg.num_processes}")
@@ -181,11 +184,9 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
                                          "--num-processes and --process-id")
     if cfg.explicit and cfg.num_processes == 1 and cfg.mode == "auto":
         return False  # one process: nothing to coordinate
-    missing = [f for f, v in (("--coordinator", cfg.coordinator), ("--num-processes", cfg.num_processes),
-                              ("--process-id", cfg.process_id)) if v is None]
-    if cfg.explicit and missing and detected_cluster(single_task=True) is None:  # --distributed on, flags in part
-        raise DistributedConfigError(f"multi-process start is missing {', '.join(missing)}, and no cluster JAX can "
-                                     "detect here gives them: pass all three")
+    if cfg.explicit and cfg.missing and detected_cluster(single_task=True) is None:  # --distributed on, flags in part
+        raise DistributedConfigError(f"multi-process start is missing {', '.join(cfg.missing)}, and no cluster JAX "
+                                     "can detect here gives them: pass all three")
 
     kwargs = dict(
         coordinator_address=cfg.coordinator,
@@ -294,6 +295,4 @@ if __name__ == "__main__":  # `python -m gpt1_jax.distributed`: what a gpt1-jax 
         cfg = resolve()
     except DistributedConfigError as e:
         sys.exit(f"gpt1_jax.distributed: error: {e}")
-    print(json.dumps({**dataclasses.asdict(cfg), "detected_cluster": detected_cluster(),
-                      "starts_jax_distributed": cfg.mode == "on" or (cfg.mode == "auto" and (
-                          (cfg.explicit and cfg.num_processes != 1) or detected_cluster() is not None))}))
+    print(json.dumps({**dataclasses.asdict(cfg), "detected_cluster": detected_cluster()}))

@@ -49,7 +49,7 @@ class MetricsWriter:
     def write(self, step: int, **scalars: Any) -> None:
         if not self.enabled:
             return
-        record = {"step": int(step), **{k: json_safe(v) for k, v in scalars.items()}}
+        record = json_safe({"step": int(step), **scalars})
         self._file.write(json.dumps(record) + "\n")
         if self._tracker is not None:
             self._tracker.log(int(step), scalars)

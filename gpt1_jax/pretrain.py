@@ -52,18 +52,21 @@ def run(config: PretrainConfig, workdir: Path) -> Outcome:
     config = with_schedule_span(config)
     job = Identity("pretrain")
     held = check_workdir(workdir, job, "pretrain")
-    if held is not None and (workdir / "config.yaml").is_file() and newest_checkpoint(workdir / "checkpoints") is not None:
-        check_same_data(workdir, config, load_yaml(PretrainConfig, workdir / "config.yaml"))
+    resumed = held is not None and (workdir / "config.yaml").is_file() and newest_checkpoint(workdir / "checkpoints") is not None
+    saved = load_yaml(PretrainConfig, workdir / "config.yaml") if resumed else None  # before the run rewrites it
+    if saved is not None:
+        check_same_data(workdir, config, saved)
     # What needs no data is checked before the corpus is read: tokenizing can take minutes, and writes.
     check_batch_size(make_mesh(config.mesh), config.data.global_batch_size, config.accum_steps)
     check_attention(config.model.attention, config.model.attn_dropout, True, config.model.head_dim)
     if jax.process_count() > 1:  # every process has checked the folder before process 0 writes into it (its BPE)
         multihost_utils.sync_global_devices("pretrain: workdir checked")
     with hold(workdir, "pretrain", enabled=is_main):  # one job at a time in a run folder
-        return _build_and_train(config, workdir, job, is_main)
+        return _build_and_train(config, workdir, job, is_main, saved)
 
 
-def _build_and_train(config: PretrainConfig, workdir: Path, job: Identity, is_main: bool) -> Outcome:
+def _build_and_train(config: PretrainConfig, workdir: Path, job: Identity, is_main: bool,
+                     saved: PretrainConfig | None) -> Outcome:
     pipeline = build_pipeline(dataclasses.replace(config.data, progress=is_main), workdir)
     if config.eval_every and pipeline.val_indices.size == 0:  # found now, not at the first evaluation
         raise ConfigError(f"eval_every={config.eval_every} evaluates on validation windows, and data.val_fraction="
@@ -75,7 +78,7 @@ def _build_and_train(config: PretrainConfig, workdir: Path, job: Identity, is_ma
     ckpt = Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints, save_every=config.checkpoint_every,
                         keep_steps=config.keep_steps)
     try:  # until the loop takes the checkpointer over: an error or Ctrl-C must not leave orbax's threads running
-        return _train(config, workdir, job, pipeline, trainer, ckpt, is_main)
+        return _train(config, workdir, job, pipeline, trainer, ckpt, is_main, saved)
     finally:
         ckpt.close()
 
@@ -95,12 +98,13 @@ def schedule_change(saved: OptimConfig, now: OptimConfig, step: int) -> str | No
             f"the run's own schedule gave {before:.3g}; repeat the run's --steps ({saved.total_steps}) to keep it")
 
 
-def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, trainer, ckpt, is_main: bool) -> Outcome:
+def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, trainer, ckpt, is_main: bool,
+           saved: PretrainConfig | None) -> Outcome:
+    """`saved`: the run's config.yaml as it was before this session (None for a new run)."""
     begin = resume_step(ckpt, config.model)
     if begin >= config.steps:
         print(f"{workdir}: already trained to step {begin} of {config.steps}; nothing to do", file=sys.stderr)
         return Outcome("finished", begin)
-    saved = load_yaml(PretrainConfig, workdir / "config.yaml") if begin and (workdir / "config.yaml").is_file() else None
 
     def hooks(progress):
         def evaluate(step, state, train_loss):
@@ -130,7 +134,7 @@ def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, train
         f"{pipeline.info['train_windows']} train windows of {config.data.seq_len} tokens, "
         f"mesh {dict(trainer.mesh.shape)} over {len(jax.devices())} devices"
     )
-    if saved is not None and (note := schedule_change(saved.optim, config.optim, begin)):
+    if begin and saved is not None and (note := schedule_change(saved.optim, config.optim, begin)):
         loop.progress.write(note)
     outcome = loop.run(state, batches)
     if is_main:
