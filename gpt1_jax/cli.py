@@ -265,8 +265,15 @@ def _refuse(args: argparse.Namespace, verb: str, reasons: dict[str, str]) -> Non
             raise ConfigError(f"--{flag.replace('_', '-')} does not apply to {verb}: {reason}")
 
 
+def _speaks() -> bool:
+    """Whether this process prints a verb's result: every process of a multi-process job computes it, and
+    process 0 alone says it (N copies of one JSON line would break a script reading the job's log)."""
+    return not jax.distributed.is_initialized() or jax.process_index() == 0
+
+
 def _print_json(result: dict) -> None:
-    print(json.dumps(json_safe(result)), flush=True)
+    if _speaks():
+        print(json.dumps(json_safe(result)), flush=True)
 
 
 def simulate_devices(n: int | None) -> None:
@@ -497,9 +504,10 @@ def _sample(args: argparse.Namespace) -> int:
                      temperature=args.temperature, top_k=args.top_k, seed=args.seed or 0, num_samples=args.num_samples)
     step = "" if model.step is None else f" step {model.step}"
     how = "greedy (temperature 0)" if args.temperature == 0 else f"temperature {args.temperature}, top-k {args.top_k}"
-    print(f"# {Path(args.workdir or args.init)}{step}, {how}")
-    for ids in outputs:
-        print(f"{args.prompt} >> {model.tokenizer.decode(ids)}")
+    if _speaks():
+        print(f"# {Path(args.workdir or args.init)}{step}, {how}")
+        for ids in outputs:
+            print(f"{args.prompt} >> {model.tokenizer.decode(ids)}")
     return 0
 
 

@@ -328,3 +328,5 @@ def test_evaluate_runs_in_a_multi_process_job(multi):
     assert done.returncode == 0, done.stdout[-3000:]
     lines = [json.loads(l.split("] ", 1)[1]) for l in done.stdout.splitlines() if l.startswith("[p0] {")]
     assert lines and lines[-1]["split"] == "validation split" and lines[-1]["loss"] > 0
+    # process 0 alone prints the result: one JSON line in the job's log, not one per process
+    assert not [l for l in done.stdout.splitlines() if l.startswith("[p1] {")], done.stdout[-2000:]
