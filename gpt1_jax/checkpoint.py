@@ -104,9 +104,20 @@ def _one_replica_writes_each_shard() -> None:
             jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
 
 
+@dataclasses.dataclass
+class _Pinned(pp.PreservationPolicy):
+    """Keeps the steps in a set its owner changes while the run goes on (fine-tuning's best epoch)."""
+
+    steps: set[int]
+
+    def should_preserve(self, checkpoints, *, context) -> list[bool]:
+        return [c.step in self.steps for c in checkpoints]
+
+
 class Checkpointer:
     """Saves every `save_every` steps (and at the steps in `keep_steps`), keeps the newest `keep` plus
-    every step in `keep_steps` for good (e.g. log-spaced snapshots for curves over training)."""
+    every step in `keep_steps` for good (e.g. log-spaced snapshots for curves over training) and the
+    step `pin` names (until another is pinned)."""
 
     def __init__(self, directory: str | Path, *, keep: int = 3, save_every: int = 0, keep_steps=(), async_save: bool = True):
         _quiet_orbax_write_failures()
@@ -118,9 +129,9 @@ class Checkpointer:
         self._in_flight: int | None = None  # the step whose save may still be running
         self._failed = False  # a save failed and was reported
         self._checked: int | None = None  # verified by latest_intact_step, for restore not to hash it again
-        policy = pp.LatestN(keep)
-        if self.keep_steps:
-            policy = pp.AnyPreservationPolicy([policy, pp.CustomSteps(sorted(self.keep_steps))])
+        self._pinned: set[int] = set()
+        policy = pp.AnyPreservationPolicy([pp.LatestN(keep), _Pinned(self._pinned)]
+                                          + ([pp.CustomSteps(sorted(self.keep_steps))] if self.keep_steps else []))
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
@@ -143,6 +154,12 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
+
+    def pin(self, step: int) -> None:
+        """Keeps checkpoint `step` (saved or still to be saved) beyond the newest `keep`; the step pinned before
+        it goes the way of the others at the next save."""
+        self._pinned.clear()
+        self._pinned.add(int(step))
 
     def should_save(self, step: int) -> bool:
         return (bool(self.save_every) and step % self.save_every == 0) or step in self.keep_steps

@@ -20,6 +20,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import jax
 import numpy as np
@@ -122,11 +123,13 @@ def predict_split(trainer, params, enc: Encoded, batch_size: int, n_ctx: int, ma
 class DevEvaluation:
     """The epoch-end hook: score every dev split (and the held-out slice, when there is one), keep the best epoch
     by the task's first metric on the held-out slice (else on dev), and write that epoch's dev predictions (and
-    test submissions). Its history is part of every checkpoint."""
+    test submissions); `keep(step)` hears of each new best epoch's step (its checkpoint is kept). Its history
+    is part of every checkpoint."""
 
-    def __init__(self, task: Task, splits: Splits, trainer, eval_batch: int, markers, workdir: Path, steps_per_epoch: int):
+    def __init__(self, task: Task, splits: Splits, trainer, eval_batch: int, markers, workdir: Path, steps_per_epoch: int,
+                 keep: Callable[[int], None] = lambda step: None):
         self.task, self.splits, self.trainer, self.eval_batch, self.markers = task, splits, trainer, eval_batch, markers
-        self.workdir, self.steps_per_epoch = workdir, steps_per_epoch
+        self.workdir, self.steps_per_epoch, self.keep = workdir, steps_per_epoch, keep
         self.writes = jax.process_index() == 0
         self.main_metric = f"{task.dev_splits[0]}/{task.metrics[0]}" if len(task.dev_splits) > 1 else task.metrics[0]
         self.selected_on = "holdout" if splits.holdout is not None else "dev"
@@ -151,7 +154,9 @@ class DevEvaluation:
                              **{f"holdout/{k}": v for k, v in held.items()}})
         value = held.get(self.task.metrics[0], float("nan")) if held else scores.get(self.main_metric, float("nan"))
         if self.best is None or (math.isfinite(value) and not value <= self.best["value"]):
-            self.best = {"epoch": epoch, "value": value, "scores": scores, **({"holdout": held} if held else {})}
+            self.best = {"epoch": epoch, "step": step, "value": value, "scores": scores,
+                         **({"holdout": held} if held else {})}
+            self.keep(step)
             self._write_best(preds, predict)
         return {f"dev/{k}": v for k, v in scores.items()} | {f"holdout/{k}": v for k, v in held.items()}
 
@@ -169,6 +174,8 @@ class DevEvaluation:
 
     def restore(self, state: dict) -> None:
         self.history, self.best = state["history"], state["best"]
+        if self.best is not None:  # checkpoints from before the step was kept: the epoch's end
+            self.keep(self.best.get("step", self.best["epoch"] * self.steps_per_epoch))
 
 
 # ---- the run -----------------------------------------------------------------------------------------------
@@ -300,7 +307,7 @@ def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, sou
     markers = Markers.of(source.tokenizer)
     batches = EpochBatches(splits.train, config.batch_size, config.seed, splits.n_ctx, markers, config.group_by_length)
     dev = DevEvaluation(task, splits, trainer, config.eval_batch_size or config.batch_size, markers, workdir,
-                        batches.steps_per_epoch)
+                        batches.steps_per_epoch, keep=ckpt.pin)
     begin = resume_step(ckpt, config.model)
     loop, state = start(workdir, job, config, trainer, ckpt, batches, begin, steps=config.optim.total_steps,
                         init_state=lambda: initial_state(trainer, source, config.model, config),
@@ -338,6 +345,7 @@ def summary(task: Task, source: Source, config: FinetuneConfig, splits: Splits, 
         "init": source.described,
         "seed": config.seed,
         "epoch": dev.best["epoch"],
+        "step": dev.best.get("step"),  # the best epoch's checkpoint (kept whatever keep_checkpoints says)
         "selected_on": dev.selected_on,  # what chose the epoch: the held-out slice of the training set, or dev
         "main_metric": dev.main_metric,
         "metric_names": list(dev.best["scores"]),

@@ -20,6 +20,7 @@ import pytest
 from gpt1_jax import cli
 from gpt1_jax.config import FinetuneConfig, load_yaml, model_preset, save_yaml
 from gpt1_jax.finetune import open_source, transplant, with_marker_rows
+from gpt1_jax.integrity import checkpoint_steps
 from gpt1_jax.tokenizer import GPT1Tokenizer
 from tests.support.env import xla_flags
 from tests.support.finetune import WORDS, _hf_dir, _sentences, data_dir, tokenizer  # noqa: F401 (pytest fixtures)
@@ -89,9 +90,11 @@ def test_a_rerun_keeps_its_seconds_and_what_it_cannot_give_is_refused(tmp_path, 
 
 def test_the_epoch_is_chosen_on_the_held_out_slice_and_dev_is_only_reported(tmp_path, data_dir):
     """--holdout-fraction 0.25 of CoLA's 40 training examples: 30 train, 10 choose the epoch; the reported dev
-    score is the chosen epoch's, whatever dev says about the other epochs."""
-    _, results = _finetune(tmp_path, data_dir, "--epochs", "3", "--holdout-fraction", "0.25", "--set", "optim.lr=1e-3",
-                           "--group-by-length", "on")  # full_sets' batching (Table 5)
+    score is the chosen epoch's, whatever dev says about the other epochs, and its checkpoint is kept beside the
+    newest one (keep_checkpoints=1: an early best epoch's rotated out)."""
+    workdir, results = _finetune(tmp_path, data_dir, "--epochs", "3", "--holdout-fraction", "0.25", "--set",
+                                 "optim.lr=1e-3", "--group-by-length", "on",  # full_sets' batching (Table 5)
+                                 "--set", "keep_checkpoints=1")
     assert results["selected_on"] == "holdout" and (results["n_train"], results["n_holdout"]) == (30, 10)
     assert results["config"]["group_by_length"] is True
     assert results["steps"] == 12  # ceil(30 / 8) x 3
@@ -102,6 +105,8 @@ def test_the_epoch_is_chosen_on_the_held_out_slice_and_dev_is_only_reported(tmp_
     assert chosen["holdout/matthews_corr"] == max(held) and held.index(max(held)) == results["epoch"] - 1
     assert results["metrics"] == {k: chosen[k] for k in ("matthews_corr", "accuracy")}
     assert results["holdout"] == {k: chosen[f"holdout/{k}"] for k in ("matthews_corr", "accuracy")}
+    assert results["step"] == 4 * results["epoch"]
+    assert checkpoint_steps(workdir / "checkpoints") == sorted({results["step"], 12})
 
 
 def test_similarity_regression_without_aux_lm(tmp_path, data_dir):

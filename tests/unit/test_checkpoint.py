@@ -151,6 +151,31 @@ def test_epoch_end_hooks_save_and_compiling_steps_log_no_throughput(tmp_path):
     assert timed == {2, 4, 5}  # not 1 (its compilation), nor 3 (recorded right after step 4's stats step compiled)
 
 
+def test_the_pinned_step_outlives_the_newest_keep_until_another_is_pinned(tmp_path):
+    """Fine-tuning's best epoch: with keep_checkpoints=1 an early best epoch's checkpoint rotated out, and no
+    checkpoint held the weights results.json scored. Best at epoch 1 (step 2), then at epoch 3 (step 6)."""
+    from gpt1_jax.checkpoint import Checkpointer
+    from gpt1_jax.config import ModelConfig
+    from gpt1_jax.loop import Hook, Loop
+
+    ckpt = Checkpointer(tmp_path / "checkpoints", save_every=0, keep=1)
+    seen = []
+
+    def best_epoch(step, state, loss):
+        if step in (2, 6):
+            ckpt.pin(step)
+        ckpt.wait()
+        seen.append(integrity.checkpoint_steps(tmp_path / "checkpoints"))
+
+    loop = Loop(Trainer(lambda step: None), 8, ckpt, ModelConfig(), Quiet(), Quiet(),
+                [Hook("dev", best_epoch, every=2, saves=True)])
+    assert loop.run(State(np.int32(0), np.zeros(4, np.float32)), Batches()).finished
+    ckpt.close()
+    # what the hook saw before each epoch end's save, then what is left
+    assert seen == [[], [2], [2, 4], [6]]
+    assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [6, 8]
+
+
 def test_a_result_handed_to_a_closed_event_loop_is_dropped_and_other_unraisables_are_not(monkeypatch):
     """After a failed save, tensorstore hands each abandoned write's result to the event loop orbax closed;
     Python reports each RuntimeError through sys.unraisablehook. Only that one is silenced."""
