@@ -1,5 +1,6 @@
 """The one way gpt1-jax writes a small file that others may read while it is written (run identity, configs,
-tokenizers, metadata, plots): whole or not at all; and where its caches live by default (`user_cache`)."""
+tokenizers, metadata, plots): whole or not at all; where its caches live by default (`user_cache`); and how an
+error names what a folder holds (`some_names`)."""
 
 from __future__ import annotations
 
@@ -35,3 +36,8 @@ def user_cache(name: str) -> Path:
     compiled programs, prepared GLUE)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "gpt1_jax" / name
+
+
+def some_names(names: list[str], shown: int = 3) -> str:
+    """The first `shown` of `names` for a one-line error about a folder's contents, "..." for the rest."""
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")

@@ -35,6 +35,7 @@ from safetensors.numpy import load_file, save_file
 from gpt1_jax.config import (RUNTIME_FIELDS, ConfigError, FinetuneConfig, ModelConfig, PretrainConfig, apply_overrides,
                              load_yaml, save_yaml)
 from gpt1_jax.errors import CheckpointFormatError, OutputExistsError
+from gpt1_jax.files import some_names
 from gpt1_jax.lockfile import remove_abandoned
 from gpt1_jax.model import init_params
 from gpt1_jax.optim import eval_params, uses_eval_params
@@ -410,8 +411,7 @@ def _refuse_overwrite(path: Path, overwrite: bool) -> None:
     if marks := [n for n in ("run.json", "checkpoints", "metrics.jsonl") if n in held]:
         raise OutputExistsError(f"{path} holds a gpt1-jax run ({', '.join(marks)}), which --overwrite would delete: {why}")
     if not ((path / "config.json").is_file() or ((path / "config.yaml").is_file() and (path / "params").is_dir())):
-        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
-        raise OutputExistsError(f"{path} holds {shown} and no model (no config.json, nor config.yaml with params/), "
+        raise OutputExistsError(f"{path} holds {some_names(held)} and no model (no config.json, nor config.yaml with params/), "
                                 f"which --overwrite would delete: {why}")
 
 

@@ -30,7 +30,7 @@ import yaml
 
 from gpt1_jax.config import guarded_text, to_dict
 from gpt1_jax.errors import WorkdirError
-from gpt1_jax.files import atomic_write_text
+from gpt1_jax.files import atomic_write_text, some_names
 from gpt1_jax.lockfile import LOCK_STALE_S, break_lock, held, mtime_ns, owner_is_gone, read_owner, try_lock
 
 __all__ = ["Identity", "WorkdirError", "check", "claim", "read", "check_same_settings", "init_identity", "check_same_data", "hold"]
@@ -117,8 +117,8 @@ def check(workdir: str | Path, job: Identity, verb: str, *, init_path: str | Pat
     if held is None:
         strangers = sorted(p.name for p in workdir.iterdir() if not _ahead_of_a_run(p)) if workdir.is_dir() else []
         if strangers:
-            raise WorkdirError(f"--workdir {workdir} is not empty and holds no gpt1-jax run ({', '.join(strangers[:3])}"
-                               f"{', ...' if len(strangers) > 3 else ''}): choose a new or empty folder")
+            raise WorkdirError(f"--workdir {workdir} is not empty and holds no gpt1-jax run ({some_names(strangers)}): "
+                               "choose a new or empty folder")
         return None
     where = f"{workdir} holds {held.describe()}"
     if held.kind != job.kind:

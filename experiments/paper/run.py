@@ -35,6 +35,7 @@ from gpt1_jax import compile_cache, hugepages
 from gpt1_jax.cli import simulate_devices
 from gpt1_jax.data.race import check_archive
 from gpt1_jax.errors import ConfigError, GPT1JaxError
+from gpt1_jax.files import some_names
 
 PER_RUN_TIMES = ("table5", "more_seeds", "layers", "diagnosis")  # their fine-tuning runs add their own time as each finishes (table5.run_all)
 
@@ -103,8 +104,8 @@ def check_inputs(paper: Paper, stages: list[str]) -> None:
     --out that holds something else than a pipeline (a home folder, a checkout), which its runs would land beside."""
     held = sorted(p.name for p in paper.out.iterdir() if not p.name.startswith(".")) if paper.out.is_dir() else []
     if held and not OUT_ENTRIES & set(held):
-        raise ConfigError(f"--out {paper.out} is not empty and holds no paper pipeline ({', '.join(held[:3])}"
-                          f"{', ...' if len(held) > 3 else ''}): choose a new or empty folder")
+        raise ConfigError(f"--out {paper.out} is not empty and holds no paper pipeline ({some_names(held)}): choose a "
+                          "new or empty folder")
     if "pretrain" in stages and paper.corpus is None:
         step = trained_step(paper.pretrain_dir)
         if step is None or step < pretrain_config(paper).steps:
