@@ -311,9 +311,9 @@ def tokenize_source(config: DataConfig, workdir: str | Path | None) -> tuple[Tex
     source = open_source(config.source)
     if workdir is None and config.tokenizer == "train":
         raise ConfigError("data.tokenizer=train needs a workdir to keep the trained tokenizer.json in")
-    tokenizer = tokenizer_for(source, workdir or ".", config.vocab_size, config.tokenizer, progress=config.progress,
-                              wait_s=config.cache_wait_s)
     cache_dir = Path(config.cache_dir).expanduser() if config.cache_dir else default_cache_dir()
+    tokenizer = tokenizer_for(source, workdir or ".", config.vocab_size, config.tokenizer, progress=config.progress,
+                              wait_s=config.cache_wait_s, cache_dir=cache_dir)
     stream = tokenize_to_cache(source, tokenizer, cache_dir, progress=config.progress, wait_s=config.cache_wait_s)
     return source, tokenizer, stream
 

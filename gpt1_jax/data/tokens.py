@@ -23,6 +23,13 @@ that cannot see process 0's cache (its disk is not shared) fails with one line s
 ``data.cache_dir`` on a shared disk, or build the cache ahead of the job with ``gpt1-jax tokenize``.
 A BPE trained on the corpus (``data.tokenizer=train``) is trained once the same way: process 0
 trains it into the workdir, the others wait for ``tokenizer.json`` there.
+
+Kept BPEs: ``cache_dir/bpe-<key>/{tokenizer.json, meta.json}``, ``key`` hashing the source spec and
+fingerprint, the vocab size and the tokenizers version. A run in a new workdir on a corpus a BPE was
+trained on before (same cache dir) copies that one instead of training again: HF tokenizers' trainer is not
+deterministic (the ids of its end-of-word symbols follow a hash map's order, and ties between merges go by
+id: huggingface/tokenizers#1794), so two trainings on one corpus give different tokenizers, and two runs
+that differ only in their optimizer would not be reading the same tokens.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import tokenizers
 from tqdm.auto import tqdm
 
 from gpt1_jax.data.once import LOCK_STALE_S, Peers, build_once
@@ -100,6 +108,7 @@ def tokenizer_for(
     tokenizer: str = "train",
     progress: bool = False,
     wait_s: float = DEFAULT_WAIT_S,
+    cache_dir: str | Path | None = None,
 ) -> GPT1Tokenizer:
     """The tokenizer for a run.
 
@@ -107,7 +116,8 @@ def tokenizer_for(
     ``workdir/tokenizer.json``; later calls load that file; in a multi-process job process 0 trains
     and the others wait up to ``wait_s`` for the file), a path to a tokenizer JSON saved by
     ``GPT1Tokenizer.save``, or a directory holding OpenAI's ``encoder_bpe_40000.json`` and
-    ``vocab_40000.bpe``.
+    ``vocab_40000.bpe``. With ``cache_dir``, a BPE trained is also kept there, and one kept there for
+    the same corpus and size is copied instead of trained (module docstring).
     """
     if tokenizer != "train":
         tok = GPT1Tokenizer.from_path(tokenizer)
@@ -121,7 +131,7 @@ def tokenizer_for(
     # not share a workdir; the processes of one job are ordered by process 0 alone.
     return build_once(
         ready=lambda: path.is_file() and _still_fits(source, workdir, vocab_size, progress),
-        build=lambda: _train_tokenizer(source, workdir, vocab_size, progress),
+        build=lambda: _train_tokenizer(source, workdir, vocab_size, progress, cache_dir),
         load=lambda: _load_trained(source, workdir, vocab_size),
         key=f"tokenizer:{workdir}",
         what="the BPE tokenizer",
@@ -183,8 +193,82 @@ def _load_trained(source: TextSource, workdir: Path, vocab_size: int) -> GPT1Tok
     return GPT1Tokenizer.load(path)
 
 
-def _train_tokenizer(source: TextSource, workdir: Path, vocab_size: int, progress: bool) -> GPT1Tokenizer:
+def _train_tokenizer(source: TextSource, workdir: Path, vocab_size: int, progress: bool,
+                     cache_dir: str | Path | None) -> GPT1Tokenizer:
     path, meta_path = workdir / TOKENIZER_FILE, workdir / "tokenizer.meta.json"
+    kept = None if cache_dir is None else Path(cache_dir) / f"bpe-{_bpe_key(source, vocab_size)}"
+    found = None if kept is None else _kept_bpe(kept)
+    if found is not None:
+        tok, n_docs = found
+        if progress:
+            _say(f"reusing the {vocab_size}-token BPE trained on {source.spec!r} before ({kept}): runs on one corpus "
+                 "read the same tokens")
+    else:
+        tok, n_docs = _train_bpe(source, vocab_size, progress)
+        if kept is not None:
+            tok, n_docs = _keep_bpe(kept, tok, n_docs, source, vocab_size)
+    workdir.mkdir(parents=True, exist_ok=True)  # only now: a corpus that cannot be read leaves nothing behind
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        tok.save(tmp)
+        meta = {"source": source.spec, "vocab_size": vocab_size, "fingerprint": source.fingerprint(), "n_docs": n_docs,
+                "sha256": hashlib.sha256(tmp.read_bytes()).hexdigest()}
+        atomic_write_text(meta_path, json.dumps(meta))
+        os.replace(tmp, path)  # last: the tokenizer file's presence means "training finished"
+    finally:  # a Ctrl-C between the two writes leaves no temporary file behind
+        tmp.unlink(missing_ok=True)
+    return tok
+
+
+BPE_FORMAT = 1  # bump when what GPT1Tokenizer.train makes of a corpus changes: kept BPEs are then trained again
+
+
+def _bpe_key(source: TextSource, vocab_size: int) -> str:
+    blob = {"format": BPE_FORMAT, "spec": source.spec, "source": source.fingerprint(), "vocab_size": vocab_size,
+            "tokenizers": tokenizers.__version__}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _kept_bpe(folder: Path) -> tuple[GPT1Tokenizer, int] | None:
+    """(the BPE kept in `folder`, its corpus's documents), or None when none is kept there or it is damaged."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        text = (folder / TOKENIZER_FILE).read_bytes()
+        if hashlib.sha256(text).hexdigest() != meta["sha256"]:
+            return None
+        return GPT1Tokenizer.load(folder / TOKENIZER_FILE), int(meta["n_docs"])
+    except (OSError, ValueError, KeyError, TypeError, DataError):
+        return None  # trained again, and kept in its place
+
+
+def _keep_bpe(folder: Path, tok: GPT1Tokenizer, n_docs: int, source: TextSource,
+              vocab_size: int) -> tuple[GPT1Tokenizer, int]:
+    """Keeps `tok` in `folder` for later runs on the corpus -> what is kept there: another job's BPE where it kept
+    one first (every run then reads the same). A damaged one is replaced; a cache that cannot be written is said
+    and skipped."""
+    tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        remove_abandoned(folder.parent, f".tmp-{folder.name}-", dead_quiet_s=10.0, stale_s=LOCK_STALE_S)
+        tmp.mkdir(parents=True)
+        tok.save(tmp / TOKENIZER_FILE)
+        meta = {"source": source.spec, "vocab_size": vocab_size, "n_docs": n_docs,
+                "sha256": hashlib.sha256((tmp / TOKENIZER_FILE).read_bytes()).hexdigest()}
+        (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        if folder.exists() and _kept_bpe(folder) is None:  # damaged (it was read before training)
+            shutil.rmtree(folder, ignore_errors=True)
+        os.rename(tmp, folder)
+    except OSError as e:
+        if (theirs := _kept_bpe(folder)) is not None:
+            return theirs
+        _say(f"could not keep the BPE in {folder.parent} ({e.strerror or e}): a run in another workdir will train "
+             "its own")
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return tok, n_docs
+
+
+def _train_bpe(source: TextSource, vocab_size: int, progress: bool) -> tuple[GPT1Tokenizer, int]:
     log.info("training a %d-token BPE on %s", vocab_size, source.spec)
     n_docs = 0
 
@@ -200,17 +284,7 @@ def _train_tokenizer(source: TextSource, workdir: Path, vocab_size: int, progres
     tok = GPT1Tokenizer.train(batches, vocab_size=vocab_size, show_progress=progress)
     if n_docs == 0:  # a BPE of nothing would be reused once the file is filled
         raise DataError(f"text source {source.spec!r} has no documents")
-    workdir.mkdir(parents=True, exist_ok=True)  # only now: a corpus that cannot be read leaves nothing behind
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        tok.save(tmp)
-        meta = {"source": source.spec, "vocab_size": vocab_size, "fingerprint": source.fingerprint(), "n_docs": n_docs,
-                "sha256": hashlib.sha256(tmp.read_bytes()).hexdigest()}
-        atomic_write_text(meta_path, json.dumps(meta))
-        os.replace(tmp, path)  # last: the tokenizer file's presence means "training finished"
-    finally:  # a Ctrl-C between the two writes leaves no temporary file behind
-        tmp.unlink(missing_ok=True)
-    return tok
+    return tok, n_docs
 
 
 _PIECE_CHARS = 1 << 17  # text per encode of a long document: tokenizers' working set is ~150 bytes per character

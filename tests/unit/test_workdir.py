@@ -13,6 +13,7 @@ from gpt1_jax.config import GUARD_LINE, FinetuneConfig, PretrainConfig, load_yam
 from gpt1_jax.data.sources import open_source
 from gpt1_jax.data.tokens import tokenizer_for
 from gpt1_jax.errors import ConfigError, DataError, WorkdirError
+from gpt1_jax.tokenizer import GPT1Tokenizer
 from tests.support.workdir import PRETRAIN
 
 
@@ -162,6 +163,27 @@ def test_a_bpe_a_checkpoint_uses_is_kept_and_verified(tmp_path):
     (run / "tokenizer.json").write_text((run / "tokenizer.json").read_text()[:-10])
     with pytest.raises(DataError, match="tokenizer.json is damaged"):
         tokenizer_for(open_source(str(tmp_path / "c.txt")), run, vocab_size=80)
+
+
+def test_a_new_workdir_on_a_corpus_reads_the_bpe_trained_on_it_before(tmp_path, capsys):
+    """HF's BpeTrainer is not deterministic (huggingface/tokenizers#1794): `pretrain --config small` in 8 fresh
+    workdirs trained 8 different tokenizer.json, so two runs differing only in their optimizer read different
+    tokens. The first BPE trained on a corpus is kept in the cache folder and copied by the runs after it."""
+    from gpt1_jax.data.tokens import _kept_bpe
+
+    source, cache = _corpus(tmp_path / "c.txt", WORDS), tmp_path / "cache"
+    tokenizer_for(source, tmp_path / "a", vocab_size=80, cache_dir=cache)
+    kept, = cache.glob("bpe-*")
+    tokenizer_for(source, tmp_path / "b", vocab_size=80, cache_dir=cache, progress=True)
+    assert (tmp_path / "b" / "tokenizer.json").read_bytes() == (tmp_path / "a" / "tokenizer.json").read_bytes()
+    assert f"reusing the 80-token BPE trained on {str(tmp_path / 'c.txt')!r} before ({kept})" in capsys.readouterr().err
+    assert json.loads((tmp_path / "b" / "tokenizer.meta.json").read_text())["n_docs"] == 60
+    tokenizer_for(source, tmp_path / "c", vocab_size=70, cache_dir=cache)  # another size: a BPE of its own
+    assert len(list(cache.glob("bpe-*"))) == 2
+    (kept / "tokenizer.json").write_text("{}")  # damaged: trained again and kept in its place
+    tokenizer_for(source, tmp_path / "d", vocab_size=80, cache_dir=cache)
+    assert _kept_bpe(kept)[0].backend.to_str() == GPT1Tokenizer.load(tmp_path / "d" / "tokenizer.json").backend.to_str()
+    assert sorted(p.name for p in cache.iterdir() if p.name.startswith(".")) == []
 
 
 def test_a_bpe_from_before_fingerprints_is_retrained_while_no_checkpoint_uses_it(tmp_path):
