@@ -271,8 +271,9 @@ def _speaks() -> bool:
     return not jax.distributed.is_initialized() or jax.process_index() == 0
 
 
-def _print_json(result: dict) -> None:
-    if _speaks():
+def _print_json(result: dict, every_process: bool = False) -> None:
+    """`every_process`: a result that differs between hosts (the token cache each host reads)."""
+    if every_process or _speaks():
         print(json.dumps(json_safe(result)), flush=True)
 
 
@@ -590,7 +591,7 @@ def _tokenize_flags(p: argparse.ArgumentParser) -> None:
 
 def _tokenize(args: argparse.Namespace) -> int:
     """Build the token cache a job would build, ahead of it: one JSON line. Run on several processes
-    (a pod), process 0 tokenises and the others wait for it, as inside a job."""
+    (a pod), process 0 tokenises and the others wait for it, as inside a job; each says which cache it read."""
     from gpt1_jax.data.pipeline import tokenize_source
 
     if args.tokenizer == "train" and args.workdir is None:
@@ -604,7 +605,8 @@ def _tokenize(args: argparse.Namespace) -> int:
     _, _, stream = tokenize_source(config, args.workdir)
     _print_json({"cache": str(stream.path), "n_tokens": len(stream), "n_docs": stream.meta["n_docs"],
                  "bytes": sum(f.stat().st_size for f in stream.path.iterdir()),
-                 "seconds": round(time.perf_counter() - t0, 3), "from_cache": stream.from_cache})
+                 "seconds": round(time.perf_counter() - t0, 3), "from_cache": stream.from_cache},
+                every_process=True)  # each host says which cache it reads, and whether it built it
     return 0
 
 
