@@ -27,6 +27,7 @@ import math
 import signal
 import time
 import typing
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -40,6 +41,11 @@ from gpt1_jax.errors import ConfigError, DivergenceError, Interrupted
 from gpt1_jax.integrity import newest_checkpoint
 from gpt1_jax.tracker import open_tracker
 from gpt1_jax.metrics import MetricsWriter, Progress
+
+# tokens/s (and MFU) are timed over the last this many steps: a step's own interval is when the host read its
+# metrics, which runs late behind the device under load, and one late read made the next step's interval short
+# (a tiny run logged 274,177 tokens/s, an MFU of 168%, between steps of ~50,000).
+THROUGHPUT_STEPS = 8
 
 
 class Batches(Protocol):
@@ -139,7 +145,7 @@ class Loop:
     progress: Any  # gpt1_jax.metrics.Progress
     hooks: list[Hook] = dataclasses.field(default_factory=list)
     log_every: int = 1
-    tokens_per_step: int = 0  # for tokens/s and MFU in the log (0: not logged)
+    tokens_per_step: int = 0  # for tokens/s and MFU in the log (0: not logged), over THROUGHPUT_STEPS steps
     flops_per_token: float = 0.0
     peak_flops: float = 0.0
     profile: tuple[int, int] | None = None  # (START, STOP): trace those steps (config.profile_window)
@@ -179,7 +185,8 @@ class Loop:
         checkpoint is saved."""
         start = int(jax.device_get(state.step))
         preemption, step, cut, diverged = Preemption(), start, None, None
-        self._t_run = self._t_last = time.perf_counter()
+        self._t_run = time.perf_counter()
+        self._restart_clock()
         self._last, self._step = {}, start
         self._dispatched: set[bool] = set()  # the step kinds (per-layer statistics or not) run in this session
         self._untimed = False  # the next step recorded has no tokens/s of its own (a compilation cut its interval)
@@ -248,7 +255,7 @@ class Loop:
             if save:
                 self.checkpointer.save(step, state, self.position(batches), self.model_config)
                 self.metrics.flush()
-                self._t_last = time.perf_counter()  # saving is not training throughput (nor the next step's time)
+                self._restart_clock()  # saving is not training throughput (nor the next step's time)
             if preempted:
                 if preemption.signum != signal.SIGINT:  # Ctrl-C's line comes last, from Interrupted in run
                     self.progress.write(f"preempted: checkpoint saved at step {step}; run the same command to resume")
@@ -280,7 +287,7 @@ class Loop:
             jax.block_until_ready(state)  # the last profiled step's update, whole
         self._tracing = False
         jax.profiler.stop_trace()
-        self._t_last = time.perf_counter()  # writing the trace is not training throughput
+        self._restart_clock()  # writing the trace is not training throughput
 
     def _run_hooks(self, due: list[Hook], step: int, state) -> None:
         for hook in due:
@@ -291,7 +298,11 @@ class Loop:
                 self.metrics.write(step, **logged)
                 self._last.update(logged)
         if due:
-            self._t_last = time.perf_counter()  # evaluation time is not training throughput
+            self._restart_clock()  # evaluation time is not training throughput
+
+    def _restart_clock(self) -> None:
+        """Throughput is timed from now on: what came before (a compilation, a save) was not training."""
+        self._clock = deque([time.perf_counter()], maxlen=THROUGHPUT_STEPS + 1)
 
     def _record(self, step: int, metrics, epoch) -> None:
         m = {k: float(v) for k, v in jax.device_get(metrics).items() if k != "weight"}
@@ -308,14 +319,17 @@ class Loop:
         for tally in self._tally.values():
             tally[0] += m["loss"]
             tally[1] += 1
-        now = time.perf_counter()
         fields = {}
-        if self.tokens_per_step and not self._profiled(step) and not self._untimed:  # a traced step runs slower
-            tokens_per_s = self.tokens_per_step / max(now - self._t_last, 1e-9)
-            fields = {"tokens_per_s": tokens_per_s}
-            if self.flops_per_token and self.peak_flops:
-                fields["mfu"] = tokens_per_s * self.flops_per_token / self.peak_flops
-        self._t_last, self._untimed = now, False
+        if self._untimed or self._profiled(step):  # a compilation in its interval; a traced step runs slower
+            self._restart_clock()
+            self._untimed = False
+        else:
+            self._clock.append(time.perf_counter())
+            if self.tokens_per_step:
+                tokens_per_s = self.tokens_per_step * (len(self._clock) - 1) / max(self._clock[-1] - self._clock[0], 1e-9)
+                fields = {"tokens_per_s": tokens_per_s}
+                if self.flops_per_token and self.peak_flops:
+                    fields["mfu"] = tokens_per_s * self.flops_per_token / self.peak_flops
         self._last.update(m, **fields)
         if self._watched(step) or (self.log_every and (step % self.log_every == 0 or step == self.steps)):
             self.metrics.write(step, **m, **fields, **({"epoch": epoch} if epoch is not None else {}))

@@ -151,6 +151,26 @@ def test_epoch_end_hooks_save_and_compiling_steps_log_no_throughput(tmp_path):
     assert timed == {2, 4, 5}  # not 1 (its compilation), nor 3 (recorded right after step 4's stats step compiled)
 
 
+def test_throughput_is_timed_over_several_steps_so_a_late_read_is_no_spike(tmp_path):
+    """A step's interval ends when the host reads its metrics: read late (the host busy while the device went on),
+    the next interval was short, and a tiny run logged 274,177 tokens/s and an MFU of 168% between steps of
+    ~50,000. Here each step takes 20 ms, step 5's read comes 80 ms late and step 6 takes no time."""
+    import time
+
+    from gpt1_jax.checkpoint import Checkpointer
+    from gpt1_jax.config import ModelConfig
+    from gpt1_jax.loop import Loop
+
+    delays = {6: 0.1, 7: 0.0}  # seconds of the call that dispatches step s (the previous step is read after it)
+    metrics = Recorded()
+    loop = Loop(Trainer(lambda step: time.sleep(delays.get(step, 0.02))), 12, Checkpointer(tmp_path / "c"),
+                ModelConfig(), metrics, Quiet(), tokens_per_step=100, log_every=1)
+    assert loop.run(State(np.int32(0), np.zeros(4, np.float32)), Batches()).finished
+    rates = {step: scalars["tokens_per_s"] for step, scalars in metrics.rows if "tokens_per_s" in scalars}
+    assert set(rates) == set(range(2, 13))
+    assert max(rates.values()) < 1.2 * 100 / 0.02, rates  # never above the steps' own rate (5,000 tokens/s)
+
+
 def test_the_pinned_step_outlives_the_newest_keep_until_another_is_pinned(tmp_path):
     """Fine-tuning's best epoch: with keep_checkpoints=1 an early best epoch's checkpoint rotated out, and no
     checkpoint held the weights results.json scored. Best at epoch 1 (step 2), then at epoch 3 (step 6)."""
