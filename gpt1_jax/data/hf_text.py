@@ -120,6 +120,8 @@ class HfSource:
                 return datasets.load_dataset(p.name, split=p.split, streaming=True, **kwargs)
             except NotImplementedError:  # a dataset that cannot stream
                 return datasets.load_dataset(p.name, split=p.split, **kwargs)
+        except StopIteration:  # datasets' json builder on an empty file (inside a generator: a RuntimeError)
+            raise DataError(f"hf source {self.spec!r} has no rows") from None
         except Exception as e:
             raise _one_line(e, f"hf source {self.spec!r}: cannot load it") from None
 
@@ -128,6 +130,8 @@ class HfSource:
         rows = self._load()
         try:
             yield from rows
+        except StopIteration:  # the same, should a builder raise it while reading: no rows
+            return
         except Exception as e:
             raise _one_line(e, f"hf source {self.spec!r}: cannot read its rows") from None
 

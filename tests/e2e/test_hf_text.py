@@ -63,6 +63,10 @@ def test_a_file_the_builder_cannot_parse_is_one_line(tmp_path, monkeypatch, caps
                                             rf"error: .* in row {row}$"):
             list(open_source(f"hf:json:{tmp_path}/{name}").documents())
     assert capsys.readouterr().err == ""
+    # An empty file: datasets' json builder raises StopIteration, which Python turned into a RuntimeError traceback.
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(DataError, match=rf"^hf source 'hf:json:{tmp_path}/empty.jsonl' has no rows$"):
+        open_source(f"hf:json:{tmp_path}/empty.jsonl")
 
 
 def _cli(*args, env=None):
