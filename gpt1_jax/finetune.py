@@ -28,7 +28,7 @@ import numpy as np
 from gpt1_jax import flops, heads
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
-from gpt1_jax.config import ConfigError, FinetuneConfig, ModelConfig, load_yaml, to_dict
+from gpt1_jax.config import ConfigError, FinetuneConfig, ModelConfig, load_yaml, profile_window, to_dict
 from gpt1_jax.data.layout import Markers
 from gpt1_jax.data.tasks import (EpochBatches, Encoded, Splits, Task, encode_task, eval_order, make_batch, make_task,
                                   prepare_once, process_rows, train_rows, write_predictions, write_submission)
@@ -213,6 +213,9 @@ def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, token
     splits = encode_task(task, config, tok, n_ctx, predict_test)
     steps_per_epoch = math.ceil(len(splits.train.seqs) / config.batch_size)
     total = steps_per_epoch * config.epochs
+    if (window := profile_window(config.profile)) and window[1] > total:  # found before the run folder is written
+        raise ConfigError(f"profile {config.profile} ends after the run's last step ({total} = {config.epochs} "
+                          f"epoch{'s' if config.epochs > 1 else ''} x {steps_per_epoch} steps)")
     optim = dataclasses.replace(config.optim, total_steps=total, warmup_steps=int(round(config.warmup_fraction * total)))
     config = dataclasses.replace(config, model=flops.fit_compute_dtype(model_config), optim=optim, n_ctx=n_ctx)
     return task, source, config, splits

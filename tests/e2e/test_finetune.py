@@ -87,6 +87,12 @@ def test_a_rerun_keeps_its_seconds_and_what_it_cannot_give_is_refused(tmp_path, 
         "there is nothing to score the run on")
     assert not (fresh / "config.yaml").exists()
 
+    # A profile window past the last step was refused once the run folder was written (run.json, config.yaml, ...).
+    assert cli.main([a if a != str(workdir) else str(fresh) for a in argv] + ["--profile", "2:9"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "gpt1-jax finetune: error: profile 2:9 ends after the run's last step (5 = 1 epoch x 5 steps)")
+    assert not fresh.exists()
+
 
 def test_the_epoch_is_chosen_on_the_held_out_slice_and_dev_is_only_reported(tmp_path, data_dir):
     """--holdout-fraction 0.25 of CoLA's 40 training examples: 30 train, 10 choose the epoch; the reported dev
