@@ -268,7 +268,8 @@ def parse_mesh(text: str) -> MeshConfig:
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or key not in MESH_AXES + ("dcn_data", "dcn_fsdp", "dcn_tensor"):
-            raise ConfigError(f"--mesh item {item!r} is not AXIS=SIZE with AXIS one of {', '.join(MESH_AXES)}")
+            raise ConfigError(f"--mesh item {item!r} is not AXIS=SIZE with AXIS one of {', '.join(MESH_AXES)} (or, "
+                              "over the slices of a multi-slice job, dcn_data, dcn_fsdp, dcn_tensor)")
         try:
             values[key] = int(raw)
         except ValueError:
@@ -635,7 +636,8 @@ def save_yaml(config: Any, path: str | Path) -> None:
 def resolve(cls: type[T], spec: str | None, *, saved: str | Path | None = None, overrides=(), mesh: str | None = None) -> T:
     """The one way a run's config is assembled, each step over the one before:
     `spec` (a preset name or a YAML file of `cls`; None: `saved` if it exists, else the default) <
-    `overrides` (`key=value`, flags first, then `--set`) < `mesh` (`--mesh data=2,fsdp=2`)."""
+    `mesh` (`--mesh data=2,fsdp=2`: the axis sizes; the rules stay) < `overrides` (`key=value`, flags first,
+    then `--set`, which wins over everything)."""
     if spec is None and saved is not None and Path(saved).is_file():
         config = load_yaml(cls, saved)
     elif spec is None:
@@ -646,7 +648,6 @@ def resolve(cls: type[T], spec: str | None, *, saved: str | Path | None = None, 
         config = load_yaml(cls, spec)
     else:
         raise ConfigError(f"--config {spec!r}: not a preset ({', '.join(MODEL_PRESETS)}) nor a YAML file")
-    config = apply_overrides(config, list(overrides))
     if mesh:
-        config = dataclasses.replace(config, mesh=parse_mesh(mesh))
-    return config
+        config = dataclasses.replace(config, mesh=dataclasses.replace(parse_mesh(mesh), rules=config.mesh.rules))
+    return apply_overrides(config, list(overrides))

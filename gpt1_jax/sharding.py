@@ -80,6 +80,11 @@ def make_mesh(config: MeshConfig, devices: Sequence[Any] | None = None):
     if math.prod(dcn) > 1:
         if any(s % d for s, d in zip(shape, dcn)):
             raise ConfigError(f"mesh dcn sizes {dcn} must divide the axis sizes {shape}")
+        slices = {getattr(d, "slice_index", None) for d in devices}
+        if None in slices or len(slices) != math.prod(dcn):
+            raise ConfigError(f"mesh dcn sizes {dcn} split the mesh over {math.prod(dcn)} slices, and these devices are "
+                              f"{'one slice' if None in slices or len(slices) == 1 else f'{len(slices)} slices'}: "
+                              "set the dcn_* sizes to the slices a multi-slice job has (plan: --num-slices N)")
         ici = tuple(s // d for s, d in zip(shape, dcn))
         grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices, allow_split_physical_axes=True)
     elif devices[0].platform != "cpu" and (len(devices) == len(jax.devices()) or devices[0] not in jax.devices()):

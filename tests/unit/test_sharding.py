@@ -50,6 +50,23 @@ def test_rules_overridable_in_one_place():
         shd.MeshConfig(rules={"nope": "data"})
 
 
+def test_mesh_flag_sets_the_axis_sizes_and_set_still_wins():
+    """`--mesh fsdp=8 --set 'mesh.rules={embed: null}'` planned and trained with the default rules: --mesh replaced
+    the whole mesh config after --set had been applied."""
+    from gpt1_jax.config import PretrainConfig, resolve
+
+    config = resolve(PretrainConfig, "tiny", mesh="fsdp=8", overrides=["mesh.rules={embed: null}"])
+    assert (config.mesh.fsdp, config.mesh.data, dict(config.mesh.rules)) == (8, -1, {"embed": None})
+    assert resolve(PretrainConfig, "tiny", mesh="data=8", overrides=["mesh.fsdp=2"]).mesh.fsdp == 2
+
+
+def test_dcn_sizes_on_devices_of_one_slice_are_one_line():
+    """A Python traceback from mesh_utils ("Device cpu:0 does not have attribute slice_index"), exit 1."""
+    with pytest.raises(ConfigError, match=r"^mesh dcn sizes \(2, 1, 1\) split the mesh over 2 slices, and these devices "
+                                          r"are one slice: set the dcn_\* sizes"):
+        shd.make_mesh(shd.parse_mesh("data=8,dcn_data=2"))
+
+
 def test_undivisible_dimension_falls_back_to_replicated():
     mesh = shd.make_mesh(shd.parse_mesh("tensor=8"))
     assert shd._fit_spec(P("tensor", None), (40478, 768), mesh) == P(None, None)
