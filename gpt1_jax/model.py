@@ -21,6 +21,7 @@ from typing import Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from gpt1_jax.attention import causal_attention
 from gpt1_jax.config import ModelConfig
@@ -56,6 +57,7 @@ def _mixed_einsum_bwd(spec, dtype, residuals, g):
 
 
 mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
+MIXED_PRODUCT = "mixed_product"  # Linear's bf16 product, named for model.remat=dots (_REMAT_POLICIES)
 
 
 def _normal(config: ModelConfig, axes: Axes):
@@ -86,7 +88,8 @@ class Linear(nn.Module):
             return jnp.einsum(self.spec, x, kernel.astype(c.dtype)) + bias.astype(c.dtype)
         # The bias joins the fp32 product before the one rounding: its gradient is then a float32 sum, which
         # XLA:CPU reduces directly; over a bf16 cotangent it converted and tree-reduced (reduce-window).
-        return (mixed_einsum(self.spec, x, kernel, jnp.dtype(c.dtype)) + bias).astype(c.dtype)
+        product = checkpoint_name(mixed_einsum(self.spec, x, kernel, jnp.dtype(c.dtype)), MIXED_PRODUCT)
+        return (product + bias).astype(c.dtype)
 
 
 def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
@@ -172,7 +175,11 @@ class Block(nn.Module):
 
 _REMAT_POLICIES = {
     "full": None,  # save nothing inside a block, recompute all of it
-    "dots": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    # The layers' products: dot_generals, and in bf16 mixed_einsum's, which the policy sees only by name (a
+    # custom_vjp hides its dot: `dots` compiled to `full`'s program in bf16, same memory and FLOPs).
+    "dots": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+        jax.checkpoint_policies.save_only_these_names(MIXED_PRODUCT)),
 }
 
 
