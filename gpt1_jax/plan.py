@@ -400,8 +400,9 @@ def shortfall_message(plan: dict[str, Any]) -> str:
         hints.append("more fsdp (--mesh fsdp=N)")
     if plan["remat"] != "full":
         hints.append("--set model.remat=" + ("attention, dots or full" if plan["remat"] == "none" else "full"))
-    if plan["per_chip_batch"] > 1:
-        hints.append("a smaller per-chip batch (--set accum_steps=K or a smaller data.global_batch_size)")
+    if plan["per_chip_batch"] / plan["accum_steps"] > 1:  # the examples a chip's activations hold at once
+        hints.append("a smaller micro-batch per chip (--set accum_steps=K runs each step as K of them; or a smaller "
+                     "data.global_batch_size)")
     if plan["state_dtype"] != "bfloat16":
         hints.append("--set optim.state_dtype=bfloat16")
     hints.append("--mesh auto")

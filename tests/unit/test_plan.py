@@ -89,11 +89,14 @@ def test_a_gpu_plan_that_misses_names_the_allocator_fraction(monkeypatch):
     how to raise it, and only there."""
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
     gpu = {"topology": "visible:1xNVIDIA H100 80GB HBM3", "chip": "NVIDIA H100 80GB HBM3", "mesh": {"data": 1},
-           "remat": "none", "per_chip_batch": 64, "state_dtype": "float32", "peak_bytes_per_chip": 70e9,
+           "remat": "none", "per_chip_batch": 64, "accum_steps": 1, "state_dtype": "float32", "peak_bytes_per_chip": 70e9,
            "hbm_bytes_per_chip": 63.76e9, "margin_bytes": 63.76e9 - 70e9}
     line = plan.shortfall_message(gpu)
     assert line.startswith("plan does not fit: 70.00 GB per chip > 63.76 GB HBM of NVIDIA H100 80GB HBM3 (short by 6.24 GB)")
     assert "--set model.remat=attention, dots or full" in line
+    assert "a smaller micro-batch per chip (--set accum_steps=K" in line
+    # already one example at a time (64 micro-batches): no such hint
+    assert "micro-batch" not in plan.shortfall_message({**gpu, "accum_steps": 64})
     assert line.endswith("--mesh auto, XLA_PYTHON_CLIENT_MEM_FRACTION=.95 (JAX takes 75% of a GPU unless told)")
     tpu = {**gpu, "topology": "v5e:2x2", "chip": "TPU v5 lite"}
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in plan.shortfall_message(tpu)
