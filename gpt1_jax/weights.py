@@ -329,14 +329,14 @@ def load_pretrained(path: str | os.PathLike, config: ModelConfig | None = None, 
             config = _config_from_original(state, overrides, str(path))
         else:
             config = apply_overrides(config, overrides)
-        return config, hf_state_to_params(config, state, source=str(path))
+        return config, _check_finite(hf_state_to_params(config, state, source=str(path)), str(path), fmt)
     if fmt == "hf":
         try:
             saved = _config_from_hf(json.loads((path / "config.json").read_text()), str(path))
         except json.JSONDecodeError as e:
             raise CheckpointFormatError(f"{path}/config.json is not valid JSON: {e}") from None
         final = _runtime_config(saved, config, overrides, str(path))
-        return final, _check_finite(hf_state_to_params(final, _read_hf_state(path), source=str(path)), str(path))
+        return final, _check_finite(hf_state_to_params(final, _read_hf_state(path), source=str(path)), str(path), fmt)
     if fmt == "jax":
         import orbax.checkpoint as ocp  # see the note at the top
 
@@ -348,21 +348,23 @@ def load_pretrained(path: str | os.PathLike, config: ModelConfig | None = None, 
         saved, params, step = _load_run(path, step)
         source = f"{path} step {step}"
     _check_tree(saved, params, source)
-    _check_finite(params, source)
+    _check_finite(params, source, fmt)
     final = _runtime_config(saved, config, overrides, source)
     if (final.scan_layers, final.param_dtype) != (saved.scan_layers, saved.param_dtype):
         params = hf_state_to_params(final, params_to_hf_state(saved, params), source=source)
     return final, params
 
 
-def _check_finite(params: dict, source: str) -> dict:
+def _check_finite(params: dict, source: str, fmt: str) -> dict:
     """Weights that are NaN or inf (a run that diverged, saved before gpt1-jax checked its gradients) made every
     verb go on: sample printed <unk>, evaluate a NaN loss, fine-tuning stopped at step 1 asking for a lower lr."""
     for keys, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         if not bool(jnp.isfinite(leaf).all()):  # where the array is: no host copy of a large model
             name = "/".join(str(getattr(k, "key", k)) for k in keys)
-            raise CheckpointFormatError(f"{source}: {name} holds NaN or inf weights: the run had diverged when this was "
-                                        "saved; use an earlier checkpoint (--step)")
+            fix = {"run": "the run had diverged when this was saved; use an earlier checkpoint (--step)",
+                   "original": "the release's files are damaged; fetch them again"}.get(
+                fmt, "damaged, or converted from a run that had diverged; convert an earlier checkpoint of that run")
+            raise CheckpointFormatError(f"{source}: {name} holds NaN or inf weights: {fix}")
     return params
 
 

@@ -103,14 +103,21 @@ def test_block_key_order_matches_the_release(vocab_dir):
         assert shapes[2 + HF_BLOCK_KEYS.index(key)] == shape
 
 
-def test_weights_that_are_not_finite_are_refused_naming_the_array(tmp_path):
+def test_weights_that_are_not_finite_are_refused_naming_the_array(tmp_path, vocab_dir):
     """A diverged run's NaN weights went on into sample (<unk> only), evaluate (a NaN loss), convert and fine-tuning
-    (stopped at step 1, asking for a lower lr)."""
+    (stopped at step 1, asking for a lower lr); OpenAI's format was not checked at all."""
     import jax
 
     params = jax.tree.map(np.asarray, random_params(SMALL))
     params["h_1"]["mlp"]["c_fc"]["kernel"][3, 5] = np.nan
     save_pretrained(SMALL, params, tmp_path / "hf")
-    with pytest.raises(CheckpointFormatError, match=r"hf: h_1/mlp/c_fc/kernel holds NaN or inf weights: the run had "
-                                                    r"diverged when this was saved"):
+    with pytest.raises(CheckpointFormatError, match=r"hf: h_1/mlp/c_fc/kernel holds NaN or inf weights: damaged, or "
+                                                    r"converted from a run that had diverged; convert an earlier"):
         load_pretrained(tmp_path / "hf")
+    write_original_release(tmp_path / "release", scaled_shapes(vocab_dir / "params_shapes.json", layers=1))
+    shard = np.load(tmp_path / "release" / "params_0.npy")
+    shard[-1] = np.inf  # in the token embedding, after the 64 x 64 position table
+    np.save(tmp_path / "release" / "params_0.npy", shard)
+    with pytest.raises(CheckpointFormatError, match=r"release: tokens_embed/embedding holds NaN or inf "
+                                                    r"weights: the release's files are damaged; fetch them again"):
+        load_pretrained(tmp_path / "release")
