@@ -162,8 +162,8 @@ class OptimConfig:
     eps: float = 1e-8
     weight_decay: float = 0.01
     clip_norm: float = 1.0  # 0 disables clipping
-    # Storage dtype of the optimizer's float state (moments); updates are still computed in float32.
-    # bfloat16 halves the optimizer's memory (MaxText's mu_dtype, here for every moment of every optimizer).
+    # Storage dtype of the optimizer's first moments (gpt1_jax/optim.py NARROWED_STATE); updates are still computed in
+    # float32. bfloat16 (MaxText's mu_dtype) takes a quarter off Adam's state, half off Lion's and SGD's momentum.
     state_dtype: str = "float32"
     momentum: float = 0.9  # sgd, sgd_nesterov
     # muon: momentum of the orthogonalised matrices, Newton-Schulz steps, update RMS matching

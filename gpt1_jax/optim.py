@@ -283,12 +283,22 @@ def make_optimizer(cfg: OptimConfig, params, lr: Peak | None = None) -> optax.Gr
     return tx if cfg.state_dtype == "float32" else stored_as(tx, jnp.dtype(cfg.state_dtype))
 
 
+# The state a narrower dtype may hold: first moments (optax's `mu`: Adam's, LAMB's, Lion's, Muon's; `trace`: SGD's
+# momentum), which decay by 0.9 a step. Not second moments: bf16 keeps 8 bits, so nu's 0.999 decay rounds back to
+# nu and it stops falling (a constant gradient's Adam steps came out 1.8x too large); nor schedule-free's z, which is
+# the weights themselves (LayerNorm gains near 1 stopped moving), nor its scalars (b1 0.9 became 0.8984375).
+NARROWED_STATE = ("mu", "trace")
+
+
 def stored_as(tx: optax.GradientTransformation, dtype) -> optax.GradientTransformation:
-    """`tx` with its floating-point state kept in `dtype` between steps: each update widens the state back
-    to the dtypes `tx` made it in, runs `tx` unchanged, and narrows the new state. Integer leaves (step
-    counts) are untouched. Memory, not arithmetic: every optimizer's maths stays in float32."""
+    """`tx` with its first moments (NARROWED_STATE) kept in `dtype` between steps: each update widens them back
+    to the dtypes `tx` made them in, runs `tx` unchanged, and narrows the new ones. Everything else stays as `tx`
+    keeps it. Memory, not arithmetic: every optimizer's maths stays in float32."""
     def narrow(state):
-        return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+        def leaf(path, x):
+            field = next((k.name for k in reversed(path) if isinstance(k, jax.tree_util.GetAttrKey)), None)
+            return x.astype(dtype) if field in NARROWED_STATE and jnp.issubdtype(x.dtype, jnp.floating) else x
+        return jax.tree_util.tree_map_with_path(leaf, state)
 
     def init(params):
         return narrow(tx.init(params))
