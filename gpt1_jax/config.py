@@ -529,10 +529,12 @@ def to_dict(config: Any) -> dict[str, Any]:
 def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
     """`["d_model=128", "optim.lr=1e-3"]` -> a new config; dotted keys reach nested dataclasses."""
     values = to_dict(config)
+    given = set()
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         key, raw = item.split("=", 1)
+        given.add(key.strip())
         *parents, leaf = key.strip().split(".")
         node = values
         for part in parents:
@@ -551,6 +553,13 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
         # before them): a --set optim.warmup_steps above the preset's total was refused against a total the run
         # replaces anyway.
         optim = values["optim"]
+        if "optim.total_steps" in given:  # replaced by the run's steps, silently until now
+            raise ConfigError("optim.total_steps is the run's --steps in pre-training (the schedule spans the run): "
+                              "set --steps (or `steps=`) instead")
+        if "optim.warmup_steps" in given and optim.get("schedule") != "constant" \
+                and isinstance(optim.get("warmup_steps"), int) and optim["warmup_steps"] >= values["steps"]:
+            raise ConfigError(f"optim.warmup_steps={optim['warmup_steps']} leaves none of the run's {values['steps']} "
+                              "steps to decay over: set it below --steps")
         optim["total_steps"] = max(values["steps"], optim.get("warmup_steps", 0), 1)
     return from_dict(type(config), values)
 

@@ -77,3 +77,9 @@ def test_a_warmup_longer_than_the_presets_total_follows_the_runs_steps():
     assert (config.optim.warmup_steps, config.optim.total_steps) == (100, 200)
     short = apply_overrides(preset(PretrainConfig, "tiny"), ["steps=2"])  # shorter than the preset's warmup of 5
     assert (short.optim.warmup_steps, short.steps) == (5, 2)  # the run ends its warmup before step 2 (pretrain.py)
+    # What a user sets and the run would silently replace is refused: the total (the run's steps) and a warmup
+    # that leaves nothing to decay over (it was clamped to steps - 1, and config.yaml recorded that instead).
+    with pytest.raises(ConfigError, match=r"^optim.total_steps is the run's --steps in pre-training"):
+        apply_overrides(preset(PretrainConfig, "tiny"), ["steps=6", "optim.total_steps=100"])
+    with pytest.raises(ConfigError, match=r"^optim.warmup_steps=100 leaves none of the run's 6 steps to decay over"):
+        apply_overrides(preset(PretrainConfig, "tiny"), ["steps=6", "optim.warmup_steps=100"])
