@@ -189,9 +189,15 @@ class OptimConfig:
             raise ConfigError(f"optim.schedule={self.schedule!r} is not one of {', '.join(SCHEDULE_NAMES)}")
         if self.state_dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"optim.state_dtype={self.state_dtype!r} is not one of float32, bfloat16")
-        for name in ("lr", "weight_decay", "clip_norm", "eps"):  # nan passed a plain `< 0` test
+        for name in ("weight_decay", "clip_norm", "sf_weight_lr_power"):  # nan passed a plain `< 0` test
             if not 0 <= getattr(self, name) < math.inf:
                 raise ConfigError(f"optim.{name} must be a number >= 0, got {getattr(self, name)}")
+        # lr 0 trains nothing; eps 0 divides by zero where a gradient is exactly 0 (an unused embedding row)
+        for name in ("lr", "eps"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ConfigError(f"optim.{name} must be a number > 0, got {getattr(self, name)}")
+        if not 0 < self.adafactor_decay_rate <= 1:  # the second moment's decay is 1 - t^-rate
+            raise ConfigError(f"optim.adafactor_decay_rate must lie in (0, 1], got {self.adafactor_decay_rate}")
         if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
             raise ConfigError(f"optim.b1/b2 must lie in [0, 1), got {self.b1}, {self.b2}")
         if not (0 <= self.momentum < 1 and 0 <= self.muon_beta < 1 and 0 <= self.adafactor_momentum < 1):

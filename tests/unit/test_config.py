@@ -44,8 +44,12 @@ def test_list_and_pair_fields_are_typed_from_set_and_yaml():
     ("seed=18446744073709551617", "seed must be between 0 and 2147483647, got 18446744073709551617"),
     ("seed=3000000000", "seed must be between 0 and 2147483647"),  # the step's int32: an OverflowError at step 1
     ("data.split_seed=-1", "data.split_seed must be between 0 and 2147483647"),
-    ("optim.lr=nan", "optim.lr must be a number >= 0, got nan"),
-    ("optim.lr=1e400", "optim.lr must be a number >= 0, got inf"),
+    ("optim.lr=nan", "optim.lr must be a number > 0, got nan"),
+    ("optim.lr=1e400", "optim.lr must be a number > 0, got inf"),
+    ("optim.lr=0", "optim.lr must be a number > 0, got 0"),  # these four trained (and learnt nothing, or NaN) with exit 0
+    ("optim.eps=0", "optim.eps must be a number > 0, got 0"),
+    ("optim.adafactor_decay_rate=2", "optim.adafactor_decay_rate must lie in (0, 1], got 2"),
+    ("optim.sf_weight_lr_power=-5", "optim.sf_weight_lr_power must be a number >= 0, got -5"),
     ("model.layer_norm_eps=-1", "model.layer_norm_eps must be > 0, got -1"),
     ("model.init_std=-5", "model.init_std must be >= 0, got -5"),
     ("keep_steps=[1,", "override 'keep_steps=[1,': the value is not valid YAML"),
