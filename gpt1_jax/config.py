@@ -150,6 +150,9 @@ SCHEDULE_NAMES = ("warmup_linear", "warmup_cosine", "warmup_constant", "constant
 TRACKER_NAMES = ("tensorboard", "wandb", "none")  # gpt1_jax/tracker.py
 
 
+GPT1_ADAM = (0.9, 0.999, 1e-8)  # Adam's b1, b2, eps in GPT-1 (the defaults below; gpt1_adam pins them)
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
     name: str = "gpt1_adam"
@@ -200,6 +203,10 @@ class OptimConfig:
             raise ConfigError(f"optim.adafactor_decay_rate must lie in (0, 1], got {self.adafactor_decay_rate}")
         if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
             raise ConfigError(f"optim.b1/b2 must lie in [0, 1), got {self.b1}, {self.b2}")
+        if self.name == "gpt1_adam" and (self.b1, self.b2, self.eps) != GPT1_ADAM:  # it would train with the paper's
+            raise ConfigError(f"optim.name=gpt1_adam is the paper's Adam, b1 {GPT1_ADAM[0]}, b2 {GPT1_ADAM[1]}, eps "
+                              f"{GPT1_ADAM[2]}, got b1 {self.b1}, b2 {self.b2}, eps {self.eps}: set optim.name=adamw "
+                              "to choose them")
         if not (0 <= self.momentum < 1 and 0 <= self.muon_beta < 1 and 0 <= self.adafactor_momentum < 1):
             raise ConfigError("optim.momentum, muon_beta and adafactor_momentum must lie in [0, 1)")
         if not 0 < self.sf_b1 < 1:

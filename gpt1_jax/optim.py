@@ -33,7 +33,7 @@ import optax
 from optax.contrib import MuonDimensionNumbers, ScheduleFreeState, schedule_free, schedule_free_eval_params
 from optax.contrib import muon as optax_muon
 
-from gpt1_jax.config import ConfigError, OptimConfig
+from gpt1_jax.config import GPT1_ADAM, ConfigError, OptimConfig
 
 
 # ---- schedules: step -> lr ------------------------------------------------------------------------
@@ -111,10 +111,9 @@ def _clipped(cfg: OptimConfig, tx: optax.GradientTransformation) -> optax.Gradie
 
 
 def gpt1_adam(cfg: OptimConfig, schedule: optax.Schedule, params) -> optax.GradientTransformation:
-    """The paper's optimizer: Adam's constants pinned (b1 0.9, b2 0.999, eps 1e-8) whatever the config
-    says; lr, schedule, weight decay and clipping still come from it."""
-    return _clipped(cfg, optax.adamw(schedule, 0.9, 0.999, 1e-8, weight_decay=cfg.weight_decay,
-                                     mask=decay_mask(params)))
+    """The paper's optimizer: Adam's constants pinned (b1 0.9, b2 0.999, eps 1e-8; a config saying otherwise is
+    refused); lr, schedule, weight decay and clipping come from the config."""
+    return _clipped(cfg, optax.adamw(schedule, *GPT1_ADAM, weight_decay=cfg.weight_decay, mask=decay_mask(params)))
 
 
 def adamw(cfg: OptimConfig, schedule: optax.Schedule, params) -> optax.GradientTransformation:

@@ -15,6 +15,7 @@ import math
 import sys
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 from jax.experimental import multihost_utils
 
@@ -24,18 +25,19 @@ from gpt1_jax.checkpoint import Checkpointer
 from gpt1_jax.config import OptimConfig, PretrainConfig, load_yaml
 from gpt1_jax.data.pipeline import build_pipeline
 from gpt1_jax.data.tokens import TOKENIZER_FILE
-from gpt1_jax.errors import ConfigError
+from gpt1_jax.errors import ConfigError, WorkdirError
 from gpt1_jax.evaluate import lm_loss, perplexity
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.integrity import newest_checkpoint
 from gpt1_jax.loop import Hook, Outcome, resume_step, start
 from gpt1_jax.metrics import plot_losses
-from gpt1_jax.optim import eval_params, make_schedule
+from gpt1_jax.model import init_params
+from gpt1_jax.optim import eval_params, make_optimizer, make_schedule
 from gpt1_jax.sharding import make_mesh
 from gpt1_jax.step import check_batch_size, lm_trainer
 from gpt1_jax.workdir import Identity
 from gpt1_jax.workdir import check as check_workdir
-from gpt1_jax.workdir import check_same_data, hold
+from gpt1_jax.workdir import check_same_data, hold, shown_changes
 
 
 def with_schedule_span(config: PretrainConfig) -> PretrainConfig:
@@ -56,6 +58,7 @@ def run(config: PretrainConfig, workdir: Path) -> Outcome:
     saved = load_yaml(PretrainConfig, workdir / "config.yaml") if resumed else None  # before the run rewrites it
     if saved is not None:
         check_same_data(workdir, config, saved)
+        check_same_optimizer_state(workdir, config, saved)
     # What needs no data is checked before the corpus is read: tokenizing can take minutes, and writes.
     check_batch_size(make_mesh(config.mesh), config.data.global_batch_size, config.accum_steps)
     check_attention(config.model.attention, config.model.attn_dropout, True, config.model.head_dim)
@@ -81,6 +84,23 @@ def _build_and_train(config: PretrainConfig, workdir: Path, job: Identity, is_ma
         return _train(config, workdir, job, pipeline, trainer, ckpt, is_main, saved)
     finally:
         ckpt.close()
+
+
+def check_same_optimizer_state(workdir: Path, config: PretrainConfig, saved: PretrainConfig) -> None:
+    """A resume whose optimizer keeps another state than the run's checkpoints hold (another optim.name,
+    clipping turned off, ...) is refused in one line: orbax's restore failed with a 6 KB traceback."""
+    params = nn.meta.unbox(jax.eval_shape(lambda: init_params(config.model, 0)))
+
+    def layout(optim: OptimConfig):
+        state = jax.eval_shape(make_optimizer(optim, params).init, params)
+        return jax.tree.structure(state), [(x.shape, x.dtype) for x in jax.tree.leaves(state)]
+
+    if layout(saved.optim) != layout(config.optim):
+        old = {f"optim.{k}": v for k, v in dataclasses.asdict(saved.optim).items()}
+        new = {f"optim.{k}": v for k, v in dataclasses.asdict(config.optim).items()}
+        differ = [k for k in new if new[k] != old[k] and k != "optim.total_steps"]  # that one follows --steps
+        raise WorkdirError(f"{workdir} holds checkpoints of another optimizer ({shown_changes(differ, old, new)}): "
+                           "repeat the run's optimizer settings to resume it, or choose another --workdir")
 
 
 def schedule_change(saved: OptimConfig, now: OptimConfig, step: int) -> str | None:

@@ -200,7 +200,8 @@ def flat_fields(values: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _shown(differ: list[str], old: dict, new: dict) -> str:
+def shown_changes(differ: list[str], old: dict, new: dict) -> str:
+    """The first few fields that differ, each as `key=old there, new now`."""
     return (", ".join(f"{k}={old.get(k)!r} there, {new.get(k)!r} now" for k in differ[:3])
             + (", ..." if len(differ) > 3 else ""))
 
@@ -212,7 +213,7 @@ def check_same_settings(workdir: Path, config, saved) -> None:
     differ = [k for k in sorted(set(new) | set(old)) if new.get(k) != old.get(k)
               and not any(k == f or k.startswith(f + ".") for f in RESUMABLE_WITH_OTHER)]
     if differ:
-        raise WorkdirError(f"{workdir} holds a fine-tuning run with other settings ({_shown(differ, old, new)}): "
+        raise WorkdirError(f"{workdir} holds a fine-tuning run with other settings ({shown_changes(differ, old, new)}): "
                            "choose another --workdir (one folder per setting), or repeat the run's own flags to resume it")
 
 
@@ -223,6 +224,6 @@ def check_same_data(workdir: Path, config, saved) -> None:
     new, old = flat_fields(to_dict(config)), flat_fields(to_dict(saved))
     differ = [k for k in PRETRAIN_DATA if new.get(k) != old.get(k)]
     if differ:
-        raise WorkdirError(f"{workdir} holds a pre-training run on other data ({_shown(differ, old, new)}): its "
+        raise WorkdirError(f"{workdir} holds a pre-training run on other data ({shown_changes(differ, old, new)}): its "
                            "checkpoints continue only the batches they began; repeat the run's own flags to resume "
                            "it (or leave them out: its config.yaml is the default), or choose another --workdir")

@@ -50,6 +50,8 @@ def test_list_and_pair_fields_are_typed_from_set_and_yaml():
     ("optim.eps=0", "optim.eps must be a number > 0, got 0"),
     ("optim.adafactor_decay_rate=2", "optim.adafactor_decay_rate must lie in (0, 1], got 2"),
     ("optim.sf_weight_lr_power=-5", "optim.sf_weight_lr_power must be a number >= 0, got -5"),
+    # trained with the paper's b2 while config.yaml recorded 0.99
+    ("optim.b2=0.99", "optim.name=gpt1_adam is the paper's Adam, b1 0.9, b2 0.999, eps 1e-08, got b1 0.9, b2 0.99"),
     ("model.layer_norm_eps=-1", "model.layer_norm_eps must be > 0, got -1"),
     ("model.init_std=-5", "model.init_std must be >= 0, got -5"),
     ("keep_steps=[1,", "override 'keep_steps=[1,': the value is not valid YAML"),

@@ -93,3 +93,23 @@ def test_a_resume_that_moves_the_learning_rate_says_so():
     constant = OptimConfig(lr=3e-3, schedule="warmup_constant", warmup_steps=5, total_steps=30)
     assert schedule_change(constant, OptimConfig(lr=3e-3, schedule="warmup_constant", warmup_steps=5, total_steps=50),
                            30) is None  # the span moved, the lr did not
+
+
+def test_a_resume_with_an_optimizer_of_another_state_is_one_line(tmp_path):
+    """`--set optim.name=lion` (or clip_norm=0) on a gpt1_adam run's resume was a 6 KB orbax traceback."""
+    import dataclasses
+
+    from gpt1_jax.config import PretrainConfig, preset
+    from gpt1_jax.errors import WorkdirError
+    from gpt1_jax.pretrain import check_same_optimizer_state
+
+    ran = preset(PretrainConfig, "tiny")
+    now = dataclasses.replace(ran, steps=80, optim=dataclasses.replace(ran.optim, name="lion", total_steps=80))
+    with pytest.raises(WorkdirError, match=r"holds checkpoints of another optimizer \(optim.name='gpt1_adam' there, "
+                                           r"'lion' now\): repeat the run's optimizer settings to resume it"):
+        check_same_optimizer_state(tmp_path, now, ran)
+    with pytest.raises(WorkdirError, match=r"optim.clip_norm=1.0 there, 0.0 now"):
+        check_same_optimizer_state(tmp_path, dataclasses.replace(ran, optim=dataclasses.replace(ran.optim, clip_norm=0.0)),
+                                   ran)
+    # another lr or decay keeps the state's layout: resumable
+    check_same_optimizer_state(tmp_path, dataclasses.replace(ran, optim=dataclasses.replace(ran.optim, lr=1e-4)), ran)
