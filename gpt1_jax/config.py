@@ -153,6 +153,16 @@ TRACKER_NAMES = ("tensorboard", "wandb", "none")  # gpt1_jax/tracker.py
 GPT1_ADAM = (0.9, 0.999, 1e-8)  # Adam's b1, b2, eps in GPT-1 (the defaults below; gpt1_adam pins them)
 
 
+def check_pinned(optim: OptimConfig) -> None:
+    """gpt1_adam trains with GPT1_ADAM whatever the config says: a user's other b1/b2/eps (a flag, a YAML file)
+    is refused rather than recorded in config.yaml and not used. Not checked when a run's own config.yaml is read:
+    a run saved that way stays readable."""
+    if optim.name == "gpt1_adam" and (optim.b1, optim.b2, optim.eps) != GPT1_ADAM:
+        raise ConfigError(f"optim.name=gpt1_adam is the paper's Adam, b1 {GPT1_ADAM[0]}, b2 {GPT1_ADAM[1]}, eps "
+                          f"{GPT1_ADAM[2]}, got b1 {optim.b1}, b2 {optim.b2}, eps {optim.eps}: set optim.name=adamw to "
+                          "choose them")
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
     name: str = "gpt1_adam"
@@ -203,10 +213,6 @@ class OptimConfig:
             raise ConfigError(f"optim.adafactor_decay_rate must lie in (0, 1], got {self.adafactor_decay_rate}")
         if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
             raise ConfigError(f"optim.b1/b2 must lie in [0, 1), got {self.b1}, {self.b2}")
-        if self.name == "gpt1_adam" and (self.b1, self.b2, self.eps) != GPT1_ADAM:  # it would train with the paper's
-            raise ConfigError(f"optim.name=gpt1_adam is the paper's Adam, b1 {GPT1_ADAM[0]}, b2 {GPT1_ADAM[1]}, eps "
-                              f"{GPT1_ADAM[2]}, got b1 {self.b1}, b2 {self.b2}, eps {self.eps}: set optim.name=adamw "
-                              "to choose them")
         if not (0 <= self.momentum < 1 and 0 <= self.muon_beta < 1 and 0 <= self.adafactor_momentum < 1):
             raise ConfigError("optim.momentum, muon_beta and adafactor_momentum must lie in [0, 1)")
         if not 0 < self.sf_b1 < 1:
@@ -574,7 +580,10 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
             raise ConfigError(f"optim.warmup_steps={optim['warmup_steps']} leaves none of the run's {values['steps']} "
                               "steps to decay over: set it below --steps")
         optim["total_steps"] = max(values["steps"], optim.get("warmup_steps", 0), 1)
-    return from_dict(type(config), values)
+    config = from_dict(type(config), values)
+    if given & {"optim.name", "optim.b1", "optim.b2", "optim.eps"}:
+        check_pinned(config.optim)
+    return config
 
 
 # A run's own config.yaml is guarded like its checkpoints: the first line marks a file gpt1-jax wrote, the
@@ -668,6 +677,8 @@ def resolve(cls: type[T], spec: str | None, *, saved: str | Path | None = None, 
         config = preset(cls, spec)
     elif spec.endswith((".yaml", ".yml")) or Path(spec).is_file():
         config = load_yaml(cls, spec)
+        if hasattr(config, "optim"):
+            check_pinned(config.optim)
     else:
         raise ConfigError(f"--config {spec!r}: not a preset ({', '.join(MODEL_PRESETS)}) nor a YAML file")
     if mesh:

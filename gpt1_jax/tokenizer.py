@@ -17,6 +17,7 @@ token per merge, ``\\n</w>``; then the fine-tuning markers ``_start_``, ``_delim
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import re
@@ -344,6 +345,7 @@ class GPT1Tokenizer:
             if (p / enc).is_file() and (p / merges).is_file():
                 return cls.from_original(p / enc, p / merges)
         if (p / "tokenizer.json").is_file():
+            check_recorded_digest(p)
             return cls.load(p / "tokenizer.json")
         return None
 
@@ -464,6 +466,22 @@ class GPT1Tokenizer:
 
     def __repr__(self) -> str:
         return f"GPT1Tokenizer(mode={self._mode!r}, vocab_size={self.vocab_size})"
+
+
+TOKENIZER_META = "tokenizer.meta.json"  # a pre-training run's record of the BPE it trained (gpt1_jax/data/tokens.py)
+
+
+def check_recorded_digest(folder: Path) -> None:
+    """A run folder's tokenizer.json is the one its tokenizer.meta.json recorded, or DataError: another run's copied
+    over it made sample, evaluate --data and convert read other ids with this run's weights, without a word."""
+    try:
+        recorded = json.loads((folder / TOKENIZER_META).read_text(encoding="utf-8")).get("sha256")
+    except (OSError, ValueError):
+        return  # none recorded (a model folder, an older run), or a damaged record that resuming names
+    path = folder / "tokenizer.json"
+    if recorded and hashlib.sha256(path.read_bytes()).hexdigest() != recorded:
+        raise DataError(f"{path} is damaged (it no longer matches the sha256 in {TOKENIZER_META}): restore it from a "
+                        "copy; the run's checkpoints need this very tokenizer")
 
 
 def find_tokenizer(spec: str | Path | None, source: str | Path | None, *,

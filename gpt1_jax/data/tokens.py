@@ -57,7 +57,7 @@ from gpt1_jax.data.sources import TextSource
 from gpt1_jax.errors import ConfigError, DataError
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.lockfile import remove_abandoned
-from gpt1_jax.tokenizer import GPT1Tokenizer
+from gpt1_jax.tokenizer import TOKENIZER_META, GPT1Tokenizer, check_recorded_digest
 
 __all__ = [
     "TokenStream",
@@ -150,7 +150,7 @@ def _has_checkpoints(workdir: Path) -> bool:
 
 
 def _meta(workdir: Path) -> dict | None:
-    meta_path = workdir / "tokenizer.meta.json"
+    meta_path = workdir / TOKENIZER_META
     if not meta_path.is_file():
         return None  # trained before the meta file existed: nothing to compare
     try:
@@ -184,9 +184,7 @@ def _load_trained(source: TextSource, workdir: Path, vocab_size: int) -> GPT1Tok
                 f"{path} was trained with vocab_size={meta.get('vocab_size')}, not {vocab_size}, and the run's "
                 "checkpoints use it: set data.vocab_size (--vocab-size) back, or start a new run in another workdir"
             )
-        if "sha256" in meta and hashlib.sha256(path.read_bytes()).hexdigest() != meta["sha256"]:
-            raise DataError(f"{path} is damaged (it no longer matches the sha256 in tokenizer.meta.json): restore it "
-                            "from a copy; the run's checkpoints need this very tokenizer")
+        check_recorded_digest(workdir)
         if meta.get("source") != source.spec or meta.get("fingerprint", source.fingerprint()) != source.fingerprint():
             # Reusing is what resuming with a new corpus wants; say so rather than fail.
             log.warning("reusing %s trained on %r for source %r", path, meta.get("source"), source.spec)
@@ -195,7 +193,7 @@ def _load_trained(source: TextSource, workdir: Path, vocab_size: int) -> GPT1Tok
 
 def _train_tokenizer(source: TextSource, workdir: Path, vocab_size: int, progress: bool,
                      cache_dir: str | Path | None) -> GPT1Tokenizer:
-    path, meta_path = workdir / TOKENIZER_FILE, workdir / "tokenizer.meta.json"
+    path, meta_path = workdir / TOKENIZER_FILE, workdir / TOKENIZER_META
     kept = None if cache_dir is None else Path(cache_dir) / f"bpe-{_bpe_key(source, vocab_size)}"
     found = None if kept is None else _kept_bpe(kept)
     if found is not None:

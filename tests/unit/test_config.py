@@ -5,7 +5,7 @@ values from `--set` and YAML files become the fields' types, or one error naming
 import pytest
 
 from gpt1_jax import config
-from gpt1_jax.config import PretrainConfig, apply_overrides, load_yaml, preset
+from gpt1_jax.config import PretrainConfig, apply_overrides, load_yaml, preset, resolve, save_yaml
 from gpt1_jax.errors import ConfigError
 from gpt1_jax.data.glue import GLUE_TASKS
 from gpt1_jax.optim import OPTIMIZERS, SCHEDULES
@@ -89,3 +89,19 @@ def test_a_warmup_longer_than_the_presets_total_follows_the_runs_steps():
         apply_overrides(preset(PretrainConfig, "tiny"), ["steps=6", "optim.total_steps=100"])
     with pytest.raises(ConfigError, match=r"^optim.warmup_steps=100 leaves none of the run's 6 steps to decay over"):
         apply_overrides(preset(PretrainConfig, "tiny"), ["steps=6", "optim.warmup_steps=100"])
+
+
+def test_gpt1_adam_refuses_constants_it_would_not_use_but_a_saved_run_stays_readable(tmp_path):
+    """`--set optim.b2=0.99` on gpt1_adam trained with b2 0.999 and config.yaml recorded 0.99; a run saved that way
+    before the refusal must still load (sample, evaluate and convert read its config.yaml)."""
+    import dataclasses
+
+    with pytest.raises(ConfigError, match="optim.name=gpt1_adam is the paper's Adam"):
+        apply_overrides(preset(PretrainConfig, "tiny"), ["optim.b2=0.99"])
+    assert apply_overrides(preset(PretrainConfig, "tiny"), ["optim.name=adamw", "optim.b2=0.99"]).optim.b2 == 0.99
+    config = preset(PretrainConfig, "tiny")
+    old = dataclasses.replace(config, optim=dataclasses.replace(config.optim, b2=0.99))
+    save_yaml(old, tmp_path / "config.yaml")
+    assert load_yaml(PretrainConfig, tmp_path / "config.yaml").optim.b2 == 0.99
+    with pytest.raises(ConfigError, match="optim.name=gpt1_adam is the paper's Adam"):
+        resolve(PretrainConfig, str(tmp_path / "config.yaml"))  # as --config: the user's choice, refused

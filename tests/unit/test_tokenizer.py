@@ -283,3 +283,21 @@ def test_original_mode_hand_checked(tok_original: GPT1Tokenizer, text: str, piec
 @needs_original
 def test_original_mode_matches_port_of_openai_encoder(vocab: tuple[Path, Path], glue_dir: Path) -> None:
     assert_matches_port(vocab, glue_sentences(glue_dir))
+
+
+def test_a_run_folders_tokenizer_must_be_the_one_it_recorded(tmp_path: Path) -> None:
+    """Another run's tokenizer.json copied into a run folder was caught only on the validation-split path:
+    sample, evaluate --data and convert read other ids with the run's weights and exited 0."""
+    import hashlib
+
+    trained = GPT1Tokenizer.train([["the cat sat on the mat"] * 20], vocab_size=60)
+    other = GPT1Tokenizer.train([["a dog ran in the park"] * 20], vocab_size=60)
+    trained.save(tmp_path / "tokenizer.json")
+    digest = hashlib.sha256((tmp_path / "tokenizer.json").read_bytes()).hexdigest()
+    (tmp_path / "tokenizer.meta.json").write_text(json.dumps({"vocab_size": 60, "sha256": digest}))
+    assert find_tokenizer(None, tmp_path).vocab_size == trained.vocab_size
+    other.save(tmp_path / "tokenizer.json")
+    with pytest.raises(DataError, match=r"tokenizer.json is damaged \(it no longer matches the sha256 in "
+                                        r"tokenizer.meta.json\)"):
+        find_tokenizer(None, tmp_path)
+    find_tokenizer(str(tmp_path / "tokenizer.json"), None)  # a file named by --tokenizer is the user's choice
