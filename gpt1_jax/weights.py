@@ -171,6 +171,21 @@ def _config_to_hf(c: ModelConfig) -> dict:
 
 
 def _read_hf_state(path: Path) -> dict[str, np.ndarray]:
+    return _check_tied(_read_hf_files(path), path)
+
+
+def _check_tied(state: dict[str, np.ndarray], path: Path) -> dict[str, np.ndarray]:
+    """GPT-1 ties its LM head to the token embedding, and so does every gpt1-jax model: an HF folder saved with
+    tie_word_embeddings false and a head of its own lost that head without a word (other logits, other losses)."""
+    head = state.get("lm_head.weight")
+    embedding = state.get("transformer.tokens_embed.weight", state.get("tokens_embed.weight"))
+    if head is not None and embedding is not None and not np.array_equal(head, embedding):
+        raise CheckpointFormatError(f"{path}: its LM head (lm_head.weight) is not the token embedding "
+                                    "(tie_word_embeddings false): GPT-1 ties the two, and gpt1-jax has no untied head")
+    return state
+
+
+def _read_hf_files(path: Path) -> dict[str, np.ndarray]:
     if (path / "model.safetensors").is_file():
         try:
             return load_file(path / "model.safetensors")
