@@ -17,7 +17,7 @@ from experiments.optimizers.sweep import best_lr, bracket_gap, finite, median, s
 
 REFERENCE = "gpt1_adam"  # state memory and token speed-ups are reported relative to this one
 UNIGRAM = "unigram.json"  # the pre-training study's unigram loss, beside its bench folder
-PLATEAU_NATS = 0.01  # an optimizer whose best loss stays this close to the unigram loss did not train
+PLATEAU_NATS = 0.01  # an optimizer whose best loss never gets this far below the unigram loss did not train
 
 
 # ---- the table ------------------------------------------------------------------------------------------
@@ -26,7 +26,7 @@ def summarize(runs: list[dict], names: list[str], seeds: list[int], bench: dict[
               unigram: float | None = None) -> list[dict]:
     """One row per optimizer, best first; `distinct_from_next`: its mean ± std interval and the next row's do not
     overlap (a difference larger than the seed noise). Pre-training, given the study's `unigram` loss: an
-    optimizer whose best validation loss at any lr stays within PLATEAU_NATS of it did not train at this budget
+    optimizer whose best validation loss at every lr is not PLATEAU_NATS below it did not train at this budget
     (`trained` False): it is not ranked, its row comes last; `token_speedup`: the tokens REFERENCE's curve needs
     to reach the row's mean loss, over the row's tokens (`speedup_bound` "<" or ">" where the curve cannot say)."""
     ref_bytes = next((r["optimizer_state_bytes"] for r in runs if r["optimizer"] == REFERENCE), None)
@@ -325,8 +325,8 @@ def _pretrain_findings(rows: list[dict], runs: list[dict], done: list[dict], fin
     stuck = [r for r in rows if r.get("trained") is False]
     if stuck:
         out.append(f"Did not train at this budget, so not ranked: {', '.join(r['optimizer'] for r in stuck)} (best "
-                   f"validation loss at every lr tried within {PLATEAU_NATS:g} nats of the unigram loss, "
-                   "what a model that ignores its context reaches: `unigram.json`).")
+                   f"validation loss at every lr tried not {PLATEAU_NATS:g} nats below the unigram loss, what a model "
+                   "that ignores its context reaches: `unigram.json`).")
     sped = [f"{r['optimizer']} {_speedup_text(r)}" for r in done if r.get("token_speedup") is not None]
     if sped:
         out.append(f"Token speed-up over {REFERENCE} (the tokens {REFERENCE}'s curve at its best lr needs to reach "
