@@ -341,9 +341,11 @@ def test_finetune_sigterm_saves_exits_0_and_resumes(uninterrupted, tmp_path, dat
     # The training time counts the preempted session too (it once counted the last session's alone).
     assert json.loads((workdir / "results.json").read_text())["train_seconds"] > first_session > 0
     # each epoch end is a checkpoint (steps 5 and 10), not only the last step: the newest two are kept
-    # (keep_checkpoints=2), of the epoch ends and the step the SIGTERM stopped at
+    # (keep_checkpoints=2), of the epoch ends and the step the SIGTERM stopped at, and the best epoch's
     stopped = int(re.search(r"preempted: checkpoint saved at step (\d+)", open(tmp_path / "log").read()).group(1))
-    assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == sorted({5, 10, stopped})[-2:]
+    best = json.loads((workdir / "results.json").read_text())["step"]
+    assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == \
+        sorted({best, *sorted({5, 10, stopped})[-2:]})
 
 
 def test_accumulated_steps_train_like_the_whole_batch(tmp_path, data_dir):
