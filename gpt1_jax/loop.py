@@ -327,7 +327,8 @@ class Loop:
             self._clock.append(time.perf_counter())
             if self.tokens_per_step:
                 tokens_per_s = self.tokens_per_step * (len(self._clock) - 1) / max(self._clock[-1] - self._clock[0], 1e-9)
-                fields = {"tokens_per_s": tokens_per_s}
+                # the step's own interval too: a pause shows whole in it (the optimizer study drops such steps)
+                fields = {"tokens_per_s": tokens_per_s, "step_s": self._clock[-1] - self._clock[-2]}
                 if self.flops_per_token and self.peak_flops:
                     fields["mfu"] = tokens_per_s * self.flops_per_token / self.peak_flops
         self._last.update(m, **fields)

@@ -109,11 +109,12 @@ BENCH_SHAPES = {"study": None, "gpt1_117M": ("gpt1", 2, 512)}
 
 
 def step_times(records: list[dict], tokens_per_step: int) -> dict[int, float]:
-    """step -> seconds of that training step, from the logged tokens/s (pretrain.py restarts the clock after
-    evaluating, so evaluation is not in it). Step 1 (compilation) and any step slower than 5x the median
-    (the process paused, or the machine briefly shared) count as the median: the study compares the
-    optimizers' training cost, not the machine's interruptions."""
-    out = {r["step"]: tokens_per_step / r["tokens_per_s"] for r in records if finite(r.get("tokens_per_s"))}
+    """step -> seconds of that training step, as logged (`step_s`; records from before it: from the tokens/s, then
+    the step's own; the loop restarts its clock after evaluating, so evaluation is not in it). Step 1 (compilation)
+    and any step slower than 5x the median (the process paused, or the machine briefly shared) count as the median:
+    the study compares the optimizers' training cost, not the machine's interruptions."""
+    out = {r["step"]: r["step_s"] if finite(r.get("step_s")) else tokens_per_step / r["tokens_per_s"]
+           for r in records if finite(r.get("tokens_per_s"))}
     if len(out) > 1:
         typical = median(v for k, v in out.items() if k != 1)
         out = {k: typical if k == 1 or v > 5 * typical else v for k, v in out.items()}

@@ -169,6 +169,9 @@ def test_throughput_is_timed_over_several_steps_so_a_late_read_is_no_spike(tmp_p
     rates = {step: scalars["tokens_per_s"] for step, scalars in metrics.rows if "tokens_per_s" in scalars}
     assert set(rates) == set(range(2, 13))
     assert max(rates.values()) < 1.2 * 100 / 0.02, rates  # never above the steps' own rate (5,000 tokens/s)
+    # each step's own interval is logged too (the optimizer study drops pauses by it): step 5's read came late
+    own = {step: scalars["step_s"] for step, scalars in metrics.rows if "step_s" in scalars}
+    assert own[5] == pytest.approx(0.1, abs=0.03) and own[6] < 0.01 and own[4] == pytest.approx(0.02, abs=0.01)
 
 
 def test_the_pinned_step_outlives_the_newest_keep_until_another_is_pinned(tmp_path):
