@@ -22,7 +22,7 @@ from jax.experimental import multihost_utils
 from gpt1_jax import flops
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
-from gpt1_jax.config import OptimConfig, PretrainConfig, load_yaml
+from gpt1_jax.config import OptimConfig, PretrainConfig, load_yaml, to_dict
 from gpt1_jax.data.pipeline import build_pipeline
 from gpt1_jax.data.tokens import TOKENIZER_FILE
 from gpt1_jax.errors import ConfigError, WorkdirError
@@ -35,9 +35,10 @@ from gpt1_jax.model import init_params
 from gpt1_jax.optim import eval_params, make_optimizer, make_schedule
 from gpt1_jax.sharding import make_mesh
 from gpt1_jax.step import check_batch_size, lm_trainer
+from gpt1_jax.tokenizer import TOKENIZER_META
 from gpt1_jax.workdir import Identity
 from gpt1_jax.workdir import check as check_workdir
-from gpt1_jax.workdir import check_same_data, hold, shown_changes
+from gpt1_jax.workdir import check_same_data, flat_fields, hold, shown_changes
 
 
 def with_schedule_span(config: PretrainConfig) -> PretrainConfig:
@@ -91,14 +92,13 @@ def check_same_optimizer_state(workdir: Path, config: PretrainConfig, saved: Pre
     clipping turned off, ...) is refused in one line: orbax's restore failed with a 6 KB traceback."""
     params = nn.meta.unbox(jax.eval_shape(lambda: init_params(config.model, 0)))
 
-    def layout(optim: OptimConfig):
+    def layout(optim: OptimConfig):  # not the dtypes: orbax casts to the new state_dtype as it restores
         state = jax.eval_shape(make_optimizer(optim, params).init, params)
-        return jax.tree.structure(state), [(x.shape, x.dtype) for x in jax.tree.leaves(state)]
+        return jax.tree.structure(state), [x.shape for x in jax.tree.leaves(state)]
 
     if layout(saved.optim) != layout(config.optim):
-        old = {f"optim.{k}": v for k, v in dataclasses.asdict(saved.optim).items()}
-        new = {f"optim.{k}": v for k, v in dataclasses.asdict(config.optim).items()}
-        differ = [k for k in new if new[k] != old[k] and k != "optim.total_steps"]  # that one follows --steps
+        old, new = flat_fields(to_dict(saved)), flat_fields(to_dict(config))
+        differ = [k for k in new if k.startswith("optim.") and new[k] != old.get(k) and k != "optim.total_steps"]
         raise WorkdirError(f"{workdir} holds checkpoints of another optimizer ({shown_changes(differ, old, new)}): "
                            "repeat the run's optimizer settings to resume it, or choose another --workdir")
 
@@ -142,6 +142,9 @@ def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, train
         atomic_write_text(workdir / "data_info.json", json.dumps(pipeline.info, indent=2) + "\n")
         if config.data.tokenizer != "train":  # a given tokenizer is copied: the workdir alone is the model
             pipeline.tokenizer.save(workdir / TOKENIZER_FILE)  # (sample, evaluate and finetune --init read it)
+            # A BPE trained here before (`tokenize --tokenizer train`, a run killed before its first checkpoint)
+            # left its record, which would call the copied tokenizer damaged.
+            (workdir / TOKENIZER_META).unlink(missing_ok=True)
 
     batches = pipeline.train_iter()
     loop, state = start(workdir, job, config, trainer, ckpt, batches, begin, steps=config.steps, init_state=trainer.init,

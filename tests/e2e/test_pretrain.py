@@ -310,10 +310,13 @@ def test_a_relative_corpus_read_from_another_folder_is_refused_by_resume_and_eva
 
 def test_a_given_tokenizer_is_copied_into_the_workdir_so_the_workdir_alone_is_the_model(tmp_path, cache, vocab_dir):
     """data.tokenizer=PATH: the run keeps a copy, so `sample --init WORKDIR` (and evaluate, finetune, the paper's
-    zero-shot stage) find the tokenizer without the path the config named."""
+    zero-shot stage) find the tokenizer without the path the config named. A BPE trained in the folder before
+    (`tokenize --tokenizer train --workdir`) left its sha256 record, which then called the copy damaged."""
     from gpt1_jax.tokenizer import GPT1Tokenizer, find_tokenizer
 
     workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / "tokenizer.meta.json").write_text('{"vocab_size": 80, "sha256": "0000"}')
     done = run(cli("pretrain", "--config", "tiny", "--steps", "2", "--set", f"data.tokenizer={vocab_dir}",
                    workdir=workdir, cache=cache))
     assert done.returncode == 0, done.stderr[-3000:]

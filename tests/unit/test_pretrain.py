@@ -113,3 +113,15 @@ def test_a_resume_with_an_optimizer_of_another_state_is_one_line(tmp_path):
                                    ran)
     # another lr or decay keeps the state's layout: resumable
     check_same_optimizer_state(tmp_path, dataclasses.replace(ran, optim=dataclasses.replace(ran.optim, lr=1e-4)), ran)
+
+
+def test_a_resume_may_store_its_optimizer_state_in_another_dtype(tmp_path):
+    """orbax casts a checkpoint's arrays to the state it restores into: the memory lever stays resumable."""
+    import dataclasses
+
+    from gpt1_jax.config import PretrainConfig, preset
+    from gpt1_jax.pretrain import check_same_optimizer_state
+
+    ran = preset(PretrainConfig, "tiny")
+    check_same_optimizer_state(tmp_path, dataclasses.replace(ran, optim=dataclasses.replace(ran.optim, state_dtype="bfloat16")),
+                               ran)
