@@ -175,7 +175,8 @@ class DevEvaluation:
     def restore(self, state: dict) -> None:
         self.history, self.best = state["history"], state["best"]
         if self.best is not None:  # checkpoints from before the step was kept: the epoch's end
-            self.keep(self.best.get("step", self.best["epoch"] * self.steps_per_epoch))
+            self.best.setdefault("step", self.best["epoch"] * self.steps_per_epoch)
+            self.keep(self.best["step"])
 
 
 # ---- the run -----------------------------------------------------------------------------------------------
@@ -348,7 +349,7 @@ def summary(task: Task, source: Source, config: FinetuneConfig, splits: Splits, 
         "init": source.described,
         "seed": config.seed,
         "epoch": dev.best["epoch"],
-        "step": dev.best.get("step"),  # the best epoch's checkpoint (kept whatever keep_checkpoints says)
+        "step": dev.best["step"],  # the best epoch's checkpoint (kept whatever keep_checkpoints says)
         "selected_on": dev.selected_on,  # what chose the epoch: the held-out slice of the training set, or dev
         "main_metric": dev.main_metric,
         "metric_names": list(dev.best["scores"]),

@@ -283,10 +283,10 @@ def make_optimizer(cfg: OptimConfig, params, lr: Peak | None = None) -> optax.Gr
 
 
 # The state a narrower dtype may hold: first moments (optax's `mu`: Adam's, LAMB's, Lion's, Muon's; `trace`: SGD's
-# momentum), which decay by 0.9 a step. Not second moments: bf16 keeps 8 bits, so nu's 0.999 decay rounds back to
+# momentum; `ema`: Adafactor's, with adafactor_momentum), which decay by ~0.9 a step. Not second moments: bf16 keeps 8 bits, so nu's 0.999 decay rounds back to
 # nu and it stops falling (a constant gradient's Adam steps came out 1.8x too large); nor schedule-free's z, which is
 # the weights themselves (LayerNorm gains near 1 stopped moving), nor its scalars (b1 0.9 became 0.8984375).
-NARROWED_STATE = ("mu", "trace")
+NARROWED_STATE = ("mu", "trace", "ema")
 
 
 def stored_as(tx: optax.GradientTransformation, dtype) -> optax.GradientTransformation:

@@ -130,8 +130,6 @@ class HfSource:
         rows = self._load()
         try:
             yield from rows
-        except StopIteration:  # the same, should a builder raise it while reading: no rows
-            return
         except Exception as e:
             raise _one_line(e, f"hf source {self.spec!r}: cannot read its rows") from None
 
