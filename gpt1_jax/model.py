@@ -57,7 +57,7 @@ def _mixed_einsum_bwd(spec, dtype, residuals, g):
 
 
 mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
-MIXED_PRODUCT = "mixed_product"  # Linear's bf16 product, named for model.remat=dots (_REMAT_POLICIES)
+MIXED_PRODUCT = "mixed_product"  # Linear's bf16 output, named for model.remat=dots (_REMAT_POLICIES)
 
 
 def _normal(config: ModelConfig, axes: Axes):
@@ -88,8 +88,9 @@ class Linear(nn.Module):
             return jnp.einsum(self.spec, x, kernel.astype(c.dtype)) + bias.astype(c.dtype)
         # The bias joins the fp32 product before the one rounding: its gradient is then a float32 sum, which
         # XLA:CPU reduces directly; over a bf16 cotangent it converted and tree-reduced (reduce-window).
-        product = checkpoint_name(mixed_einsum(self.spec, x, kernel, jnp.dtype(c.dtype)), MIXED_PRODUCT)
-        return (product + bias).astype(c.dtype)
+        # named in the compute dtype: what `dots` keeps is what the next op reads, at half an fp32 product's bytes
+        return checkpoint_name((mixed_einsum(self.spec, x, kernel, jnp.dtype(c.dtype)) + bias).astype(c.dtype),
+                               MIXED_PRODUCT)
 
 
 def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
