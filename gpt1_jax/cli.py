@@ -49,7 +49,7 @@ import jax
 from gpt1_jax import compile_cache, distributed, hugepages
 from gpt1_jax import workdir as run_folder
 from gpt1_jax.config import (SEED_RANGE, DataConfig, FinetuneConfig, ModelConfig, PretrainConfig, TRACKER_NAMES,
-                             apply_overrides, guarded_text, resolve)
+                             apply_overrides, check_pretrain_schedule, guarded_text, resolve)
 from gpt1_jax.errors import ConfigError, DataError, DivergenceError, GPT1JaxError, Interrupted
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps, newest_checkpoint, record, verify_checkpoints
 from gpt1_jax.interrupt import CtrlC
@@ -311,6 +311,7 @@ def _pretrain(args: argparse.Namespace) -> int:
         raise ConfigError("model.vocab_size follows the run's tokenizer (the BPE's entries + 3 fine-tuning markers): "
                           "set data.vocab_size for the size of the BPE trained on the corpus, or data.tokenizer")
     config = resolve(PretrainConfig, args.config, saved=workdir / "config.yaml", overrides=overrides, mesh=args.mesh)
+    check_pretrain_schedule(config, overrides)
     from gpt1_jax.pretrain import run, with_schedule_span
 
     if args.dry_run:

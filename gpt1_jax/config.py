@@ -153,14 +153,39 @@ TRACKER_NAMES = ("tensorboard", "wandb", "none")  # gpt1_jax/tracker.py
 GPT1_ADAM = (0.9, 0.999, 1e-8)  # Adam's b1, b2, eps in GPT-1 (the defaults below; gpt1_adam pins them)
 
 
-def check_pinned(optim: OptimConfig) -> None:
-    """gpt1_adam trains with GPT1_ADAM whatever the config says: a user's other b1/b2/eps (a flag, a YAML file)
-    is refused rather than recorded in config.yaml and not used. Not checked when a run's own config.yaml is read:
-    a run saved that way stays readable."""
+def check_given_optim(optim: OptimConfig) -> None:
+    """What a user gives (a flag, --set, a YAML file) and would train without effect, or on NaN, is refused; not
+    when a run's own config.yaml is read, so a run saved that way stays readable. gpt1_adam trains with GPT1_ADAM
+    whatever the config says (config.yaml recorded the other b2, training used 0.999); lr 0 trains nothing; eps 0
+    divides by zero where a gradient is exactly 0 (an unused embedding row)."""
+    for name in ("lr", "eps"):
+        if not getattr(optim, name) > 0:
+            raise ConfigError(f"optim.{name} must be a number > 0, got {getattr(optim, name)}")
     if optim.name == "gpt1_adam" and (optim.b1, optim.b2, optim.eps) != GPT1_ADAM:
         raise ConfigError(f"optim.name=gpt1_adam is the paper's Adam, b1 {GPT1_ADAM[0]}, b2 {GPT1_ADAM[1]}, eps "
-                          f"{GPT1_ADAM[2]}, got b1 {optim.b1}, b2 {optim.b2}, eps {optim.eps}: set optim.name=adamw to "
-                          "choose them")
+                          f"{GPT1_ADAM[2]}, got b1 {optim.b1}, b2 {optim.b2}, eps {optim.eps}: leave them out (it uses "
+                          "the paper's), or set optim.name=adamw to choose them")
+    if not 0 < optim.adafactor_decay_rate <= 1:  # the second moment's decay is 1 - t^-rate
+        raise ConfigError(f"optim.adafactor_decay_rate must lie in (0, 1], got {optim.adafactor_decay_rate}")
+    if not 0 <= optim.sf_weight_lr_power < math.inf:
+        raise ConfigError(f"optim.sf_weight_lr_power must be a number >= 0, got {optim.sf_weight_lr_power}")
+
+
+DECAYING_SCHEDULES = ("warmup_linear", "warmup_cosine")
+
+
+def check_pretrain_schedule(config, overrides) -> None:
+    """pretrain's schedule spans its steps (pretrain.with_schedule_span): a given optim.total_steps would be replaced
+    by --steps, and a given warmup that reaches the last step by one ending before it, each without a word (and
+    config.yaml recorded the replacement). `bench` and `plan` run no such span: they do not call this."""
+    given = {o.split("=", 1)[0].strip() for o in overrides}
+    if "optim.total_steps" in given:
+        raise ConfigError("optim.total_steps is the run's --steps in pre-training (the schedule spans the run): "
+                          "set --steps (or `steps=`) instead")
+    optim = config.optim
+    if "optim.warmup_steps" in given and optim.schedule in DECAYING_SCHEDULES and optim.warmup_steps >= config.steps:
+        raise ConfigError(f"optim.warmup_steps={optim.warmup_steps} leaves none of the run's {config.steps} steps to "
+                          f"decay over ({optim.schedule}): set it below --steps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,15 +227,9 @@ class OptimConfig:
             raise ConfigError(f"optim.schedule={self.schedule!r} is not one of {', '.join(SCHEDULE_NAMES)}")
         if self.state_dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"optim.state_dtype={self.state_dtype!r} is not one of float32, bfloat16")
-        for name in ("weight_decay", "clip_norm", "sf_weight_lr_power"):  # nan passed a plain `< 0` test
+        for name in ("lr", "weight_decay", "clip_norm", "eps"):  # nan passed a plain `< 0` test
             if not 0 <= getattr(self, name) < math.inf:
                 raise ConfigError(f"optim.{name} must be a number >= 0, got {getattr(self, name)}")
-        # lr 0 trains nothing; eps 0 divides by zero where a gradient is exactly 0 (an unused embedding row)
-        for name in ("lr", "eps"):
-            if not 0 < getattr(self, name) < math.inf:
-                raise ConfigError(f"optim.{name} must be a number > 0, got {getattr(self, name)}")
-        if not 0 < self.adafactor_decay_rate <= 1:  # the second moment's decay is 1 - t^-rate
-            raise ConfigError(f"optim.adafactor_decay_rate must lie in (0, 1], got {self.adafactor_decay_rate}")
         if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
             raise ConfigError(f"optim.b1/b2 must lie in [0, 1), got {self.b1}, {self.b2}")
         if not (0 <= self.momentum < 1 and 0 <= self.muon_beta < 1 and 0 <= self.adafactor_momentum < 1):
@@ -572,17 +591,10 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
         # before them): a --set optim.warmup_steps above the preset's total was refused against a total the run
         # replaces anyway.
         optim = values["optim"]
-        if "optim.total_steps" in given:  # replaced by the run's steps, silently until now
-            raise ConfigError("optim.total_steps is the run's --steps in pre-training (the schedule spans the run): "
-                              "set --steps (or `steps=`) instead")
-        if "optim.warmup_steps" in given and optim.get("schedule") != "constant" \
-                and isinstance(optim.get("warmup_steps"), int) and optim["warmup_steps"] >= values["steps"]:
-            raise ConfigError(f"optim.warmup_steps={optim['warmup_steps']} leaves none of the run's {values['steps']} "
-                              "steps to decay over: set it below --steps")
         optim["total_steps"] = max(values["steps"], optim.get("warmup_steps", 0), 1)
     config = from_dict(type(config), values)
-    if given & {"optim.name", "optim.b1", "optim.b2", "optim.eps"}:
-        check_pinned(config.optim)
+    if any(k.startswith("optim.") for k in given) and hasattr(config, "optim"):
+        check_given_optim(config.optim)
     return config
 
 
@@ -678,7 +690,7 @@ def resolve(cls: type[T], spec: str | None, *, saved: str | Path | None = None, 
     elif spec.endswith((".yaml", ".yml")) or Path(spec).is_file():
         config = load_yaml(cls, spec)
         if hasattr(config, "optim"):
-            check_pinned(config.optim)
+            check_given_optim(config.optim)
     else:
         raise ConfigError(f"--config {spec!r}: not a preset ({', '.join(MODEL_PRESETS)}) nor a YAML file")
     if mesh:
