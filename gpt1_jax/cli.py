@@ -584,7 +584,10 @@ def _tokenize_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, DataConfig, "--tokenizer", required=True, metavar="JSON|VOCAB_DIR|train",
           note="or 'train': a BPE trained on --data into --workdir, as pretrain does")
     p.add_argument("--workdir", default=None, help="with --tokenizer train: the run directory that keeps tokenizer.json")
-    _flag(p, DataConfig, "--vocab-size", note="with --tokenizer train (default 40478)")
+    p.add_argument("--config", default=None, metavar="PRESET|YAML",
+                   help="the pre-training config the job will run, whose data.* this builds (default: the workdir's "
+                        "saved config where there is one, else pretrain's defaults): its BPE size is the preset's")
+    _flag(p, DataConfig, "--vocab-size", note="with --tokenizer train (default: --config's, as pretrain trains it)")
     for name in ("--cache-dir", "--wait"):
         _flag(p, DataConfig, name)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -601,7 +604,10 @@ def _tokenize(args: argparse.Namespace) -> int:
         raise ConfigError("--workdir and --vocab-size go with --tokenizer train only")
     if args.workdir is not None:  # the BPE goes where a pre-training run will look for it
         run_folder.check(Path(args.workdir), run_folder.Identity("pretrain"), "tokenize")
-    config = apply_overrides(DataConfig(progress=not args.no_progress), _overrides(args, DataConfig))
+    # The job's own data config, so the BPE and the cache keys are pretrain's (its size follows the preset's model:
+    # a bare DataConfig trained 40,478 tokens, `--config gpt1` 40,475, and pretrain trained its own again).
+    job = resolve(PretrainConfig, args.config, saved=None if args.workdir is None else Path(args.workdir) / "config.yaml")
+    config = apply_overrides(dataclasses.replace(job.data, progress=not args.no_progress), _overrides(args, DataConfig))
     t0 = time.perf_counter()
     _, _, stream = tokenize_source(config, args.workdir)
     _print_json({"cache": str(stream.path), "n_tokens": len(stream), "n_docs": stream.meta["n_docs"],

@@ -199,8 +199,8 @@ def _train_tokenizer(source: TextSource, workdir: Path, vocab_size: int, progres
     if found is not None:
         tok, n_docs = found
         if progress:
-            _say(f"reusing the {vocab_size}-token BPE trained on {source.spec!r} before ({kept}): runs on one corpus "
-                 "read the same tokens")
+            _say(f"reusing the BPE trained before on {source.spec!r} with vocab_size={vocab_size} ({kept}): runs on "
+                 "one corpus read the same tokens")
     else:
         tok, n_docs = _train_bpe(source, vocab_size, progress)
         if kept is not None:

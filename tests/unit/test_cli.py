@@ -367,3 +367,19 @@ def test_convert_overwrite_replaces_a_model_folder_but_never_a_run_or_a_stranger
     assert (tmp_path / "current").is_symlink() and os.readlink(tmp_path / "current") == "dst"
     assert (dst / "model.safetensors").is_file() and not (dst / "stale.txt").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "dst"]
+
+
+def test_tokenize_trains_the_bpe_of_the_job_it_runs_ahead_of(tmp_path, capsys, monkeypatch):
+    """`tokenize --tokenizer train` trained 40,478 tokens whatever the job: pretrain --config gpt1 (40,475) and the
+    default small preset (8,189) then found a BPE of another size and trained their own, and the cache built ahead
+    was another's."""
+    from gpt1_jax.config import PretrainConfig, preset
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"the cat number {i} sat on the mat and looked at dog {i % 7}." for i in range(200)))
+    for config, size in (("tiny", preset(PretrainConfig, "tiny").data.vocab_size), (None, PretrainConfig().data.vocab_size)):
+        workdir = tmp_path / f"run-{config}"
+        argv = ["tokenize", "--data", str(corpus), "--tokenizer", "train", "--workdir", str(workdir), "--no-progress"]
+        assert cli.main(argv + (["--config", config] if config else [])) == 0
+        assert json.loads((workdir / "tokenizer.meta.json").read_text())["vocab_size"] == size

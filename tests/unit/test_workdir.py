@@ -176,7 +176,8 @@ def test_a_new_workdir_on_a_corpus_reads_the_bpe_trained_on_it_before(tmp_path, 
     kept, = cache.glob("bpe-*")
     tokenizer_for(source, tmp_path / "b", vocab_size=80, cache_dir=cache, progress=True)
     assert (tmp_path / "b" / "tokenizer.json").read_bytes() == (tmp_path / "a" / "tokenizer.json").read_bytes()
-    assert f"reusing the 80-token BPE trained on {str(tmp_path / 'c.txt')!r} before ({kept})" in capsys.readouterr().err
+    assert f"reusing the BPE trained before on {str(tmp_path / 'c.txt')!r} with vocab_size=80 ({kept})" in \
+        capsys.readouterr().err
     assert json.loads((tmp_path / "b" / "tokenizer.meta.json").read_text())["n_docs"] == 60
     tokenizer_for(source, tmp_path / "c", vocab_size=70, cache_dir=cache)  # another size: a BPE of its own
     assert len(list(cache.glob("bpe-*"))) == 2
