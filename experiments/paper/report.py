@@ -14,14 +14,20 @@ from experiments.paper.table5 import cell, goal
 from gpt1_jax.config import PretrainConfig, load_yaml
 from gpt1_jax.metrics import read_metrics
 
+# A committed pipeline's inputs, as this project's machines hold them (its README is rebuilt from records alone)
 DATA = "--corpus ../shared/data/corpus/english_mixed.txt.gz --data-dir ../shared/data/glue --race ../shared/data/race.tar.gz"
 
 
 def command(paper: Paper) -> str:
-    """The command that writes these results: the defaults' recipe and budget go without saying."""
+    """The command that writes these results: the defaults' recipe and budget go without saying; a pipeline that is
+    not a committed one (--quick, another --out) names its own inputs and --out."""
     recipe = "" if Path(paper.pretrain_config).resolve() == RECIPE else f" --pretrain-config {shown(paper.pretrain_config)}"
     budget = "" if paper.budget_name == "laptop" else f" --budget {paper.budget_name}"
-    return f"python -m experiments.paper.run{recipe}{budget} {DATA}"
+    if paper.committed:
+        return f"python -m experiments.paper.run{recipe}{budget} {DATA}"
+    given = [f"--{flag} {shown(value)}" for flag, value in (("corpus", paper.corpus), ("data-dir", paper.data_dir),
+                                                     ("race", paper.race), ("out", paper.out)) if value is not None]
+    return " ".join([f"python -m experiments.paper.run{recipe}{budget}", *given])
 
 
 def duration(seconds: float) -> str:

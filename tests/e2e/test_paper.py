@@ -66,7 +66,7 @@ def quick(tmp_path_factory, glue_dir):
     return out, argv
 
 
-def test_quick_pipeline_writes_every_output(quick):
+def test_quick_pipeline_writes_every_output(quick, glue_dir):
     out, _ = quick
     results = out / "results"
     for name in ("README.md", "timings.json", "pretrain.json", "pretrain_loss.png", "table5.json", "table5.md",
@@ -91,7 +91,10 @@ def test_quick_pipeline_writes_every_output(quick):
         assert found["lr"] == lr_grid["sst2"][arm]["lr"] and found["table5"] == table["sst2"][arm]
         assert 0 <= found["score"] <= 100
     readme = (results / "README.md").read_text()
-    assert "goal not assessed" in readme and "/tmp" not in readme and str(ROOT) not in readme
+    assert "goal not assessed" in readme and str(ROOT) not in readme
+    # the command that wrote them is this run's, with its own inputs and --out (it named the committed corpus)
+    assert f"--budget quick --corpus default --data-dir {glue_dir.relative_to(ROOT)}" in readme
+    assert f"--out {results.parent}" in readme
 
 
 def test_release_is_a_hf_folder_that_sample_reads(quick):
