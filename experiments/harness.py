@@ -37,7 +37,7 @@ from pathlib import Path
 from gpt1_jax import finetune, pretrain  # the modules: tests patch pretrain.run and finetune.run
 from gpt1_jax.cli import DEBUG_ENV, os_error_message
 from gpt1_jax.config import FinetuneConfig, PretrainConfig, to_dict
-from gpt1_jax.data.glue import glue_task
+from gpt1_jax.data.glue import GlueDownloadError, glue_task
 from gpt1_jax.errors import GPT1JaxError
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps
@@ -153,6 +153,8 @@ def make(run: Run, records: Records, summarize: Summarize, same: dict | None = N
     t0 = time.perf_counter()
     try:
         outcome = run.start(progress)
+    except GlueDownloadError:  # no network: every run after it would fail the same way, after its own wait
+        raise
     except (GPT1JaxError, OSError) as e:  # this run's inputs; the sweep goes on
         close_open_bars()
         return Done(run, error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0)
