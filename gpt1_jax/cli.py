@@ -678,6 +678,14 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def parse_args(self, args=None, namespace=None):
+        # argparse finds a verb's unknown flags in the top parser, which named no verb in the line
+        known, extra = self.parse_known_args(args, namespace)
+        if extra:
+            prog = f"{self.prog} {known.verb}" if getattr(known, "verb", None) else self.prog
+            self.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extra)} (see {prog} --help)\n")
+        return known
+
 
 def build_parser() -> argparse.ArgumentParser:
     # No abbreviations: `evaluate --init DIR` must not be read as `--init-timeout DIR`.

@@ -270,7 +270,9 @@ def test_flags_are_never_abbreviated(capsys):
     """argparse's prefix matching once read `evaluate --init DIR` as `--init-timeout DIR` ("invalid int value")."""
     with pytest.raises(SystemExit) as e:
         cli.build_parser().parse_args(["evaluate", "--init", "m", "--data", "d", "--max-batch", "2"])
-    assert e.value.code == 2 and "unrecognized arguments: --max-batch 2" in capsys.readouterr().err
+    # the line names the verb whose --help lists its flags (it said `see gpt1-jax --help`)
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "gpt1-jax evaluate: error: unrecognized arguments: --max-batch 2 (see gpt1-jax evaluate --help)\n")
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["pretrain", "--workdir", "w", "--batch", "8"])  # --batch-size, spelled out
 
