@@ -33,6 +33,7 @@ from gpt1_jax import flops, sizing, topology
 from gpt1_jax.attention import model_impl
 from gpt1_jax.config import MeshConfig, PretrainConfig
 from gpt1_jax.errors import ConfigError, PlanDoesNotFit
+from gpt1_jax.optim import optimizer_state_bytes
 from gpt1_jax.step import lm_batch_spec, lm_trainer
 
 GB = 1e9
@@ -299,7 +300,7 @@ def _header(config, where, mesh_config, mesh, trainer) -> dict[str, Any]:
         "topology": where.name, "num_slices": where.num_slices, "chip": where.device_kind, "chips": len(where.devices),
         "mesh": dict(mesh.shape), "dcn": {a: getattr(mesh_config, f"dcn_{a}") for a in ("data", "fsdp", "tensor")},
         "remat": config.model.remat, "attention": config.model.attention, "dtype": config.model.dtype,
-        "state_dtype": config.optim.state_dtype,
+        "state_dtype": config.optim.state_dtype, "narrows_state": _narrows_state(config, trainer),
         "num_params": config.model.num_params(), "global_batch": B, "seq_len": T,
         "per_chip_batch": B / (mesh.shape["data"] * mesh.shape["fsdp"]), "accum_steps": config.accum_steps,
         "state_bytes_per_chip": sizing.state_bytes_per_device(trainer), **_state_split(trainer),
@@ -335,6 +336,14 @@ def _no_persistent_cache():
     finally:
         jax.config.update("jax_enable_compilation_cache", before[0])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
+
+
+def _narrows_state(config: PretrainConfig, trainer) -> bool:
+    """Whether optim.state_dtype=bfloat16 would shrink this optimizer's state (schedule-free and Adafactor without
+    momentum keep nothing it narrows: the hint would send a user to a lever that saves no byte)."""
+    params = trainer.abstract_state_sharded().params
+    return optimizer_state_bytes(dataclasses.replace(config.optim, state_dtype="bfloat16"), params) \
+        < optimizer_state_bytes(dataclasses.replace(config.optim, state_dtype="float32"), params)
 
 
 def _state_split(trainer) -> dict[str, int]:
@@ -403,7 +412,7 @@ def shortfall_message(plan: dict[str, Any]) -> str:
     if plan["per_chip_batch"] / plan["accum_steps"] > 1:  # the examples a chip's activations hold at once
         hints.append("a smaller micro-batch per chip (--set accum_steps=K runs each step as K of them; or a smaller "
                      "data.global_batch_size)")
-    if plan["state_dtype"] != "bfloat16":
+    if plan["state_dtype"] != "bfloat16" and plan.get("narrows_state", True):
         hints.append("--set optim.state_dtype=bfloat16")
     hints.append("--mesh auto")
     if plan["topology"].startswith("visible:") and "NVIDIA" in plan["chip"] \

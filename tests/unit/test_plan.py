@@ -95,8 +95,9 @@ def test_a_gpu_plan_that_misses_names_the_allocator_fraction(monkeypatch):
     assert line.startswith("plan does not fit: 70.00 GB per chip > 63.76 GB HBM of NVIDIA H100 80GB HBM3 (short by 6.24 GB)")
     assert "--set model.remat=attention, dots or full" in line
     assert "a smaller micro-batch per chip (--set accum_steps=K" in line
-    # already one example at a time (64 micro-batches): no such hint
+    # already one example at a time (64 micro-batches): no such hint; nor bf16 state where it narrows nothing
     assert "micro-batch" not in plan.shortfall_message({**gpu, "accum_steps": 64})
+    assert "state_dtype" in line and "state_dtype" not in plan.shortfall_message({**gpu, "narrows_state": False})
     assert line.endswith("--mesh auto, XLA_PYTHON_CLIENT_MEM_FRACTION=.95 (JAX takes 75% of a GPU unless told)")
     tpu = {**gpu, "topology": "v5e:2x2", "chip": "TPU v5 lite"}
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in plan.shortfall_message(tpu)
