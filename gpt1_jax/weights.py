@@ -316,6 +316,10 @@ def detect_format(path: Path) -> str:
         return "jax"
     if (path / "config.yaml").is_file() and (path / "checkpoints").is_dir():
         return "run"
+    if path.name.isdigit() and path.parent.name == "checkpoints" and (path.parent.parent / "config.yaml").is_file():
+        run = path.parent.parent
+        raise CheckpointFormatError(f"{path} is one checkpoint of the run {run}: give the run and the step (--init {run} "
+                                    f"--step {path.name}; `convert {run} DST --step {path.name}`)")
     raise CheckpointFormatError(
         f"{path}: not a GPT-1 checkpoint (expected config.json + model.safetensors, "
         f"params_shapes.json + params_*.npy, config.yaml + params/, or a run's config.yaml + checkpoints/)"

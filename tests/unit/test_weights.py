@@ -136,3 +136,12 @@ def test_an_hf_folder_with_an_untied_head_is_refused(tmp_path):
     untied.save_pretrained(tmp_path / "untied")
     with pytest.raises(CheckpointFormatError, match=r"untied: its LM head \(lm_head.weight\) is not the token embedding"):
         load_pretrained(tmp_path / "untied")
+
+
+def test_a_checkpoint_folder_of_a_run_names_the_run_and_its_step(tmp_path):
+    """`convert RUN/checkpoints/30 DST` said only "not a GPT-1 checkpoint"."""
+    (tmp_path / "run" / "checkpoints" / "30").mkdir(parents=True)
+    (tmp_path / "run" / "config.yaml").write_text("steps: 30\n")
+    with pytest.raises(CheckpointFormatError, match=r"30 is one checkpoint of the run .*run: give the run and the step "
+                                                    r"\(--init .*run --step 30; `convert .*run DST --step 30`\)"):
+        load_pretrained(tmp_path / "run" / "checkpoints" / "30")
