@@ -15,8 +15,10 @@ Runs execute in this process, one at a time, through pretrain.run and finetune.r
 outcome is a value (gpt1_jax/loop.py: finished, preempted or diverged). The imports and the compiled
 programs are shared by every run of a sweep (a process per run paid ~2 s of imports and its compilations
 again). And a SIGTERM stops the run at a checkpoint and the sweep after it. A project error in one run (a
-split that is not there, a bad path) is that run's one-line error: it keeps no record, and the others go on.
-Anything else is a bug and stops the sweep with its traceback.
+split that is not there, a bad path) is that run's one-line error: it keeps no record, and the others go on;
+except no network to download GLUE from, which every later run would meet too: that line ends the sweep (offline,
+tensorflow-datasets tasks prepared before still need --data-dir for the rest). Anything else is a bug and stops
+the sweep with its traceback.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ import jax
 from gpt1_jax import compile_cache, distributed, hugepages
 from gpt1_jax import workdir as run_folder
 from gpt1_jax.config import (SEED_RANGE, DataConfig, FinetuneConfig, ModelConfig, PretrainConfig, TRACKER_NAMES,
-                             apply_overrides, check_pretrain_schedule, guarded_text, resolve)
+                             apply_overrides, check_pretrain_schedule, given_keys, guarded_text, resolve)
 from gpt1_jax.errors import ConfigError, DataError, DivergenceError, GPT1JaxError, Interrupted
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps, newest_checkpoint, record, verify_checkpoints
 from gpt1_jax.interrupt import CtrlC
@@ -306,7 +306,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir)
     run_folder.check(workdir, run_folder.Identity("pretrain"), "pretrain")  # before its config.yaml is read as ours
     overrides = _overrides(args, PretrainConfig)
-    if not args.dry_run and any(o.split("=", 1)[0].strip() == "model.vocab_size" for o in overrides):
+    if not args.dry_run and "model.vocab_size" in given_keys(overrides):
         # The run would replace it with its tokenizer's size without a word (a dry run has no tokenizer: it sizes it).
         raise ConfigError("model.vocab_size follows the run's tokenizer (the BPE's entries + 3 fine-tuning markers): "
                           "set data.vocab_size for the size of the BPE trained on the corpus, or data.tokenizer")

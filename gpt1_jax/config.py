@@ -153,39 +153,50 @@ TRACKER_NAMES = ("tensorboard", "wandb", "none")  # gpt1_jax/tracker.py
 GPT1_ADAM = (0.9, 0.999, 1e-8)  # Adam's b1, b2, eps in GPT-1 (the defaults below; gpt1_adam pins them)
 
 
-def check_given_optim(optim: OptimConfig) -> None:
-    """What a user gives (a flag, --set, a YAML file) and would train without effect, or on NaN, is refused; not
-    when a run's own config.yaml is read, so a run saved that way stays readable. gpt1_adam trains with GPT1_ADAM
-    whatever the config says (config.yaml recorded the other b2, training used 0.999); lr 0 trains nothing; eps 0
-    divides by zero where a gradient is exactly 0 (an unused embedding row)."""
+def given_keys(overrides) -> set[str]:
+    """The dotted keys a list of `key=value` overrides sets."""
+    return {o.split("=", 1)[0].strip() for o in overrides}
+
+
+def _given(field: str, given: set[str] | None) -> bool:
+    """Whether `optim.<field>` is one a user gave (None: every one, a YAML file of theirs)."""
+    return given is None or "optim" in given or f"optim.{field}" in given
+
+
+def check_given_optim(optim: OptimConfig, given: set[str] | None = None) -> None:
+    """Settings a user gives (a flag, --set, a YAML file: `given` None) and would train without effect, or on NaN,
+    are refused; only those given, so a run saved otherwise stays readable and resumable. gpt1_adam trains with
+    GPT1_ADAM whatever the config says (config.yaml recorded the other b2, training used 0.999); lr 0 trains
+    nothing; eps 0 divides by zero where a gradient is exactly 0 (an unused embedding row)."""
     for name in ("lr", "eps"):
-        if not getattr(optim, name) > 0:
+        if _given(name, given) and not getattr(optim, name) > 0:
             raise ConfigError(f"optim.{name} must be a number > 0, got {getattr(optim, name)}")
-    if optim.name == "gpt1_adam" and (optim.b1, optim.b2, optim.eps) != GPT1_ADAM:
+    if any(_given(f, given) for f in ("name", "b1", "b2", "eps")) and optim.name == "gpt1_adam" \
+            and (optim.b1, optim.b2, optim.eps) != GPT1_ADAM:
         raise ConfigError(f"optim.name=gpt1_adam is the paper's Adam, b1 {GPT1_ADAM[0]}, b2 {GPT1_ADAM[1]}, eps "
                           f"{GPT1_ADAM[2]}, got b1 {optim.b1}, b2 {optim.b2}, eps {optim.eps}: leave them out (it uses "
                           "the paper's), or set optim.name=adamw to choose them")
-    if not 0 < optim.adafactor_decay_rate <= 1:  # the second moment's decay is 1 - t^-rate
+    if _given("adafactor_decay_rate", given) and not 0 < optim.adafactor_decay_rate <= 1:  # decay 1 - t^-rate
         raise ConfigError(f"optim.adafactor_decay_rate must lie in (0, 1], got {optim.adafactor_decay_rate}")
-    if not 0 <= optim.sf_weight_lr_power < math.inf:
+    if _given("sf_weight_lr_power", given) and not 0 <= optim.sf_weight_lr_power < math.inf:
         raise ConfigError(f"optim.sf_weight_lr_power must be a number >= 0, got {optim.sf_weight_lr_power}")
-
-
-DECAYING_SCHEDULES = ("warmup_linear", "warmup_cosine")
 
 
 def check_pretrain_schedule(config, overrides) -> None:
     """pretrain's schedule spans its steps (pretrain.with_schedule_span): a given optim.total_steps would be replaced
     by --steps, and a given warmup that reaches the last step by one ending before it, each without a word (and
-    config.yaml recorded the replacement). `bench` and `plan` run no such span: they do not call this."""
-    given = {o.split("=", 1)[0].strip() for o in overrides}
+    config.yaml recorded the replacement). pretrain calls it; `bench` and `plan` time or compile steps and take
+    the schedule as it is."""
+    given = given_keys(overrides)
     if "optim.total_steps" in given:
         raise ConfigError("optim.total_steps is the run's --steps in pre-training (the schedule spans the run): "
                           "set --steps (or `steps=`) instead")
     optim = config.optim
-    if "optim.warmup_steps" in given and optim.schedule in DECAYING_SCHEDULES and optim.warmup_steps >= config.steps:
-        raise ConfigError(f"optim.warmup_steps={optim.warmup_steps} leaves none of the run's {config.steps} steps to "
-                          f"decay over ({optim.schedule}): set it below --steps")
+    if _given("warmup_steps", given) and optim.schedule != "constant" and optim.warmup_steps >= config.steps:
+        what = "leaves none of the run's {} steps to decay over" if optim.schedule != "warmup_constant" else \
+            "is as long as the run's {} steps or longer (it would end a step before the last)"
+        raise ConfigError(f"optim.warmup_steps={optim.warmup_steps} {what.format(config.steps)} ({optim.schedule}): set "
+                          "it below --steps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -567,12 +578,10 @@ def to_dict(config: Any) -> dict[str, Any]:
 def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
     """`["d_model=128", "optim.lr=1e-3"]` -> a new config; dotted keys reach nested dataclasses."""
     values = to_dict(config)
-    given = set()
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         key, raw = item.split("=", 1)
-        given.add(key.strip())
         *parents, leaf = key.strip().split(".")
         node = values
         for part in parents:
@@ -593,8 +602,9 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
         optim = values["optim"]
         optim["total_steps"] = max(values["steps"], optim.get("warmup_steps", 0), 1)
     config = from_dict(type(config), values)
-    if any(k.startswith("optim.") for k in given) and hasattr(config, "optim"):
-        check_given_optim(config.optim)
+    given = given_keys(overrides)
+    if hasattr(config, "optim") and any(k == "optim" or k.startswith("optim.") for k in given):
+        check_given_optim(config.optim, given)
     return config
 
 

@@ -110,9 +110,10 @@ BENCH_SHAPES = {"study": None, "gpt1_117M": ("gpt1", 2, 512)}
 
 def step_times(records: list[dict], tokens_per_step: int) -> dict[int, float]:
     """step -> seconds of that training step, as logged (`step_s`; records from before it: from the tokens/s, then
-    the step's own; the loop restarts its clock after evaluating, so evaluation is not in it). Step 1 (compilation)
-    and any step slower than 5x the median (the process paused, or the machine briefly shared) count as the median:
-    the study compares the optimizers' training cost, not the machine's interruptions."""
+    the step's own; the loop restarts its clock after evaluating, so evaluation is not in it). A step slower than
+    5x the median (the process paused, or the machine briefly shared) counts as the median, and so does step 1
+    where an older record timed it (its compilation; the loop logs no rate for it now): the study compares the
+    optimizers' training cost, not the machine's interruptions."""
     out = {r["step"]: r["step_s"] if finite(r.get("step_s")) else tokens_per_step / r["tokens_per_s"]
            for r in records if finite(r.get("tokens_per_s"))}
     if len(out) > 1:

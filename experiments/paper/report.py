@@ -20,7 +20,7 @@ DATA = "--corpus ../shared/data/corpus/english_mixed.txt.gz --data-dir ../shared
 
 def command(paper: Paper) -> str:
     """The command that writes these results: the defaults' recipe and budget go without saying; a pipeline that is
-    not a committed one (--quick, another --out) names its own inputs and --out."""
+    not a committed one (--quick, another recipe or budget) names its own inputs and --out."""
     recipe = "" if Path(paper.pretrain_config).resolve() == RECIPE else f" --pretrain-config {shown(paper.pretrain_config)}"
     budget = "" if paper.budget_name == "laptop" else f" --budget {paper.budget_name}"
     if paper.committed:

@@ -385,3 +385,13 @@ def test_tokenize_trains_the_bpe_of_the_job_it_runs_ahead_of(tmp_path, capsys, m
         argv = ["tokenize", "--data", str(corpus), "--tokenizer", "train", "--workdir", str(workdir), "--no-progress"]
         assert cli.main(argv + (["--config", config] if config else [])) == 0
         assert json.loads((workdir / "tokenizer.meta.json").read_text())["vocab_size"] == size
+
+
+def test_pretrain_refuses_a_schedule_it_would_replace_before_writing_anything(tmp_path, capsys):
+    """--set optim.total_steps (the run's --steps replaced it) and a warmup reaching the last step (ended a step
+    before it), each recorded in config.yaml as the replacement, without a word."""
+    for given, line in (("optim.total_steps=9", "optim.total_steps is the run's --steps in pre-training"),
+                        ("optim.warmup_steps=50", "optim.warmup_steps=50 leaves none of the run's 50 steps to decay")):
+        assert cli.main(["pretrain", "--workdir", str(tmp_path / "run"), "--config", "tiny", "--set", given]) == 2
+        assert line in capsys.readouterr().err
+        assert not (tmp_path / "run").exists()

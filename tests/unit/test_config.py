@@ -93,8 +93,12 @@ def test_a_warmup_longer_than_the_presets_total_follows_the_runs_steps():
         config = apply_overrides(preset(PretrainConfig, "tiny"), given)
         with pytest.raises(ConfigError, match=message):
             check_pretrain_schedule(config, given)
-    constant = ["steps=6", "optim.schedule=warmup_constant", "optim.warmup_steps=6"]  # nothing to decay: fine
-    check_pretrain_schedule(apply_overrides(preset(PretrainConfig, "tiny"), constant), constant)
+    # warmup_constant has nothing to decay, but its warmup would still end a step before the last
+    constant = ["steps=6", "optim.schedule=warmup_constant", "optim.warmup_steps=12"]
+    with pytest.raises(ConfigError, match=r"^optim.warmup_steps=12 is as long as the run's 6 steps or longer"):
+        check_pretrain_schedule(apply_overrides(preset(PretrainConfig, "tiny"), constant), constant)
+    fine = ["steps=6", "optim.warmup_steps=5"]
+    check_pretrain_schedule(apply_overrides(preset(PretrainConfig, "tiny"), fine), fine)
 
 
 def test_gpt1_adam_refuses_constants_it_would_not_use_but_a_saved_run_stays_readable(tmp_path):
@@ -112,5 +116,12 @@ def test_gpt1_adam_refuses_constants_it_would_not_use_but_a_saved_run_stays_read
     lion = dataclasses.replace(config, optim=dataclasses.replace(config.optim, name="lion", eps=0.0))  # eps unused
     save_yaml(lion, tmp_path / "lion.yaml")
     assert load_yaml(PretrainConfig, tmp_path / "lion.yaml").optim.eps == 0.0
+    # resumed with a setting of their own, as a run's saved config.yaml is (only what is given is checked)
+    for saved, b2 in (("config.yaml", 0.99), ("lion.yaml", 0.999)):
+        resumed = resolve(PretrainConfig, None, saved=tmp_path / saved, overrides=["optim.lr=1e-4", "optim.clip_norm=0.5"])
+        assert (resumed.optim.lr, resumed.optim.b2) == (1e-4, b2)
+    # a whole optim mapping is given whole
+    with pytest.raises(ConfigError, match="optim.lr must be a number > 0, got 0"):
+        apply_overrides(preset(PretrainConfig, "tiny"), ["optim={lr: 0, eps: 0, warmup_steps: 0}"])
     with pytest.raises(ConfigError, match="optim.name=gpt1_adam is the paper's Adam"):
         resolve(PretrainConfig, str(tmp_path / "config.yaml"))  # as --config: the user's choice, refused
