@@ -302,7 +302,8 @@ class MeshConfig:
                     raise ConfigError(f"mesh {self.spec()} does not divide {n_devices} devices")
                 sizes[axis] = n_devices // known
         if math.prod(sizes.values()) != n_devices:
-            raise ConfigError(f"mesh {self.spec()} needs {math.prod(sizes.values())} devices, have {n_devices}")
+            raise ConfigError(f"mesh {self.spec()} needs {math.prod(sizes.values())} devices, have {n_devices}: give "
+                              "--mesh AXIS=N,... for these (a checkpoint restores onto any mesh), or --simulate-devices")
         return sizes
 
     def spec(self) -> str:

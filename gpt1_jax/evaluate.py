@@ -13,9 +13,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from gpt1_jax.attention import check_runnable as check_attention
-from gpt1_jax.config import PretrainConfig
+from gpt1_jax.config import MeshConfig, PretrainConfig
 from gpt1_jax.data.pipeline import BatchIterator, build_pipeline
-from gpt1_jax.errors import DataError, WorkdirError
+from gpt1_jax.errors import ConfigError, DataError, WorkdirError
+from gpt1_jax.sharding import batch_rows_shared_by_processes, make_mesh
 from gpt1_jax.step import lm_trainer
 from gpt1_jax.workdir import read as workdir_identity
 
@@ -70,6 +71,24 @@ def check_same_tokens(run: Path, digest: str | None) -> None:
                         "text's; run evaluate from the folder the run was started in, or pass --data")
 
 
+def mesh_here(mesh: MeshConfig) -> MeshConfig:
+    """The run's mesh where it fits the devices here, else data-parallel over all of them (said once): a loss reads
+    the same on any mesh, and a run trained on 8 devices (or a tensor-only mesh, which several processes cannot
+    split a batch over) was refused on a laptop's 1, with --mesh refused too."""
+    try:
+        devices = make_mesh(mesh)
+        fits = not (jax.process_count() > 1 and batch_rows_shared_by_processes(devices))
+    except ConfigError:
+        fits = False
+    if fits:
+        return mesh
+    if jax.process_index() == 0:
+        n = jax.device_count()
+        print(f"gpt1-jax: evaluating data-parallel over the {n} device{'s' if n > 1 else ''} here (the run's mesh "
+              f"{mesh.spec()} does not fit them)", file=sys.stderr, flush=True)
+    return MeshConfig(rules=mesh.rules)
+
+
 def evaluate(config: PretrainConfig, params, *, run: Path | None, data: str | None, tokenizer: str,
              max_batches: int = 0, progress: bool = False) -> dict:
     """LM loss and perplexity of `params` (a model of `config.model`) on every `config.data.seq_len` window of
@@ -77,7 +96,7 @@ def evaluate(config: PretrainConfig, params, *, run: Path | None, data: str | No
     of the pre-training run `run`, cut as its config cuts it. Batches of `config.data.global_batch_size`
     over `config.mesh`. `progress`: a bar of the batches on process 0."""
     check_attention(config.model.attention, config.model.attn_dropout, False, config.model.head_dim)
-    trainer = lm_trainer(config.model, config.optim, config.mesh)
+    trainer = lm_trainer(config.model, config.optim, mesh_here(config.mesh))
     params = trainer.place_params(params)
     data_config = dataclasses.replace(config.data, progress=False)
     if data is None:  # the run's held-out windows

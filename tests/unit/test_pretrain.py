@@ -125,3 +125,17 @@ def test_a_resume_may_store_its_optimizer_state_in_another_dtype(tmp_path):
     ran = preset(PretrainConfig, "tiny")
     check_same_optimizer_state(tmp_path, dataclasses.replace(ran, optim=dataclasses.replace(ran.optim, state_dtype="bfloat16")),
                                ran)
+
+
+def test_evaluate_scores_a_run_on_a_mesh_the_devices_here_hold(capsys):
+    """A run trained with --simulate-devices 8 --mesh data=2,fsdp=2,tensor=2 could not be evaluated on 1 device
+    ("needs 8 devices, have 1"), and evaluate refuses --mesh: its refusal promised this fallback."""
+    from gpt1_jax.config import MeshConfig, parse_mesh
+    from gpt1_jax.evaluate import mesh_here
+
+    fits = parse_mesh("data=2,fsdp=2,tensor=2")  # the suite's 8 fake devices hold it
+    assert mesh_here(fits) is fits and capsys.readouterr().err == ""
+    big = MeshConfig(data=4, fsdp=4, rules=(("vocab", None),))
+    assert mesh_here(big) == MeshConfig(rules=(("vocab", None),))
+    assert "evaluating data-parallel over the 8 devices here (the run's mesh data=4,fsdp=4,tensor=1 does not fit" \
+        in capsys.readouterr().err
