@@ -317,6 +317,9 @@ def parse_mesh(text: str) -> MeshConfig:
     for item in filter(None, (s.strip() for s in text.split(","))):
         key, sep, raw = item.partition("=")
         key = key.strip()
+        if key == "auto":
+            raise ConfigError("--mesh auto is plan's: `gpt1-jax plan --config ... --topology ... --mesh auto` chooses "
+                              "one and prints it as a --mesh for this command")
         if not sep or key not in MESH_AXES + ("dcn_data", "dcn_fsdp", "dcn_tensor"):
             raise ConfigError(f"--mesh item {item!r} is not AXIS=SIZE with AXIS one of {', '.join(MESH_AXES)} (or, "
                               "over the slices of a multi-slice job, dcn_data, dcn_fsdp, dcn_tensor)")

@@ -568,7 +568,9 @@ def table(plan: dict[str, Any]) -> str:
         ("target", f"{plan['topology']} ({plan['chips']} x {plan['chip']}, {plan['num_slices']} slice(s))"),
         ("model", f"{plan['num_params'] / 1e6:,.0f}M params, {plan['dtype']} compute, remat {plan['remat']}, "
                   f"optimizer state {plan['state_dtype']}"),
-        ("mesh", mesh + ("" if plan["num_slices"] == 1 else f" (dcn {plan['dcn']})")),
+        ("mesh", mesh + ("" if plan["num_slices"] == 1 else f" (dcn {plan['dcn']})") + " (pretrain: --mesh "
+                 + ",".join([f"{k}={v}" for k, v in plan["mesh"].items()]
+                            + [f"dcn_{k}={v}" for k, v in plan["dcn"].items() if v > 1]) + ")"),
         ("batch", f"{plan['global_batch']} x {plan['seq_len']} global, {plan['per_chip_batch']:g} sequences per chip"),
         ("HBM per chip", _fit_text(plan)),
         ("state per chip", f"{_size(plan['state_bytes_per_chip'])} (params {_size(plan['param_bytes_per_chip'])}, "

@@ -38,6 +38,8 @@ def test_parse_mesh_and_sizes():
     for bad in ("data=3", "pipe=2", "data=x", "data=-1,fsdp=-1"):
         with pytest.raises(ConfigError):
             shd.parse_mesh(bad).axis_sizes(8)
+    with pytest.raises(ConfigError, match="--mesh auto is plan's"):  # pretrain said "not AXIS=SIZE"
+        shd.parse_mesh("auto")
 
 
 def test_rules_overridable_in_one_place():
