@@ -22,7 +22,7 @@ from jax.experimental import multihost_utils
 from gpt1_jax import flops
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
-from gpt1_jax.config import OptimConfig, PretrainConfig, load_yaml, to_dict
+from gpt1_jax.config import RUNTIME_FIELDS, OptimConfig, PretrainConfig, load_yaml, to_dict
 from gpt1_jax.data.pipeline import build_pipeline
 from gpt1_jax.data.tokens import TOKENIZER_FILE
 from gpt1_jax.errors import ConfigError, WorkdirError
@@ -103,6 +103,18 @@ def check_same_optimizer_state(workdir: Path, config: PretrainConfig, saved: Pre
                            "repeat the run's optimizer settings to resume it, or choose another --workdir")
 
 
+def runtime_change(saved: PretrainConfig, now: PretrainConfig, step: int) -> str | None:
+    """A resume may change how the model runs (its dtypes, remat, attention, dropout, the optimizer state's dtype,
+    the micro-batches): said, since config.yaml then records the new settings for steps that ran under the old."""
+    keys = [f"model.{f}" for f in RUNTIME_FIELDS if f != "scan_layers"] + ["optim.state_dtype", "accum_steps"]
+    old, new = flat_fields(to_dict(saved)), flat_fields(to_dict(now))
+    changed = [f"{k} {old.get(k)} -> {new.get(k)}" for k in keys if old.get(k) != new.get(k)]
+    if not changed:
+        return None
+    return (f"resuming with other run-time settings than the run's ({', '.join(changed)}): steps {step + 1} on run "
+            "with them, and config.yaml records them")
+
+
 def schedule_change(saved: OptimConfig, now: OptimConfig, step: int) -> str | None:
     """What a resume at `step` does to the learning rate when the schedule's settings changed (a larger --steps
     stretches a cosine over the new span): said, since the lr then jumps (x100 resuming a finished 30-step run
@@ -157,8 +169,10 @@ def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, train
         f"{pipeline.info['train_windows']} train windows of {config.data.seq_len} tokens, "
         f"mesh {dict(trainer.mesh.shape)} over {len(jax.devices())} devices"
     )
-    if begin and saved is not None and (note := schedule_change(saved.optim, config.optim, begin)):
-        loop.progress.write(note)
+    if begin and saved is not None:
+        for note in (schedule_change(saved.optim, config.optim, begin), runtime_change(saved, config, begin)):
+            if note:
+                loop.progress.write(note)
     outcome = loop.run(state, batches)
     if is_main:
         print(f"loss curve: {plot_losses(workdir)}", file=sys.stderr)

@@ -139,3 +139,19 @@ def test_evaluate_scores_a_run_on_a_mesh_the_devices_here_hold(capsys):
     assert mesh_here(big) == MeshConfig(rules=(("vocab", None),))
     assert "evaluating data-parallel over the 8 devices here (the run's mesh data=4,fsdp=4,tensor=1 does not fit" \
         in capsys.readouterr().err
+
+
+def test_a_resume_that_changes_how_the_model_runs_says_so():
+    """model.dtype, remat or optim.state_dtype changed on resume were taken without a word (fine-tuning refuses
+    them; pre-training resumes exactly), and config.yaml then recorded them for every step."""
+    import dataclasses
+
+    from gpt1_jax.config import PretrainConfig, preset
+    from gpt1_jax.pretrain import runtime_change
+
+    ran = preset(PretrainConfig, "tiny")
+    assert runtime_change(ran, ran, 6) is None
+    now = dataclasses.replace(ran, accum_steps=2, model=dataclasses.replace(ran.model, dtype="bfloat16"))
+    assert runtime_change(ran, now, 6) == ("resuming with other run-time settings than the run's (model.dtype float32 "
+                                           "-> bfloat16, accum_steps 1 -> 2): steps 7 on run with them, and config.yaml "
+                                           "records them")
