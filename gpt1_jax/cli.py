@@ -374,6 +374,9 @@ def _finetune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init", required=True, metavar="SOURCE",
                    help=f"{INIT_SOURCES}; none (random init), or scratch:DIR (random init with DIR's architecture "
                         f"and tokenizer)")
+    p.add_argument("--step", type=at_least(0), default=None, metavar="N",
+                   help="checkpoint step of an --init run workdir (default: its latest; a fine-tuning run's best "
+                        "epoch is its results.json's `step`)")
     p.add_argument("--workdir", required=True, help="where config, results.json and predictions go")
     p.add_argument("--data-dir", default=None,
                    help="GLUE's TSV distribution (<dir>/<Task>/{train,dev,test}.tsv) or, for race, race.tar.gz; "
@@ -393,7 +396,7 @@ def _finetune(args: argparse.Namespace) -> int:
     from gpt1_jax.finetune import run
 
     config = resolve(FinetuneConfig, args.config, overrides=_overrides(args, FinetuneConfig), mesh=args.mesh)
-    return _exit_status(run(config, Path(args.workdir), init=args.init, data_dir=args.data_dir,
+    return _exit_status(run(config, Path(args.workdir), init=args.init, init_step=args.step, data_dir=args.data_dir,
                             tokenizer=args.tokenizer, predict_test=args.predict_test,
                             progress=not args.no_progress, tfds_dir=args.tfds_dir))
 

@@ -56,22 +56,24 @@ class Source:
     tokenizer: object = None  # a GPT1Tokenizer; None: trained on the task's text (`none` only)
 
 
-def open_source(init: str, config: FinetuneConfig, tokenizer_spec: str | None) -> Source:
-    """Reads the init source: before any task data, so a wrong path fails at once."""
+def open_source(init: str, config: FinetuneConfig, tokenizer_spec: str | None, step: int | None = None) -> Source:
+    """Reads the init source (`step`: a run workdir's checkpoint; None: its latest): before any task data, so a
+    wrong path fails at once."""
     if init == "none":
         return Source("none", tokenizer=find_tokenizer(tokenizer_spec, None))
     scratch = init.startswith("scratch:")
     path = Path(init.removeprefix("scratch:"))
     if not path.is_dir():
         raise FileNotFoundError(f"--init {init}: no such directory (a run workdir, a checkpoint folder, or none)")
-    model_config, params = load_pretrained(path, config.model)  # the files' architecture, the run's run-time fields
+    # the files' architecture, the run's run-time fields
+    model_config, params = load_pretrained(path, config.model, step=step)
     tok = find_tokenizer(tokenizer_spec, path, model_vocab_size=model_config.vocab_size)
     if tok is None:
         raise FileNotFoundError(f"--init {init}: no tokenizer in it (tokenizer.json, encoder_bpe_40000.json + "
                                 "vocab_40000.bpe, or vocab.json + merges.txt); pass --tokenizer")
     if scratch:  # Table 5's "no pre-training" at the source's own architecture and vocabulary
         return Source(f"scratch ({path})", model_config, None, tok)
-    return Source(str(path), model_config, params, tok)
+    return Source(str(path) if step is None else f"{path} step {step}", model_config, params, tok)
 
 
 def with_marker_rows(model_config: ModelConfig, params, tok, seed: int):
@@ -181,9 +183,10 @@ class DevEvaluation:
 
 # ---- the run -----------------------------------------------------------------------------------------------
 
-def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, tokenizer, predict_test: bool, tfds_dir):
+def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, tokenizer, predict_test: bool, tfds_dir,
+            init_step: int | None = None):
     """-> (task, source, the resolved config, encoded splits): everything before the model is built."""
-    source = open_source(init, config, tokenizer)
+    source = open_source(init, config, tokenizer, init_step)
     model = source.model_config or config.model  # a pre-trained model's head size, not the preset's
     check_attention(model.attention, model.attn_dropout, True, model.head_dim)
     task = make_task(config, data_dir, tfds_dir)
@@ -223,18 +226,21 @@ def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, token
 
 
 def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | None = None, tokenizer: str | None = None,
-        predict_test: bool = False, progress: bool = True, tfds_dir: str | None = None) -> Outcome:
-    """Fine-tunes `config.task` from `init` in `workdir` (resuming what is there) -> how it ended; a finished
-    run's outcome carries its results.json as `results` (a rerun of a finished run rewrites them)."""
+        predict_test: bool = False, progress: bool = True, tfds_dir: str | None = None,
+        init_step: int | None = None) -> Outcome:
+    """Fine-tunes `config.task` from `init` (`init_step`: that run's checkpoint; None: its latest) in `workdir`
+    (resuming what is there) -> how it ended; a finished run's outcome carries its results.json as `results` (a
+    rerun of a finished run rewrites them)."""
     workdir = Path(workdir)
-    job = Identity("finetune", config.task, init_identity(init))
+    job = Identity("finetune", config.task, init_identity(init) + ("" if init_step is None else f" step {init_step}"))
     held = check_workdir(workdir, job, "finetune", init_path=None if init == "none" else init.removeprefix("scratch:"))
     # What needs no data is checked before the task's files are read and encoded.
     mesh = make_mesh(config.mesh)
     check_batch_size(mesh, config.batch_size, config.accum_steps, "batch_size")
     check_batch_size(mesh, config.eval_batch_size or config.batch_size, 1, "eval_batch_size")
     with hold(workdir, "finetune", enabled=jax.process_index() == 0):  # one job at a time in a run folder
-        task, source, config, splits = prepare(config, workdir, init=init, data_dir=data_dir, tokenizer=tokenizer,
+        task, source, config, splits = prepare(config, workdir, init=init, init_step=init_step, data_dir=data_dir,
+                                               tokenizer=tokenizer,
                                                predict_test=predict_test, tfds_dir=tfds_dir)
         if held is not None and (workdir / "config.yaml").is_file():
             check_same_settings(workdir, config, load_yaml(FinetuneConfig, workdir / "config.yaml"))

@@ -178,13 +178,17 @@ def test_init_from_pretrain_workdir_restores_the_params(tmp_path, tokenizer):
     config = dataclasses.replace(model_preset("tiny"), vocab_size=tokenizer.vocab_size)
     workdir = tmp_path / "pre"
     workdir.mkdir()
-    state = lm_trainer(config, OptimConfig(total_steps=10, warmup_steps=1), MeshConfig()).init(seed=5)
+    trainer = lm_trainer(config, OptimConfig(total_steps=10, warmup_steps=1), MeshConfig())
+    state, later = trainer.init(seed=5), trainer.init(seed=6)
     ckpt = Checkpointer(workdir / "checkpoints")
     ckpt.save(4, state, {"batches": {}}, config)
+    ckpt.save(6, later, {"batches": {}}, config)
     ckpt.close()
     save_yaml(dataclasses.replace(preset(PretrainConfig, "tiny"), model=config), workdir / "config.yaml")
     tokenizer.save(workdir / "tokenizer.json")
-    source = open_source(str(workdir), FinetuneConfig(), None)
+    # --step picks a checkpoint (a fine-tuning run's best epoch: finetune had no --step, which its help named)
+    source = open_source(str(workdir), FinetuneConfig(), None, step=4)
+    assert source.described == f"{workdir} step 4"
     assert source.model_config.vocab_size == source.tokenizer.vocab_size
     assert source.model_config.embd_dropout == 0.1  # run-time fields from the fine-tuning config
     for a, b in zip(jax.tree.leaves(source.params), jax.tree.leaves(state.params)):
