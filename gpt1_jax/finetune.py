@@ -29,7 +29,7 @@ from gpt1_jax import flops, heads
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
 from gpt1_jax.config import ConfigError, FinetuneConfig, ModelConfig, load_yaml, profile_window, to_dict
-from gpt1_jax.data.layout import Markers
+from gpt1_jax.data.layout import Markers, max_segment_len
 from gpt1_jax.data.tasks import (EpochBatches, Encoded, Splits, Task, encode_task, eval_order, make_batch, make_task,
                                   prepare_once, process_rows, train_rows, write_predictions, write_submission)
 from gpt1_jax.errors import DataError, WorkdirError
@@ -331,6 +331,14 @@ def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, sou
         f"{f' (+{len(splits.holdout.seqs)} held out to choose the epoch)' if splits.holdout is not None else ''}, "
         f"{', '.join(f'{len(e.seqs)} {s}' for s, e in splits.dev.items())}; "
         f"{config.optim.total_steps} steps{f', resuming at {begin}' if begin else ''}; mesh {dict(trainer.mesh.shape)}")
+    if splits.train.cut:  # the paper's layout keeps n_ctx // 2 - 2 tokens a segment; a short n_ctx cuts many
+        loop.progress.write(f"finetune {task.name}: {splits.train.cut} of {len(splits.train.seqs)} training examples "
+                            f"have a text longer than a segment's {max_segment_len(splits.n_ctx)} tokens (n_ctx "
+                            f"{splits.n_ctx}): cut to it")
+    if cut_tests := [s for s, enc in splits.test.items() if len(enc.seqs) < len(task.load(s))]:
+        loop.progress.write(f"finetune {task.name}: --max-eval-examples {config.max_eval_examples} cuts the test "
+                            f"split{'s' if len(cut_tests) > 1 else ''} too ({', '.join(cut_tests)}): a submission of "
+                            "part of a split, which GLUE's server does not take")
     t0 = time.perf_counter()
     outcome = loop.run(state, batches)  # a finished run (rerun) only closes, then rewrites its results
     # Every session's time (the checkpoints carry it); this session's where an older checkpoint did not.

@@ -103,6 +103,7 @@ class Encoded:
     seqs: list[list[list[int]]]
     labels: np.ndarray
     examples: list[dict]
+    cut: int = 0  # examples with a text longer than a segment keeps (max_segment_len): truncated
 
     def digest(self) -> str:
         """sha256 of the token sequences and labels, in order: what a run trained on, whatever files it came from."""
@@ -117,14 +118,15 @@ def encode_split(task: Task, examples: list[dict], tok, n_ctx: int) -> Encoded:
     texts = [task.texts(ex) for ex in examples]
     flat = [t for ts in texts for t in ts]
     ids = tok.encode_batch(flat) if flat else []
-    seqs, i = [], 0
+    seqs, i, cut = [], 0, 0
     for ts in texts:
         toks = ids[i: i + len(ts)]
         i += len(ts)
+        cut += any(len(t) > keep for t in toks)
         seqs.append(layout(task.kind, task.segments(toks, keep), markers, n_ctx))
     dtype = np.float32 if task.regression else np.int32
     labels = np.asarray([ex["label"] for ex in examples], dtype)
-    return Encoded(seqs, labels, examples)
+    return Encoded(seqs, labels, examples, cut)
 
 
 def bucket_len(n: int, n_ctx: int) -> int:
