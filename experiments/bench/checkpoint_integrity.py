@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from gpt1_jax import integrity
 from gpt1_jax.checkpoint import Checkpointer
+from gpt1_jax.cli import at_least
 from gpt1_jax.config import MeshConfig, OptimConfig, model_preset
 from gpt1_jax.flops import cpu_flags
 from gpt1_jax.step import lm_trainer
@@ -39,9 +40,13 @@ def timed(fn) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    parser.add_argument("--dir", required=True, help="scratch folder (removed afterwards)")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dir", required=True, help="a new or empty scratch folder (removed afterwards)")
+    parser.add_argument("--rounds", type=at_least(1), default=3)
     args = parser.parse_args()
+    root = Path(args.dir)
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):  # it is emptied before every save
+        parser.exit(2, f"{parser.prog}: error: --dir {root} is not a new or empty folder: the benchmark deletes "
+                       "what it holds\n")
     config = model_preset("gpt1")
     trainer = lm_trainer(config, OptimConfig(total_steps=10, warmup_steps=1), MeshConfig())
     # Random values everywhere, as after some training: a fresh Adam state is zeros, which compress to nothing.
@@ -52,7 +57,6 @@ def main() -> None:
         for k, x in zip(keys, leaves)]))
     abstract = trainer.abstract_state_sharded()
     record, verify = integrity.record, integrity.verify
-    root = Path(args.dir)
     results: dict[str, list[float]] = {}
 
     def measure(digests: bool) -> None:

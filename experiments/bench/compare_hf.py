@@ -5,7 +5,8 @@ measurement, then one summary line per target with the ratio jax / HF.
     python -m experiments.bench.compare_hf --targets train_small,generate_b1 --rounds 3
     python -m experiments.bench.compare_hf --targets train_117m --batch 64   # on a GPU: the paper's batch
 
-Targets (same shapes, same seeded data, same weights where outputs are compared):
+Targets (same shapes; random tokens from one seed, drawn as each side batches them, so the training losses are
+not compared; the same weights where outputs are, generation's ids):
   train_117m     GPT-1 117M, batch 2 x 512, forward + backward + optimizer, dropout on; fp32 and bf16
                  (jax: bf16 compute, fp32 params and Adam state; torch: autocast(cpu, bfloat16))
   train_small    the experiments' `small` preset (4 x 256, the paper release's shape), batch 16 x 128
@@ -41,6 +42,7 @@ import jax
 import numpy as np
 
 from gpt1_jax import flops, heads, hugepages
+from gpt1_jax.cli import at_least
 from gpt1_jax.config import MeshConfig, OptimConfig, PretrainConfig, resolve
 from gpt1_jax.generate import generate
 from gpt1_jax.step import lm_batch, lm_trainer, make_trainer
@@ -96,7 +98,8 @@ def median_time(fn, n: int) -> tuple[float, list[float]]:
 # only this script and the parity tests need), and a jax worker or the driver runs without loading them.
 
 def hf_train(t: dict, args) -> dict:
-    """HF training steps (AdamW + clip 1.0, dropout on) on `gpt1-jax bench`'s seeded tokens; finetune: the
+    """HF training steps (AdamW + clip 1.0, dropout on) on random tokens of `args.seed` (the shape of `gpt1-jax
+    bench`'s, not its draws: bench draws one more token a row for the targets); finetune: the
     double-heads model with its multiple-choice head over one choice and the LM loss at lambda 0.5."""
     import torch  # optional: see above
     from transformers import OpenAIGPTDoubleHeadsModel, OpenAIGPTLMHeadModel
@@ -267,9 +270,9 @@ def with_batch(t: dict, batch: int | None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--steps", type=int, default=3, help="timed steps (generation: timed calls) per measurement")
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--rounds", type=at_least(1), default=2)
+    p.add_argument("--steps", type=at_least(1), default=3, help="timed steps (generation: timed calls) per measurement")
+    p.add_argument("--warmup", type=at_least(0), default=1)
     p.add_argument("--dtypes", default=None, help="restrict the targets' dtypes (e.g. float32)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=None, help="every target's batch instead of its own (e.g. 64 on a GPU)")
@@ -295,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in args.targets.split(",") if n]
     if unknown := [n for n in names if n not in TARGETS]:
         p.error(f"unknown target(s) {unknown}; targets: {', '.join(TARGETS)}")
+    if args.dtypes and not {d for d in args.dtypes.split(",") if d} & {d for n in names for d in TARGETS[n]["dtypes"]}:
+        p.error(f"--dtypes {args.dtypes}: none of the targets runs it (they run "
+                f"{', '.join(sorted({d for n in names for d in TARGETS[n]['dtypes']}))})")
     with tempfile.TemporaryDirectory(prefix="gpt1-jax-compare-") as tmp:
         for name in names:
             t = with_batch(TARGETS[name], args.batch)

@@ -24,6 +24,7 @@ import collections
 import dataclasses
 import gzip
 import json
+import os
 import re
 import resource
 import sys
@@ -38,7 +39,8 @@ from gpt1_jax.bench import seeded_batches
 from gpt1_jax.cli import simulate_devices
 from gpt1_jax.config import PretrainConfig, resolve
 from gpt1_jax.errors import ConfigError
-from gpt1_jax.step import lm_batch_spec
+from gpt1_jax.sharding import make_mesh
+from gpt1_jax.step import check_batch_size, lm_batch_spec
 
 # The groups, in the order a thunk is tested against them: the first that matches names it.
 GROUPS = (
@@ -250,6 +252,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.devices < 1 or args.steps < 1:
         p.error("--devices and --steps must be >= 1")
+    if args.trace_dir:  # found now, not when the trace is written after compiling and running the steps
+        try:
+            Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
+            probe = Path(args.trace_dir) / f".write-probe-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+        except OSError as e:
+            p.error(f"--trace-dir {args.trace_dir}: {e.strerror or e}")
     if argv is None:  # a command line: profile the step as `gpt1-jax bench` and the training verbs run it
         hugepages.reexec_with_huge_pages()
 
@@ -264,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     config = dataclasses.replace(config, model=flops.fit_compute_dtype(config.model))
     B, T = config.data.global_batch_size, config.data.seq_len
+    try:
+        check_batch_size(make_mesh(config.mesh), B, config.accum_steps)
+    except ConfigError as e:
+        p.error(str(e))
     trainer = sizing.pretrain_trainer(config)
     compiled = trainer.lower(lm_batch_spec(B, T)).compile()
     hlo = compiled.as_text()

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from gpt1_jax import flops, sizing
+from gpt1_jax.cli import at_least
 from gpt1_jax.config import PretrainConfig, preset
 from gpt1_jax.step import lm_batch
 
@@ -51,9 +52,11 @@ def measure(name: str, steps: int, every: int) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
-    p.add_argument("--steps", type=int, default=5, help="timed steps of each kind (after one that compiles)")
-    p.add_argument("--every", type=int, default=100, help="stats_every to report the run's overhead at")
+    p.add_argument("--steps", type=at_least(1), default=5, help="timed steps of each kind (after one that compiles)")
+    p.add_argument("--every", type=at_least(1), default=100, help="stats_every to report the run's overhead at")
     args = p.parse_args(argv)
+    if unknown := [n for n in args.shapes.split(",") if n not in SHAPES]:
+        p.error(f"unknown shape(s) {unknown}; shapes: {', '.join(SHAPES)}")
     for name in args.shapes.split(","):
         print(json.dumps(measure(name, args.steps, args.every)), flush=True)
     return 0

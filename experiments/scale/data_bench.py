@@ -40,7 +40,7 @@ from gpt1_jax.data.bench import benchmark_iterator
 from gpt1_jax.data.pipeline import BatchIterator, PackedWindows, split_windows
 from gpt1_jax.data.sources import open_source
 from gpt1_jax.data.tokens import encode_documents, eod_id, token_dtype, tokenize_to_cache, tokenizer_for
-from gpt1_jax.flops import ACCELERATOR_PEAK_FLOPS, flops_per_token
+from gpt1_jax.flops import ACCELERATOR_PEAK_FLOPS, cpu_flags, flops_per_token
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "data"
@@ -169,7 +169,7 @@ def tokenize(args, source, tokenizer) -> tuple[dict, object]:
 
 # --- 3. batch assembly against a chip's appetite ---------------------------------------------------
 def chip_tokens_per_s(args) -> tuple[float, str]:
-    if args.chip_tokens_per_s:
+    if args.chip_tokens_per_s is not None:
         return args.chip_tokens_per_s, "given (--chip-tokens-per-s)"
     per_token = flops_per_token(MODEL_PRESETS["gpt1"], args.seq_len)
     peak = ACCELERATOR_PEAK_FLOPS[args.chip]
@@ -197,20 +197,23 @@ def main(argv=None) -> None:
     ap.add_argument("--files", type=at_least(1), default=16, help="corpus files")
     ap.add_argument("--seed", type=int, default=0, help="shuffles of the passes")
     ap.add_argument("--reuse-cache", action="store_true", help="keep OUT/cache (skips measuring tokenisation)")
-    ap.add_argument("--seq-len", type=int, default=512)
-    ap.add_argument("--batch-size", type=int, default=64, help="global batch (117M: 64)")
-    ap.add_argument("--processes", type=int, default=1, help="hosts sharing the global batch (this host: 1/N of it)")
+    ap.add_argument("--seq-len", type=at_least(1), default=512)
+    ap.add_argument("--batch-size", type=at_least(1), default=64, help="global batch (117M: 64)")
+    ap.add_argument("--processes", type=at_least(1), default=1, help="hosts sharing the global batch (this host: 1/N of it)")
     ap.add_argument("--batches", type=at_least(1), default=200, help="batches timed")
     ap.add_argument("--chip", default="TPU v4", choices=sorted(ACCELERATOR_PEAK_FLOPS))
-    ap.add_argument("--mfu", type=float, default=0.5, help="the step's MFU on --chip (an estimate)")
-    ap.add_argument("--chip-tokens-per-s", type=float, default=None, help="one chip's step rate, e.g. from a plan")
+    ap.add_argument("--mfu", type=number_at_least(0.0, above=True), default=0.5,
+                    help="the step's MFU on --chip (an estimate)")
+    ap.add_argument("--chip-tokens-per-s", type=number_at_least(0.0, above=True), default=None,
+                    help="one chip's step rate, e.g. from a plan")
     args = ap.parse_args(argv)
 
     tokenizer = tokenizer_for(open_source(str(args.source)), args.out, tokenizer=args.tokenizer)
     corpus_info = corpus(args, tokenizer)
     source = open_source(str(args.out / "corpus"))
     tokenize_info, stream = tokenize(args, source, tokenizer)
-    print(json.dumps({"corpus": corpus_info, "tokenize": tokenize_info, "batches": batches(args, stream)}), flush=True)
+    print(json.dumps({"corpus": corpus_info, "tokenize": tokenize_info, "batches": batches(args, stream),
+                      "cpu_flags": cpu_flags()}), flush=True)
 
 
 if __name__ == "__main__":

@@ -110,3 +110,29 @@ def test_bad_options_are_one_line(capsys):
     with pytest.raises(SystemExit) as exit_:
         op_profile.main(["--config", "no-such-preset"])
     assert exit_.value.code == 2
+
+
+def test_the_bench_scripts_refuse_what_they_cannot_measure_before_measuring(tmp_path, monkeypatch, capsys):
+    """A traceback after the expensive part (StatisticsError at --steps 0 once HF had run 40 s; KeyError for an
+    unknown shape; the trace folder found missing after the traced steps), and checkpoint_integrity deleting the
+    --dir it was given, whatever it held."""
+    from experiments.bench import checkpoint_integrity, compare_hf, op_profile, stats_overhead
+
+    for main, argv, line in (
+            (compare_hf.main, ["--steps", "0"], "argument --steps: must be >= 1, got 0"),
+            (compare_hf.main, ["--targets", "train_small", "--dtypes", "float16"], "--dtypes float16: none of the targets"),
+            (stats_overhead.main, ["--shapes", "nosuch"], "unknown shape(s) ['nosuch']"),
+            (stats_overhead.main, ["--every", "0"], "argument --every: must be >= 1, got 0"),
+            (op_profile.main, ["--trace-dir", str(tmp_path / "file" / "sub")], "--trace-dir")):
+        if "file" in argv[-1]:
+            (tmp_path / "file").write_text("a file, not a folder")
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and line in capsys.readouterr().err
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("precious")
+    monkeypatch.setattr("sys.argv", ["checkpoint_integrity", "--dir", str(tmp_path / "run")])
+    with pytest.raises(SystemExit) as e:
+        checkpoint_integrity.main()
+    assert e.value.code == 2 and "is not a new or empty folder" in capsys.readouterr().err
+    assert (tmp_path / "run" / "notes.txt").read_text() == "precious"
