@@ -58,6 +58,7 @@ def size_step(trainer, batch_spec: dict[str, Any], model: ModelConfig) -> tuple[
         "process_count": jax.process_count(),
         "lower_s": round(t_lower - t0, 3),
         "compile_s": round(t_compile - t_lower, 3),
+        "cpu_flags": flops.cpu_flags(),  # with every time it reports (the compile's, here)
         "state_bytes_total": sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in sharded),
         "state_bytes_per_device": state_bytes_per_device(trainer),
         "flops_per_token": flops.flops_per_token(model, T),  # 6N + 12·L·d·T
