@@ -232,6 +232,8 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
     (resuming what is there) -> how it ended; a finished run's outcome carries its results.json as `results` (a
     rerun of a finished run rewrites them)."""
     workdir = Path(workdir)
+    if init_step is not None and (init == "none" or init.startswith("scratch:")):
+        raise ConfigError(f"--step picks a checkpoint of the --init run, and --init {init} reads no weights")
     job = Identity("finetune", config.task, init_identity(init) + ("" if init_step is None else f" step {init_step}"))
     held = check_workdir(workdir, job, "finetune", init_path=None if init == "none" else init.removeprefix("scratch:"))
     # What needs no data is checked before the task's files are read and encoded.
@@ -335,10 +337,11 @@ def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, sou
         loop.progress.write(f"finetune {task.name}: {splits.train.cut} of {len(splits.train.seqs)} training examples "
                             f"have a text longer than a segment's {max_segment_len(splits.n_ctx)} tokens (n_ctx "
                             f"{splits.n_ctx}): cut to it")
-    if cut_tests := [s for s, enc in splits.test.items() if len(enc.seqs) < len(task.load(s))]:
+    if cut_tests := [s for s, enc in splits.test.items() if len(enc.seqs) < enc.of]:
+        refused = ", which GLUE's server does not take" if task.submission else ""
         loop.progress.write(f"finetune {task.name}: --max-eval-examples {config.max_eval_examples} cuts the test "
-                            f"split{'s' if len(cut_tests) > 1 else ''} too ({', '.join(cut_tests)}): a submission of "
-                            "part of a split, which GLUE's server does not take")
+                            f"split{'s' if len(cut_tests) > 1 else ''} too ({', '.join(cut_tests)}): predictions for "
+                            f"part of a split{refused}")
     t0 = time.perf_counter()
     outcome = loop.run(state, batches)  # a finished run (rerun) only closes, then rewrites its results
     # Every session's time (the checkpoints carry it); this session's where an older checkpoint did not.

@@ -560,6 +560,14 @@ def plan(config: PretrainConfig, where: Target, mesh_auto: bool = False, progres
     return result
 
 
+def _as_flags(plan: dict[str, Any]) -> str:
+    """The flags that run this plan's mesh (and the remat --mesh auto may have picked with it) in pretrain."""
+    mesh = ",".join([f"{k}={v}" for k, v in plan["mesh"].items()] + [f"dcn_{k}={v}" for k, v in plan["dcn"].items() if v > 1])
+    extra = [f"--set model.remat={plan['remat']}"] * (plan["remat"] != "none")
+    extra += [f"--set accum_steps={plan['accum_steps']}"] * (plan.get("accum_steps", 1) > 1)
+    return " ".join([f"--mesh {mesh}", *extra])
+
+
 def table(plan: dict[str, Any]) -> str:
     """A short human-readable summary of a plan."""
     est = plan["estimate"]
@@ -568,9 +576,7 @@ def table(plan: dict[str, Any]) -> str:
         ("target", f"{plan['topology']} ({plan['chips']} x {plan['chip']}, {plan['num_slices']} slice(s))"),
         ("model", f"{plan['num_params'] / 1e6:,.0f}M params, {plan['dtype']} compute, remat {plan['remat']}, "
                   f"optimizer state {plan['state_dtype']}"),
-        ("mesh", mesh + ("" if plan["num_slices"] == 1 else f" (dcn {plan['dcn']})") + " (pretrain: --mesh "
-                 + ",".join([f"{k}={v}" for k, v in plan["mesh"].items()]
-                            + [f"dcn_{k}={v}" for k, v in plan["dcn"].items() if v > 1]) + ")"),
+        ("mesh", mesh + ("" if plan["num_slices"] == 1 else f" (dcn {plan['dcn']})") + f" (pretrain: {_as_flags(plan)})"),
         ("batch", f"{plan['global_batch']} x {plan['seq_len']} global, {plan['per_chip_batch']:g} sequences per chip"),
         ("HBM per chip", _fit_text(plan)),
         ("state per chip", f"{_size(plan['state_bytes_per_chip'])} (params {_size(plan['param_bytes_per_chip'])}, "

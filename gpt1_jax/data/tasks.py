@@ -103,7 +103,8 @@ class Encoded:
     seqs: list[list[list[int]]]
     labels: np.ndarray
     examples: list[dict]
-    cut: int = 0  # examples with a text longer than a segment keeps (max_segment_len): truncated
+    cut: int = 0  # examples the layout truncated (a text longer than its segment keeps: max_segment_len)
+    of: int = 0  # the examples of the whole split (more than len(seqs) where a subset was drawn)
 
     def digest(self) -> str:
         """sha256 of the token sequences and labels, in order: what a run trained on, whatever files it came from."""
@@ -112,7 +113,7 @@ class Encoded:
         return h.hexdigest()
 
 
-def encode_split(task: Task, examples: list[dict], tok, n_ctx: int) -> Encoded:
+def encode_split(task: Task, examples: list[dict], tok, n_ctx: int, of: int = 0) -> Encoded:
     markers = Markers.of(tok)
     keep = max_segment_len(n_ctx)
     texts = [task.texts(ex) for ex in examples]
@@ -122,11 +123,13 @@ def encode_split(task: Task, examples: list[dict], tok, n_ctx: int) -> Encoded:
     for ts in texts:
         toks = ids[i: i + len(ts)]
         i += len(ts)
-        cut += any(len(t) > keep for t in toks)
         seqs.append(layout(task.kind, task.segments(toks, keep), markers, n_ctx))
+        # against the same layout uncut (RACE's article gives way to its question: no single text says so)
+        whole = layout(task.kind, task.segments(toks, sum(map(len, toks))), markers, 4 * sum(map(len, toks)) + 8)
+        cut += sum(map(len, seqs[-1])) < sum(map(len, whole))
     dtype = np.float32 if task.regression else np.int32
     labels = np.asarray([ex["label"] for ex in examples], dtype)
-    return Encoded(seqs, labels, examples, cut)
+    return Encoded(seqs, labels, examples, cut, of or len(examples))
 
 
 def bucket_len(n: int, n_ctx: int) -> int:
@@ -188,7 +191,7 @@ class Splits:
 def encode_task(task: Task, config: FinetuneConfig, tok, n_ctx: int, predict_test: bool) -> Splits:
     def load(split, k, seed):
         examples = task.load(split)
-        return encode_split(task, [examples[i] for i in subset(len(examples), k, seed)], tok, n_ctx)
+        return encode_split(task, [examples[i] for i in subset(len(examples), k, seed)], tok, n_ctx, len(examples))
 
     examples = task.load("train")
     rows, held = train_rows(len(examples), config)

@@ -451,4 +451,5 @@ def test_what_the_layout_cuts_and_a_subset_submission_are_said(tmp_path, data_di
     err = capsys.readouterr().err
     assert re.search(r"finetune cola: \d+ of \d+ training examples have a text longer than a segment's 4 tokens "
                      r"\(n_ctx 12\): cut to it", err), err[-2000:]
-    assert "--max-eval-examples 2 cuts the test split too (test): a submission of part of a split" in err
+    assert ("--max-eval-examples 2 cuts the test split too (test): predictions for part of a split, which GLUE's "
+            "server does not take") in err

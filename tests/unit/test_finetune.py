@@ -1,7 +1,6 @@
 """Fine-tuning's checks before any training: bad --init sources are one line; sequence-length buckets.
 The runs themselves: tests/e2e/test_finetune.py."""
 
-
 from gpt1_jax import cli
 from gpt1_jax.data.layout import max_segment_len
 from gpt1_jax.data.tasks import bucket_len
@@ -126,3 +125,25 @@ def test_a_pretrained_models_head_size_decides_whether_cudnn_can_run(tmp_path, d
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs a head dim that is a multiple of 8 up to 128, got 20" in err[0], err
     assert not (tmp_path / "w").exists()
+
+
+def test_cut_examples_are_counted_from_the_layout_race_included(tmp_path, tokenizer):
+    """The count checked each text against a segment's length: a RACE article of fewer tokens than a segment keeps
+    can still give way to its question (692 counted of 752 cut on RACE's test split at n_ctx 512)."""
+    from gpt1_jax.config import FinetuneConfig
+    from gpt1_jax.data.tasks import _race_task, encode_split
+
+    race = _race_task(FinetuneConfig(task="race"), str(tmp_path / "race.tar.gz"))  # its layout only: nothing is read
+    keep = max_segment_len(64)  # 30 tokens a segment
+    words = lambda n: " ".join(["cat"] * n)  # noqa: E731
+    examples = [{"article": words(a), "question": words(q), "options": [words(2)] * 4, "label": 0}
+                for a, q in ((20, 5), (28, 5), (40, 1))]  # fits; each text fits but together they do not; too long
+    enc = encode_split(race, examples, tokenizer, 64, of=10)
+    assert (enc.cut, enc.of) == (2, 10) and keep == 30
+
+
+def test_step_is_refused_where_init_reads_no_weights(tmp_path, capsys):
+    """`finetune --init none --step 5` ran and recorded "none step 5" as the run's source."""
+    assert cli.main(["finetune", "--task", "cola", "--init", "none", "--step", "5", "--workdir", str(tmp_path / "r")]) == 2
+    assert "--step picks a checkpoint of the --init run, and --init none reads no weights" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

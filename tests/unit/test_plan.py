@@ -103,3 +103,13 @@ def test_a_gpu_plan_that_misses_names_the_allocator_fraction(monkeypatch):
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in plan.shortfall_message(tpu)
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".9")  # already raised: nothing to add
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in plan.shortfall_message(gpu)
+
+
+def test_the_table_gives_the_flags_that_run_the_plan_in_pretrain():
+    """`--mesh auto` picks a remat with the mesh (1.3B on v4-32: dots); the table's paste-able line gave the mesh
+    alone, and pretrain would have run remat none, which no compiled plan said fits."""
+    record = {"mesh": {"data": 1, "fsdp": 16, "tensor": 1}, "dcn": {"data": 2, "fsdp": 1, "tensor": 1},
+              "remat": "dots", "accum_steps": 2}
+    assert plan._as_flags(record) == "--mesh data=1,fsdp=16,tensor=1,dcn_data=2 --set model.remat=dots --set accum_steps=2"
+    assert plan._as_flags({**record, "remat": "none", "accum_steps": 1, "dcn": {"data": 1}}) == \
+        "--mesh data=1,fsdp=16,tensor=1"
