@@ -153,9 +153,14 @@ TRACKER_NAMES = ("tensorboard", "wandb", "none")  # gpt1_jax/tracker.py
 GPT1_ADAM = (0.9, 0.999, 1e-8)  # Adam's b1, b2, eps in GPT-1 (the defaults below; gpt1_adam pins them)
 
 
+def override_key(item: str) -> str:
+    """The dotted key a `key=value` override sets."""
+    return item.partition("=")[0].strip()
+
+
 def given_keys(overrides) -> set[str]:
     """The dotted keys a list of `key=value` overrides sets."""
-    return {o.split("=", 1)[0].strip() for o in overrides}
+    return {override_key(o) for o in overrides}
 
 
 def _given(field: str, given: set[str] | None) -> bool:

@@ -252,12 +252,14 @@ def uses_eval_params(name: str) -> bool:
     return name.startswith("schedule_free")
 
 
+def abstract_state(cfg: OptimConfig, params) -> Any:
+    """`make_optimizer(cfg, params).init(params)` abstractly evaluated (shapes and dtypes: nothing allocated)."""
+    return jax.eval_shape(make_optimizer(cfg, params).init, nn.meta.unbox(params))
+
+
 def optimizer_state_bytes(cfg: OptimConfig, params) -> int:
-    """Bytes of `make_optimizer(cfg, params).init(params)` (abstractly evaluated: nothing allocated),
-    the number the optimizer study reports."""
-    tx = make_optimizer(cfg, params)
-    shapes = jax.eval_shape(tx.init, nn.meta.unbox(params))
-    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes)))
+    """Bytes of the optimizer's state on `params` (`abstract_state`), the number the optimizer study reports."""
+    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract_state(cfg, params))))
 
 
 OPTIMIZERS: dict[str, Callable[[OptimConfig, optax.Schedule, Any], optax.GradientTransformation]] = {
@@ -283,9 +285,10 @@ def make_optimizer(cfg: OptimConfig, params, lr: Peak | None = None) -> optax.Gr
 
 
 # The state a narrower dtype may hold: first moments (optax's `mu`: Adam's, LAMB's, Lion's, Muon's; `trace`: SGD's
-# momentum; `ema`: Adafactor's, with adafactor_momentum), which decay by ~0.9 a step. Not second moments: bf16 keeps 8 bits, so nu's 0.999 decay rounds back to
-# nu and it stops falling (a constant gradient's Adam steps came out 1.8x too large); nor schedule-free's z, which is
-# the weights themselves (LayerNorm gains near 1 stopped moving), nor its scalars (b1 0.9 became 0.8984375).
+# momentum; `ema`: Adafactor's, with adafactor_momentum), which decay by ~0.9 a step. Not second moments: bf16
+# keeps 8 bits, so nu's 0.999 decay rounds back to nu and it stops falling (a constant gradient's Adam steps came
+# out 1.8x too large); nor schedule-free's z, which is the weights themselves (LayerNorm gains near 1 stopped
+# moving), nor its scalars (b1 0.9 became 0.8984375).
 NARROWED_STATE = ("mu", "trace", "ema")
 
 

@@ -15,7 +15,6 @@ import math
 import sys
 from pathlib import Path
 
-import flax.linen as nn
 import jax
 from jax.experimental import multihost_utils
 
@@ -32,7 +31,7 @@ from gpt1_jax.integrity import newest_checkpoint
 from gpt1_jax.loop import Hook, Outcome, resume_step, start
 from gpt1_jax.metrics import plot_losses
 from gpt1_jax.model import init_params
-from gpt1_jax.optim import eval_params, make_optimizer, make_schedule
+from gpt1_jax.optim import abstract_state, eval_params, make_schedule
 from gpt1_jax.sharding import make_mesh
 from gpt1_jax.step import check_batch_size, lm_trainer
 from gpt1_jax.tokenizer import TOKENIZER_META
@@ -90,10 +89,10 @@ def _build_and_train(config: PretrainConfig, workdir: Path, job: Identity, is_ma
 def check_same_optimizer_state(workdir: Path, config: PretrainConfig, saved: PretrainConfig) -> None:
     """A resume whose optimizer keeps another state than the run's checkpoints hold (another optim.name,
     clipping turned off, ...) is refused in one line: orbax's restore failed with a 6 KB traceback."""
-    params = nn.meta.unbox(jax.eval_shape(lambda: init_params(config.model, 0)))
+    params = jax.eval_shape(lambda: init_params(config.model, 0))
 
     def layout(optim: OptimConfig):  # not the dtypes: orbax casts to the new state_dtype as it restores
-        state = jax.eval_shape(make_optimizer(optim, params).init, params)
+        state = abstract_state(optim, params)
         return jax.tree.structure(state), [x.shape for x in jax.tree.leaves(state)]
 
     if layout(saved.optim) != layout(config.optim):

@@ -33,7 +33,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from gpt1_jax.config import (RUNTIME_FIELDS, ConfigError, FinetuneConfig, ModelConfig, PretrainConfig, apply_overrides,
-                             load_yaml, save_yaml)
+                             given_keys, load_yaml, override_key, save_yaml)
 from gpt1_jax.errors import CheckpointFormatError, OutputExistsError
 from gpt1_jax.files import some_names
 from gpt1_jax.lockfile import remove_abandoned
@@ -250,7 +250,7 @@ def _config_from_original(state: dict[str, np.ndarray], overrides: Sequence[str]
         d_mlp=state["h.0.mlp.c_fc.weight"].shape[1],
     )
     config = apply_overrides(shapes, overrides)
-    if any(_override_key(o) == "n_heads" for o in overrides):
+    if "n_heads" in given_keys(overrides):
         return config
     if config.d_model % HEAD_DIM:
         raise ConfigError(f"{source}: d_model={config.d_model} is not a multiple of GPT-1's head size {HEAD_DIM} and "
@@ -387,16 +387,12 @@ def _check_finite(params: dict, source: str, fmt: str) -> dict:
     return params
 
 
-def _override_key(item: str) -> str:
-    return item.partition("=")[0].strip()
-
-
 def _runtime_config(saved: ModelConfig, config: ModelConfig | None, overrides: Sequence[str], source: str) -> ModelConfig:
     """The recorded architecture, run as `config` runs, then run-time `key=value` overrides."""
-    fixed = [o for o in overrides if _override_key(o) not in RUNTIME_FIELDS]
+    fixed = [o for o in overrides if override_key(o) not in RUNTIME_FIELDS]
     if fixed:
         raise ConfigError(f"{source} records its architecture; only run-time fields ({', '.join(RUNTIME_FIELDS)}) "
-                          f"can be set, not {_override_key(fixed[0])!r}")
+                          f"can be set, not {override_key(fixed[0])!r}")
     return apply_overrides(saved if config is None else saved.with_runtime_of(config), overrides)
 
 

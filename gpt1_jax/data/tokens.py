@@ -24,7 +24,7 @@ that cannot see process 0's cache (its disk is not shared) fails with one line s
 A BPE trained on the corpus (``data.tokenizer=train``) is trained once the same way: process 0
 trains it into the workdir, the others wait for ``tokenizer.json`` there.
 
-Kept BPEs: ``cache_dir/bpe-<key>/{tokenizer.json, meta.json}``, ``key`` hashing the source spec and
+Kept BPEs: ``cache_dir/bpe-<key>/{tokenizer.json, tokenizer.meta.json}`` (a run folder's pair), ``key`` hashing the source spec and
 fingerprint, the vocab size and the tokenizers version. A run in a new workdir on a corpus a BPE was
 trained on before (same cache dir) copies that one instead of training again: HF tokenizers' trainer is not
 deterministic (the ids of its end-of-word symbols follow a hash map's order, and ties between merges go by
@@ -230,10 +230,10 @@ def _bpe_key(source: TextSource, vocab_size: int) -> str:
 def _kept_bpe(folder: Path) -> tuple[GPT1Tokenizer, int] | None:
     """(the BPE kept in `folder`, its corpus's documents), or None when none is kept there or it is damaged."""
     try:
-        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
-        text = (folder / TOKENIZER_FILE).read_bytes()
-        if hashlib.sha256(text).hexdigest() != meta["sha256"]:
+        meta = json.loads((folder / TOKENIZER_META).read_text(encoding="utf-8"))
+        if "sha256" not in meta:  # always recorded here: a record without it is damaged
             return None
+        check_recorded_digest(folder)  # the run folder's check: DataError on another tokenizer.json
         return GPT1Tokenizer.load(folder / TOKENIZER_FILE), int(meta["n_docs"])
     except (OSError, ValueError, KeyError, TypeError, DataError):
         return None  # trained again, and kept in its place
@@ -251,7 +251,7 @@ def _keep_bpe(folder: Path, tok: GPT1Tokenizer, n_docs: int, source: TextSource,
         tok.save(tmp / TOKENIZER_FILE)
         meta = {"source": source.spec, "vocab_size": vocab_size, "n_docs": n_docs,
                 "sha256": hashlib.sha256((tmp / TOKENIZER_FILE).read_bytes()).hexdigest()}
-        (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        (tmp / TOKENIZER_META).write_text(json.dumps(meta), encoding="utf-8")
         if folder.exists() and _kept_bpe(folder) is None:  # damaged (it was read before training)
             shutil.rmtree(folder, ignore_errors=True)
         os.rename(tmp, folder)
