@@ -188,6 +188,7 @@ class Loop:
         self._t_run = time.perf_counter()
         self._restart_clock()
         self._last, self._step = {}, start
+        self._saved_seconds: tuple[int, float | None] | None = None  # (step, seconds) of this session's last save
         self._dispatched: set[bool] = set()  # the step kinds (per-layer statistics or not) run in this session
         self._untimed = False  # the next step recorded has no tokens/s of its own (a compilation cut its interval)
         try:
@@ -220,8 +221,10 @@ class Loop:
         if preemption.requested and preemption.signum == signal.SIGINT:
             raise Interrupted(f"interrupted (Ctrl-C) at step {step}: checkpoint saved; run the same command to resume",
                               step=step)
-        # A signal that came after the last step, or with it, stopped nothing: the run is finished.
-        return Outcome("finished" if step == self.steps else "preempted", step, dict(self._last), seconds=self._seconds(),
+        # A signal that came after the last step, or with it, stopped nothing: the run is finished. Its seconds
+        # are those its last checkpoint keeps, so a resumed run's sessions add up to exactly what it reports.
+        seconds = self._saved_seconds[1] if self._saved_seconds and self._saved_seconds[0] == step else self._seconds()
+        return Outcome("finished" if step == self.steps else "preempted", step, dict(self._last), seconds=seconds,
                        state=state)
 
     def _steps(self, state, batches: Batches, start: int, preemption: Preemption):
@@ -253,7 +256,9 @@ class Loop:
                 self._stop_trace(state)
             self._run_hooks(due, step, state)
             if save:
-                self.checkpointer.save(step, state, self.position(batches), self.model_config)
+                position = self.position(batches)
+                self.checkpointer.save(step, state, position, self.model_config)
+                self._saved_seconds = (step, position["seconds"])
                 self.metrics.flush()
                 self._restart_clock()  # saving is not training throughput (nor the next step's time)
             if preempted:

@@ -286,7 +286,7 @@ def test_the_training_time_adds_up_over_the_sessions_of_a_run(tmp_path):
     ckpt = Checkpointer(tmp_path / "checkpoints", save_every=0)
     abstract = State(jax.ShapeDtypeStruct((), np.int32), jax.ShapeDtypeStruct((4,), np.float32))
     state, position, step = ckpt.restore(abstract)
-    assert step == 2 and position["seconds"] == pytest.approx(first.seconds, abs=0.1)
+    assert step == 2 and position["seconds"] == first.seconds  # what the resume starts from, to the bit
     loop = Loop(Trainer(slow), 5, ckpt, ModelConfig(), Quiet(), Quiet())
     loop.restore_position(position)
     second = loop.run(state, Batches())
