@@ -389,7 +389,7 @@ def _finetune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--predict-test", action="store_true", help="also write GLUE's submission file DIR/<Task>.tsv")
     p.add_argument("--tfds-dir", default=None,
                    help="where tensorflow-datasets prepares GLUE (default: ~/.cache/gpt1_jax/tfds)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar or status lines")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or status lines (warnings still print)")
 
 
 def _finetune(args: argparse.Namespace) -> int:

@@ -334,12 +334,12 @@ def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, sou
         f"{', '.join(f'{len(e.seqs)} {s}' for s, e in splits.dev.items())}; "
         f"{config.optim.total_steps} steps{f', resuming at {begin}' if begin else ''}; mesh {dict(trainer.mesh.shape)}")
     if splits.train.cut:  # the paper's layout keeps n_ctx // 2 - 2 tokens a segment; a short n_ctx cuts many
-        loop.progress.write(f"finetune {task.name}: {splits.train.cut} of {len(splits.train.seqs)} training examples "
+        loop.progress.warn(f"finetune {task.name}: {splits.train.cut} of {len(splits.train.seqs)} training examples "
                             f"have a text longer than a segment's {max_segment_len(splits.n_ctx)} tokens (n_ctx "
                             f"{splits.n_ctx}): cut to it")
     if cut_tests := [s for s, enc in splits.test.items() if len(enc.seqs) < enc.of]:
         refused = ", which GLUE's server does not take" if task.submission else ""
-        loop.progress.write(f"finetune {task.name}: --max-eval-examples {config.max_eval_examples} cuts the test "
+        loop.progress.warn(f"finetune {task.name}: --max-eval-examples {config.max_eval_examples} cuts the test "
                             f"split{'s' if len(cut_tests) > 1 else ''} too ({', '.join(cut_tests)}): predictions for "
                             f"part of a split{refused}")
     t0 = time.perf_counter()

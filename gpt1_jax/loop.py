@@ -263,7 +263,7 @@ class Loop:
                 self._restart_clock()  # saving is not training throughput (nor the next step's time)
             if preempted:
                 if preemption.signum != signal.SIGINT:  # Ctrl-C's line comes last, from Interrupted in run
-                    self.progress.write(f"preempted: checkpoint saved at step {step}; run the same command to resume")
+                    self.progress.warn(f"preempted: checkpoint saved at step {step}; run the same command to resume")
                 return state, step
         if pending:
             self._record(*pending)
@@ -376,7 +376,7 @@ def start(workdir: Path, job: run_folder.Identity, config, trainer, checkpointer
         run_folder.claim(workdir, job, config.model.architecture())
         save_yaml(config, workdir / "config.yaml")
         write_files()
-    bar = Progress(steps, begin, enabled=progress and is_main, desc=desc)
+    bar = Progress(steps, begin, enabled=progress and is_main, desc=desc, speaks=is_main)
     metrics = MetricsWriter(workdir, enabled=is_main, resume_step=begin, tracker=tracker)
     loop = Loop(trainer, steps, checkpointer, config.model, metrics, bar, hooks(bar),
                 profile=profile_window(config.profile), profile_dir=workdir / "profile",

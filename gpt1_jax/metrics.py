@@ -74,11 +74,15 @@ def read_metrics(workdir: str | Path) -> list[dict]:
 
 
 class Progress:
-    """A progress bar with step, loss, tokens/s and MFU; tqdm supplies the ETA. Silent off process 0."""
+    """A progress bar with step, loss, tokens/s and MFU; tqdm supplies the ETA. Silent off process 0.
+    `speaks`: whether `warn` prints (process 0's, with or without the bar: --no-progress turns off the bar and
+    the status lines, not what a user must know about the run)."""
 
-    def __init__(self, total: int, initial: int, *, enabled: bool = True, desc: str = "train"):
+    def __init__(self, total: int, initial: int, *, enabled: bool = True, desc: str = "train",
+                 speaks: bool | None = None):
         self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step", disable=not enabled,
                         dynamic_ncols=True, file=sys.stderr, mininterval=0.5)
+        self.speaks = enabled if speaks is None else speaks
         self.last = time.perf_counter()
 
     def update(self, n: int, **fields: Any) -> None:
@@ -87,6 +91,11 @@ class Progress:
 
     def write(self, message: str) -> None:
         if not self.bar.disable:  # process 0 speaks for the run
+            self.bar.write(message, file=sys.stderr)
+
+    def warn(self, message: str) -> None:
+        """A line the user must see (data cut, settings changed on resume, a preemption): said without the bar too."""
+        if self.speaks:
             self.bar.write(message, file=sys.stderr)
 
     def close(self) -> None:

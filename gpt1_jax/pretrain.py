@@ -70,11 +70,14 @@ def run(config: PretrainConfig, workdir: Path) -> Outcome:
 
 def _build_and_train(config: PretrainConfig, workdir: Path, job: Identity, is_main: bool,
                      saved: PretrainConfig | None) -> Outcome:
-    pipeline = build_pipeline(dataclasses.replace(config.data, progress=is_main), workdir)
+    pipeline = build_pipeline(dataclasses.replace(config.data, progress=config.data.progress and is_main), workdir)
+    pipeline.train_iter()  # a corpus too small for one batch is refused now, before the checkpoints' folder exists
     if config.eval_every and pipeline.val_indices.size == 0:  # found now, not at the first evaluation
-        raise ConfigError(f"eval_every={config.eval_every} evaluates on validation windows, and data.val_fraction="
-                          f"{config.data.val_fraction} leaves none of this corpus's {pipeline.train_indices.size} windows: "
-                          "set data.val_fraction above 0, or eval_every=0")
+        n = len(pipeline.windows)
+        why = (f"data.val_fraction={config.data.val_fraction} leaves none of this corpus's {n} windows: set "
+               "data.val_fraction above 0" if n >= 2 else f"this corpus makes {n} window{'s' * (n != 1)} of "
+               f"{config.data.seq_len + 1} tokens, too few to hold one out: give more text or a shorter seq_len")
+        raise ConfigError(f"eval_every={config.eval_every} evaluates on validation windows, and {why}, or eval_every=0")
     config = dataclasses.replace(config, model=flops.fit_compute_dtype(
         dataclasses.replace(config.model, vocab_size=pipeline.tokenizer.vocab_size)))
     trainer = lm_trainer(config.model, config.optim, config.mesh, accum_steps=config.accum_steps, seed=config.seed)
@@ -171,7 +174,7 @@ def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, train
     if begin and saved is not None:
         for note in (schedule_change(saved.optim, config.optim, begin), runtime_change(saved, config, begin)):
             if note:
-                loop.progress.write(note)
+                loop.progress.warn(note)
     outcome = loop.run(state, batches)
     if is_main:
         print(f"loss curve: {plot_losses(workdir)}", file=sys.stderr)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,7 @@ def parse_hf_spec(spec: str) -> HfSpec:
     if kind in PACKAGED:
         if not rest:
             raise ConfigError(f"hf source {spec!r}: expected hf:{kind}:FILES[#FIELD]")
+        rest = os.path.expanduser(rest)  # as every path flag reads `~`
         files = tuple(sorted(glob.glob(rest, recursive=True))) if glob.has_magic(rest) else (rest,)
         missing = [f for f in files if not Path(f).is_file()]
         if not files or missing:
@@ -107,6 +109,8 @@ class HfSource:
         if field not in row:
             raise DataError(f"hf source {self.spec!r}: rows have no field {field!r} (they have: "
                             f"{', '.join(sorted(row))}); name it after '#'")
+        if row[field] is None:  # a missing value (an empty CSV cell, a JSON null): an empty document, skipped
+            return ""
         if not isinstance(row[field], str):
             raise DataError(f"hf source {self.spec!r}: field {field!r} of row {i} is {type(row[field]).__name__}, not text")
         return row[field]

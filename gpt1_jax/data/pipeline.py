@@ -158,7 +158,7 @@ class BatchIterator:
         self.batches_per_epoch = -(-n // global_batch_size) if pad_last else n // global_batch_size
         if self.batches_per_epoch == 0:
             raise ConfigError(
-                f"only {n} windows of {windows.seq_len + 1} tokens, fewer than global_batch_size "
+                f"only {n} window{'s' * (n != 1)} of {windows.seq_len + 1} tokens, fewer than global_batch_size "
                 f"{global_batch_size}: use a bigger corpus, a smaller batch or a shorter seq_len"
             )
         self._epoch = 0

@@ -158,10 +158,14 @@ def read_blocks(path: str | Path) -> Iterator[str]:
                     yield "".join(block).rstrip("\n")
                     block = []
         except UnicodeDecodeError as e:
+            # Every whole line before the chunk being decoded was read (`lineno`); the chunk's bytes before the bad
+            # one hold the rest of the way to it.
+            before = e.object[:e.start]
+            line = lineno + 1 + (before.count(b"\n") or before.count(b"\r"))
             if 0 in e.object:  # latin-1 is no answer for those: converted, they would train as NULs
-                raise DataError(_NUL.format(p=p, where=f"near line {lineno + 1}")) from None
+                raise DataError(_NUL.format(p=p, where=f"near line {line}")) from None
             raise DataError(
-                f"{p}: not UTF-8 text (byte 0x{e.object[e.start]:02x} near line {lineno + 1}); "
+                f"{p}: not UTF-8 text (byte 0x{e.object[e.start]:02x} on line {line}); "
                 f"convert it first, e.g. iconv -f latin1 -t utf-8"
             ) from None
         except (gzip.BadGzipFile, EOFError, zlib.error) as e:  # not gzip, truncated, or corrupt inside

@@ -123,8 +123,12 @@ def test_utf16_and_utf32_files_say_so_and_how_to_convert(tmp_path: Path) -> None
         "mojibake.txt": ((codecs.BOM_UTF16_LE + text.encode("utf-16-le")).decode("latin-1").encode(),
                          "UTF-16 text converted to UTF-8 as if it were latin-1"),
         "nul.txt": (b"fine line\n\nvalid utf-8 b\x00u\x00t NULs\n", "NUL bytes on line 3, which no text has"),
-        "latin1.txt": (text.encode("latin-1"), "not UTF-8 text (byte 0xe9 near line 1); convert it first, e.g. "
+        "latin1.txt": (text.encode("latin-1"), "not UTF-8 text (byte 0xe9 on line 1); convert it first, e.g. "
                        "iconv -f latin1 -t utf-8"),
+        # the line it names was that of the last line read before the decoder's chunk: line 1, or hundreds early
+        "line3.txt": (b"good line\n\nbad \xff byte here\n", "not UTF-8 text (byte 0xff on line 3)"),
+        "far.txt": (b"".join(b"plain ascii line %d\r\n" % i for i in range(1, 15000)) + b"bad \xe9 here\r\n",
+                    "not UTF-8 text (byte 0xe9 on line 15000)"),
     }
     for name, (data, message) in cases.items():
         path = tmp_path / name
@@ -133,7 +137,7 @@ def test_utf16_and_utf32_files_say_so_and_how_to_convert(tmp_path: Path) -> None
             list(open_source(str(path)).documents())
         said = str(err.value)
         assert said.startswith(f"{path}: ") and message.format(p=path, d=tmp_path) in said and "\n" not in said, said
-        assert ("latin1" in said) == (name == "latin1.txt"), said
+        assert ("latin1" in said) == (name in ("latin1.txt", "line3.txt", "far.txt")), said
 
     bom = tmp_path / "bom.txt"
     bom.write_bytes(codecs.BOM_UTF8 + text.encode())

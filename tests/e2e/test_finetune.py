@@ -443,10 +443,10 @@ def test_a_finished_run_refuses_other_jobs_and_settings_byte_for_byte(uninterrup
 def test_what_the_layout_cuts_and_a_subset_submission_are_said(tmp_path, data_dir, capsys):
     """Texts longer than a segment's n_ctx // 2 - 2 tokens were cut without a word (at tiny's n_ctx, most RACE
     articles), and --max-eval-examples cut the test split of a --predict-test run into a file GLUE's server
-    refuses, also without a word."""
+    refuses, also without a word; then --no-progress silenced the warnings with the bar."""
     argv = ["finetune", "--task", "cola", "--workdir", str(tmp_path / "run"), "--data-dir", str(data_dir), "--config",
             "tiny", "--tfds-dir", str(tmp_path / "tfds"), "--batch-size", "8", "--init", "none", "--epochs", "1",
-            "--set", "n_ctx=12", "--predict-test", "--max-eval-examples", "2"]
+            "--set", "n_ctx=12", "--predict-test", "--max-eval-examples", "2", "--no-progress"]
     assert cli.main(argv) == 0
     err = capsys.readouterr().err
     assert re.search(r"finetune cola: \d+ of \d+ training examples have a text longer than a segment's 4 tokens "

@@ -53,6 +53,16 @@ def test_local_json_lines_and_parquet_are_one_document_per_row(jsonl, monkeypatc
         open_source(f"hf:json:{folder}/nothing-*.jsonl")
 
 
+def test_an_empty_csv_cell_is_an_empty_document_as_in_json(tmp_path, monkeypatch):
+    """pandas reads an empty CSV cell as null: the whole corpus was refused ("field 'text' of row 1 is NoneType"),
+    where JSON's empty string (and null) is a skipped document."""
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    (tmp_path / "e.csv").write_text("id,text\n1,first row\n2,\n3,third row\n")
+    (tmp_path / "e.jsonl").write_text('{"text": "first row"}\n{"text": null}\n{"text": ""}\n{"text": "third row"}\n')
+    assert list(open_source(f"hf:csv:{tmp_path}/e.csv#text").documents()) == ["first row", "third row"]
+    assert list(open_source(f"hf:json:{tmp_path}/e.jsonl").documents()) == ["first row", "third row"]
+
+
 def test_a_file_the_builder_cannot_parse_is_one_line(tmp_path, monkeypatch, capsys):
     """pyarrow's parse error, raised while the rows stream, was a 71-line traceback (and datasets logged its own)."""
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))

@@ -210,6 +210,18 @@ def test_bad_data_source_is_one_clear_line(tmp_path, cache):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_a_one_window_corpus_with_evaluations_on_says_why(tmp_path, cache, vocab_dir):
+    """It blamed data.val_fraction (already above 0): one window is too few to hold one out."""
+    corpus = tmp_path / "one.txt"
+    corpus.write_text(" ".join(["the"] * 100) + "\n")
+    done = run(cli("pretrain", "--config", "tiny", "--data", str(corpus), "--set", f"data.tokenizer={vocab_dir}",
+                   "--set", "data.global_batch_size=1", workdir=tmp_path / "run", cache=cache))
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == (
+        "gpt1-jax pretrain: error: eval_every=25 evaluates on validation windows, and this corpus makes 1 window of "
+        "65 tokens, too few to hold one out: give more text or a shorter seq_len, or eval_every=0"), done.stderr[-2000:]
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 def test_sample_verb(reference, cache):
     done = run([sys.executable, "-m", "gpt1_jax.cli", "sample", "--workdir", str(reference), "--prompt", "the python",
                 "--max-new-tokens", "8", "--num-samples", "2"])

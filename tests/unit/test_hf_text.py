@@ -23,6 +23,14 @@ def test_file_specs(tmp_path):
         parse_hf_spec(f"hf:parquet:{tmp_path}/none.parquet")
 
 
+def test_file_specs_read_tilde_as_the_home_folder(tmp_path, monkeypatch):
+    """docs/cli.md: `~` is the home folder in every path flag; an hf: spec said "no such file '~/...'"."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    assert parse_hf_spec("hf:json:~/a.jsonl").files == (f"{tmp_path}/a.jsonl",)
+    assert parse_hf_spec("hf:json:~/*.jsonl").files == (f"{tmp_path}/a.jsonl",)
+
+
 @pytest.mark.parametrize("spec", ["hf:", "hf::train", "hf:a//b", "hf:a/b/c/d", "hf:json:"])
 def test_bad_specs_are_one_line(spec):
     with pytest.raises(ConfigError, match="hf source"):

@@ -11,7 +11,7 @@ from tests.support.pretrain import cache  # noqa: F401 (a pytest fixture)
     [
         (lambda d: (d / "empty.txt").write_text(""), ["--data", "{d}/empty.txt"], "has no documents"),
         (lambda d: (d / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin1")), ["--data", "{d}/latin1.txt"],
-         "latin1.txt: not UTF-8 text (byte 0xe9 near line 1)"),
+         "latin1.txt: not UTF-8 text (byte 0xe9 on line 1)"),
         (None, ["--seq-len", "100"], "data.seq_len=100 is longer than the model's context model.n_positions=64"),
         (None, ["--set", "nope=1"], "unknown config key 'nope'"),
         (None, ["--set", "optim.lr=fast"], "optim.lr must be float, got 'fast'"),
@@ -49,6 +49,21 @@ def test_no_validation_windows_with_evaluations_on_is_refused_before_training(tm
                                               "and data.val_fraction=0.0 leaves none of this corpus's "), err
     assert err[-1].endswith("set data.val_fraction above 0, or eval_every=0")
     assert sorted(p.name for p in workdir.iterdir()) == ["tokenizer.json", "tokenizer.meta.json"]  # no run claimed
+
+
+def test_a_corpus_smaller_than_a_batch_leaves_no_run_folder(tmp_path, cache, capsys, vocab_dir):
+    """The batch-size refusal came after the checkpoints' folder was made (tests/e2e/test_pretrain.py: a
+    one-window corpus with evaluations on)."""
+    from gpt1_jax import cli
+
+    corpus = tmp_path / "one.txt"
+    corpus.write_text(" ".join(["the"] * 100) + "\n")
+    workdir = tmp_path / "run"
+    status = cli.main(["pretrain", "--config", "tiny", "--workdir", str(workdir), "--data", str(corpus),
+                       "--set", f"data.cache_dir={cache}", "--set", f"data.tokenizer={vocab_dir}", "--set", "eval_every=0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and "only 1 window of 65 tokens, fewer than global_batch_size 8" in err[-1], err
+    assert not (workdir / "checkpoints").exists() and not (workdir / "config.yaml").exists()
 
 
 def test_a_held_out_share_that_leaves_less_than_a_batch_names_val_fraction(tmp_path, cache, capsys):
