@@ -49,12 +49,12 @@ import jax
 from gpt1_jax import compile_cache, distributed, hugepages
 from gpt1_jax import workdir as run_folder
 from gpt1_jax.config import (SEED_RANGE, DataConfig, FinetuneConfig, ModelConfig, PretrainConfig, TRACKER_NAMES,
-                             apply_overrides, check_pretrain_schedule, given_keys, guarded_text, resolve)
+                             apply_overrides, check_pretrain_schedule, given_keys, guarded_text, override_key, resolve)
 from gpt1_jax.errors import ConfigError, DataError, DivergenceError, GPT1JaxError, Interrupted
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps, newest_checkpoint, record, verify_checkpoints
 from gpt1_jax.interrupt import CtrlC
 from gpt1_jax.metrics import close_open_bars, json_safe
-from gpt1_jax.weights import convert, load_pretrained
+from gpt1_jax.weights import check_model_sets, convert, load_pretrained
 
 DEBUG_ENV = "GPT1_JAX_DEBUG"
 
@@ -311,7 +311,7 @@ def _pretrain(args: argparse.Namespace) -> int:
         raise ConfigError("model.vocab_size follows the run's tokenizer (the BPE's entries + 3 fine-tuning markers): "
                           "set data.vocab_size for the size of the BPE trained on the corpus, or data.tokenizer")
     config = resolve(PretrainConfig, args.config, saved=workdir / "config.yaml", overrides=overrides, mesh=args.mesh)
-    check_pretrain_schedule(config, overrides)
+    check_pretrain_schedule(config, overrides, args.config)
     from gpt1_jax.pretrain import run, with_schedule_span
 
     if args.dry_run:
@@ -395,7 +395,15 @@ def _finetune_flags(p: argparse.ArgumentParser) -> None:
 def _finetune(args: argparse.Namespace) -> int:
     from gpt1_jax.finetune import run
 
-    config = resolve(FinetuneConfig, args.config, overrides=_overrides(args, FinetuneConfig), mesh=args.mesh)
+    overrides = _overrides(args, FinetuneConfig)
+    derived = given_keys(overrides) & {"optim.total_steps", "optim.warmup_steps"}
+    if derived:  # the placeholder total (1) refused a large warmup; a small one was replaced without a word
+        raise ConfigError(f"{min(derived)} is derived in fine-tuning: total_steps from --epochs and the training "
+                          "examples, warmup_steps from warmup_fraction (the paper's 0.2%): set those instead")
+    source = Path(args.init.removeprefix("scratch:"))
+    if args.init != "none" and source.is_dir():  # its architecture is the files' own (scratch: too)
+        check_model_sets(source, [o.removeprefix("model.") for o in overrides if override_key(o).startswith("model.")])
+    config = resolve(FinetuneConfig, args.config, overrides=overrides, mesh=args.mesh)
     return _exit_status(run(config, Path(args.workdir), init=args.init, init_step=args.step, data_dir=args.data_dir,
                             tokenizer=args.tokenizer, predict_test=args.predict_test,
                             progress=not args.no_progress, tfds_dir=args.tfds_dir))

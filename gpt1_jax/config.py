@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import math
 import re
+import types
 import typing
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
@@ -187,21 +188,29 @@ def check_given_optim(optim: OptimConfig, given: set[str] | None = None) -> None
         raise ConfigError(f"optim.sf_weight_lr_power must be a number >= 0, got {optim.sf_weight_lr_power}")
 
 
-def check_pretrain_schedule(config, overrides) -> None:
+def check_pretrain_schedule(config, overrides, spec: str | None = None) -> None:
     """pretrain's schedule spans its steps (pretrain.with_schedule_span): a given optim.total_steps would be replaced
     by --steps, and a given warmup that reaches the last step by one ending before it, each without a word (and
-    config.yaml recorded the replacement). pretrain calls it; `bench` and `plan` time or compile steps and take
-    the schedule as it is."""
+    config.yaml recorded the replacement). Given: by a flag, --set, or the YAML file `spec` (whose total_steps may
+    only repeat its own steps, as a run's config.yaml does). pretrain calls it; `bench` and `plan` time or compile
+    steps and take the schedule as it is."""
     given = given_keys(overrides)
     if "optim.total_steps" in given:
         raise ConfigError("optim.total_steps is the run's --steps in pre-training (the schedule spans the run): "
                           "set --steps (or `steps=`) instead")
+    file = read_config_file(spec) if is_config_file(spec) else {}
+    in_file = file.get("optim") if isinstance(file.get("optim"), dict) else {}
+    if "total_steps" in in_file and in_file["total_steps"] != file.get("steps", PretrainConfig.steps):
+        raise ConfigError(f"config file {spec}: optim.total_steps={in_file['total_steps']} is not its steps "
+                          f"({file.get('steps', PretrainConfig.steps)}): the schedule spans the run in pre-training; "
+                          "leave optim.total_steps out and set steps")
+    given |= {f"optim.{k}" for k in in_file}
     optim = config.optim
     if _given("warmup_steps", given) and optim.schedule != "constant" and optim.warmup_steps >= config.steps:
         what = "leaves none of the run's {} steps to decay over" if optim.schedule != "warmup_constant" else \
             "is as long as the run's {} steps or longer (it would end a step before the last)"
-        raise ConfigError(f"optim.warmup_steps={optim.warmup_steps} {what.format(config.steps)} ({optim.schedule}): set "
-                          "it below --steps")
+        raise ConfigError(f"optim.warmup_steps={optim.warmup_steps} {what.format(config.steps)} ({optim.schedule}): "
+                          "set it below --steps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,7 +261,8 @@ class OptimConfig:
             raise ConfigError("optim.momentum, muon_beta and adafactor_momentum must lie in [0, 1)")
         if not 0 < self.sf_b1 < 1:
             raise ConfigError(f"optim.sf_b1 must lie in (0, 1), got {self.sf_b1}")
-        if self.muon_ns_steps < 1 or self.muon_consistent_rms < 0 or self.muon_adam_lr_ratio < 0:
+        if self.muon_ns_steps < 1 or not (0 <= self.muon_consistent_rms < math.inf and
+                                          0 <= self.muon_adam_lr_ratio < math.inf):
             raise ConfigError("optim.muon_ns_steps must be >= 1, muon_consistent_rms and muon_adam_lr_ratio >= 0")
         if self.warmup_steps < 0 or self.total_steps < 1:
             raise ConfigError("optim.warmup_steps must be >= 0 and total_steps >= 1")
@@ -264,6 +274,20 @@ MESH_AXES = ("data", "fsdp", "tensor")
 MeshAxes = str | tuple[str, ...] | None  # one logical axis -> mesh axes (None: replicated)
 # The model's logical axis names, those `mesh.rules` may remap: gpt1_jax/sharding.py's DEFAULT_RULES maps each.
 LOGICAL_AXES = ("batch", "vocab", "heads", "mlp", "embed", "positions", "length", "qkv", "kv", "layers")
+
+
+def rule_axes(value: Any) -> MeshAxes:
+    """A `mesh.rules` entry's mesh axes ("fsdp", "data,fsdp", a list of them; None, "" or "none": replicated),
+    each checked against MESH_AXES."""
+    if value in (None, "", "none", "None"):
+        return None
+    if not isinstance(value, (str, list, tuple)):
+        raise ConfigError(f"mesh.rules: {value!r} is not mesh axes (a name such as fsdp, a list of names, or null)")
+    parts = tuple(p.strip() for p in value.split(",") if p.strip()) if isinstance(value, str) else tuple(value)
+    for p in parts:
+        if p not in MESH_AXES:
+            raise ConfigError(f"mesh.rules: unknown mesh axis {p!r}; known: {', '.join(MESH_AXES)}")
+    return parts[0] if len(parts) == 1 else parts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,9 +317,10 @@ class MeshConfig:
             object.__setattr__(self, "rules", tuple(self.rules.items()))
         elif isinstance(self.rules, list):  # a saved config.yaml writes the tuple as a list of pairs
             object.__setattr__(self, "rules", tuple(tuple(r) for r in self.rules))
-        for name, _ in self.rules:
+        for name, axes in self.rules:
             if name not in LOGICAL_AXES:
                 raise ConfigError(f"mesh.rules: unknown logical axis {name!r}; known: {', '.join(LOGICAL_AXES)}")
+            rule_axes(axes)  # checked with the config, not once the run has written its tokenizer
 
     def axis_sizes(self, n_devices: int) -> dict[str, int]:
         """{'data': .., 'fsdp': .., 'tensor': ..} resolving -1, checked against the device count."""
@@ -485,13 +510,13 @@ class FinetuneConfig:
             raise ConfigError(f"warmup_fraction must lie in [0, 1], got {self.warmup_fraction}")
         if not 0 <= self.holdout_fraction < 1:
             raise ConfigError(f"holdout_fraction must lie in [0, 1), got {self.holdout_fraction}")
-        if self.lm_coef < 0:
-            raise ConfigError(f"lm_coef must be >= 0, got {self.lm_coef}")
+        if not 0 <= self.lm_coef < math.inf:
+            raise ConfigError(f"lm_coef must be a number >= 0, got {self.lm_coef}")
         if not 0 <= self.clf_dropout < 1:
             raise ConfigError(f"clf_dropout must be in [0, 1), got {self.clf_dropout}")
         if self.init_layers < -1:
             raise ConfigError(f"init_layers must be >= -1 (-1: all), got {self.init_layers}")
-        task_key(self.task)  # validates
+        object.__setattr__(self, "task", task_key(self.task))  # one spelling recorded: `RTE` and `rte` are one run
         profile_window(self.profile)  # validates (the last step is known once the task's data is read)
         check_tracker(self.tracker)
 
@@ -535,6 +560,18 @@ def preset(cls: type[T], name: str) -> T:
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
     """Turns a YAML/CLI value into the field's declared type (strings from `key=value` included)."""
     kind = typing.get_origin(annotation) or annotation
+    if kind in (typing.Union, types.UnionType):  # `str | None` and the like: null (or None, as Python spells it)
+        options = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if value is None or value == "None":
+            if len(options) < len(typing.get_args(annotation)):
+                return None
+        for option in options:
+            try:
+                return _coerce(value, option, key)
+            except ConfigError:
+                pass
+        names = [getattr(typing.get_origin(a) or a, "__name__", str(a)) for a in typing.get_args(annotation)]
+        raise ConfigError(f"{key} must be {' or '.join(n.replace('NoneType', 'null') for n in names)}, got {value!r}")
     if dataclasses.is_dataclass(kind):
         if not isinstance(value, dict):
             raise ConfigError(f"{key} must be a mapping, got {value!r}")
@@ -552,6 +589,8 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         return value
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if kind is float and isinstance(value, float) and math.isnan(value):  # compares false with every bound
+        raise ConfigError(f"{key} must be a number, got nan")
     if kind in (int, float, str) and not (isinstance(value, kind) and not isinstance(value, bool)):
         raise ConfigError(f"{key} must be {kind.__name__}, got {value!r}")
     return value
@@ -584,6 +623,16 @@ def to_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
+def _spanned(values: dict[str, Any]) -> dict[str, Any]:
+    """A pre-training schedule spans the run's steps (pretrain.with_schedule_span, which also ends the warmup
+    before them): a --set optim.warmup_steps above the preset's total was refused against a total the run
+    replaces anyway. (A total given by the user is refused by check_pretrain_schedule.)"""
+    if "steps" in values and isinstance(values.get("optim"), dict):
+        optim = values["optim"]
+        optim["total_steps"] = max(values["steps"], optim.get("warmup_steps", 0), 1)
+    return values
+
+
 def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
     """`["d_model=128", "optim.lr=1e-3"]` -> a new config; dotted keys reach nested dataclasses."""
     values = to_dict(config)
@@ -604,13 +653,7 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
         except yaml.YAMLError as e:
             why = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({why})") from None
-    if "steps" in values and isinstance(values.get("optim"), dict):
-        # A pre-training schedule spans the run's steps (pretrain.with_schedule_span, which also ends the warmup
-        # before them): a --set optim.warmup_steps above the preset's total was refused against a total the run
-        # replaces anyway.
-        optim = values["optim"]
-        optim["total_steps"] = max(values["steps"], optim.get("warmup_steps", 0), 1)
-    config = from_dict(type(config), values)
+    config = from_dict(type(config), _spanned(values))
     given = given_keys(overrides)
     if hasattr(config, "optim") and any(k == "optim" or k.startswith("optim.") for k in given):
         check_given_optim(config.optim, given)
@@ -628,7 +671,7 @@ _DIGEST_PREFIX = "# sha256 "
 
 class _ConfigLoader(yaml.SafeLoader):
     """YAML as configs read it: `10:15` stays a string (YAML 1.1 reads digits around colons as one base-60
-    number, 615), and a key given twice is an error rather than the last one silently."""
+    number, 615), integers are decimal, and a key given twice is an error rather than the last one silently."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -644,10 +687,10 @@ class _ConfigLoader(yaml.SafeLoader):
 _ConfigLoader.yaml_implicit_resolvers = {  # PyYAML's int and float resolvers, less their base-60 forms
     first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_ConfigLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:int",
-    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
-    list("-+0123456789"))
+# Integers are decimal, as YAML 1.2 and every flag read them: YAML 1.1 read `010` as 8 (`--seed 010` was 10).
+_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?[0-9][0-9_]*$"), list("-+0123456789"))
+_ConfigLoader.add_constructor("tag:yaml.org,2002:int",
+                              lambda loader, node: int(loader.construct_scalar(node).replace("_", ""), 10))
 _ConfigLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9_]+(?:[eE][-+][0-9]+)?"
@@ -676,23 +719,46 @@ def guarded_text(path: Path) -> str:
     return body
 
 
-def load_yaml(cls: type[T], path: str | Path) -> T:
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A YAML config file's mapping, as written (guarded files verified), or one line saying what is wrong."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+        raise ConfigError(f"config file {path} " + ("is a folder, not a file" if path.is_dir() else "does not exist"))
     try:
         values = read_yaml(guarded_text(path)) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        mark = getattr(e, "problem_mark", None)
+        why = getattr(e, "problem", None) or str(e).splitlines()[0]
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise ConfigError(f"config file {path} is not valid YAML: {why}{where}") from None
     if not isinstance(values, dict):
         raise ConfigError(f"config file {path} must hold a mapping at its top level")
-    return from_dict(cls, values)
+    return values
+
+
+def _merged(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """`given` over `base`, section by section (a section given in part keeps the rest of `base`'s)."""
+    out = dict(base)
+    for key, value in given.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load_yaml(cls: type[T], path: str | Path, over: T | None = None) -> T:
+    """`cls` from a YAML file; the fields it leaves out are `over`'s (a run's defaults), else the classes'."""
+    values = read_config_file(path)
+    return from_dict(cls, values if over is None else _spanned(_merged(to_dict(over), values)))
 
 
 def save_yaml(config: Any, path: str | Path) -> None:
     """Atomically (readers see the old file or the new one), with the guard and digest lines."""
     body = GUARD_LINE + yaml.safe_dump(to_dict(config), sort_keys=False)
     atomic_write_text(Path(path), body + f"{_DIGEST_PREFIX}{hashlib.sha256(body.encode('utf-8')).hexdigest()}\n")
+
+
+def is_config_file(spec: str | None) -> bool:
+    """Whether `--config SPEC` names a YAML file (else a preset, or nothing)."""
+    return spec is not None and spec not in MODEL_PRESETS and (spec.endswith((".yaml", ".yml")) or Path(spec).is_file())
 
 
 def resolve(cls: type[T], spec: str | None, *, saved: str | Path | None = None, overrides=(), mesh: str | None = None) -> T:
@@ -706,8 +772,8 @@ def resolve(cls: type[T], spec: str | None, *, saved: str | Path | None = None, 
         config = cls()
     elif spec in MODEL_PRESETS:
         config = preset(cls, spec)
-    elif spec.endswith((".yaml", ".yml")) or Path(spec).is_file():
-        config = load_yaml(cls, spec)
+    elif is_config_file(spec):
+        config = load_yaml(cls, spec, over=cls())  # the fields a file leaves out are those the job runs by default
         if hasattr(config, "optim"):
             check_given_optim(config.optim)
     else:

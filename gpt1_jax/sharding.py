@@ -24,7 +24,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import PartitionSpec
 
-from gpt1_jax.config import MESH_AXES, ConfigError, MeshAxes, MeshConfig, parse_mesh  # noqa: F401 (re-exported)
+from gpt1_jax.config import MESH_AXES, ConfigError, MeshAxes, MeshConfig, parse_mesh, rule_axes  # noqa: F401 (re-exported)
 
 Rules = tuple[tuple[str, MeshAxes], ...]
 
@@ -46,23 +46,10 @@ DEFAULT_RULES: Rules = (
 )
 
 
-def _parse_axes(value: Any) -> MeshAxes:
-    if value in (None, "", "none", "None"):
-        return None
-    if isinstance(value, str):
-        parts = tuple(p.strip() for p in value.split(",") if p.strip())
-    else:
-        parts = tuple(value)
-    for p in parts:
-        if p not in MESH_AXES:
-            raise ConfigError(f"mesh.rules: unknown mesh axis {p!r}; known: {', '.join(MESH_AXES)}")
-    return parts[0] if len(parts) == 1 else parts
-
-
 def logical_rules(overrides: Sequence[tuple[str, Any]] | Mapping[str, Any] = ()) -> Rules:
     """DEFAULT_RULES with some entries replaced; the single place rules are built."""
     items = overrides.items() if isinstance(overrides, Mapping) else overrides
-    replaced = {name: _parse_axes(axes) for name, axes in items}
+    replaced = {name: rule_axes(axes) for name, axes in items}
     return tuple((name, replaced.get(name, axes)) for name, axes in DEFAULT_RULES)
 
 

@@ -387,12 +387,23 @@ def _check_finite(params: dict, source: str, fmt: str) -> dict:
     return params
 
 
-def _runtime_config(saved: ModelConfig, config: ModelConfig | None, overrides: Sequence[str], source: str) -> ModelConfig:
-    """The recorded architecture, run as `config` runs, then run-time `key=value` overrides."""
+def _only_runtime(overrides: Sequence[str], source: str) -> None:
     fixed = [o for o in overrides if override_key(o) not in RUNTIME_FIELDS]
     if fixed:
         raise ConfigError(f"{source} records its architecture; only run-time fields ({', '.join(RUNTIME_FIELDS)}) "
                           f"can be set, not {override_key(fixed[0])!r}")
+
+
+def check_model_sets(path: str | os.PathLike, overrides: Sequence[str]) -> None:
+    """Model `key=value` settings for the model folder `path`: only run-time fields, since every format but
+    OpenAI's release records its architecture (finetune dropped an architecture field without a word)."""
+    if detect_format(Path(path)) != "original":
+        _only_runtime(overrides, str(path))
+
+
+def _runtime_config(saved: ModelConfig, config: ModelConfig | None, overrides: Sequence[str], source: str) -> ModelConfig:
+    """The recorded architecture, run as `config` runs, then run-time `key=value` overrides."""
+    _only_runtime(overrides, source)
     return apply_overrides(saved if config is None else saved.with_runtime_of(config), overrides)
 
 

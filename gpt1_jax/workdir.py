@@ -59,6 +59,9 @@ RESUMABLE_WITH_OTHER = ("mesh", "keep_checkpoints", "checkpoint_every", "eval_ba
 # what they make when the checkpoint is restored. Everything else (steps, the schedule, cadences, the mesh,
 # the dtype) may change when a pre-training run is resumed.
 PRETRAIN_DATA = ("data.seq_len", "data.global_batch_size", "data.val_fraction", "data.split_seed", "data.seed")
+# `seed` too: it drew the initial weights and draws every step's dropout masks (fold_in(seed, step)), so a run
+# resumed with another one is no longer the run its config.yaml would reproduce.
+PRETRAIN_FIXED = PRETRAIN_DATA + ("seed",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,12 +221,13 @@ def check_same_settings(workdir: Path, config, saved) -> None:
 
 
 def check_same_data(workdir: Path, config, saved) -> None:
-    """A pre-training run resumed from a checkpoint with other data settings (`PRETRAIN_DATA`) is refused, naming
-    them, before the corpus is read: its checkpoint continues only the stream of batches it began. (The data
+    """A pre-training run resumed from a checkpoint with other data settings or seed (`PRETRAIN_FIXED`) is refused,
+    naming them, before the corpus is read: its checkpoint continues only the stream of batches it began. (The data
     iterator's own check at restore, gpt1_jax/data/pipeline.py, is the backstop for what the config misses.)"""
     new, old = flat_fields(to_dict(config)), flat_fields(to_dict(saved))
-    differ = [k for k in PRETRAIN_DATA if new.get(k) != old.get(k)]
+    differ = [k for k in PRETRAIN_FIXED if new.get(k) != old.get(k)]
     if differ:
-        raise WorkdirError(f"{workdir} holds a pre-training run on other data ({shown_changes(differ, old, new)}): its "
+        what = "on other data" if all(k.startswith("data.") for k in differ) else "of another seed or data"
+        raise WorkdirError(f"{workdir} holds a pre-training run {what} ({shown_changes(differ, old, new)}): its "
                            "checkpoints continue only the batches they began; repeat the run's own flags to resume "
                            "it (or leave them out: its config.yaml is the default), or choose another --workdir")

@@ -279,7 +279,9 @@ def _other_corpus(folder: Path) -> Path:
                           "continue only the batches they began; repeat the run's own flags"),
     (["--batch-size", "4"], "holds a pre-training run on other data (data.global_batch_size=8 there, 4 now)"),
     (["--data", "{other}"], "the checkpoint was saved with training windows "),
-], ids=["seq-len", "batch-size", "corpus"])
+    # it drew the weights and draws each step's dropout masks: config.yaml recorded a seed that had not made them
+    (["--set", "seed=5"], "holds a pre-training run of another seed or data (seed=0 there, 5 now)"),
+], ids=["seq-len", "batch-size", "corpus", "seed"])
 def test_a_resume_on_other_data_is_refused_and_leaves_the_run_as_it_was(reference, tmp_path, cache, capsys, flags,
                                                                         message):
     """Refused once config.yaml (with a fresh digest), data_info.json, metrics.jsonl and the TensorBoard events had

@@ -45,7 +45,7 @@ def test_list_and_pair_fields_are_typed_from_set_and_yaml():
     ("seed=18446744073709551617", "seed must be between 0 and 2147483647, got 18446744073709551617"),
     ("seed=3000000000", "seed must be between 0 and 2147483647"),  # the step's int32: an OverflowError at step 1
     ("data.split_seed=-1", "data.split_seed must be between 0 and 2147483647"),
-    ("optim.lr=nan", "optim.lr must be a number >= 0, got nan"),
+    ("optim.lr=nan", "optim.lr must be a number, got nan"),
     ("optim.lr=1e400", "optim.lr must be a number >= 0, got inf"),
     ("optim.lr=0", "optim.lr must be a number > 0, got 0"),  # these four trained (and learnt nothing, or NaN) with exit 0
     ("optim.eps=0", "optim.eps must be a number > 0, got 0"),
@@ -57,12 +57,80 @@ def test_list_and_pair_fields_are_typed_from_set_and_yaml():
     ("model.init_std=-5", "model.init_std must be >= 0, got -5"),
     ("keep_steps=[1,", "override 'keep_steps=[1,': the value is not valid YAML"),
     ("model.d_modle=3", "unknown config key 'model.d_modle'"),
+    # tracebacks where the value was first used, or a folder named 'None'
+    ("mesh.rules={vocab: 5}", "mesh.rules[0][1] must be str or tuple or null, got 5"),
+    ("mesh.rules={vocab: bogus}", "mesh.rules: unknown mesh axis 'bogus'"),  # was found after the tokenizer was written
+    ("data.cache_dir=5", "data.cache_dir must be str or null, got 5"),
+    ("seed=0x10", "seed must be int, got '0x10'"),
+    ("optim.muon_consistent_rms=nan", "optim.muon_consistent_rms must be a number, got nan"),
 ])
 def test_a_bad_value_is_one_error_naming_the_key(override, message):
     """Each of these once ended in a traceback: a ValueError or TypeError where the value was first used."""
     with pytest.raises(ConfigError) as e:
         apply_overrides(preset(PretrainConfig, "tiny"), [override])
     assert str(e.value).startswith(message), str(e.value)
+
+
+def test_integers_are_decimal_and_null_is_none_for_optional_fields():
+    """YAML 1.1 read `--set seed=010` as 8 (and `--seed 010` as 10); `data.cache_dir=None` was the folder 'None'."""
+    base = preset(PretrainConfig, "tiny")
+    assert apply_overrides(base, ["seed=010"]).seed == 10 and apply_overrides(base, ["steps=1_000"]).steps == 1000
+    assert apply_overrides(base, ["data.cache_dir=None"]).data.cache_dir is None
+    assert apply_overrides(base, ["data.cache_dir=~"]).data.cache_dir is None
+    assert apply_overrides(base, ["data.cache_dir=/tmp/x"]).data.cache_dir == "/tmp/x"
+
+
+def test_lm_coef_nan_or_inf_is_refused_and_the_task_is_recorded_in_one_spelling():
+    """lm_coef=nan trained to "loss is nan at step 1 (lower optim.lr?)", and its folder then refused even the
+    same flags (nan != nan); `--task RTE` and `--task rte` were two runs."""
+    for value in ("nan", ".inf"):
+        with pytest.raises(ConfigError, match="^lm_coef must be a number"):
+            apply_overrides(config.FinetuneConfig(), [f"lm_coef={value}"])
+    assert config.FinetuneConfig(task="RTE").task == "rte" and config.FinetuneConfig(task="SST-2").task == "sst2"
+
+
+def test_a_yaml_file_fills_what_it_leaves_out_from_the_jobs_defaults_as_set_does(tmp_path):
+    """`model: {n_layers: 1}` in a file gave the full GPT-1 width (the class's defaults) where `--set
+    model.n_layers=1` gives the default preset's; `optim: {lr: ...}` gave 2,000 warmup steps, and a fine-tuning
+    file the pre-training schedule."""
+    path = tmp_path / "a.yaml"
+    path.write_text("model:\n  n_layers: 1\noptim:\n  lr: 0.001\nsteps: 40\n")
+    from_file = resolve(PretrainConfig, str(path))
+    assert from_file == resolve(PretrainConfig, None, overrides=["model.n_layers=1", "optim.lr=0.001", "steps=40"])
+    assert (from_file.model.d_model, from_file.optim.warmup_steps) == (PretrainConfig().model.d_model, 30)
+    path.write_text("task: rte\noptim:\n  lr: 0.0001\n")
+    tuned = resolve(config.FinetuneConfig, str(path))
+    assert (tuned.optim.schedule, tuned.optim.lr, tuned.model) == ("warmup_linear", 1e-4, config.FinetuneConfig().model)
+
+
+def test_a_yaml_files_schedule_is_checked_as_set_is_and_a_runs_own_config_passes(tmp_path):
+    """A file's optim.total_steps and too long a warmup were replaced without a word where --set is refused."""
+    import dataclasses
+
+    from gpt1_jax.pretrain import with_schedule_span
+
+    path = tmp_path / "wu.yaml"
+    path.write_text("optim: {lr: 0.003, warmup_steps: 5, total_steps: 500}\nsteps: 6\n")
+    with pytest.raises(ConfigError, match=r"optim.total_steps=500 is not its steps \(6\)"):
+        check_pretrain_schedule(resolve(PretrainConfig, str(path)), [], str(path))
+    path.write_text("optim: {lr: 0.003, warmup_steps: 50}\nsteps: 6\n")
+    with pytest.raises(ConfigError, match="^optim.warmup_steps=50 leaves none of the run's 6 steps"):
+        check_pretrain_schedule(resolve(PretrainConfig, str(path)), [], str(path))
+    ran = with_schedule_span(dataclasses.replace(preset(PretrainConfig, "tiny"), steps=7))  # as a run records it
+    save_yaml(ran, tmp_path / "config.yaml")
+    again = resolve(PretrainConfig, str(tmp_path / "config.yaml"))
+    check_pretrain_schedule(again, [], str(tmp_path / "config.yaml"))
+    assert again == ran
+
+
+def test_config_files_that_are_not_yaml_say_where(tmp_path):
+    (tmp_path / "tabs.yaml").write_text("steps: 5\n\tseed: 2\n")
+    (tmp_path / "d.yaml").mkdir()
+    for name, message in (("tabs.yaml", "is not valid YAML: found character '\\t' that cannot start any token (line 2, "
+                                        "column 1)"), ("d.yaml", "is a folder, not a file")):
+        with pytest.raises(ConfigError) as e:
+            resolve(PretrainConfig, str(tmp_path / name))
+        assert str(e.value) == f"config file {tmp_path / name} {message}"
 
 
 def test_yaml_keeps_start_stop_as_text_and_refuses_a_key_given_twice(tmp_path):

@@ -26,6 +26,25 @@ def test_init_errors(tmp_path, data_dir, tokenizer, capsys):
     assert not (tmp_path / "w").exists()  # refused before the task's files are read or anything is written
 
 
+def test_settings_finetuning_would_drop_are_refused(tmp_path, data_dir, tokenizer, capsys):
+    """An architecture field for a model folder that records its own (scratch: too), and the schedule's span and
+    warmup, which fine-tuning derives: each ran with exit 0 and config.yaml recorded what had not run (a warmup
+    above the placeholder total was refused as "exceeds total_steps=1")."""
+    hf, _, _ = _hf_dir(tmp_path, tokenizer)
+    argv = ["finetune", "--task", "cola", "--workdir", str(tmp_path / "w"), "--data-dir", str(data_dir),
+            "--tfds-dir", str(tmp_path / "tfds"), "--no-progress"]
+    for init in (str(hf), f"scratch:{hf}"):
+        assert cli.main(argv + ["--init", init, "--set", "model.resid_dropout=0.2", "--set", "model.n_layers=3"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{hf} records its architecture; only run-time fields" in err[0] \
+            and err[0].endswith("not 'n_layers'"), err
+    for key in ("optim.warmup_steps=100", "optim.total_steps=50"):
+        assert cli.main(argv + ["--init", "none", "--set", key]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{key.partition('=')[0]} is derived in fine-tuning" in err[0], err
+    assert not (tmp_path / "w").exists()
+
+
 def test_bucket_len():
     assert [bucket_len(n, 64) for n in (1, 16, 17, 32, 33, 40, 63, 64, 90)] == [16, 16, 32, 32, 48, 48, 64, 64, 64]
     assert [bucket_len(n, 256) for n in (100, 241, 250, 256, 300)] == [112, 256, 256, 256, 256]
