@@ -858,6 +858,8 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt as e:  # Ctrl-C, anywhere (SIGTERM stops the training loop with status 0)
             ctrl_c.caught()
             status = _interrupted_line(args, e)
+            if isinstance(e, Interrupted) and e.together:  # the others saved this step too and end with it
+                return status
         except DivergenceError as e:  # the run stopped itself, keeping its last good checkpoint
             status = _error_line(args.verb, e, 1)
         except BrokenPipeError as e:

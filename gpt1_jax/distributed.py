@@ -188,52 +188,73 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
         raise DistributedConfigError(f"multi-process start is missing {', '.join(cfg.missing)}, and no cluster JAX "
                                      "can detect here gives them: pass all three")
 
+    # What the cluster's environment leaves unset, JAX's own detection fills in now rather than inside initialize,
+    # so the coordinator checks below cover an auto-detected start too (a SLURM job's busy port segfaulted).
+    coordinator, n, pid, local_ids = detected_params(cfg) if cluster is not None else (
+        cfg.coordinator, cfg.num_processes, cfg.process_id, None)
     kwargs = dict(
-        coordinator_address=cfg.coordinator,
-        num_processes=cfg.num_processes,
-        process_id=cfg.process_id,
+        coordinator_address=coordinator,
+        num_processes=n,
+        process_id=pid,
         initialization_timeout=cfg.init_timeout_s,
         heartbeat_timeout_seconds=cfg.heartbeat_timeout_s,
         shutdown_timeout_seconds=cfg.shutdown_timeout_s,
     )
-    host_port = _split_address(cfg.coordinator) if cfg.coordinator else None
-    if host_port and host_port[0] in ("127.0.0.1", "localhost", "::1"):
+    if local_ids is not None:
+        kwargs["local_device_ids"] = local_ids
+    host_port = _split_address(coordinator) if coordinator else None
+    bind = os.environ.get("JAX_COORDINATOR_BIND_ADDRESS")
+    if host_port and bind is None and host_port[0] in ("127.0.0.1", "localhost", "::1"):
         # A local run: bind the coordinator to loopback only, not every interface (JAX's default).
-        kwargs["coordinator_bind_address"] = f"{host_port[0]}:{host_port[1]}"
+        kwargs["coordinator_bind_address"] = bind = f"{host_port[0]}:{host_port[1]}"
     # Until every process has joined there is nothing else to see (a job step that started fewer processes than
     # its scheduler announced waits the whole timeout): say what it waits for.
-    if cfg.num_processes != 1:
-        print(f"gpt1-jax: starting a multi-process run ({cluster or 'coordinator ' + str(cfg.coordinator)}): every "
+    if n != 1:
+        print(f"gpt1-jax: starting a multi-process run ({cluster or 'coordinator ' + str(coordinator)}): every "
               f"process must join within {cfg.init_timeout_s} s", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    if host_port and cfg.process_id == 0:
-        _check_port_free(kwargs.get("coordinator_bind_address", f"0.0.0.0:{host_port[1]}"))
-    if host_port and cfg.process_id not in (None, 0):
-        waited = _wait_for_coordinator(*host_port, cfg.init_timeout_s)
+    named = "--coordinator" if cluster is None else f"the coordinator ({cluster})"
+    if host_port and pid == 0:
+        _check_port_free(bind or f"0.0.0.0:{host_port[1]}", named)
+    if host_port and pid not in (None, 0):
+        waited = _wait_for_coordinator(*host_port, cfg.init_timeout_s, named)
         kwargs["initialization_timeout"] = max(1, int(cfg.init_timeout_s - waited))
     jax.distributed.initialize(**kwargs)
     _state.update(initialized=True, multi=jax.process_count() > 1)
     if _state["multi"]:
         sys.excepthook = _exit_on_uncaught
     print(f"gpt1-jax: process {jax.process_index()} of {jax.process_count()} up in {time.perf_counter() - t0:.2f} s "
-          f"(coordinator {cfg.coordinator or 'auto-detected'}, {jax.local_device_count()} local / "
+          f"(coordinator {coordinator or 'auto-detected'}, {jax.local_device_count()} local / "
           f"{jax.device_count()} global devices)", file=sys.stderr, flush=True)
     return _state["multi"]
 
 
-def _check_port_free(bind: str) -> None:
+def detected_params(cfg: DistributedConfig) -> tuple[str | None, int | None, int | None, list[int] | None]:
+    """(coordinator address, process count, process id, local device ids): `cfg`'s where given, else what JAX's own
+    cluster detection (jax._src.clusters, as jax.distributed.initialize calls it) derives from the environment."""
+    coordinator = cfg.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")  # initialize reads it first
+    try:
+        from jax._src.clusters import ClusterEnv  # private, but it *is* JAX's detection (see detected_cluster)
+    except ImportError:  # a JAX that moved it: initialize detects them itself, unchecked
+        return coordinator, cfg.num_processes, cfg.process_id, None
+    coordinator, n, pid, local_ids = ClusterEnv.auto_detect_unset_distributed_params(
+        coordinator, cfg.num_processes, cfg.process_id, None, None, cfg.init_timeout_s)
+    return coordinator, n, pid, None if local_ids is None else list(local_ids)
+
+
+def _check_port_free(bind: str, named: str = "--coordinator") -> None:
     """Process 0 serves the coordinator: a port another program holds ended in JAX's "Failed to start RPC server"
-    traceback, and the other processes in C++ check failures half a minute later."""
+    traceback (or a segmentation fault), and the other processes in C++ check failures half a minute later."""
     host, port = _split_address(bind)
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         try:
             s.bind((host, port))
         except OSError as e:
-            raise DistributedConfigError(f"--coordinator port {port} cannot be served here ({e.strerror}: another "
-                                         "job's coordinator?): choose another port") from None
+            raise DistributedConfigError(f"{named} port {port} cannot be served here ({e.strerror}: another "
+                                         "job's coordinator, or a second process 0?): choose another port") from None
 
 
-def _wait_for_coordinator(host: str, port: int, timeout_s: int) -> float:
+def _wait_for_coordinator(host: str, port: int, timeout_s: int, named: str = "--coordinator") -> float:
     """Seconds until the coordinator (process 0's) accepts a connection; never: one error line. XLA's client,
     which would otherwise find out, ends the process with a C++ check failure that blames another task."""
     t0 = time.monotonic()
@@ -245,7 +266,7 @@ def _wait_for_coordinator(host: str, port: int, timeout_s: int) -> float:
             if time.monotonic() - t0 >= timeout_s:
                 raise DistributedConfigError(
                     f"no coordinator answered at {host}:{port} within {timeout_s} s (--init-timeout): start process 0 "
-                    "(it serves the coordinator), or check --coordinator") from None
+                    f"(it serves the coordinator), or check {named}") from None
             time.sleep(0.2)
 
 
@@ -265,6 +286,10 @@ def abort(status: int = 1, exc: BaseException | None = None) -> None:
     if exc is not None:
         if isinstance(exc, KeyboardInterrupt):
             print("interrupted", file=sys.stderr)
+        elif lost_peer(exc):  # the cause is in another process's output; a 40-line traceback here hid it
+            first = str(exc).strip().splitlines()[0][:300]
+            print(f"gpt1-jax: lost the other processes in a collective ({first}): one of them failed or was stopped, "
+                  "and its own output says why", file=sys.stderr)
         else:
             traceback.print_exception(exc, file=sys.stderr)
     try:
@@ -275,6 +300,16 @@ def abort(status: int = 1, exc: BaseException | None = None) -> None:
           file=sys.stderr)
     _flush()
     os._exit(status)
+
+
+# What XLA's collectives and the coordination service say when a peer process is gone (JAX 0.10, CPU and GPU).
+_PEER_LOST = ("Gloo", "DEADLINE_EXCEEDED", "Connection reset by peer", "Connection closed", "another task",
+              "heartbeat", "UNAVAILABLE")
+
+
+def lost_peer(exc: BaseException) -> bool:
+    """Whether `exc` is a collective failing because another process of the job is gone."""
+    return isinstance(exc, jax.errors.JaxRuntimeError) and any(m in str(exc) for m in _PEER_LOST)
 
 
 def _exit_on_uncaught(exc_type, exc, tb) -> None:
@@ -295,4 +330,7 @@ if __name__ == "__main__":  # `python -m gpt1_jax.distributed`: what a gpt1-jax 
         cfg = resolve()
     except DistributedConfigError as e:
         sys.exit(f"gpt1_jax.distributed: error: {e}")
-    print(json.dumps({**dataclasses.asdict(cfg), "detected_cluster": detected_cluster()}))
+    cluster = detected_cluster()
+    derived = dict(zip(("coordinator", "num_processes", "process_id", "local_device_ids"), detected_params(cfg))) \
+        if cluster else {}
+    print(json.dumps({**dataclasses.asdict(cfg), **derived, "detected_cluster": cluster}))

@@ -54,9 +54,10 @@ class Interrupted(KeyboardInterrupt):
     KeyboardInterrupt, not a GPT1JaxError: an
     `except Exception` on the way up must not turn a Ctrl-C into an error to log and go on from."""
 
-    def __init__(self, message: str, step: int | None = None):
+    def __init__(self, message: str, step: int | None = None, together: bool = False):
         super().__init__(message)
         self.step = step
+        self.together = together  # multi-process: every process stopped at this step (the exit waits for them)
 
 
 class PlanDoesNotFit(GPT1JaxError):

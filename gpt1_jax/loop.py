@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import signal
 import time
 import typing
@@ -105,7 +106,9 @@ class Preemption:
     says which came first: after SIGTERM (a scheduler's pre-emption) the run ends normally (exit 0), after
     SIGINT (Ctrl-C) Loop.run raises Interrupted (exit 130). A second signal raises KeyboardInterrupt at once.
     Multi-process: JAX's preemption notifier owns SIGTERM and `poll` agrees on the step with the others
-    (multihost_utils.reached_preemption_sync_point), so every process saves the same step.
+    (multihost_utils.reached_preemption_sync_point), so every process saves the same step; a Ctrl-C in one
+    process's terminal is passed to that notifier as a SIGTERM of its own (it left at once, saving nothing),
+    and that process then says so and exits 130 while the others end as pre-empted.
     `close()` puts the previous handlers back: a process that runs several loops (a study) must not
     leave a finished loop's handler to swallow a signal that arrives between runs."""
 
@@ -117,6 +120,8 @@ class Preemption:
         if not self.multiprocess:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._previous[sig] = signal.signal(sig, self._handle)
+        else:
+            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._handle_ctrl_c)
 
     def close(self) -> None:
         for sig, handler in self._previous.items():
@@ -133,6 +138,12 @@ class Preemption:
         if self.requested:  # a second Ctrl-C: give up at once
             raise KeyboardInterrupt
         self.requested, self.signum = True, signum
+
+    def _handle_ctrl_c(self, signum, frame):
+        if self.signum == signal.SIGINT:  # a second Ctrl-C: give up at once
+            raise KeyboardInterrupt
+        self.signum = signal.SIGINT
+        os.kill(os.getpid(), signal.SIGTERM)  # to JAX's notifier: the processes agree on a step, and all save it
 
 
 @dataclasses.dataclass
@@ -220,7 +231,7 @@ class Loop:
                            seconds=self._seconds(), state=state)
         if preemption.requested and preemption.signum == signal.SIGINT:
             raise Interrupted(f"interrupted (Ctrl-C) at step {step}: checkpoint saved; run the same command to resume",
-                              step=step)
+                              step=step, together=preemption.multiprocess)
         # A signal that came after the last step, or with it, stopped nothing: the run is finished. Its seconds
         # are those its last checkpoint keeps, so a resumed run's sessions add up to exactly what it reports.
         seconds = self._saved_seconds[1] if self._saved_seconds and self._saved_seconds[0] == step else self._seconds()

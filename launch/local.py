@@ -60,36 +60,55 @@ def _die_with_parent() -> None:
         pass
 
 
-def _pump(stream, prefix: bytes, out, lock: threading.Lock) -> None:
+class _Output:
+    """The launcher's output. Once its reader has gone (`... | head -3`) the children's lines are still read, and
+    dropped: they run on as they would have (the launcher crashed, its lines lost), and it ends with their
+    statuses."""
+
+    def __init__(self, raw) -> None:
+        self.raw, self.gone = raw, False
+
+    def write(self, data: bytes) -> None:
+        if self.gone:
+            return
+        try:
+            self.raw.write(data)
+            self.raw.flush()
+        except BrokenPipeError:
+            self.gone = True
+            try:  # and no second BrokenPipeError as the interpreter flushes it at exit
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self.raw.fileno())
+                os.close(devnull)
+            except (OSError, ValueError):
+                pass
+
+
+def _pump(stream, prefix: bytes, out: _Output, lock: threading.Lock) -> None:
     """Copy a child's output to `out`, prefixing every line (and every \\r-separated progress update)."""
     pending = b""
     for chunk in iter(lambda: stream.read1(65536), b""):
         pending += chunk
         *lines, pending = pending.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
         with lock:
-            for line in lines:
-                if line.strip():
-                    out.write(prefix + line + b"\n")
-            out.flush()
+            out.write(b"".join(prefix + line + b"\n" for line in lines if line.strip()))
     if pending.strip():
         with lock:
             out.write(prefix + pending + b"\n")
-            out.flush()
 
 
 def status_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _say(out, lock: threading.Lock, line: str) -> None:
+def _say(out: _Output, lock: threading.Lock, line: str) -> None:
     with lock:
         out.write(f"[launcher] {line}\n".encode())
-        out.flush()
 
 
 def launch(cmd: list[str], n: int, devices: int | None = None, port: int | None = None, grace: float = 15.0,
            out=None) -> int:
-    out = out or sys.stdout.buffer
+    out = _Output(out or sys.stdout.buffer)
     port = port or free_port()
     lock = threading.Lock()
     procs: list[subprocess.Popen] = []

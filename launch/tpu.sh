@@ -5,7 +5,8 @@
 #   launch/tpu.sh create                 # gcloud compute tpus tpu-vm create ...
 #   launch/tpu.sh copy                   # this checkout -> ~/gpt1-jax on every worker (no .git/.venv)
 #   launch/tpu.sh install                # Python 3.11 venv + the pinned requirements and .[tpu] on every worker
-#   launch/tpu.sh run --config gpt1 ...  # gpt1-jax pretrain --workdir $WORKDIR ... on every worker
+#   launch/tpu.sh run --config gpt1 ...  # gpt1-jax pretrain --workdir $WORKDIR ... on every worker, detached
+#   launch/tpu.sh logs                   # follow each worker's ~/gpt1-jax.log (Ctrl-C stops following, not the run)
 #   launch/tpu.sh stop                   # SIGTERM: checkpoint at a common step, exit 0
 #   launch/tpu.sh delete
 #
@@ -59,12 +60,16 @@ case "$verb" in
   run)
     args=""
     for a in "$@"; do args+=" $(printf '%q' "$a")"; done
-    on_all_workers "cd ~/$REMOTE_DIR && echo \$\$ > ~/gpt1-jax.pid && exec .venv/bin/gpt1-jax pretrain --workdir $WORKDIR$args" ;;
+    # Detached from the ssh session (setsid, nohup, output to a log): a dropped connection or a laptop asleep
+    # ended the run on every worker (SIGHUP, then SIGPIPE on its output) without a checkpoint.
+    on_all_workers "cd ~/$REMOTE_DIR && (nohup setsid .venv/bin/gpt1-jax pretrain --workdir $WORKDIR$args > ~/gpt1-jax.log 2>&1 < /dev/null & echo \$! > ~/gpt1-jax.pid) && echo started: launch/tpu.sh logs follows it" ;;
+  logs)
+    on_all_workers 'tail -n +1 -F ~/gpt1-jax.log' ;;
   stop)
     on_all_workers 'kill -TERM $(cat ~/gpt1-jax.pid)' ;;
   delete)
     run gcloud compute tpus tpu-vm delete "$TPU_NAME" "${zone[@]}" --quiet ;;
   *)
-    sed -n '2,20p' "${BASH_SOURCE[0]}" >&2
+    awk 'NR > 1 && !/^#/ {exit} NR > 1' "${BASH_SOURCE[0]}" >&2
     exit 2 ;;
 esac

@@ -49,6 +49,20 @@ def test_local_launcher_refuses_what_it_cannot_start_in_one_line(args, status, m
     assert "[launcher]" not in done.stdout  # nothing started
 
 
+def test_a_reader_that_goes_away_leaves_the_processes_running_to_their_end(tmp_path):
+    """`local.py ... | head -3`: both pump threads died with BrokenPipeError tracebacks and the launcher exited 1
+    though every process finished with 0."""
+    child = ("import os, time\nfor i in range(40): print('line', i, flush=True); time.sleep(0.02)\n"
+             "open(os.environ['GPT1_PROCESS_ID'] + '.done', 'w').close()")
+    proc = subprocess.Popen([sys.executable, str(LAUNCH / "local.py"), "-n", "2", "--", sys.executable, "-c", child],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader goes away
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and err == b"", err.decode()[-2000:]
+    assert sorted(p.name for p in tmp_path.glob("*.done")) == ["0.done", "1.done"]
+
+
 def test_local_sh_wrapper():
     done = subprocess.run([str(LAUNCH / "local.sh"), "2", "--", sys.executable, "-c", "print('hi')"],
                           capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHON": sys.executable})
@@ -98,7 +112,7 @@ def documented(prefix: str) -> list[tuple[str, str]]:
 
 def test_tpu_commands_are_the_documented_ones():
     pairs = documented("launch/tpu.sh")
-    assert {shlex.split(c)[1] for c, _ in pairs} == {"create", "install", "run", "stop", "delete"}
+    assert {shlex.split(c)[1] for c, _ in pairs} == {"create", "install", "run", "logs", "stop", "delete"}
     env = {k: v for k, v in os.environ.items() if k not in ("TPU_NAME", "ZONE", "PROJECT", "ACCELERATOR_TYPE",
                                                                "RUNTIME_VERSION", "REMOTE_DIR", "WORKDIR")}
     for command, expected in pairs:
@@ -110,6 +124,36 @@ def test_tpu_commands_are_the_documented_ones():
     # The 2-host run reaches every worker and starts the pre-training there.
     run = shlex.split(next(e for c, e in pairs if " run " in c + " "))
     assert "--worker=all" in run and "gpt1-jax pretrain --workdir" in run[-1]
+
+
+def test_the_tpu_run_outlives_its_ssh_session_and_stop_reaches_it(tmp_path):
+    """`run` held the job in the foreground of `ssh --worker=all`: a dropped connection ended it on every worker
+    without a checkpoint. Its remote command, run here with a stand-in for gpt1-jax: the shell that started it
+    (the ssh session) is gone at once, the job runs on with its output in the log, and `stop`'s pid is its own."""
+    import time
+
+    run = shlex.split(subprocess.run(["bash", str(LAUNCH / "tpu.sh"), "run", "--config", "gpt1"], capture_output=True,
+                                     text=True, env={**os.environ, "DRY_RUN": "1", "HOME": str(tmp_path)}).stdout)[-1]
+    remote = tmp_path / "gpt1-jax" / ".venv" / "bin" / "gpt1-jax"
+    remote.parent.mkdir(parents=True)
+    remote.write_text("#!/usr/bin/env bash\ntrap 'echo got SIGTERM; exit 0' TERM\necho started \"$@\"\n"
+                      "for i in $(seq 300); do sleep 0.1; done\n")
+    remote.chmod(0o755)
+    session = subprocess.run(["bash", "-c", run], capture_output=True, text=True, timeout=10,
+                             env={**os.environ, "HOME": str(tmp_path)})
+    assert session.returncode == 0 and "started" in session.stdout
+    pid = int((tmp_path / "gpt1-jax.pid").read_text())
+    time.sleep(0.5)
+    os.kill(pid, 0)  # still running, its session gone
+    assert "started pretrain --workdir" in (tmp_path / "gpt1-jax.log").read_text()
+    stop = shlex.split(subprocess.run(["bash", str(LAUNCH / "tpu.sh"), "stop"], capture_output=True, text=True,
+                                      env={**os.environ, "DRY_RUN": "1"}).stdout)[-1]
+    subprocess.run(["bash", "-c", stop], env={**os.environ, "HOME": str(tmp_path)}, check=True, timeout=10)
+    for _ in range(50):
+        if "got SIGTERM" in (tmp_path / "gpt1-jax.log").read_text():
+            break
+        time.sleep(0.1)
+    assert "got SIGTERM" in (tmp_path / "gpt1-jax.log").read_text()
 
 
 def test_tpu_copy_and_project(tmp_path):

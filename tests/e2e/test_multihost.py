@@ -253,6 +253,33 @@ def test_kill_9_of_one_process_ends_all_promptly(tmp_path, cache):
     assert assert_checkpoint_restores(workdir) >= 2
 
 
+def test_ctrl_c_in_one_process_saves_one_step_in_every_process_and_the_run_resumes(tmp_path, cache):
+    """Ctrl-C in one worker's own terminal ended it at once (status 130) with nothing saved since the last periodic
+    checkpoint, and its peer in a Gloo traceback. It now reaches JAX's preemption notifier as SIGTERM does: both
+    processes save the same step; the interrupted one says so and exits 130, the other ends as pre-empted (0)."""
+    workdir = tmp_path / "run"
+    port, procs = free_port(), []
+    argv = [sys.executable, "-m", "gpt1_jax.cli", *pretrain_args(workdir, cache, "--steps", "1000")]
+    for i in range(2):
+        env = {**base_env(2), "GPT1_COORDINATOR": f"127.0.0.1:{port}", "GPT1_NUM_PROCESSES": "2", "GPT1_PROCESS_ID": str(i),
+               "GPT1_HEARTBEAT_TIMEOUT": str(HEARTBEAT_S)}
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"p{i}.log", "w")))
+    try:
+        wait_for(lambda: max(losses(workdir), default=0) >= 3, TIMEOUT, procs)
+        procs[1].send_signal(signal.SIGINT)
+        wait_for(lambda: all(p.poll() is not None for p in procs), FAIL_DEADLINE)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    logs = [(tmp_path / f"p{i}.log").read_text() for i in range(2)]
+    assert [p.returncode for p in procs] == [0, 130], logs[1][-3000:]
+    saved = max(checkpoints(workdir))
+    assert 3 <= saved < 1000 and f"interrupted (Ctrl-C) at step {saved}: checkpoint saved" in logs[1], logs[1][-3000:]
+    assert f"preempted: checkpoint saved at step {saved}" in logs[0] and "Traceback" not in logs[0] + logs[1]
+    assert assert_checkpoint_restores(workdir) == saved
+
+
 def test_exception_in_one_process_ends_all_promptly_through_launcher(tmp_path, cache):
     workdir = tmp_path / "run"
     script = tmp_path / "faulty.py"
@@ -277,6 +304,9 @@ def test_exception_in_one_process_ends_all_promptly_through_launcher(tmp_path, c
     # collective it was in (1) or was aborted by JAX's coordination service once the heartbeats stopped (134,
     # SIGABRT): which comes first is a race that the machine's load decides.
     assert codes[1] == 1 and codes[0] in (1, 128 + signal.SIGABRT), out[-3000:]
+    if codes[0] == 1:  # one line pointing at the other process, not a traceback that hid the cause
+        p0 = "\n".join(l for l in out.splitlines() if l.startswith("[p0]"))
+        assert "lost the other processes in a collective" in p0 and "Traceback" not in p0, p0[-3000:]
     elapsed = float(statuses[0].split("last exit ")[1].split("s after")[0])
     print(f"raise on process 1, via the launcher: all gone {elapsed:.1f}s after the first exit")
     assert elapsed < FAIL_DEADLINE

@@ -120,3 +120,46 @@ def test_a_coordinator_port_another_program_holds_is_one_line(monkeypatch):
             monkeypatch.setenv(k, v)
         with pytest.raises(distributed.DistributedConfigError, match=f"--coordinator port {port} cannot be served here"):
             distributed.initialize(None)
+
+
+def test_a_slurm_jobs_coordinator_is_checked_as_a_given_one_is(monkeypatch):
+    """Under SLURM JAX derives the coordinator itself (first node, port SLURM_JOB_ID % 4096 + 61440): a port
+    another program held segfaulted process 0 (or gave JAX's "Failed to start RPC server" traceback), and a
+    task whose task 0 never came ended in a C++ check failure. JAX's derivation now runs first, then the same
+    checks as for --coordinator."""
+    import socket
+
+    for k in list(os.environ):
+        if k.startswith(("SLURM_", "OMPI_", "GPT1_", "JAX_COORDINATOR")):
+            monkeypatch.delenv(k)
+    with socket.socket() as held:
+        for job in range(4095, 0, -1):  # the port JAX derives for job `job`, once one is free to hold
+            try:
+                held.bind(("127.0.0.1", port := 61440 + job))
+                break
+            except OSError:
+                continue
+        held.listen()
+        for k, v in dict(SLURM_JOB_ID=str(job), SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS="2", SLURM_PROCID="0",
+                         SLURM_LOCALID="0", GPT1_INIT_TIMEOUT="1").items():
+            monkeypatch.setenv(k, v)
+        assert distributed.detected_params(distributed.resolve())[:3] == (f"127.0.0.1:{port}", 2, 0)
+        with pytest.raises(distributed.DistributedConfigError,
+                           match=f"^the coordinator \\(SlurmCluster\\) port {port} cannot be served here"):
+            distributed.initialize(None)
+        held.close()
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    with pytest.raises(distributed.DistributedConfigError, match=rf"^no coordinator answered at 127.0.0.1:{port} within "
+                                                                  r"1 s \(--init-timeout\): start process 0"):
+        distributed.initialize(None)
+
+
+def test_a_collective_that_lost_its_peer_is_told_from_other_errors():
+    """A process whose peer failed printed a 40-line JaxRuntimeError traceback that hid the peer's own line."""
+    from jax.errors import JaxRuntimeError
+
+    assert distributed.lost_peer(JaxRuntimeError("UNKNOWN: Gloo context initialization failed: DEADLINE_EXCEEDED"))
+    assert distributed.lost_peer(JaxRuntimeError("INTERNAL: Gloo all-reduce failed: Connection reset by peer"))
+    assert not distributed.lost_peer(JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 1 GiB"))
+    assert not distributed.lost_peer(ValueError("Gloo"))
