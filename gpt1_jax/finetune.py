@@ -262,6 +262,12 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
         if not outcome.finished:
             return outcome
         results = summary(task, source, config, splits, dev, train_seconds=seconds)
+        if gone := [f for f in results["predictions"].values() if not (workdir / f).is_file()]:
+            # written at the best epoch while the run trained: a rerun of the finished run cannot make them again
+            results["predictions"] = {s: f for s, f in results["predictions"].items() if f not in gone}
+            if jax.process_index() == 0:
+                print(f"gpt1-jax finetune: {', '.join(gone)} in {workdir} is gone: it was written at the best epoch "
+                      "while the run trained; fine-tune again in another --workdir to have it", file=sys.stderr)
         if jax.process_index() == 0:
             atomic_write_text(workdir / "results.json", json.dumps(json_safe(results), indent=2, default=str) + "\n")
             if progress:
@@ -347,7 +353,10 @@ def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, sou
     # Every session's time (the checkpoints carry it); this session's where an older checkpoint did not.
     seconds = time.perf_counter() - t0 if outcome.seconds is None else outcome.seconds
     if begin >= config.optim.total_steps and (workdir / "results.json").is_file():  # a rerun: the run's own seconds
-        seconds = json.loads((workdir / "results.json").read_text()).get("train_seconds", seconds)
+        try:
+            seconds = json.loads((workdir / "results.json").read_text()).get("train_seconds", seconds)
+        except (ValueError, AttributeError):  # damaged (or not ours): the rerun writes it again whole
+            pass
     return outcome, dev, seconds
 
 

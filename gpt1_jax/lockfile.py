@@ -74,14 +74,21 @@ def owner_is_gone(lock: Path) -> bool:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process of this host has that pid (another user's included)."""
+    """Whether a process of this host has that pid (another user's included), and it is not a zombie: a job killed
+    but not yet reaped by its parent still answers kill(pid, 0), and its lock held the rerun off."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # alive, under another user
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:  # Linux: "pid (comm) STATE ..."; comm may hold spaces and ')'
+            return f.read().rpartition(b")")[2].split()[0] != b"Z"
+    except FileNotFoundError:  # gone meanwhile, or no /proc (macOS: kill's answer stands)
+        return not os.path.isdir("/proc/self")
+    except (OSError, IndexError):
         return True
-    return True
 
 
 def mtime_ns(path: Path) -> int | None:

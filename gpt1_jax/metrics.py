@@ -41,8 +41,8 @@ class MetricsWriter:
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists():
-            kept = [l for l in self.path.read_text().splitlines() if l.strip() and json.loads(l).get("step", 0) <= resume_step]
+        if self.path.exists():  # the steps a resume replays come again; so does a record the last session tore
+            kept = [json.dumps(r) for r in _records(self.path) if r.get("step", 0) <= resume_step]
             self.path.write_text("".join(l + "\n" for l in kept))
         self._file = open(self.path, "a", buffering=1)
 
@@ -68,9 +68,23 @@ class MetricsWriter:
             self._tracker.close()
 
 
+def _records(path: Path) -> list[dict]:
+    """metrics.jsonl's records. A line that is not one (the last, torn by a kill or a full disk; a note a user
+    added) is left out: it stopped every resume and plot with a JSONDecodeError traceback."""
+    records = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
 def read_metrics(workdir: str | Path) -> list[dict]:
     path = Path(workdir) / "metrics.jsonl"
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+    return _records(path) if path.exists() else []
 
 
 class Progress:

@@ -138,6 +138,8 @@ def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, train
     begin = resume_step(ckpt, config.model)
     if begin >= config.steps:
         print(f"{workdir}: already trained to step {begin} of {config.steps}; nothing to do", file=sys.stderr)
+        if is_main and not (workdir / "loss.png").is_file():  # a run killed between its last save and its plot
+            print(f"loss curve: {plot_losses(workdir)}", file=sys.stderr)
         return Outcome("finished", begin)
 
     def hooks(progress):

@@ -36,6 +36,7 @@ from gpt1_jax.config import (RUNTIME_FIELDS, ConfigError, FinetuneConfig, ModelC
                              given_keys, load_yaml, override_key, save_yaml)
 from gpt1_jax.errors import CheckpointFormatError, OutputExistsError
 from gpt1_jax.files import some_names
+from gpt1_jax.integrity import newest_checkpoint
 from gpt1_jax.lockfile import remove_abandoned
 from gpt1_jax.model import init_params
 from gpt1_jax.optim import eval_params, uses_eval_params
@@ -282,7 +283,24 @@ def _schedule_free_path(tree: Any, path: tuple = ()) -> tuple | None:
     return None
 
 
+READ_ATTEMPTS = 5  # reads of a training run's newest checkpoint, each begun after the one before was deleted
+
+
 def _load_run(path: Path, step: int | None) -> tuple[ModelConfig, dict, int]:
+    """`_load_checkpoint` of a run that may be training now: its newest checkpoint (step None) can be deleted
+    under the reader as the run saves the next (keep_checkpoints=1), which ended in orbax tracebacks; read
+    again from the new newest one, as long as the run keeps moving on."""
+    for _ in range(READ_ATTEMPTS - 1):
+        newest = newest_checkpoint(path / "checkpoints")
+        try:
+            return _load_checkpoint(path, step)
+        except Exception:
+            if step is not None or newest_checkpoint(path / "checkpoints") == newest:
+                raise
+    return _load_checkpoint(path, step)
+
+
+def _load_checkpoint(path: Path, step: int | None) -> tuple[ModelConfig, dict, int]:
     """-> (saved model config, transformer params, step). A fine-tuning run's params are
     {"transformer", "head"}: the transformer is returned. Schedule-free runs give their x sequence
     (`optim.eval_params`), the point they are evaluated and exported at, not the gradient point y."""

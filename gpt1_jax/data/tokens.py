@@ -466,6 +466,8 @@ def tokenize_to_cache(
 
     if peers.builds and not (final / "tokens.npy").is_file():
         cache_dir.mkdir(parents=True, exist_ok=True)  # the lock lives there
+    elif peers.builds:  # a build killed just before another finished this one: its gigabytes were never swept
+        _sweep_abandoned(final)
     return build_once(
         ready=(final / "tokens.npy").is_file,
         build=lambda: _build_cache(source, tokenizer, final, sep, dtype, peers, progress),
@@ -484,12 +486,17 @@ def tokenize_to_cache(
     )
 
 
+def _sweep_abandoned(final: Path) -> None:
+    """Killed builds' folders beside `final`: a few seconds quiet when their builder ran here, LOCK_STALE_S when it
+    may be elsewhere."""
+    remove_abandoned(final.parent, f".tmp-{final.name}-", dead_quiet_s=10.0, stale_s=LOCK_STALE_S)
+
+
 def _build_cache(
     source: TextSource, tokenizer: GPT1Tokenizer, final: Path, sep: int, dtype: np.dtype, peers: Peers, progress: bool
 ) -> TokenStream:
     """Tokenise into a temporary directory beside ``final``, then rename it into place."""
-    # killed builds' folders: a few seconds quiet when their builder ran here, LOCK_STALE_S when it may be elsewhere
-    remove_abandoned(final.parent, f".tmp-{final.name}-", dead_quiet_s=10.0, stale_s=LOCK_STALE_S)
+    _sweep_abandoned(final)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:

@@ -65,6 +65,13 @@ def test_a_rerun_keeps_its_seconds_and_what_it_cannot_give_is_refused(tmp_path, 
     assert results["train_seconds"] > 0 and results["submission"] == {}
     _, again = _finetune(tmp_path, data_dir, "--epochs", "1")
     assert again["train_seconds"] == results["train_seconds"] and again["metrics"] == results["metrics"]
+    # A damaged results.json ended the rerun in a JSONDecodeError traceback; deleted dev predictions were listed
+    # again as if they were there, status 0 and no word.
+    (workdir / "results.json").write_text("{broken")
+    (workdir / "predictions" / "validation.tsv").unlink()
+    _, mended = _finetune(tmp_path, data_dir, "--epochs", "1")
+    assert mended["metrics"] == results["metrics"] and mended["predictions"] == {}
+    assert "predictions/validation.tsv in " in capsys.readouterr().err
     before = {p: p.read_bytes() for p in sorted(workdir.rglob("*")) if p.is_file()}
     argv = ["finetune", "--task", "cola", "--workdir", str(workdir), "--data-dir", str(data_dir), "--config", "tiny",
             "--tfds-dir", str(tmp_path / "tfds"), "--batch-size", "8", "--no-progress", "--init", "none",

@@ -77,6 +77,25 @@ def test_rerun_of_a_finished_run_changes_nothing(reference, cache):
     assert (reference / "metrics.jsonl").read_text() == before
 
 
+def test_a_torn_metrics_line_and_a_missing_plot_are_mended_by_the_same_command(reference, cache, tmp_path):
+    """A full disk (or a kill) tore metrics.jsonl's last line, and every resume then ended in a JSONDecodeError
+    traceback, though the error had said the same command resumes; a kill between the last save and the plot left
+    no loss.png, and the rerun said "nothing to do" without drawing it."""
+    import shutil
+
+    workdir = tmp_path / "run"
+    shutil.copytree(reference, workdir)
+    (workdir / "loss.png").unlink()
+    done = run(tiny(workdir, cache))
+    assert done.returncode == 0 and "nothing to do" in done.stderr and (workdir / "loss.png").is_file(), done.stderr
+    with open(workdir / "metrics.jsonl", "a") as f:
+        f.write('{"step": 13, "loss": 4.2, "mfu":')
+    done = run(tiny(workdir, cache, "--steps", "14"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(losses(workdir)) == list(range(1, 15)) and len([r for r in records if "loss" in r]) == 14
+
+
 def start(argv, log):
     """A background run whose stderr goes to a file (a pipe nobody reads could fill and block it)."""
     return subprocess.Popen(argv, stderr=open(log, "w"), stdout=subprocess.DEVNULL, text=True, env=ENV)
@@ -220,6 +239,24 @@ def test_a_one_window_corpus_with_evaluations_on_says_why(tmp_path, cache, vocab
         "gpt1-jax pretrain: error: eval_every=25 evaluates on validation windows, and this corpus makes 1 window of "
         "65 tokens, too few to hold one out: give more text or a shorter seq_len, or eval_every=0"), done.stderr[-2000:]
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_run_saving_every_step_with_one_kept_is_read_while_it_trains(tmp_path, cache):
+    """keep_checkpoints=1: the checkpoint a reader picked was deleted under it as the run saved the next, and
+    sample/evaluate ended in orbax tracebacks (4 and 5 of 12 tries). The reader now reads the new newest one."""
+    from gpt1_jax.weights import load_pretrained
+
+    workdir = tmp_path / "run"
+    proc = start(tiny(workdir, cache, "--steps", "5000", "--set", "checkpoint_every=1", "--set", "keep_checkpoints=1",
+                      "--set", "eval_every=0"), tmp_path / "log")
+    try:
+        wait_for_step(workdir, 3, proc)
+        for read in range(8):
+            load_pretrained(workdir)  # raised in ~40% of reads
+        assert proc.poll() is None, "the run ended before the reads did: they raced with nothing"
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_sample_verb(reference, cache):

@@ -5,6 +5,8 @@ import functools
 import gzip
 import json
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -181,8 +183,18 @@ def test_cache_content_reuse_and_key(tmp_path: Path, tok: GPT1Tokenizer, monkeyp
 
     npy = s1.path / "tokens.npy"
     mtime = npy.stat().st_mtime_ns
+    # A build killed (here: a dead pid's folder, quiet for a minute) while another finished this cache was never
+    # swept: later reads of the cache left its gigabytes for good.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = s1.path.with_name(f".tmp-{s1.path.name}-{dead.pid}-0123abcd")
+    left.mkdir()
+    (left / "tokens.bin").write_bytes(b"\0" * 64)
+    for p in (left / "tokens.bin", left):
+        os.utime(p, (time.time() - 60, time.time() - 60))
     s2 = tokenize_to_cache(open_source(str(tmp_path / "c")), tok, tmp_path / "cache", progress=False)
     assert s2.from_cache and len(calls) == 1 and s2.path == s1.path and npy.stat().st_mtime_ns == mtime
+    assert not left.exists()
 
     # Keyed on the files: a changed file gives a new cache entry.
     a.write_text(a.read_text() + "\n\nanother document\n")

@@ -5,6 +5,7 @@ in-process, no training. The command-line cases are in test_pretrain.py and test
 import dataclasses
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -222,11 +223,16 @@ def test_one_job_at_a_time_in_a_run_folder(tmp_path):
                 pass
     finally:
         holder.kill()  # kill -9: its lock stays behind, and its pid is gone
-        holder.wait()
+    # killed but not yet reaped by its parent (this process), a zombie: gone all the same (it held the rerun off)
+    for _ in range(100):
+        if b") Z" in Path(f"/proc/{holder.pid}/stat").read_bytes():
+            break
+        time.sleep(0.02)
     assert (folder / wd.LOCK_FILE).is_file()
     with wd.hold(folder, "pretrain"):
         assert json.loads((folder / wd.LOCK_FILE).read_text())["pid"] == os.getpid()
     assert not (folder / wd.LOCK_FILE).exists()
+    holder.wait()
 
     # another host's lock: alive while it beats, broken once it has been silent for LOCK_STALE_S
     (folder / wd.LOCK_FILE).write_text(json.dumps({"host": "elsewhere", "pid": 1, "token": "t"}))
