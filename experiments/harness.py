@@ -38,7 +38,7 @@ from pathlib import Path
 
 from gpt1_jax import finetune, pretrain  # the modules: tests patch pretrain.run and finetune.run
 from gpt1_jax.cli import DEBUG_ENV, os_error_message
-from gpt1_jax.config import FinetuneConfig, PretrainConfig, to_dict
+from gpt1_jax.config import FinetuneConfig, PretrainConfig, flat_fields, to_dict
 from gpt1_jax.data.glue import GlueDownloadError, glue_task
 from gpt1_jax.errors import GPT1JaxError
 from gpt1_jax.files import atomic_write_text
@@ -46,7 +46,7 @@ from gpt1_jax.integrity import DIGESTS, checkpoint_steps
 from gpt1_jax.interrupt import CtrlC
 from gpt1_jax.loop import Outcome
 from gpt1_jax.metrics import close_open_bars
-from gpt1_jax.workdir import RESUMABLE_WITH_OTHER, flat_fields
+from gpt1_jax.workdir import RESUMABLE_WITH_OTHER
 
 RECORD = "record.json"
 SETTINGS = "settings"  # the record's digest of what decided its score (`settings`)

@@ -49,8 +49,8 @@ import jax
 from gpt1_jax import compile_cache, distributed, hugepages
 from gpt1_jax import workdir as run_folder
 from gpt1_jax.config import (SEED_RANGE, DataConfig, FinetuneConfig, ModelConfig, PretrainConfig, TRACKER_NAMES,
-                             apply_overrides, check_pretrain_schedule, given_keys, guarded_text, override_key, resolve)
-from gpt1_jax.errors import ConfigError, DataError, DivergenceError, GPT1JaxError, Interrupted
+                             apply_overrides, check_pretrain_schedule, given_keys, guarded_text, hand_written, resolve)
+from gpt1_jax.errors import ConfigError, DataError, DivergenceError, GPT1JaxError, Interrupted, WorkdirError
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps, newest_checkpoint, record, verify_checkpoints
 from gpt1_jax.interrupt import CtrlC
 from gpt1_jax.metrics import close_open_bars, json_safe
@@ -310,6 +310,11 @@ def _pretrain(args: argparse.Namespace) -> int:
         # The run would replace it with its tokenizer's size without a word (a dry run has no tokenizer: it sizes it).
         raise ConfigError("model.vocab_size follows the run's tokenizer (the BPE's entries + 3 fine-tuning markers): "
                           "set data.vocab_size for the size of the BPE trained on the corpus, or data.tokenizer")
+    if args.config is None and not (workdir / "config.yaml").is_file() \
+            and newest_checkpoint(workdir / "checkpoints") is not None:
+        # the defaults would meet the checkpoints' model and tokenizer in a misleading refusal
+        raise WorkdirError(f"{workdir} holds checkpoints but no config.yaml (deleted?): restore it, or give the run's "
+                           "own --config and flags to resume it")
     config = resolve(PretrainConfig, args.config, saved=workdir / "config.yaml", overrides=overrides, mesh=args.mesh)
     check_pretrain_schedule(config, overrides, args.config)
     from gpt1_jax.pretrain import run, with_schedule_span
@@ -396,13 +401,14 @@ def _finetune(args: argparse.Namespace) -> int:
     from gpt1_jax.finetune import run
 
     overrides = _overrides(args, FinetuneConfig)
-    derived = given_keys(overrides) & {"optim.total_steps", "optim.warmup_steps"}
+    given = given_keys(overrides) | set(hand_written(args.config))  # a flag, --set, or a hand-written --config file
+    derived = given & {"optim.total_steps", "optim.warmup_steps"}
     if derived:  # the placeholder total (1) refused a large warmup; a small one was replaced without a word
         raise ConfigError(f"{min(derived)} is derived in fine-tuning: total_steps from --epochs and the training "
                           "examples, warmup_steps from warmup_fraction (the paper's 0.2%): set those instead")
     source = Path(args.init.removeprefix("scratch:"))
     if args.init != "none" and source.is_dir():  # its architecture is the files' own (scratch: too)
-        check_model_sets(source, [o.removeprefix("model.") for o in overrides if override_key(o).startswith("model.")])
+        check_model_sets(source, [f"{k.removeprefix('model.')}=" for k in sorted(given) if k.startswith("model.")])
     config = resolve(FinetuneConfig, args.config, overrides=overrides, mesh=args.mesh)
     return _exit_status(run(config, Path(args.workdir), init=args.init, init_step=args.step, data_dir=args.data_dir,
                             tokenizer=args.tokenizer, predict_test=args.predict_test,

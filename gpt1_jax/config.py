@@ -160,8 +160,24 @@ def override_key(item: str) -> str:
 
 
 def given_keys(overrides) -> set[str]:
-    """The dotted keys a list of `key=value` overrides sets."""
-    return {override_key(o) for o in overrides}
+    """The dotted keys a list of `key=value` overrides sets (`optim={lr: 1e-3}` sets optim.lr)."""
+    keys = set()
+    for o in overrides:
+        key, raw = override_key(o), o.partition("=")[2]
+        try:
+            value = read_yaml(raw) if raw.strip().startswith("{") else None
+        except yaml.YAMLError:  # apply_overrides says so
+            value = None
+        keys |= {key} if not isinstance(value, dict) else {f"{key}.{k}" for k in flat_fields(value)}
+    return keys
+
+
+def flat_fields(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config's nested dict as {"optim.lr": ..., ...}."""
+    out = {}
+    for k, v in values.items():
+        out.update(flat_fields(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
 
 
 def _given(field: str, given: set[str] | None) -> bool:
@@ -191,20 +207,19 @@ def check_given_optim(optim: OptimConfig, given: set[str] | None = None) -> None
 def check_pretrain_schedule(config, overrides, spec: str | None = None) -> None:
     """pretrain's schedule spans its steps (pretrain.with_schedule_span): a given optim.total_steps would be replaced
     by --steps, and a given warmup that reaches the last step by one ending before it, each without a word (and
-    config.yaml recorded the replacement). Given: by a flag, --set, or the YAML file `spec` (whose total_steps may
-    only repeat its own steps, as a run's config.yaml does). pretrain calls it; `bench` and `plan` time or compile
-    steps and take the schedule as it is."""
+    config.yaml recorded the replacement). Given: by a flag, --set, or a hand-written YAML file `spec` (whose
+    total_steps may only repeat its own steps; a run's own config.yaml, with what the run derived, counts as a
+    preset does). pretrain calls it; `bench` and `plan` time or compile steps and take the schedule as it is."""
     given = given_keys(overrides)
     if "optim.total_steps" in given:
         raise ConfigError("optim.total_steps is the run's --steps in pre-training (the schedule spans the run): "
                           "set --steps (or `steps=`) instead")
-    file = read_config_file(spec) if is_config_file(spec) else {}
-    in_file = file.get("optim") if isinstance(file.get("optim"), dict) else {}
-    if "total_steps" in in_file and in_file["total_steps"] != file.get("steps", PretrainConfig.steps):
-        raise ConfigError(f"config file {spec}: optim.total_steps={in_file['total_steps']} is not its steps "
+    file = hand_written(spec)
+    if "optim.total_steps" in file and file["optim.total_steps"] != file.get("steps", PretrainConfig.steps):
+        raise ConfigError(f"config file {spec}: optim.total_steps={file['optim.total_steps']} is not its steps "
                           f"({file.get('steps', PretrainConfig.steps)}): the schedule spans the run in pre-training; "
                           "leave optim.total_steps out and set steps")
-    given |= {f"optim.{k}" for k in in_file}
+    given |= set(file)
     optim = config.optim
     if _given("warmup_steps", given) and optim.schedule != "constant" and optim.warmup_steps >= config.steps:
         what = "leaves none of the run's {} steps to decay over" if optim.schedule != "warmup_constant" else \
@@ -649,7 +664,10 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
         if leaf not in node:
             raise ConfigError(f"unknown config key {key!r}; known: {', '.join(sorted(node))}")
         try:
-            node[leaf] = read_yaml(raw) if raw.strip() else raw
+            value = read_yaml(raw) if raw.strip() else raw
+            # a mapping for a section sets those fields, as a YAML file's section does (it replaced the whole section
+            # with the class's defaults: `--set model={n_layers: 1}` was GPT-1's full width)
+            node[leaf] = _merged(node[leaf], value) if isinstance(value, dict) and isinstance(node[leaf], dict) else value
         except yaml.YAMLError as e:
             why = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({why})") from None
@@ -698,6 +716,14 @@ _ConfigLoader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+class _ConfigDumper(yaml.SafeDumper):
+    """YAML as configs write it: a string that _ConfigLoader would read as a number (`08`, a corpus file's name;
+    YAML 1.1 writes it bare, being no 1.1 int) is quoted, so a run's config.yaml reads back as it was."""
+
+
+_ConfigDumper.yaml_implicit_resolvers = _ConfigLoader.yaml_implicit_resolvers
+
+
 def read_yaml(text: str) -> Any:
     """A config's YAML (a file's text or a `key=value` override's value) -> plain Python values."""
     return yaml.load(text, Loader=_ConfigLoader)
@@ -740,6 +766,8 @@ def _merged(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
     """`given` over `base`, section by section (a section given in part keeps the rest of `base`'s)."""
     out = dict(base)
     for key, value in given.items():
+        if value is None and isinstance(out.get(key), dict):  # `model:` with every line commented out: left out
+            continue
         out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
 
@@ -752,8 +780,25 @@ def load_yaml(cls: type[T], path: str | Path, over: T | None = None) -> T:
 
 def save_yaml(config: Any, path: str | Path) -> None:
     """Atomically (readers see the old file or the new one), with the guard and digest lines."""
-    body = GUARD_LINE + yaml.safe_dump(to_dict(config), sort_keys=False)
+    body = GUARD_LINE + yaml.dump(to_dict(config), Dumper=_ConfigDumper, sort_keys=False)
     atomic_write_text(Path(path), body + f"{_DIGEST_PREFIX}{hashlib.sha256(body.encode('utf-8')).hexdigest()}\n")
+
+
+def hand_written(spec: str | None) -> dict[str, Any]:
+    """The dotted keys and values a `--config` YAML file written by hand gives ({} for a preset, nothing, or a run's
+    own config.yaml, whose guard line marks what gpt1-jax wrote, derived fields included)."""
+    if not is_config_file(spec) or written_by_gpt1_jax(spec):
+        return {}
+    return flat_fields(read_config_file(spec))
+
+
+def written_by_gpt1_jax(path: str | Path) -> bool:
+    """Whether the file starts with GUARD_LINE (a config.yaml gpt1-jax wrote)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(len(GUARD_LINE)) == GUARD_LINE
+    except OSError:
+        return False
 
 
 def is_config_file(spec: str | None) -> bool:

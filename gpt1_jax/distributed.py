@@ -188,6 +188,11 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
         raise DistributedConfigError(f"multi-process start is missing {', '.join(cfg.missing)}, and no cluster JAX "
                                      "can detect here gives them: pass all three")
 
+    # Until every process has joined there is nothing else to see (a job step that started fewer processes than
+    # its scheduler announced waits the whole timeout): say what it waits for.
+    if cluster is not None or cfg.num_processes != 1:
+        print(f"gpt1-jax: starting a multi-process run ({cluster or 'coordinator ' + str(cfg.coordinator)}): every "
+              f"process must join within {cfg.init_timeout_s} s", file=sys.stderr, flush=True)
     # What the cluster's environment leaves unset, JAX's own detection fills in now rather than inside initialize,
     # so the coordinator checks below cover an auto-detected start too (a SLURM job's busy port segfaulted).
     coordinator, n, pid, local_ids = detected_params(cfg) if cluster is not None else (
@@ -207,11 +212,6 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
     if host_port and bind is None and host_port[0] in ("127.0.0.1", "localhost", "::1"):
         # A local run: bind the coordinator to loopback only, not every interface (JAX's default).
         kwargs["coordinator_bind_address"] = bind = f"{host_port[0]}:{host_port[1]}"
-    # Until every process has joined there is nothing else to see (a job step that started fewer processes than
-    # its scheduler announced waits the whole timeout): say what it waits for.
-    if n != 1:
-        print(f"gpt1-jax: starting a multi-process run ({cluster or 'coordinator ' + str(coordinator)}): every "
-              f"process must join within {cfg.init_timeout_s} s", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     named = "--coordinator" if cluster is None else f"the coordinator ({cluster})"
     if host_port and pid == 0:
@@ -232,13 +232,18 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
 def detected_params(cfg: DistributedConfig) -> tuple[str | None, int | None, int | None, list[int] | None]:
     """(coordinator address, process count, process id, local device ids): `cfg`'s where given, else what JAX's own
     cluster detection (jax._src.clusters, as jax.distributed.initialize calls it) derives from the environment."""
-    coordinator = cfg.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")  # initialize reads it first
+    coordinator = cfg.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")  # initialize reads these first
+    ids = os.environ.get("JAX_LOCAL_DEVICE_IDS")
+    try:
+        local_ids = [int(i) for i in ids.split(",")] if ids else None
+    except ValueError:
+        raise DistributedConfigError(f"JAX_LOCAL_DEVICE_IDS={ids!r}: expected device ids separated by commas") from None
     try:
         from jax._src.clusters import ClusterEnv  # private, but it *is* JAX's detection (see detected_cluster)
     except ImportError:  # a JAX that moved it: initialize detects them itself, unchecked
-        return coordinator, cfg.num_processes, cfg.process_id, None
+        return coordinator, cfg.num_processes, cfg.process_id, local_ids
     coordinator, n, pid, local_ids = ClusterEnv.auto_detect_unset_distributed_params(
-        coordinator, cfg.num_processes, cfg.process_id, None, None, cfg.init_timeout_s)
+        coordinator, cfg.num_processes, cfg.process_id, local_ids, None, cfg.init_timeout_s)
     return coordinator, n, pid, None if local_ids is None else list(local_ids)
 
 
@@ -331,6 +336,11 @@ if __name__ == "__main__":  # `python -m gpt1_jax.distributed`: what a gpt1-jax 
     except DistributedConfigError as e:
         sys.exit(f"gpt1_jax.distributed: error: {e}")
     cluster = detected_cluster()
-    derived = dict(zip(("coordinator", "num_processes", "process_id", "local_device_ids"), detected_params(cfg))) \
-        if cluster else {}
+    derived = {}
+    if cluster:  # what the job would derive: on a TPU VM or in Kubernetes that asks the network (a DNS wait, an API)
+        try:
+            derived = dict(zip(("coordinator", "num_processes", "process_id", "local_device_ids"),
+                               detected_params(dataclasses.replace(cfg, init_timeout_s=min(cfg.init_timeout_s, 10)))))
+        except Exception as e:  # a diagnostic: say what failed, in one line
+            derived = {"derive_error": str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}
     print(json.dumps({**dataclasses.asdict(cfg), **derived, "detected_cluster": cluster}))

@@ -229,7 +229,7 @@ class Loop:
         if diverged is not None:
             return Outcome("diverged", diverged.step, dict(self._last), str(diverged), diverged.last_good,
                            seconds=self._seconds(), state=state)
-        if preemption.requested and preemption.signum == signal.SIGINT:
+        if preemption.requested and preemption.signum == signal.SIGINT and step < self.steps:
             raise Interrupted(f"interrupted (Ctrl-C) at step {step}: checkpoint saved; run the same command to resume",
                               step=step, together=preemption.multiprocess)
         # A signal that came after the last step, or with it, stopped nothing: the run is finished. Its seconds

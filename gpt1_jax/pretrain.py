@@ -21,7 +21,7 @@ from jax.experimental import multihost_utils
 from gpt1_jax import flops
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
-from gpt1_jax.config import RUNTIME_FIELDS, OptimConfig, PretrainConfig, load_yaml, to_dict
+from gpt1_jax.config import RUNTIME_FIELDS, OptimConfig, PretrainConfig, flat_fields, load_yaml, to_dict
 from gpt1_jax.data.pipeline import build_pipeline
 from gpt1_jax.data.tokens import TOKENIZER_FILE
 from gpt1_jax.errors import ConfigError, WorkdirError
@@ -37,7 +37,7 @@ from gpt1_jax.step import check_batch_size, lm_trainer
 from gpt1_jax.tokenizer import TOKENIZER_META
 from gpt1_jax.workdir import Identity
 from gpt1_jax.workdir import check as check_workdir
-from gpt1_jax.workdir import check_same_data, flat_fields, hold, shown_changes
+from gpt1_jax.workdir import check_same_data, hold, shown_changes
 
 
 def with_schedule_span(config: PretrainConfig) -> PretrainConfig:

@@ -33,7 +33,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from gpt1_jax.config import (RUNTIME_FIELDS, ConfigError, FinetuneConfig, ModelConfig, PretrainConfig, apply_overrides,
-                             given_keys, load_yaml, override_key, save_yaml)
+                             given_keys, load_yaml, override_key, read_yaml, save_yaml)
 from gpt1_jax.errors import CheckpointFormatError, OutputExistsError
 from gpt1_jax.files import some_names
 from gpt1_jax.integrity import newest_checkpoint
@@ -266,7 +266,7 @@ def _config_from_original(state: dict[str, np.ndarray], overrides: Sequence[str]
 def _run_config(path: Path) -> PretrainConfig | FinetuneConfig:
     """A workdir's config.yaml: a FinetuneConfig when it names a `task`, else a PretrainConfig."""
     try:
-        raw = yaml.safe_load((path / "config.yaml").read_text())
+        raw = read_yaml((path / "config.yaml").read_text())
     except yaml.YAMLError:
         raw = None  # load_yaml reports it
     return load_yaml(FinetuneConfig if isinstance(raw, dict) and "task" in raw else PretrainConfig, path / "config.yaml")

@@ -28,8 +28,8 @@ from typing import Any
 
 import yaml
 
-from gpt1_jax.config import guarded_text, to_dict
-from gpt1_jax.errors import WorkdirError
+from gpt1_jax.config import flat_fields, guarded_text, read_yaml, task_key, to_dict
+from gpt1_jax.errors import ConfigError, WorkdirError
 from gpt1_jax.files import atomic_write_text, some_names
 from gpt1_jax.lockfile import LOCK_STALE_S, break_lock, held, mtime_ns, owner_is_gone, read_owner, try_lock
 
@@ -91,19 +91,27 @@ def read(workdir: str | Path) -> Identity | None:
     if path.is_file():
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
-            return Identity(raw["kind"], raw.get("task"), raw.get("init"))
+            return Identity(raw["kind"], _task(raw.get("task")), raw.get("init"))
         except (ValueError, KeyError, TypeError):
             raise WorkdirError(f"{path} is damaged (not the JSON gpt1-jax wrote): restore it, or start the run in "
                                "another folder") from None
     if (workdir / "config.yaml").is_file():  # a run from before run.json
         try:
-            saved = yaml.safe_load(guarded_text(workdir / "config.yaml"))
+            saved = read_yaml(guarded_text(workdir / "config.yaml"))
         except yaml.YAMLError:
             saved = None
         if isinstance(saved, dict) and "task" in saved:
-            return Identity("finetune", str(saved["task"]))
+            return Identity("finetune", _task(str(saved["task"])))
         return Identity("pretrain")
     return None
+
+
+def _task(name: str | None) -> str | None:
+    """A recorded task in its one spelling: runs made before FinetuneConfig recorded it so kept `RTE` as typed."""
+    try:
+        return None if name is None else task_key(name)
+    except ConfigError:  # not a task this version knows: compared as it is
+        return name
 
 
 def check(workdir: str | Path, job: Identity, verb: str, *, init_path: str | Path | None = None) -> Identity | None:
@@ -190,17 +198,6 @@ def claim(workdir: str | Path, job: Identity, architecture: dict[str, Any]) -> N
     record = {"format": FORMAT, **{k: v for k, v in dataclasses.asdict(job).items() if v is not None},
               "architecture": architecture}
     atomic_write_text(workdir / RUN_FILE, json.dumps(record, indent=1) + "\n")
-
-
-def flat_fields(values: dict, prefix: str = "") -> dict[str, Any]:
-    """A config's nested dict as {"optim.lr": ..., ...}."""
-    out = {}
-    for k, v in values.items():
-        if isinstance(v, dict):
-            out.update(flat_fields(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def shown_changes(differ: list[str], old: dict, new: dict) -> str:

@@ -96,6 +96,21 @@ def test_a_torn_metrics_line_and_a_missing_plot_are_mended_by_the_same_command(r
     assert sorted(losses(workdir)) == list(range(1, 15)) and len([r for r in records if "loss" in r]) == 14
 
 
+def test_a_deleted_config_yaml_is_named_on_resume(reference, cache, tmp_path, capsys):
+    """It was blamed on the tokenizer's vocab_size, and following that advice on another model's n_positions."""
+    import shutil
+
+    from gpt1_jax import cli
+
+    workdir = tmp_path / "run"
+    shutil.copytree(reference, workdir)
+    (workdir / "config.yaml").unlink()
+    assert cli.main(["pretrain", "--workdir", str(workdir), "--steps", "14", "--set", f"data.cache_dir={cache}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gpt1-jax pretrain: error: {workdir} holds checkpoints but no config.yaml (deleted?): restore it, or give "
+        "the run's own --config and flags to resume it")
+
+
 def start(argv, log):
     """A background run whose stderr goes to a file (a pipe nobody reads could fill and block it)."""
     return subprocess.Popen(argv, stderr=open(log, "w"), stdout=subprocess.DEVNULL, text=True, env=ENV)

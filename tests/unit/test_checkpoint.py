@@ -260,6 +260,25 @@ def test_sigterm_saves_stops_and_gives_the_handlers_back(tmp_path):
     assert {s: signal.getsignal(s) for s in before} == before
 
 
+def test_a_ctrl_c_in_the_last_step_finishes_the_run(tmp_path):
+    """It stopped nothing (the last step saves anyway), yet said "interrupted ... run the same command to resume"
+    with status 130, and a fine-tuning run wrote no results.json until that rerun."""
+    import signal
+
+    from gpt1_jax.checkpoint import Checkpointer
+    from gpt1_jax.config import ModelConfig
+    from gpt1_jax.loop import Loop
+
+    def interrupt(step):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    outcome = Loop(Trainer(interrupt), 3, Checkpointer(tmp_path / "checkpoints", save_every=0), ModelConfig(), Quiet(),
+                   Quiet()).run(State(np.int32(0), np.zeros(4, np.float32)), Batches())
+    assert (outcome.status, outcome.step) == ("finished", 3)
+    assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [3]
+
+
 def test_the_training_time_adds_up_over_the_sessions_of_a_run(tmp_path):
     """Preempted at step 2 of 5, then resumed from its checkpoint: the finished outcome's seconds count both
     sessions (the checkpoint carries the time), so a resumed fine-tuning run's train_seconds is not its last

@@ -80,6 +80,18 @@ def test_integers_are_decimal_and_null_is_none_for_optional_fields():
     assert apply_overrides(base, ["data.cache_dir=/tmp/x"]).data.cache_dir == "/tmp/x"
 
 
+def test_a_saved_config_reads_back_as_it_was_whatever_its_strings_look_like(tmp_path):
+    """With integers read as decimal, a corpus named `08` (a string YAML 1.1 writes bare) read back as the int 8:
+    the run could not resume ("data.source must be str, got 8")."""
+    import dataclasses
+
+    base = preset(PretrainConfig, "tiny")
+    for source in ("08", "0_9", "1e3", "+5", "2:3", "null", "yes"):
+        config = dataclasses.replace(base, data=dataclasses.replace(base.data, source=source))
+        save_yaml(config, tmp_path / "config.yaml")
+        assert load_yaml(PretrainConfig, tmp_path / "config.yaml") == config, source
+
+
 def test_lm_coef_nan_or_inf_is_refused_and_the_task_is_recorded_in_one_spelling():
     """lm_coef=nan trained to "loss is nan at step 1 (lower optim.lr?)", and its folder then refused even the
     same flags (nan != nan); `--task RTE` and `--task rte` were two runs."""
@@ -121,6 +133,49 @@ def test_a_yaml_files_schedule_is_checked_as_set_is_and_a_runs_own_config_passes
     again = resolve(PretrainConfig, str(tmp_path / "config.yaml"))
     check_pretrain_schedule(again, [], str(tmp_path / "config.yaml"))
     assert again == ran
+
+
+def test_a_section_given_whole_by_set_is_merged_as_a_files_is(tmp_path):
+    """`--set model={n_layers: 1}` replaced the section with the class's defaults (GPT-1's full width), and
+    `--set optim={..., total_steps: 500}` slipped past the schedule check (only `optim` was given)."""
+    whole = resolve(PretrainConfig, None, overrides=["model={n_layers: 1}", "optim={lr: 0.002}"])
+    assert whole == resolve(PretrainConfig, None, overrides=["model.n_layers=1", "optim.lr=0.002"])
+    given = ["optim={lr: 0.002, total_steps: 500}"]
+    with pytest.raises(ConfigError, match="^optim.total_steps is the run's --steps"):
+        check_pretrain_schedule(resolve(PretrainConfig, None, overrides=given), given)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("model:\n  # n_layers: 2\nsteps: 7\n")  # a section whose every line is commented out
+    assert resolve(PretrainConfig, str(empty)) == resolve(PretrainConfig, None, overrides=["steps=7"])
+
+
+def test_a_runs_own_config_counts_as_a_preset_for_the_schedule(tmp_path):
+    """Its warmup was clipped to steps - 1 by the run: reused with fewer --steps it was refused as given."""
+    import dataclasses
+
+    from gpt1_jax.pretrain import with_schedule_span
+
+    save_yaml(with_schedule_span(dataclasses.replace(preset(PretrainConfig, "small"), steps=10)), tmp_path / "config.yaml")
+    spec = str(tmp_path / "config.yaml")
+    check_pretrain_schedule(resolve(PretrainConfig, spec, overrides=["steps=5"]), ["steps=5"], spec)
+
+
+def test_finetuning_refuses_from_a_file_what_it_refuses_from_set(tmp_path, capsys):
+    """A hand-written file's optim.total_steps was dropped without a word (and its warmup_steps refused against the
+    placeholder total of 1); a fine-tuning run's own config.yaml, derived values and all, reads back as it ran."""
+    from gpt1_jax import cli
+
+    for name, optim in (("total", "total_steps: 500"), ("warmup", "warmup_steps: 100")):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"task: rte\noptim:\n  {optim}\n")
+        assert cli.main(["finetune", "--task", "rte", "--config", str(path), "--init", "none",
+                         "--workdir", str(tmp_path / "w")]) == 2
+        assert f"optim.{optim.split(':')[0]} is derived in fine-tuning" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
+    optim = config.OptimConfig(lr=6.25e-5, schedule="warmup_linear", warmup_steps=0, total_steps=4)
+    ran = config.FinetuneConfig(task="rte", optim=optim)
+    save_yaml(ran, tmp_path / "config.yaml")
+    assert config.hand_written(str(tmp_path / "config.yaml")) == {}
+    assert resolve(config.FinetuneConfig, str(tmp_path / "config.yaml")) == ran
 
 
 def test_config_files_that_are_not_yaml_say_where(tmp_path):

@@ -143,7 +143,10 @@ def test_a_slurm_jobs_coordinator_is_checked_as_a_given_one_is(monkeypatch):
         for k, v in dict(SLURM_JOB_ID=str(job), SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS="2", SLURM_PROCID="0",
                          SLURM_LOCALID="0", GPT1_INIT_TIMEOUT="1").items():
             monkeypatch.setenv(k, v)
-        assert distributed.detected_params(distributed.resolve())[:3] == (f"127.0.0.1:{port}", 2, 0)
+        assert distributed.detected_params(distributed.resolve()) == (f"127.0.0.1:{port}", 2, 0, [0])
+        monkeypatch.setenv("JAX_LOCAL_DEVICE_IDS", "0,1,2,3")  # as JAX reads it: it widened a task's devices
+        assert distributed.detected_params(distributed.resolve())[3] == [0, 1, 2, 3]
+        monkeypatch.delenv("JAX_LOCAL_DEVICE_IDS")
         with pytest.raises(distributed.DistributedConfigError,
                            match=f"^the coordinator \\(SlurmCluster\\) port {port} cannot be served here"):
             distributed.initialize(None)

@@ -115,6 +115,13 @@ def test_runs_from_before_run_json_are_recognised_by_their_config(tmp_path):
         wd.check(tmp_path, PRETRAIN, "pretrain")
 
 
+def test_a_task_recorded_as_typed_is_the_same_task(tmp_path):
+    """Runs made before the task was recorded in one spelling kept `RTE`: the same command was then refused as
+    "a fine-tuning run of RTE ..., not of rte"."""
+    (tmp_path / wd.RUN_FILE).write_text(json.dumps({"kind": "finetune", "task": "RTE", "init": "none"}))
+    assert wd.check(tmp_path, wd.Identity("finetune", "rte", "none"), "finetune") == wd.Identity("finetune", "rte", "none")
+
+
 def test_a_damaged_run_json_is_named(tmp_path):
     (tmp_path / wd.RUN_FILE).write_text('{"kind": "pre')
     with pytest.raises(WorkdirError, match="run.json is damaged"):
