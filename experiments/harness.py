@@ -173,6 +173,19 @@ def make(run: Run, records: Records, summarize: Summarize, same: dict | None = N
     return Done(run, record, seconds=seconds)
 
 
+class RunFailed(GPT1JaxError):
+    """A run of a sweep that must have every record (the optimizer study: what it runs next depends on them) failed."""
+
+
+def record_of(done: Done | None) -> dict | None:
+    """`make`'s result for such a sweep: the record, or None when the run stopped at a checkpoint (the sweep stops;
+    the same command resumes). A run that failed ends the sweep with its one line: it was taken for a stop ("the
+    same command resumes", status 130), and the same command only failed again."""
+    if done is not None and done.error is not None:
+        raise RunFailed(f"{done.run.workdir}: {done.error}")
+    return None if done is None else done.record
+
+
 def settings(run: Run) -> str | None:
     """A fine-tuning run's settings as a digest: its config less how it runs (`HOW_IT_RUNS`), and what its --init
     holds (its files' contents, not its path: a kept record comes back under another one on a fresh clone).

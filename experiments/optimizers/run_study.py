@@ -170,12 +170,12 @@ def prepare_tokenizer(study: Path, budget: dict, tokenizer: str | None) -> str:
 def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tokenizer: str,
                  cache_dir: str | None, records: Path | None = None) -> dict | None:
     """The run's record (made now, or found); None when the run stopped at a checkpoint before its last step
-    (SIGTERM), which the next invocation resumes."""
+    (SIGTERM), which the next invocation resumes; a run that failed is the study's error (harness.record_of)."""
     run = harness.Run(pretrain_config(budget, name, lr, seed, tokenizer, cache_dir), study / "runs" / name / run_name(lr, seed))
     summarize = functools.partial(pretrain_record, study=study, name=name, lr=lr, seed=seed, tokenizer=tokenizer)
     done = harness.make(run, harness.Records(study, records), summarize, {"steps": budget["steps"]},
                         announce=f"== {name} lr={lr:.3g} seed={seed} -> {run.workdir}")
-    return None if done is None else done.record
+    return harness.record_of(done)
 
 
 def pretrain_record(run: harness.Run, outcome: Outcome, wall: float, *, study: Path, name: str, lr: float, seed: int,
@@ -314,7 +314,7 @@ def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, see
     summarize = functools.partial(finetune_record, study=study, name=name, lr=lr, seed=seed, same=same)
     done = harness.make(run, harness.Records(study, records), summarize, same,
                         announce=f"== finetune {task} {name} lr={lr:.3g} seed={seed} -> {run.workdir}")
-    return None if done is None else done.record
+    return harness.record_of(done)
 
 
 def finetune_record(run: harness.Run, outcome: Outcome, wall: float, *, study: Path, name: str, lr: float, seed: int,

@@ -41,14 +41,21 @@ def score(rec: dict) -> float | None:
 
 
 def best_lr(runs: list[dict], name: str, seed: int) -> float | None:
+    """The lr of `name`'s best run at `seed`; a tie goes to the larger lr, as Table 5's (it went to whichever run
+    came first: the centre lr in a live study, the smallest in one rebuilt from its records)."""
     cands = [r for r in runs if r["optimizer"] == name and r["seed"] == seed and score(r) is not None]
-    return min(cands, key=score)["lr"] if cands else None
+    return min(cands, key=lambda r: (score(r), -r["lr"]))["lr"] if cands else None
 
 
 def bracket_gap(runs: list[dict], name: str, seed: int) -> float | None:
     """The next lr to try for `name` at `seed` (experiments/lr_grid.py: a diverged run counts as worse); None
     when its best lr is bracketed already."""
     return lr_grid.bracket_gap({r["lr"]: score(r) for r in runs if r["optimizer"] == name and r["seed"] == seed})
+
+
+def extensions(runs: list[dict], name: str, seed: int, grid: list[float]) -> int:
+    """How many lrs beyond its grid `name` has run at `seed`."""
+    return len({r["lr"] for r in runs if r["optimizer"] == name and r["seed"] == seed} - set(grid))
 
 
 PLOTS_EVERY_S = 600  # a long study redraws its plots this often; its tables follow every run
@@ -90,8 +97,9 @@ def study_order(runs: list[dict], names: list[str], seeds: list[int], grids: dic
     for n in names:
         for lr in grids[n]:
             yield n, lr, seeds[0]
-    for _ in range(max_extensions):
-        gaps = {n: lr for n in names if (lr := bracket_gap(runs, n, seeds[0])) is not None}
+    for _ in range(max_extensions):  # at most max_extensions in all: those of earlier invocations count
+        gaps = {n: lr for n in names if extensions(runs, n, seeds[0], grids[n]) < max_extensions
+                and (lr := bracket_gap(runs, n, seeds[0])) is not None}
         if not gaps:
             break
         for n, lr in gaps.items():

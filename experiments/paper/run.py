@@ -34,6 +34,7 @@ from experiments.paper.zeroshot import zeroshot_stage
 from gpt1_jax import compile_cache, hugepages
 from gpt1_jax.cli import simulate_devices
 from gpt1_jax.data.race import check_archive
+from gpt1_jax.data.sources import open_source
 from gpt1_jax.errors import ConfigError, GPT1JaxError
 from gpt1_jax.files import some_names
 
@@ -111,6 +112,11 @@ def check_inputs(paper: Paper, stages: list[str]) -> None:
         if step is None or step < pretrain_config(paper).steps:
             raise ConfigError("pre-training is not finished: pass --corpus (the recipe's corpus is "
                               "english_mixed.txt.gz; `default` trains on the corpus embedded in the package)")
+    if "pretrain" in stages and paper.corpus is not None:
+        try:
+            open_source(paper.corpus)  # parses the spec and checks the files exist; reads nothing
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"--corpus: {e}") from None
     needs_release = {"table5", "more_seeds", "layers", "diagnosis"} & set(stages)
     if needs_release and "release" not in stages and not (paper.release_dir / "config.json").is_file():
         raise FileNotFoundError(f"{paper.release_dir}: no release to fine-tune (run the release stage)")

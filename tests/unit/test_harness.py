@@ -81,6 +81,19 @@ def test_one_runs_error_is_its_line_and_the_sweep_goes_on(tmp_path, monkeypatch)
                                "settings": harness.settings(_runs(tmp_path, 3)[2])} and dones[2].error is None
 
 
+def test_a_sweep_that_needs_every_record_ends_on_a_failed_run_with_its_line(tmp_path, monkeypatch):
+    """The optimizer study took a failed run (no record) for one stopped at a checkpoint: "interrupted; the same
+    command resumes", status 130, the cause never shown, and the same command failed the same way."""
+    def fake_run(config, workdir, **kwargs):
+        raise DataError("qnli: GLUE QNLI has no train split here")
+
+    monkeypatch.setattr(gpt1_jax.finetune, "run", fake_run)
+    run = _runs(tmp_path, 1)[0]
+    with pytest.raises(harness.RunFailed, match=rf"^{run.workdir}: DataError: qnli: GLUE QNLI has no train split here$"):
+        harness.record_of(harness.make(run, harness.Records(tmp_path), harness.finetune_record))
+    assert harness.record_of(None) is None  # stopped at a checkpoint: the sweep stops and resumes
+
+
 def test_no_network_for_glue_stops_the_sweep_at_its_first_run(tmp_path, monkeypatch):
     """Offline without --data-dir, glue_table went through all 81 runs (3 min 12 s), each failing on the same
     download: the first one's line now ends the command."""

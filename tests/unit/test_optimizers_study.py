@@ -93,6 +93,20 @@ def test_the_sweep_grows_until_the_best_lr_is_bracketed():
     assert rows[0]["values"] == sorted(rows[0]["values"])  # seed order, whatever order the runs came in
 
 
+def test_extensions_are_capped_over_every_invocation_and_ties_go_to_the_larger_lr():
+    """--max-extensions counted per invocation: a resumed study extended again (the committed MRPC muon row tried
+    4 extensions under "at most 2"). A tie went to the run listed first: the centre lr live, the smallest rebuilt."""
+    grid = {"a": [1e-3, 3e-3, 1e-2]}
+    runs = [_rec("a", 1e-3, 5.0), _rec("a", 3e-3, 4.8), _rec("a", 1e-2, 4.7), _rec("a", 3e-2, 4.6),
+            _rec("a", 0.1, 4.5)]  # two extensions recorded, the best still on the edge
+    assert sw.bracket_gap(runs, "a", 0) == 0.3
+    order = list(sw.study_order(runs, ["a"], [0], grid, 2))
+    assert all(lr in grid["a"] for _, lr, _ in order)  # nothing beyond the grid: the cap is spent
+    assert list(sw.study_order(runs, ["a"], [0], grid, 3))[-1] == ("a", 0.3, 0)
+    tie = [_rec("b", 3e-4, 4.2), _rec("b", 1e-4, 4.2), _rec("b", 1e-3, 4.5)]
+    assert sw.best_lr(tie, "b", 0) == sw.best_lr(tie[::-1], "b", 0) == 3e-4
+
+
 def test_tables_written_by_a_resumed_study_keep_every_finished_run():
     """A study resumed in a new session revisits its finished runs in loop order without rewriting anything;
     the tables the first new run writes (committed between sessions) still show every finished run, not only

@@ -40,6 +40,12 @@ def test_missing_inputs_are_one_line_errors(tmp_path, capsys):
         f"run.py: error: --out {home} is not empty and holds no paper pipeline (notes, todo.txt): choose a new or "
         "empty folder")
     assert sorted(p.name for p in home.iterdir()) == ["notes", "todo.txt"]
+    # a corpus that is not there was found by the pretrain stage, after --out was made
+    out = tmp_path / "fresh"
+    assert run.main(["--stages", "pretrain", "--quick", "--corpus", str(tmp_path / "none.txt"), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"run.py: error: --corpus: text source '{tmp_path / 'none.txt'}': no such file or directory")
+    assert not out.exists()
 
 
 def test_a_stage_spanning_sessions_counts_the_time_of_each(tmp_path, monkeypatch):
