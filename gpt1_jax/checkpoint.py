@@ -51,8 +51,9 @@ class _OrbaxWriteFailureFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         failure = record.exc_info[1] if record.exc_info else None
-        if record.name == "asyncio":  # "Future exception was never retrieved": a write orbax gave up on
-            return not isinstance(failure, (OSError, ValueError))
+        if record.name == "asyncio":  # "... exception was never retrieved": a write (or read) orbax gave up on
+            return not isinstance(failure, (OSError, ValueError)) \
+                and not isinstance(failure.__cause__ if failure else None, (OSError, ValueError))
         return not (isinstance(failure, (OSError, ValueError)) and f"{os.sep}orbax{os.sep}" in record.pathname)
 
 
@@ -228,7 +229,7 @@ class Checkpointer:
         if diffs:
             raise CheckpointMismatchError(
                 f"{self.directory} holds a checkpoint of another model: {'; '.join(diffs)}; "
-                f"use another --workdir or the same config"
+                f"use another --workdir or the same config (leave --config out: the run's config.yaml is the default)"
             )
 
     def verify(self, step: int) -> str | None:
@@ -320,7 +321,9 @@ KeyPath = tuple[str | int, ...]  # dict keys and list indices from the `state` i
 
 def _reader(directory: Path) -> ocp.CheckpointManager:
     """A manager that creates and sweeps nothing, with a handler for each item of the layout, so that
-    orbax lists, describes and restores without complaints."""
+    orbax lists, describes and restores without complaints. A read cut short (the run it reads deleted the
+    checkpoint meanwhile: gpt1_jax/weights.py reads the next) echoes as a write does: quieted the same way."""
+    _quiet_orbax_write_failures()
     handlers = {"state": ocp.PyTreeCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),
                 "meta": ocp.JsonCheckpointHandler()}
     return ocp.CheckpointManager(directory.absolute(), item_handlers=handlers,

@@ -401,15 +401,23 @@ def _finetune(args: argparse.Namespace) -> int:
     from gpt1_jax.finetune import run
 
     overrides = _overrides(args, FinetuneConfig)
-    given = given_keys(overrides) | set(hand_written(args.config))  # a flag, --set, or a hand-written --config file
-    derived = given & {"optim.total_steps", "optim.warmup_steps"}
+    # a flag, --set, or a hand-written --config file (one written before config.yaml had its guard line holds the
+    # placeholders FinetuneConfig's optim has: not given)
+    placeholders = {f"optim.{k}": getattr(FinetuneConfig().optim, k) for k in ("total_steps", "warmup_steps")}
+    given = given_keys(overrides) | {k for k, v in hand_written(args.config).items()
+                                     if k not in placeholders or v != placeholders[k]}
+    derived = given & set(placeholders)
     if derived:  # the placeholder total (1) refused a large warmup; a small one was replaced without a word
         raise ConfigError(f"{min(derived)} is derived in fine-tuning: total_steps from --epochs and the training "
                           "examples, warmup_steps from warmup_fraction (the paper's 0.2%): set those instead")
     source = Path(args.init.removeprefix("scratch:"))
     if args.init != "none" and source.is_dir():  # its architecture is the files' own (scratch: too)
         check_model_sets(source, [f"{k.removeprefix('model.')}=" for k in sorted(given) if k.startswith("model.")])
-    config = resolve(FinetuneConfig, args.config, overrides=overrides, mesh=args.mesh)
+    # The run folder's own config is the default, as --help says (only a fine-tuning run's: another job's folder is
+    # refused by the run itself, in one line)
+    held = run_folder.read(args.workdir) if Path(args.workdir).is_dir() else None
+    saved = Path(args.workdir) / "config.yaml" if held is not None and held.kind == "finetune" else None
+    config = resolve(FinetuneConfig, args.config, saved=saved, overrides=overrides, mesh=args.mesh)
     return _exit_status(run(config, Path(args.workdir), init=args.init, init_step=args.step, data_dir=args.data_dir,
                             tokenizer=args.tokenizer, predict_test=args.predict_test,
                             progress=not args.no_progress, tfds_dir=args.tfds_dir))

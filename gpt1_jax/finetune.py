@@ -34,7 +34,7 @@ from gpt1_jax.data.tasks import (EpochBatches, Encoded, Splits, Task, encode_tas
                                   prepare_once, process_rows, train_rows, write_predictions, write_submission)
 from gpt1_jax.errors import DataError, WorkdirError
 from gpt1_jax.files import atomic_write_text
-from gpt1_jax.integrity import newest_checkpoint
+from gpt1_jax.integrity import checkpoint_steps, newest_checkpoint
 from gpt1_jax.loop import Hook, Outcome, resume_step, start
 from gpt1_jax.metrics import json_safe
 from gpt1_jax.optim import eval_params
@@ -262,6 +262,8 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
         if not outcome.finished:
             return outcome
         results = summary(task, source, config, splits, dev, train_seconds=seconds)
+        if results["step"] not in checkpoint_steps(workdir / "checkpoints"):  # rotated out by a run older than pinning
+            results["step"] = None
         if gone := [f for f in results["predictions"].values() if not (workdir / f).is_file()]:
             # written at the best epoch while the run trained: a rerun of the finished run cannot make them again
             results["predictions"] = {s: f for s, f in results["predictions"].items() if f not in gone}
@@ -375,7 +377,7 @@ def summary(task: Task, source: Source, config: FinetuneConfig, splits: Splits, 
         "init": source.described,
         "seed": config.seed,
         "epoch": dev.best["epoch"],
-        "step": dev.best["step"],  # the best epoch's checkpoint (kept whatever keep_checkpoints says)
+        "step": dev.best["step"],  # the best epoch's checkpoint (kept whatever keep_checkpoints says; else None: run)
         "selected_on": dev.selected_on,  # what chose the epoch: the held-out slice of the training set, or dev
         "main_metric": dev.main_metric,
         "metric_names": list(dev.best["scores"]),

@@ -76,7 +76,8 @@ def verify(folder: str | os.PathLike) -> str | None:
         files, block_bytes = table["files"], table["block_bytes"]
         files = {rel: entry for rel, entry in files.items() if Path(rel).name != MARKER}
     except FileNotFoundError:
-        return f"no {DIGESTS} (a save that never finished, or one made without digests)"
+        return (f"no {DIGESTS} (a save that never finished, or one made before checkpoints kept digests: "
+                "`gpt1-jax verify --workdir RUN --record-missing` records them for those)")
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"{DIGESTS} is unreadable ({type(e).__name__})"
     if block_bytes != BLOCK_BYTES:

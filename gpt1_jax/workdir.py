@@ -214,7 +214,8 @@ def check_same_settings(workdir: Path, config, saved) -> None:
               and not any(k == f or k.startswith(f + ".") for f in RESUMABLE_WITH_OTHER)]
     if differ:
         raise WorkdirError(f"{workdir} holds a fine-tuning run with other settings ({shown_changes(differ, old, new)}): "
-                           "choose another --workdir (one folder per setting), or repeat the run's own flags to resume it")
+                           "choose another --workdir (one folder per setting), or repeat the run's own flags to resume it "
+                           "(or leave them out: its config.yaml is the default)")
 
 
 def check_same_data(workdir: Path, config, saved) -> None:

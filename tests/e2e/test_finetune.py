@@ -72,6 +72,11 @@ def test_a_rerun_keeps_its_seconds_and_what_it_cannot_give_is_refused(tmp_path, 
     _, mended = _finetune(tmp_path, data_dir, "--epochs", "1")
     assert mended["metrics"] == results["metrics"] and mended["predictions"] == {}
     assert "predictions/validation.tsv in " in capsys.readouterr().err
+    # without --config the run folder's own config is the default, as --help says (it was pretrain's defaults:
+    # "holds a fine-tuning run with other settings (model.d_mlp=256 there, 3072 now, ...)")
+    assert cli.main(["finetune", "--task", "cola", "--workdir", str(workdir), "--data-dir", str(data_dir), "--tfds-dir",
+                     str(tmp_path / "tfds"), "--batch-size", "8", "--no-progress", "--init", "none", "--epochs", "1"]) == 0
+    capsys.readouterr()
     before = {p: p.read_bytes() for p in sorted(workdir.rglob("*")) if p.is_file()}
     argv = ["finetune", "--task", "cola", "--workdir", str(workdir), "--data-dir", str(data_dir), "--config", "tiny",
             "--tfds-dir", str(tmp_path / "tfds"), "--batch-size", "8", "--no-progress", "--init", "none",

@@ -256,6 +256,7 @@ def test_a_one_window_corpus_with_evaluations_on_says_why(tmp_path, cache, vocab
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the cut reads' echoes, quieted
 def test_a_run_saving_every_step_with_one_kept_is_read_while_it_trains(tmp_path, cache):
     """keep_checkpoints=1: the checkpoint a reader picked was deleted under it as the run saved the next, and
     sample/evaluate ended in orbax tracebacks (4 and 5 of 12 tries). The reader now reads the new newest one."""

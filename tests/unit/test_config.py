@@ -171,6 +171,11 @@ def test_finetuning_refuses_from_a_file_what_it_refuses_from_set(tmp_path, capsy
                          "--workdir", str(tmp_path / "w")]) == 2
         assert f"optim.{optim.split(':')[0]} is derived in fine-tuning" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+    old = tmp_path / "old.yaml"  # a run's config.yaml from before its guard line: the placeholders, not given
+    old.write_text("task: rte\noptim:\n  total_steps: 1\n  warmup_steps: 0\n")
+    assert cli.main(["finetune", "--task", "rte", "--config", str(old), "--init", "none", "--workdir", str(tmp_path / "w"),
+                     "--data-dir", str(tmp_path / "no-glue")]) == 2
+    assert "is derived" not in capsys.readouterr().err
     optim = config.OptimConfig(lr=6.25e-5, schedule="warmup_linear", warmup_steps=0, total_steps=4)
     ran = config.FinetuneConfig(task="rte", optim=optim)
     save_yaml(ran, tmp_path / "config.yaml")
