@@ -34,6 +34,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable
+from typing import NoReturn
 from pathlib import Path
 
 from gpt1_jax import finetune, pretrain  # the modules: tests patch pretrain.run and finetune.run
@@ -280,6 +281,17 @@ def finetune_record(run: Run, outcome: Outcome, seconds: float) -> dict | None:
     if not outcome.finished:
         return None
     return {k: v for k, v in outcome.results.items() if k not in ("config", "init", "predictions", "submission")}
+
+
+def leave(status: int) -> NoReturn:
+    """The script's exit with `status`; after a stop (130) without the interpreter's teardown: a signal that cut a
+    run's start (orbax's checkpoint manager half made) left threads whose teardown segfaulted, exit 139 after the
+    "interrupted" line. Everything worth keeping is on disk by then (the loop saved, or the run had not begun)."""
+    if status == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
 
 
 def main(fn: Callable[[], int | None], prog: str) -> int:

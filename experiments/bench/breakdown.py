@@ -20,7 +20,6 @@ import argparse
 import dataclasses
 import json
 import statistics
-import sys
 import time
 
 import jax
@@ -138,4 +137,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main(main, "breakdown"))
+    harness.leave(harness.main(main, "breakdown"))

@@ -568,4 +568,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main(main, Path(sys.argv[0]).name))
+    harness.leave(harness.main(main, Path(sys.argv[0]).name))

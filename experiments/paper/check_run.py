@@ -69,4 +69,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main(main, "check_run.py"))
+    harness.leave(harness.main(main, "check_run.py"))

@@ -158,4 +158,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main(main, "run.py"))
+    harness.leave(harness.main(main, "run.py"))

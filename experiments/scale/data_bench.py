@@ -26,7 +26,6 @@ import json
 import os
 import random
 import shutil
-import sys
 import threading
 import time
 from pathlib import Path
@@ -217,4 +216,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main(main, "data_bench"))
+    harness.leave(harness.main(main, "data_bench"))
