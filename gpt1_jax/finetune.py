@@ -30,8 +30,10 @@ from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
 from gpt1_jax.config import ConfigError, FinetuneConfig, ModelConfig, load_yaml, profile_window, to_dict
 from gpt1_jax.data.layout import Markers, max_segment_len
+from gpt1_jax.data.pipeline import default_cache_dir
 from gpt1_jax.data.tasks import (EpochBatches, Encoded, Splits, Task, encode_task, eval_order, make_batch, make_task,
                                   prepare_once, process_rows, train_rows, write_predictions, write_submission)
+from gpt1_jax.data.tokens import bpe_of_texts
 from gpt1_jax.errors import DataError, WorkdirError
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.integrity import checkpoint_steps, newest_checkpoint
@@ -204,7 +206,7 @@ def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, token
     if tok is None:  # no pre-training, no vocabulary to inherit: a BPE from the task's own training text
         train = task.load("train")
         texts = [t for i in train_rows(len(train), config)[0] for t in task.texts(train[i])]
-        tok = GPT1Tokenizer.train([texts], vocab_size=config.model.vocab_size - 3)
+        tok = bpe_of_texts(texts, config.model.vocab_size - 3, default_cache_dir(), f"{task.name} training text")
     model_config = source.model_config or dataclasses.replace(config.model, vocab_size=tok.vocab_size)
     if source.params is not None:
         model_config, source.params = with_marker_rows(model_config, source.params, tok, config.seed)

@@ -204,7 +204,7 @@ def _train_tokenizer(source: TextSource, workdir: Path, vocab_size: int, progres
     else:
         tok, n_docs = _train_bpe(source, vocab_size, progress)
         if kept is not None:
-            tok, n_docs = _keep_bpe(kept, tok, n_docs, source, vocab_size)
+            tok, n_docs = _keep_bpe(kept, tok, n_docs, source.spec, vocab_size)
     workdir.mkdir(parents=True, exist_ok=True)  # only now: a corpus that cannot be read leaves nothing behind
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
@@ -239,8 +239,20 @@ def _kept_bpe(folder: Path) -> tuple[GPT1Tokenizer, int] | None:
         return None  # trained again, and kept in its place
 
 
-def _keep_bpe(folder: Path, tok: GPT1Tokenizer, n_docs: int, source: TextSource,
-              vocab_size: int) -> tuple[GPT1Tokenizer, int]:
+def bpe_of_texts(texts: list[str], vocab_size: int, cache_dir: str | Path, what: str) -> GPT1Tokenizer:
+    """A BPE of `texts` (fine-tuning from scratch: a task's training text, `what`), trained once per text and size
+    and kept in `cache_dir` as a corpus's is: each training gave another tokenizer, so two runs of one task and seed
+    read other ids."""
+    blob = {"format": BPE_FORMAT, "texts": hashlib.sha256("\0".join(texts).encode("utf-8")).hexdigest(),
+            "vocab_size": vocab_size, "tokenizers": tokenizers.__version__}
+    kept = Path(cache_dir) / f"bpe-{hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:24]}"
+    if (found := _kept_bpe(kept)) is not None:
+        return found[0]
+    tok = GPT1Tokenizer.train([texts], vocab_size=vocab_size)
+    return _keep_bpe(kept, tok, len(texts), what, vocab_size)[0]
+
+
+def _keep_bpe(folder: Path, tok: GPT1Tokenizer, n_docs: int, spec: str, vocab_size: int) -> tuple[GPT1Tokenizer, int]:
     """Keeps `tok` in `folder` for later runs on the corpus -> what is kept there: another job's BPE where it kept
     one first (every run then reads the same). A damaged one is replaced; a cache that cannot be written is said
     and skipped."""
@@ -249,7 +261,7 @@ def _keep_bpe(folder: Path, tok: GPT1Tokenizer, n_docs: int, source: TextSource,
         remove_abandoned(folder.parent, f".tmp-{folder.name}-", dead_quiet_s=10.0, stale_s=LOCK_STALE_S)
         tmp.mkdir(parents=True)
         tok.save(tmp / TOKENIZER_FILE)
-        meta = {"source": source.spec, "vocab_size": vocab_size, "n_docs": n_docs,
+        meta = {"source": spec, "vocab_size": vocab_size, "n_docs": n_docs,
                 "sha256": hashlib.sha256((tmp / TOKENIZER_FILE).read_bytes()).hexdigest()}
         (tmp / TOKENIZER_META).write_text(json.dumps(meta), encoding="utf-8")
         if folder.exists() and _kept_bpe(folder) is None:  # damaged (it was read before training)

@@ -433,7 +433,7 @@ def test_a_finished_run_refuses_other_jobs_and_settings_byte_for_byte(uninterrup
          "not of stsb: choose another --workdir (one folder per task and setting)"),
         (own + ["--lr", "1e-3"], f"{uninterrupted} holds a fine-tuning run with other settings (optim.lr=6.25e-05 "
          "there, 0.001 now): choose another --workdir (one folder per setting), or repeat the run's own flags to "
-         "resume it"),
+         "resume it (or leave them out: its config.yaml is the default)"),
         (["pretrain", "--workdir", str(uninterrupted)], f"{uninterrupted} holds a fine-tuning run of cola from none; "
          "pretrain would overwrite it: choose another --workdir"),
         (["evaluate", "--workdir", str(uninterrupted)], f"{uninterrupted} holds a fine-tuning run of cola from none, "

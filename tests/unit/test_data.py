@@ -378,3 +378,17 @@ def test_long_documents_encode_in_pieces_to_the_ids_of_the_whole(shared_dir: Pat
         texts = [t for batch in tokens_mod._chunks([doc], tokens_mod._CHUNK_CHARS) for t in batch]
         assert texts == [p for p, _ in tokens_mod._pieces([doc], bound, "hf")]
         assert max(len(t) for t in texts if "x" * bound not in t) <= bound
+
+
+def test_a_bpe_of_a_tasks_text_is_trained_once_and_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """finetune --init none trained a BPE in each run folder: HF's trainer gives another at each training, so two
+    runs of one task and seed read other ids (4 identical commands, 2 different tokenizers)."""
+    texts = (DOCS_A + DOCS_B) * 3
+    trained = []
+    real = GPT1Tokenizer.train
+    monkeypatch.setattr(GPT1Tokenizer, "train", staticmethod(lambda *a, **k: trained.append(1) or real(*a, **k)))
+    first = tokens_mod.bpe_of_texts(texts, 120, tmp_path / "cache", "cola training text")
+    again = tokens_mod.bpe_of_texts(list(texts), 120, tmp_path / "cache", "cola training text")
+    assert again.same_as(first) and trained == [1]
+    other = tokens_mod.bpe_of_texts(texts[:-1], 120, tmp_path / "cache", "cola training text")
+    assert trained == [1, 1] and other.vocab_size <= 123  # other text: its own BPE
