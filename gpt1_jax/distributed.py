@@ -207,18 +207,8 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
     )
     if local_ids is not None:
         kwargs["local_device_ids"] = local_ids
-    host_port = _split_address(coordinator) if coordinator else None
-    bind = os.environ.get("JAX_COORDINATOR_BIND_ADDRESS")
-    if host_port and bind is None and host_port[0] in ("127.0.0.1", "localhost", "::1"):
-        # A local run: bind the coordinator to loopback only, not every interface (JAX's default).
-        kwargs["coordinator_bind_address"] = bind = f"{host_port[0]}:{host_port[1]}"
     t0 = time.perf_counter()
-    named = "--coordinator" if cluster is None else f"the coordinator ({cluster})"
-    if host_port and pid == 0:
-        _check_port_free(bind or f"0.0.0.0:{host_port[1]}", named)
-    if host_port and pid not in (None, 0):
-        waited = _wait_for_coordinator(*host_port, cfg.init_timeout_s, named)
-        kwargs["initialization_timeout"] = max(1, int(cfg.init_timeout_s - waited))
+    _probe_coordinator(kwargs, "--coordinator" if cluster is None else f"the coordinator ({cluster})")
     jax.distributed.initialize(**kwargs)
     _state.update(initialized=True, multi=jax.process_count() > 1)
     if _state["multi"]:
@@ -227,6 +217,24 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
           f"(coordinator {coordinator or 'auto-detected'}, {jax.local_device_count()} local / "
           f"{jax.device_count()} global devices)", file=sys.stderr, flush=True)
     return _state["multi"]
+
+
+def _probe_coordinator(kwargs: dict, named: str) -> None:
+    """Before jax.distributed.initialize(**kwargs), which it adjusts: process 0 checks it can serve the coordinator's
+    port, the others wait for it to answer (the init timeout then counts what they waited); a local run binds it to
+    loopback only, not every interface (JAX's default). `named`: where the address came from, for the messages."""
+    coordinator, pid, timeout_s = kwargs["coordinator_address"], kwargs["process_id"], kwargs["initialization_timeout"]
+    host_port = _split_address(coordinator) if coordinator else None
+    if host_port is None:
+        return
+    bind = os.environ.get("JAX_COORDINATOR_BIND_ADDRESS")
+    if bind is None and host_port[0] in ("127.0.0.1", "localhost", "::1"):
+        kwargs["coordinator_bind_address"] = bind = f"{host_port[0]}:{host_port[1]}"
+    if pid == 0:
+        _check_port_free(bind or f"0.0.0.0:{host_port[1]}", named)
+    elif pid is not None:
+        waited = _wait_for_coordinator(*host_port, timeout_s, named)
+        kwargs["initialization_timeout"] = max(1, int(timeout_s - waited))
 
 
 def detected_params(cfg: DistributedConfig) -> tuple[str | None, int | None, int | None, list[int] | None]:
