@@ -229,7 +229,8 @@ class Checkpointer:
         if diffs:
             raise CheckpointMismatchError(
                 f"{self.directory} holds a checkpoint of another model: {'; '.join(diffs)}; "
-                f"use another --workdir or the same config (leave --config out: the run's config.yaml is the default)"
+                f"use another --workdir or the same config (drop the --config or --set model.* that change it: the "
+                f"run's config.yaml is the default)"
             )
 
     def verify(self, step: int) -> str | None:

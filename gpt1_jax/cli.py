@@ -54,7 +54,7 @@ from gpt1_jax.errors import ConfigError, DataError, DivergenceError, GPT1JaxErro
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps, newest_checkpoint, record, verify_checkpoints
 from gpt1_jax.interrupt import CtrlC
 from gpt1_jax.metrics import close_open_bars, json_safe
-from gpt1_jax.weights import check_model_sets, convert, load_pretrained
+from gpt1_jax.weights import check_model_sets, convert, read_model
 
 DEBUG_ENV = "GPT1_JAX_DEBUG"
 
@@ -404,7 +404,7 @@ def _finetune(args: argparse.Namespace) -> int:
     # a flag, --set, or a hand-written --config file (one written before config.yaml had its guard line holds the
     # placeholders FinetuneConfig's optim has: not given)
     placeholders = {f"optim.{k}": getattr(FinetuneConfig().optim, k) for k in ("total_steps", "warmup_steps")}
-    given = given_keys(overrides) | {k for k, v in hand_written(args.config).items()
+    given = given_keys(overrides) | {k for k, v in hand_written(args.config, FinetuneConfig).items()
                                      if k not in placeholders or v != placeholders[k]}
     derived = given & set(placeholders)
     if derived:  # the placeholder total (1) refused a large warmup; a small one was replaced without a word
@@ -417,6 +417,10 @@ def _finetune(args: argparse.Namespace) -> int:
     # refused by the run itself, in one line)
     held = run_folder.read(args.workdir) if Path(args.workdir).is_dir() else None
     saved = Path(args.workdir) / "config.yaml" if held is not None and held.kind == "finetune" else None
+    if saved is not None and args.config is None and not saved.is_file() \
+            and newest_checkpoint(Path(args.workdir) / "checkpoints") is not None:
+        raise WorkdirError(f"{args.workdir} holds checkpoints but no config.yaml (deleted?): restore it, or give the "
+                           "run's own --config and flags to resume it")
     config = resolve(FinetuneConfig, args.config, saved=saved, overrides=overrides, mesh=args.mesh)
     return _exit_status(run(config, Path(args.workdir), init=args.init, init_step=args.step, data_dir=args.data_dir,
                             tokenizer=args.tokenizer, predict_test=args.predict_test,
@@ -435,17 +439,15 @@ class _Model(NamedTuple):
 
 def _open_model(args: argparse.Namespace, runtime: ModelConfig | None, sets: list[str]) -> _Model:
     """The model --workdir or --init names (INIT_SOURCES), read as finetune --init and convert read theirs:
-    load_pretrained gives the architecture its files record, run as `runtime` runs (None: as saved) with
+    read_model gives the architecture its files record, run as `runtime` runs (None: as saved) with
     `sets` (model fields: run-time ones, or any on an original release); find_tokenizer gives --tokenizer,
     else the one in the folder."""
-    from gpt1_jax.checkpoint import latest_step
     from gpt1_jax.tokenizer import find_tokenizer
 
     source = Path(args.workdir or args.init)
-    step = args.step
-    if step is None and (source / "checkpoints").is_dir():  # a run workdir: say which checkpoint it was
-        step = latest_step(source / "checkpoints")
-    model_config, params = load_pretrained(source, runtime, step=step, overrides=sets)
+    # the step read, to say which checkpoint it was: of a run training now, the newest when the read began can be
+    # deleted under it (keep_checkpoints=1); read_model then reads the next
+    model_config, params, step = read_model(source, runtime, step=args.step, overrides=sets)
     tokenizer = find_tokenizer(args.tokenizer, source, model_vocab_size=model_config.vocab_size)
     if tokenizer is None:
         raise FileNotFoundError(f"{source}: no tokenizer in it; pass --tokenizer")

@@ -164,8 +164,8 @@ def given_keys(overrides) -> set[str]:
     keys = set()
     for o in overrides:
         key, raw = override_key(o), o.partition("=")[2]
-        try:
-            value = read_yaml(raw) if raw.strip().startswith("{") else None
+        try:  # a mapping in either YAML form (`optim={lr: 1e-3}`, `optim=lr: 1e-3`)
+            value = read_yaml(raw) if raw.strip() else None
         except yaml.YAMLError:  # apply_overrides says so
             value = None
         keys |= {key} if not isinstance(value, dict) else {f"{key}.{k}" for k in flat_fields(value)}
@@ -214,7 +214,7 @@ def check_pretrain_schedule(config, overrides, spec: str | None = None) -> None:
     if "optim.total_steps" in given:
         raise ConfigError("optim.total_steps is the run's --steps in pre-training (the schedule spans the run): "
                           "set --steps (or `steps=`) instead")
-    file = hand_written(spec)
+    file = hand_written(spec, PretrainConfig)
     if "optim.total_steps" in file and file["optim.total_steps"] != file.get("steps", PretrainConfig.steps):
         raise ConfigError(f"config file {spec}: optim.total_steps={file['optim.total_steps']} is not its steps "
                           f"({file.get('steps', PretrainConfig.steps)}): the schedule spans the run in pre-training; "
@@ -644,7 +644,9 @@ def _spanned(values: dict[str, Any]) -> dict[str, Any]:
     replaces anyway. (A total given by the user is refused by check_pretrain_schedule.)"""
     if "steps" in values and isinstance(values.get("optim"), dict):
         optim = values["optim"]
-        optim["total_steps"] = max(values["steps"], optim.get("warmup_steps", 0), 1)
+        steps, warmup = values["steps"], optim.get("warmup_steps", 0)
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in (steps, warmup)):  # else from_dict says so
+            optim["total_steps"] = max(steps, warmup, 1)
     return values
 
 
@@ -667,7 +669,8 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
             value = read_yaml(raw) if raw.strip() else raw
             # a mapping for a section sets those fields, as a YAML file's section does (it replaced the whole section
             # with the class's defaults: `--set model={n_layers: 1}` was GPT-1's full width)
-            node[leaf] = _merged(node[leaf], value) if isinstance(value, dict) and isinstance(node[leaf], dict) else value
+            section = isinstance(value, dict) and isinstance(node[leaf], dict)
+            node[leaf] = _merged(node[leaf], value) if section else value
         except yaml.YAMLError as e:
             why = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({why})") from None
@@ -784,12 +787,16 @@ def save_yaml(config: Any, path: str | Path) -> None:
     atomic_write_text(Path(path), body + f"{_DIGEST_PREFIX}{hashlib.sha256(body.encode('utf-8')).hexdigest()}\n")
 
 
-def hand_written(spec: str | None) -> dict[str, Any]:
+def hand_written(spec: str | None, cls: type | None = None) -> dict[str, Any]:
     """The dotted keys and values a `--config` YAML file written by hand gives ({} for a preset, nothing, or a run's
-    own config.yaml, whose guard line marks what gpt1-jax wrote, derived fields included)."""
+    own config.yaml, derived fields included: its guard line marks what gpt1-jax wrote, and one saved before the
+    guard, or with it deleted, holds every field of `cls`, as no file written by hand does)."""
     if not is_config_file(spec) or written_by_gpt1_jax(spec):
         return {}
-    return flat_fields(read_config_file(spec))
+    values = read_config_file(spec)
+    if cls is not None and {f.name for f in dataclasses.fields(cls)} <= set(values):
+        return {}
+    return flat_fields(values)
 
 
 def written_by_gpt1_jax(path: str | Path) -> bool:

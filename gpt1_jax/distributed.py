@@ -173,11 +173,11 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
     cfg = resolve(args)
     if cfg.mode == "off":
         return False
-    cluster = None if cfg.explicit else detected_cluster()
+    cluster, one_task = (None if cfg.explicit else detected_cluster()), None
     if cluster is None and not cfg.explicit:
         if cfg.mode == "auto":
             return False
-        cluster = detected_cluster(single_task=True)  # asked for: JAX starts a one-task allocation as a job of one
+        cluster = one_task = detected_cluster(single_task=True)  # asked for: JAX starts a one-task allocation too
         if cluster is None:
             raise DistributedConfigError(f"--distributed on ({ENV_MODE}=on): no cluster JAX can detect here (Cloud "
                                          "TPU, SLURM, Open MPI, Kubernetes) and no --coordinator: pass --coordinator, "
@@ -190,7 +190,7 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
 
     # Until every process has joined there is nothing else to see (a job step that started fewer processes than
     # its scheduler announced waits the whole timeout): say what it waits for.
-    if cluster is not None or cfg.num_processes != 1:
+    if (cluster is not None and not one_task) or (cluster is None and cfg.num_processes != 1):
         print(f"gpt1-jax: starting a multi-process run ({cluster or 'coordinator ' + str(cfg.coordinator)}): every "
               f"process must join within {cfg.init_timeout_s} s", file=sys.stderr, flush=True)
     # What the cluster's environment leaves unset, JAX's own detection fills in now rather than inside initialize,

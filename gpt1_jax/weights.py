@@ -346,7 +346,14 @@ def detect_format(path: Path) -> str:
 
 def load_pretrained(path: str | os.PathLike, config: ModelConfig | None = None, *, step: int | None = None,
                     overrides: Sequence[str] = ()) -> tuple[ModelConfig, dict]:
-    """Reads any of the formats above -> (config, params), params as plain (unboxed) jax arrays.
+    """`read_model` -> (config, params)."""
+    return read_model(path, config, step=step, overrides=overrides)[:2]
+
+
+def read_model(path: str | os.PathLike, config: ModelConfig | None = None, *, step: int | None = None,
+               overrides: Sequence[str] = ()) -> tuple[ModelConfig, dict, int | None]:
+    """Reads any of the formats above -> (config, params, the run checkpoint's step read, else None), params as
+    plain (unboxed) jax arrays.
 
     The architecture is the one the files record; `config` contributes its RUNTIME_FIELDS (dtype,
     attention, scan_layers, dropout, ...), and the tree is re-laid out for them. Original releases
@@ -366,14 +373,14 @@ def load_pretrained(path: str | os.PathLike, config: ModelConfig | None = None, 
             config = _config_from_original(state, overrides, str(path))
         else:
             config = apply_overrides(config, overrides)
-        return config, _check_finite(hf_state_to_params(config, state, source=str(path)), str(path), fmt)
+        return config, _check_finite(hf_state_to_params(config, state, source=str(path)), str(path), fmt), None
     if fmt == "hf":
         try:
             saved = _config_from_hf(json.loads((path / "config.json").read_text()), str(path))
         except json.JSONDecodeError as e:
             raise CheckpointFormatError(f"{path}/config.json is not valid JSON: {e}") from None
         final = _runtime_config(saved, config, overrides, str(path))
-        return final, _check_finite(hf_state_to_params(final, _read_hf_state(path), source=str(path)), str(path), fmt)
+        return final, _check_finite(hf_state_to_params(final, _read_hf_state(path), source=str(path)), str(path), fmt), None
     if fmt == "jax":
         import orbax.checkpoint as ocp  # see the note at the top
 
@@ -389,7 +396,7 @@ def load_pretrained(path: str | os.PathLike, config: ModelConfig | None = None, 
     final = _runtime_config(saved, config, overrides, source)
     if (final.scan_layers, final.param_dtype) != (saved.scan_layers, saved.param_dtype):
         params = hf_state_to_params(final, params_to_hf_state(saved, params), source=source)
-    return final, params
+    return final, params, step
 
 
 def _check_finite(params: dict, source: str, fmt: str) -> dict:

@@ -74,9 +74,18 @@ def test_a_rerun_keeps_its_seconds_and_what_it_cannot_give_is_refused(tmp_path, 
     assert "predictions/validation.tsv in " in capsys.readouterr().err
     # without --config the run folder's own config is the default, as --help says (it was pretrain's defaults:
     # "holds a fine-tuning run with other settings (model.d_mlp=256 there, 3072 now, ...)")
-    assert cli.main(["finetune", "--task", "cola", "--workdir", str(workdir), "--data-dir", str(data_dir), "--tfds-dir",
-                     str(tmp_path / "tfds"), "--batch-size", "8", "--no-progress", "--init", "none", "--epochs", "1"]) == 0
+    bare = ["finetune", "--task", "cola", "--workdir", str(workdir), "--data-dir", str(data_dir), "--tfds-dir",
+            str(tmp_path / "tfds"), "--batch-size", "8", "--no-progress", "--init", "none", "--epochs", "1"]
+    assert cli.main(bare) == 0
     capsys.readouterr()
+    # with it deleted, the defaults met the run's examples and were refused as "other examples" (the same files)
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy)
+    (copy / "config.yaml").unlink()
+    assert cli.main([str(copy) if a == str(workdir) else a for a in bare]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gpt1-jax finetune: error: {copy} holds checkpoints but no config.yaml (deleted?): restore it, or give the "
+        "run's own --config and flags to resume it")
     before = {p: p.read_bytes() for p in sorted(workdir.rglob("*")) if p.is_file()}
     argv = ["finetune", "--task", "cola", "--workdir", str(workdir), "--data-dir", str(data_dir), "--config", "tiny",
             "--tfds-dir", str(tmp_path / "tfds"), "--batch-size", "8", "--no-progress", "--init", "none",

@@ -269,6 +269,10 @@ def test_a_run_saving_every_step_with_one_kept_is_read_while_it_trains(tmp_path,
         wait_for_step(workdir, 3, proc)
         for read in range(8):
             load_pretrained(workdir)  # raised in ~40% of reads
+        for read in range(2):  # and the verbs, which picked the step themselves and never read the next
+            done = run([sys.executable, "-m", "gpt1_jax.cli", "sample", "--workdir", str(workdir), "--prompt", "the",
+                        "--max-new-tokens", "2"])
+            assert done.returncode == 0, done.stderr[-2000:]
         assert proc.poll() is None, "the run ended before the reads did: they raced with nothing"
     finally:
         proc.kill()

@@ -140,9 +140,12 @@ def test_a_section_given_whole_by_set_is_merged_as_a_files_is(tmp_path):
     `--set optim={..., total_steps: 500}` slipped past the schedule check (only `optim` was given)."""
     whole = resolve(PretrainConfig, None, overrides=["model={n_layers: 1}", "optim={lr: 0.002}"])
     assert whole == resolve(PretrainConfig, None, overrides=["model.n_layers=1", "optim.lr=0.002"])
-    given = ["optim={lr: 0.002, total_steps: 500}"]
-    with pytest.raises(ConfigError, match="^optim.total_steps is the run's --steps"):
-        check_pretrain_schedule(resolve(PretrainConfig, None, overrides=given), given)
+    for given in (["optim={lr: 0.002, total_steps: 500}"], ["optim=total_steps: 500"]):  # flow and block YAML
+        with pytest.raises(ConfigError, match="^optim.total_steps is the run's --steps"):
+            check_pretrain_schedule(resolve(PretrainConfig, None, overrides=given), given)
+    for bad in ("steps=abc", "optim.warmup_steps=[1]"):  # a TypeError traceback where the span was computed
+        with pytest.raises(ConfigError, match="must be int"):
+            resolve(PretrainConfig, None, overrides=[bad])
     empty = tmp_path / "empty.yaml"
     empty.write_text("model:\n  # n_layers: 2\nsteps: 7\n")  # a section whose every line is commented out
     assert resolve(PretrainConfig, str(empty)) == resolve(PretrainConfig, None, overrides=["steps=7"])
@@ -181,6 +184,11 @@ def test_finetuning_refuses_from_a_file_what_it_refuses_from_set(tmp_path, capsy
     save_yaml(ran, tmp_path / "config.yaml")
     assert config.hand_written(str(tmp_path / "config.yaml")) == {}
     assert resolve(config.FinetuneConfig, str(tmp_path / "config.yaml")) == ran
+    # saved before the guard line, or with it deleted: every field is there, as in no file written by hand
+    unguarded = tmp_path / "unguarded.yaml"
+    unguarded.write_text((tmp_path / "config.yaml").read_text().split("\n", 1)[1])
+    assert config.hand_written(str(unguarded), config.FinetuneConfig) == {}
+    assert config.hand_written(str(unguarded))["optim.total_steps"] == 4
 
 
 def test_config_files_that_are_not_yaml_say_where(tmp_path):
