@@ -48,6 +48,15 @@ def trained_step(workdir: Path) -> int | None:
         return None
 
 
+def pretraining_finished(paper: Paper) -> bool:
+    """Whether the pretrain stage has nothing left to train: its run reached the recipe's steps, or, in a fresh
+    clone, the committed release was exported from that step (pretrain_stage's own test, without its side effects)."""
+    step = trained_step(paper.pretrain_dir)
+    if step is None:
+        step = card_step(paper.release_dir)
+    return step is not None and step >= pretrain_config(paper).steps
+
+
 def pretrain_stage(paper: Paper) -> bool | None:
     config = pretrain_config(paper)
     step = trained_step(paper.pretrain_dir)

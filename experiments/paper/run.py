@@ -26,7 +26,7 @@ from experiments.glue.common import missing_path
 from experiments.paper.diagnosis import diagnosis_stage
 from experiments.paper.layers import layers_stage
 from experiments.paper.more_seeds import more_seeds_stage
-from experiments.paper.release import pretrain_config, pretrain_stage, release_stage, trained_step
+from experiments.paper.release import pretrain_stage, pretraining_finished, release_stage
 from experiments.paper.report import write_readme
 from experiments.paper.settings import BUDGETS, OUT_ENTRIES, RECIPE, STAGES, TASKS, Paper
 from experiments.paper.table5 import table5_stage
@@ -107,15 +107,13 @@ def check_inputs(paper: Paper, stages: list[str]) -> None:
     if held and not OUT_ENTRIES & set(held):
         raise ConfigError(f"--out {paper.out} is not empty and holds no paper pipeline ({some_names(held)}): choose a "
                           "new or empty folder")
-    if "pretrain" in stages and paper.corpus is None:
-        step = trained_step(paper.pretrain_dir)
-        if step is None or step < pretrain_config(paper).steps:
+    if "pretrain" in stages and not pretraining_finished(paper):  # a finished one reads no corpus: none is needed
+        if paper.corpus is None:
             raise ConfigError("pre-training is not finished: pass --corpus (the recipe's corpus is "
                               "english_mixed.txt.gz; `default` trains on the corpus embedded in the package)")
-    if "pretrain" in stages and paper.corpus is not None:
         try:
-            open_source(paper.corpus)  # parses the spec and checks the files exist; reads nothing
-        except (OSError, ValueError) as e:
+            open_source(paper.corpus)  # parses the spec and checks that its files or dataset can be opened
+        except (OSError, GPT1JaxError, ValueError) as e:
             raise ConfigError(f"--corpus: {e}") from None
     needs_release = {"table5", "more_seeds", "layers", "diagnosis"} & set(stages)
     if needs_release and "release" not in stages and not (paper.release_dir / "config.json").is_file():

@@ -16,7 +16,8 @@ from experiments.paper import run, table5, zeroshot
 
 
 def test_missing_inputs_are_one_line_errors(tmp_path, capsys):
-    assert run.main(["--stages", "pretrain", "--out", str(tmp_path)]) == 2  # the laptop recipe needs --corpus
+    # the laptop recipe needs --corpus where its release is not committed (another budget)
+    assert run.main(["--stages", "pretrain", "--budget", "paper", "--out", str(tmp_path)]) == 2
     assert "pass --corpus" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
         run.main(["--stages", "zeroshot", "--out", str(tmp_path)])
@@ -46,6 +47,20 @@ def test_missing_inputs_are_one_line_errors(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"run.py: error: --corpus: text source '{tmp_path / 'none.txt'}': no such file or directory")
     assert not out.exists()
+
+
+def test_a_finished_pretraining_needs_no_corpus(tmp_path, capsys):
+    # A clone holding the release (its card names the step it was exported from) but not the corpus, which lived in
+    # ../shared on the machine that trained it: the README's command, --corpus included, goes on to fine-tuning.
+    out = tmp_path / "paper"
+    (out / "release").mkdir(parents=True)
+    (out / "release" / "README.md").write_text("---\npretrain_step: 1000000\n---\nthe release\n")
+    missing = str(tmp_path / "corpus.txt.gz")
+    assert run.main(["--stages", "pretrain", "--quick", "--corpus", missing, "--out", str(out)]) == 0
+    assert "released from step 1000000" in capsys.readouterr().err
+    (out / "release" / "README.md").write_text("---\npretrain_step: 1\n---\nthe release\n")  # an unfinished one
+    assert run.main(["--stages", "pretrain", "--quick", "--corpus", missing, "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("run.py: error: --corpus: text source")
 
 
 def test_a_stage_spanning_sessions_counts_the_time_of_each(tmp_path, monkeypatch):
