@@ -20,6 +20,7 @@ import pickle
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -283,17 +284,23 @@ def _schedule_free_path(tree: Any, path: tuple = ()) -> tuple | None:
     return None
 
 
-READ_ATTEMPTS = 5  # reads of a training run's newest checkpoint, each begun after the one before was deleted
+READ_PATIENCE_S = 60.0  # how long a reader goes on reading a run that deletes each checkpoint as it saves the next
 
 
 def _load_run(path: Path, step: int | None) -> tuple[ModelConfig, dict, int]:
     """`_load_checkpoint` of a run that may be training now: its newest checkpoint (step None) can be deleted
     under the reader as the run saves the next (keep_checkpoints=1), which ended in orbax tracebacks; read
-    again from the new newest one, as long as the run keeps moving on."""
-    for _ in range(READ_ATTEMPTS - 1):
+    again from the new newest one, as long as the run keeps moving on. Bounded in time, not in tries: a loaded
+    machine lost 5 races in a row to a run saving every step."""
+    deadline = time.monotonic() + READ_PATIENCE_S
+    while True:
         newest = newest_checkpoint(path / "checkpoints")
         try:
             return _load_checkpoint(path, step)
+        except Exception:
+            moved_on = step is None and newest_checkpoint(path / "checkpoints") != newest
+            if not moved_on or time.monotonic() > deadline:
+                raise
         except Exception:
             if step is not None or newest_checkpoint(path / "checkpoints") == newest:
                 raise
