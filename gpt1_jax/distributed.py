@@ -9,6 +9,9 @@ When is it called? In this order, the first that applies:
      `kubernetes` package) -> initialize() and let JAX fill in the rest. On a plain machine nothing
      happens: one process, no coordinator.
 `--distributed off` / GPT1_DISTRIBUTED=off never initializes.
+A process count given (1 or 2) that differs from the count of the SLURM step or MPI launch the process runs in
+(SLURM_NTASKS, OMPI_COMM_WORLD_SIZE), or of any cluster JAX is to fill the rest in from, is one error line
+before JAX starts (`check_process_count`).
 
 Failing fast. With N processes, one process dying must not leave the others blocked in a collective
 for minutes (JAX's defaults: ~100 s heartbeat, ~300 s shutdown; docs/stack.md). So:
@@ -165,6 +168,48 @@ def detected_cluster(single_task: bool = False) -> str | None:
     return None
 
 
+# The schedulers whose environment states the job's process count outright (JAX's detectors read these variables).
+_COUNT_VARIABLES = {"SlurmCluster": ("this SLURM job step", "SLURM_NTASKS"),
+                    "OmpiCluster": ("this Open MPI launch", "OMPI_COMM_WORLD_SIZE")}
+
+
+def check_process_count(cfg: DistributedConfig, flag: bool = False) -> None:
+    """A process count given (`flag`: as --num-processes, else as GPT1_NUM_PROCESSES) that differs from the count of the
+    cluster this process was started in: JAX kept the given one, mixed it with the coordinator and process id it
+    derived from the cluster, and waited for processes that were never started, then aborted in C++ (status 134)
+    after --init-timeout. Compared where the cluster decides this job: a SLURM step or an MPI launch of several tasks
+    (one task may run a job of its own, launch/local.py under `srun -n 1`), or any cluster JAX is to derive the
+    missing coordinator or process id from (its count asked as JAX would ask it)."""
+    if cfg.num_processes is None:
+        return
+    cluster = detected_cluster(single_task=bool(cfg.missing))
+    if cluster is None:
+        return
+    where, variable = _COUNT_VARIABLES.get(cluster, (f"the cluster JAX detects here ({cluster})", None))
+    if variable is not None:
+        count, said = _int(variable, os.environ.get(variable)), f"{variable}={os.environ.get(variable)}"
+    elif cfg.missing:
+        try:  # Kubernetes' API, a TPU VM's metadata: JAX asks them the same in initialize
+            count = _cluster_class(cluster).get_process_count()
+        except Exception:  # not answered: JAX's own start-up says why
+            return
+        said = f"count of {count} processes"
+    else:  # every value given: JAX asks that cluster nothing
+        return
+    if count != cfg.num_processes:
+        name = "--num-processes" if flag else ENV_NUM_PROCESSES
+        raise DistributedConfigError(
+            f"{name}{' ' if flag else '='}{cfg.num_processes} contradicts {where}'s {said}: its processes would not "
+            f"agree on the job (JAX waits for processes that never start, then aborts); drop {name} to use the "
+            f"cluster's count, or start the job with {cfg.num_processes}")
+
+
+def _cluster_class(name: str):
+    from jax._src.clusters import ClusterEnv  # private, but it *is* JAX's detection (see detected_cluster)
+
+    return next(env for env in ClusterEnv._cluster_types if env.__name__ == name)
+
+
 def initialize(args: argparse.Namespace | None = None) -> bool:
     """Call jax.distributed.initialize if the flags, the environment or the cluster ask for it.
     Returns True when this is a multi-process run. Idempotent; call before any jax computation."""
@@ -173,6 +218,7 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
     cfg = resolve(args)
     if cfg.mode == "off":
         return False
+    check_process_count(cfg, flag=getattr(args, "num_processes", None) is not None)
     cluster, one_task = (None if cfg.explicit else detected_cluster()), None
     if cluster is None and not cfg.explicit:
         if cfg.mode == "auto":

@@ -166,3 +166,37 @@ def test_a_collective_that_lost_its_peer_is_told_from_other_errors():
     assert distributed.lost_peer(JaxRuntimeError("INTERNAL: Gloo all-reduce failed: Connection reset by peer"))
     assert not distributed.lost_peer(JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 1 GiB"))
     assert not distributed.lost_peer(ValueError("Gloo"))
+
+
+def test_a_process_count_that_contradicts_the_cluster_is_one_line(monkeypatch):
+    """--num-processes 3 in a SLURM step of 2 tasks: JAX kept the 3, took the coordinator and the process id from
+    SLURM, and both tasks waited out --init-timeout for a third, then aborted in C++ (status 134, a page of stack).
+    Refused now before JAX starts, naming both counts; a count that agrees, or a one-task step running a job of its
+    own (launch/local.py under `srun -n 1`), is not."""
+    import argparse
+
+    for k in list(os.environ):
+        if k.startswith(("SLURM_", "OMPI_", "GPT1_", "JAX_COORDINATOR")):
+            monkeypatch.delenv(k)
+    for k, v in dict(SLURM_JOB_ID="7", SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS="2", SLURM_PROCID="1",
+                     SLURM_LOCALID="1").items():
+        monkeypatch.setenv(k, v)
+    flags = argparse.Namespace(distributed="on", num_processes=3, coordinator=None, process_id=None)
+    with pytest.raises(distributed.DistributedConfigError, match=r"^--num-processes 3 contradicts this SLURM job "
+                       r"step's SLURM_NTASKS=2: .*drop --num-processes to use the cluster's count, or start the job "
+                       r"with 3$"):
+        distributed.initialize(flags)
+    monkeypatch.setenv("GPT1_COORDINATOR", "127.0.0.1:1")  # every value given, from the environment: still refused
+    monkeypatch.setenv("GPT1_PROCESS_ID", "0")
+    monkeypatch.setenv("GPT1_NUM_PROCESSES", "1")  # it ran each task as a job of one, all in the same workdir
+    with pytest.raises(distributed.DistributedConfigError, match=r"^GPT1_NUM_PROCESSES=1 contradicts this SLURM job "
+                                                                  r"step's SLURM_NTASKS=2"):
+        distributed.initialize(None)
+    monkeypatch.setenv("GPT1_NUM_PROCESSES", "2")
+    distributed.check_process_count(distributed.resolve())  # agrees
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    distributed.check_process_count(distributed.resolve())  # one task, a job of its own
+    monkeypatch.delenv("GPT1_COORDINATOR")
+    monkeypatch.delenv("GPT1_PROCESS_ID")
+    with pytest.raises(distributed.DistributedConfigError, match="SLURM_NTASKS=1"):  # ...unless SLURM is to fill it in
+        distributed.check_process_count(distributed.resolve(flags))
