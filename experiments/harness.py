@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable
 from typing import NoReturn
 from pathlib import Path
 
-from gpt1_jax import finetune, pretrain  # the modules: tests patch pretrain.run and finetune.run
+from gpt1_jax import distributed, finetune, pretrain  # the modules: tests patch pretrain.run and finetune.run
 from gpt1_jax.cli import DEBUG_ENV, os_error_message
 from gpt1_jax.config import FinetuneConfig, PretrainConfig, flat_fields, to_dict
 from gpt1_jax.data.glue import GlueDownloadError, glue_task
@@ -298,8 +298,12 @@ def main(fn: Callable[[], int | None], prog: str) -> int:
     """Runs an experiment's command line: Ctrl-C or SIGTERM, between two runs too, stops it with one line (the run
     in progress saved a checkpoint, or had none yet) and exit status 130; the same command resumes. A project error
     or an OSError that escapes (a bad --tasks, an --out that is a file) is one line and exit status 2, as
-    `gpt1-jax`'s (gpt1_jax/cli.py); anything else is a bug and keeps its traceback."""
-    with CtrlC(signals=(signal.SIGINT, signal.SIGTERM)) as guard:  # re-raises one Python dropped in a gc callback
+    `gpt1-jax`'s (gpt1_jax/cli.py); anything else is a bug and keeps its traceback. In a multi-process run
+    (gpt1_jax.distributed started first) SIGTERM stays JAX's preemption notice: the processes agree on a step of the
+    run in progress, or of the next one, and stop there together (gpt1_jax/loop.py); taken here, it stopped the
+    process that got it alone (status 130) and left the others to fail in their next collective."""
+    signals = (signal.SIGINT,) if distributed.is_multi_process() else (signal.SIGINT, signal.SIGTERM)
+    with CtrlC(signals=signals) as guard:  # re-raises one Python dropped in a gc callback
         try:
             return fn() or 0
         except KeyboardInterrupt as e:

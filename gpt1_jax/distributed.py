@@ -265,6 +265,12 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
     return _state["multi"]
 
 
+def is_multi_process() -> bool:
+    """Whether `initialize` started a run of several processes (without starting a backend, as jax.process_count
+    would)."""
+    return _state["multi"]
+
+
 def _probe_coordinator(kwargs: dict, named: str) -> None:
     """Before jax.distributed.initialize(**kwargs), which it adjusts: process 0 checks it can serve the coordinator's
     port, the others wait for it to answer (the init timeout then counts what they waited); a local run binds it to

@@ -101,6 +101,14 @@ class Hook:
         return step == last or (self.every > 0 and step % self.every == 0)
 
 
+# JAX's preemption sync point is a count of reached_preemption_sync_point calls, and a notice fixes it at one past
+# the highest count any process had passed in: numbered by each loop's own steps, a notice that came after one
+# loop's last step (its sync point last+1) was never reached by a next loop of as many steps, and a study in several
+# processes ran on to its end (or stopped at that step of a longer one). Counted over every loop of the process,
+# the next step polled anywhere reaches it. The processes of a job run the same loops, so their counts agree.
+_sync_calls = [0]
+
+
 class Preemption:
     """SIGTERM/SIGINT -> a flag the loop checks between steps (a checkpoint, then the loop stops); `signum`
     says which came first: after SIGTERM (a scheduler's pre-emption) the run ends normally (exit 0), after
@@ -130,8 +138,10 @@ class Preemption:
         self._previous = {}
 
     def poll(self, step: int) -> bool:
-        if self.multiprocess and not self.requested:  # call once per step, on every process
-            self.requested = multihost_utils.reached_preemption_sync_point(step)
+        # Once per step, on every process; JAX is given the count of calls (_sync_calls), not the loop's `step`.
+        if self.multiprocess and not self.requested:
+            _sync_calls[0] += 1
+            self.requested = multihost_utils.reached_preemption_sync_point(_sync_calls[0])
         return self.requested
 
     def _handle(self, signum, frame):

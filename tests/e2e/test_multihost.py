@@ -60,11 +60,11 @@ def run_single(workdir, cache, devices=4, *more):
     return done
 
 
-def run_launcher(argv, n=2, devices=2, timeout=TIMEOUT):
-    """python launch/local.py -n 2 -d 2 -- python -m gpt1_jax.cli ... (or another script)."""
+def run_launcher(argv, n=2, devices=2, timeout=TIMEOUT, env=None):
+    """python launch/local.py -n 2 -d 2 -- python -m gpt1_jax.cli ... (or another script; `env`: more variables)."""
     cmd = [sys.executable, str(LAUNCHER), "-n", str(n), "-d", str(devices), "--grace", "20", "--", sys.executable, *argv]
     t0 = time.monotonic()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=base_env(1))
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**base_env(1), **(env or {})})
     return done, time.monotonic() - t0
 
 
@@ -312,6 +312,63 @@ def test_exception_in_one_process_ends_all_promptly_through_launcher(tmp_path, c
     assert elapsed < FAIL_DEADLINE
     assert max(losses(workdir)) == 6
     assert assert_checkpoint_restores(workdir) >= 2
+
+
+# A study of several runs in each process, made through experiments/harness.py as the optimizer study makes its runs;
+# process 1 gets SIGTERM as soon as its first run has ended (after that loop's last step), once.
+STUDY = """
+import os, signal, sys
+from pathlib import Path
+from experiments import harness
+from gpt1_jax import distributed, pretrain
+from gpt1_jax.config import PretrainConfig, resolve
+distributed.initialize()  # first, as gpt1-jax does
+import jax
+out, cache, runs, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+_run = pretrain.run
+def run(config, workdir):
+    outcome = _run(config, workdir)
+    print(f"study: {Path(workdir).name} ended {outcome.status} at step {outcome.step}", file=sys.stderr, flush=True)
+    if jax.process_index() == 1 and Path(workdir).name == "run0":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return outcome
+pretrain.run = run
+def study():
+    for i in range(runs):
+        config = resolve(PretrainConfig, "tiny", overrides=[f"steps={steps}", "eval_every=0", f"data.cache_dir={cache}",
+                                                             f"seed={i}"])
+        done = harness.make(harness.Run(config, out / f"run{i}"), harness.Records(out),
+                            lambda r, o, s: {"status": o.status, "step": o.step})
+        if harness.record_of(done) is None:
+            print("study: interrupted; the same command resumes", file=sys.stderr)
+            return 130
+    print("study: complete", file=sys.stderr)
+    return 0
+harness.leave(harness.main(study, "study"))
+"""
+
+
+def test_a_stop_between_two_runs_of_a_multi_process_study_stops_the_study(tmp_path, cache):
+    """A SIGTERM that came after one loop's last step: harness.main's handler took it from JAX's notifier, and process
+    1 left alone (130) while process 0 failed in its next collective (1). Left to JAX, its sync point (that loop's last
+    step + 1, the loops numbering their own steps) was never reached by the next runs of as many steps, and the study
+    ran to its end (exit 0). Now both processes stop at the next run's first step, saved, exit 130, and resume."""
+    script = tmp_path / "study.py"
+    script.write_text(STUDY)
+    argv = [str(script), str(tmp_path / "out"), str(cache), "3", "4"]
+    importable = {"PYTHONPATH": str(REPO)}  # experiments/ is not installed: a script outside the checkout reaches it so
+    done, _ = run_launcher(argv, env=importable)
+    out = done.stdout
+    assert "[launcher] exit statuses [130, 130]" in out, out[-4000:]
+    for i in range(2):
+        assert f"[p{i}] study: run1 ended preempted at step 1" in out, out[-4000:]
+        assert f"[p{i}] study: interrupted; the same command resumes" in out
+    assert checkpoints(tmp_path / "out" / "run1") == [1] and not (tmp_path / "out" / "run2").exists()
+    done, _ = run_launcher(argv, env=importable)  # the same command resumes; the SIGTERM came after run0, which is not made again
+    assert "[launcher] exit statuses [0, 0]" in done.stdout, done.stdout[-4000:]
+    assert "[p0] resuming at step 1" in done.stdout and "[p0] study: complete" in done.stdout
+    assert [json.loads((tmp_path / "out" / f"run{i}" / "record.json").read_text()) for i in range(3)] == [
+        {"status": "finished", "step": 4}] * 3
 
 
 # ---- dry run --------------------------------------------------------------------------------------
