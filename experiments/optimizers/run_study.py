@@ -52,10 +52,11 @@ from experiments.optimizers.tables import REFERENCE, UNIGRAM, load_bench, load_u
 from experiments.paper.settings import shown
 from gpt1_jax import bench, compile_cache
 from gpt1_jax.cli import at_least, number_at_least
-from gpt1_jax.config import FinetuneConfig, PretrainConfig, load_yaml, preset, resolve
+from gpt1_jax.config import FinetuneConfig, PretrainConfig, load_yaml, preset, resolve, task_key
 from gpt1_jax.data.pipeline import build_pipeline, unigram_loss
 from gpt1_jax.data.sources import open_source
 from gpt1_jax.data.tokens import tokenizer_for
+from gpt1_jax.errors import ConfigError
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.flops import cpu_flags
 from gpt1_jax.loop import Outcome
@@ -381,6 +382,16 @@ def seed_list(text: str) -> list[int]:
     return seeds
 
 
+def task_list(text: str) -> list[str]:
+    """--tasks: known fine-tuning tasks, comma-separated, in their canonical spelling (SST-2 -> sst2), or one
+    ConfigError: checked with the flags, as each task's study folder was made before its first run read the task
+    (`--tasks sst3` left an empty <out>/finetune/sst3 behind)."""
+    tasks = [task_key(t) for t in text.split(",")]
+    if len(set(tasks)) < len(tasks):
+        raise ConfigError(f"a task is given twice in {text!r}")
+    return tasks
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("study", choices=["pretrain", "bench", "finetune"])
@@ -429,6 +440,10 @@ def parse_args(argv) -> tuple[argparse.Namespace, list[str]]:
     missing = None if args.tables else missing_data(args)  # --tables reads no data: the tables only name it
     if missing:  # one line, before any compilation; not a usage error, so no usage text
         p.exit(2, f"{p.prog}: error: {missing}\n")
+    try:
+        args.tasks = task_list(args.tasks) if args.tasks is not None else None
+    except ConfigError as e:
+        p.exit(2, f"{p.prog}: error: --tasks: {e}\n")
     names = finetune_optimizers(args) if args.study == "finetune" else (
         args.optimizers.split(",") if args.optimizers else list(SPECS))
     unknown = [n for n in names if n not in SPECS]
@@ -447,7 +462,7 @@ def study_tables(args) -> list[tuple[Path, str, str]]:
     cost columns), or one per fine-tuning task, in <out>/finetune/<task>."""
     if args.study != "finetune":
         return [(Path(args.out) / "pretrain", "pretrain", "Optimizer study: pre-training")]
-    tasks = args.tasks.split(",") if args.tasks else FINETUNE[_budget_name(args)]["tasks"]
+    tasks = args.tasks or FINETUNE[_budget_name(args)]["tasks"]
     return [(Path(args.out) / "finetune" / t, "finetune", f"Optimizer study: fine-tuning {t}") for t in tasks]
 
 

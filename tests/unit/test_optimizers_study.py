@@ -278,3 +278,23 @@ def test_flags_it_cannot_honour_are_one_line(flags, message, capsys):
     with pytest.raises(SystemExit) as e:
         rs.parse_args(["pretrain", "--out", "o", *flags])
     assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: {message}")
+
+
+@pytest.mark.parametrize("tasks, message", [
+    ("sst3", "--tasks: unknown task 'sst3'; known: cola, sst2"),
+    ("sst2,SST-2", "--tasks: a task is given twice in 'sst2,SST-2'"),
+])
+def test_an_unknown_task_is_one_line_before_any_folder(tasks, message, tmp_path, capsys):
+    """`--tasks sst3` made <out>/finetune/sst3, then stopped on the unknown task: an empty folder was left behind."""
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        rs.parse_args(["finetune", "--out", str(out), "--init", str(tmp_path), "--optimizers", "adamw", "--tasks", tasks])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and f"error: {message}" in err
+    assert not out.exists()
+
+
+def test_tasks_are_read_in_their_canonical_spelling(tmp_path):
+    args, _ = rs.parse_args(["finetune", "--out", str(tmp_path), "--init", str(tmp_path), "--optimizers", "adamw",
+                             "--tasks", "SST-2,mrpc"])
+    assert [t[0].name for t in rs.study_tables(args)] == ["sst2", "mrpc"]
