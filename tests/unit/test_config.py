@@ -151,6 +151,21 @@ def test_a_section_given_whole_by_set_is_merged_as_a_files_is(tmp_path):
     assert resolve(PretrainConfig, str(empty)) == resolve(PretrainConfig, None, overrides=["steps=7"])
 
 
+@pytest.mark.parametrize("section", ["model", "optim", "data", "mesh"])
+def test_a_null_section_gives_nothing_from_a_file_and_from_set_alike(tmp_path, section):
+    """`model: null` in a --config file left the section as it was; `--set model=null` was 'model must be a
+    mapping, got None'. Both now leave it as it was (`model:` with its lines commented out is the same null)."""
+    file = tmp_path / "null.yaml"
+    file.write_text(f"{section}: null\nsteps: 7\n")
+    expected = resolve(PretrainConfig, "tiny", overrides=["steps=7"])
+    over_preset = resolve(PretrainConfig, "tiny", overrides=[f"{section}=null", "steps=7"])
+    assert over_preset == expected and over_preset.model.n_layers == preset(PretrainConfig, "tiny").model.n_layers
+    for spelling in ("null", "~", ""):
+        assert resolve(PretrainConfig, None, overrides=[f"{section}={spelling}", "steps=7"]) == resolve(PretrainConfig, str(file))
+    with pytest.raises(ConfigError, match="^steps must be int, got None"):  # a field, not a section: still refused
+        resolve(PretrainConfig, None, overrides=["steps=null"])
+
+
 def test_a_runs_own_config_counts_as_a_preset_for_the_schedule(tmp_path):
     """Its warmup was clipped to steps - 1 by the run: reused with fewer --steps it was refused as given."""
     import dataclasses
