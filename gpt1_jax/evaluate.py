@@ -16,13 +16,31 @@ from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.config import MeshConfig, PretrainConfig
 from gpt1_jax.data.pipeline import BatchIterator, build_pipeline
 from gpt1_jax.errors import ConfigError, DataError, WorkdirError
-from gpt1_jax.sharding import batch_rows_shared_by_processes, make_mesh
+from gpt1_jax.sharding import batch_divisor, batch_rows_shared_by_processes, make_mesh
 from gpt1_jax.step import lm_trainer
 from gpt1_jax.workdir import read as workdir_identity
 
 
+def split_rows(mesh, rows: int) -> int:
+    """The rows a process's batch of `rows` is padded to for the data x fsdp devices of `mesh` to split it evenly
+    (`rows` itself where they do): an evaluation's batch is the run's, and the mesh it falls back to
+    (mesh_here: every device here, data-parallel) may not divide it, e.g. a batch of 8 over 3 devices."""
+    processes = jax.process_count()
+    multiple = math.lcm(batch_divisor(mesh), processes)
+    return -(-rows * processes // multiple) * multiple // processes
+
+
+def padded(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    """`batch` with rows of zeros after its own up to `rows`: their weights are 0, so a loss counts them for
+    nothing (as pad_last's rows in the last batch)."""
+    have = next(iter(batch.values())).shape[0]
+    return batch if have >= rows else {
+        k: np.concatenate([v, np.zeros((rows - have, *v.shape[1:]), v.dtype)]) for k, v in batch.items()}
+
+
 def lm_loss(trainer, params, batches, max_batches: int = 0, *, progress: bool = False) -> tuple[float, float]:
-    """(token-weighted mean LM loss, tokens) over (up to max_batches of) an iterator; padding weighs 0.
+    """(token-weighted mean LM loss, tokens) over (up to max_batches of) an iterator; padding weighs 0, and a batch
+    the mesh's devices cannot split evenly is padded so they can (the same loss as on one device).
     `progress`: a bar of batches on stderr (`gpt1-jax evaluate`; not inside training, which has its own)."""
     total, weight = 0.0, 0.0
     count = getattr(batches, "batches_per_epoch", None)  # a BatchIterator that does not repeat: one pass
@@ -32,6 +50,7 @@ def lm_loss(trainer, params, batches, max_batches: int = 0, *, progress: bool = 
         for i, batch in enumerate(batches):
             if max_batches and i >= max_batches:
                 break
+            batch = padded(batch, split_rows(trainer.mesh, next(iter(batch.values())).shape[0]))
             loss_sum, weight_sum, _ = trainer.eval_sums(params, trainer.put_batch(batch, train=False))
             total, weight = total + float(loss_sum), weight + float(weight_sum)
             bar.update(1)

@@ -170,3 +170,29 @@ def test_a_resume_that_changes_how_the_model_runs_says_so():
     assert runtime_change(ran, now, 6) == ("resuming with other run-time settings than the run's (model.dtype float32 "
                                            "-> bfloat16, accum_steps 1 -> 2): steps 7 on run with them, and config.yaml "
                                            "records them")
+
+
+def test_evaluate_pads_a_batch_the_devices_cannot_split_and_scores_it_as_one_device_does():
+    """The data-parallel fallback over every device here could not split the run's batch: `gpt1-jax evaluate
+    --simulate-devices 3` on a batch-8 run ended 'global batch 8 is not divisible by data x fsdp = 3'. Rows of
+    weight 0 pad it; the loss and token count are one device's."""
+    import jax
+    import numpy as np
+
+    from gpt1_jax.config import MeshConfig, OptimConfig, model_preset
+    from gpt1_jax.evaluate import lm_loss, split_rows
+    from gpt1_jax.model import init_params
+    from gpt1_jax.step import lm_trainer
+
+    model = model_preset("tiny")
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, model.vocab_size, (2, 3, 17), dtype=np.int32)  # 2 batches of 3 rows: 3 % 8 != 0
+    weights = np.ones((2, 3, 16), np.float32)
+    weights[1, 2] = 0  # pad_last's row in the last batch
+    batches = [{"inputs": t[:, :-1], "targets": t[:, 1:], "weights": w} for t, w in zip(tokens, weights)]
+    params = init_params(model, 0)
+    every, one = (lm_trainer(model, OptimConfig(), MeshConfig(), devices=d) for d in (None, jax.devices()[:1]))
+    assert (split_rows(every.mesh, 3), split_rows(every.mesh, 16), split_rows(one.mesh, 3)) == (8, 16, 3)
+    loss, tokens_scored = lm_loss(every, every.place_params(params), batches)
+    assert tokens_scored == 5 * 16
+    assert loss == pytest.approx(lm_loss(one, one.place_params(params), batches)[0], rel=1e-6)
