@@ -698,20 +698,48 @@ VERBS: dict[str, Verb] = {
 }
 
 
+class _Unparsed(Exception):
+    """An argparse error while _Parser looks for unknown flags alone: the parse proper says it."""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with a wrong flag as one line (`gpt1-jax VERB: error: ...`, exit 2), as every other error of the
     command line, not under a usage block of a dozen lines; the line says where the usage is."""
 
+    probing = False  # class-wide: each verb has a parser of its own
+
     def error(self, message: str):
+        if _Parser.probing:
+            raise _Unparsed(message)
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def parse_args(self, args=None, namespace=None):
-        # argparse finds a verb's unknown flags in the top parser, which named no verb in the line
-        known, extra = self.parse_known_args(args, namespace)
-        if extra:
+        args = sys.argv[1:] if args is None else list(args)
+        # argparse checks a verb's required flags before it returns the unknown ones: `gpt1-jax --bogus pretrain`
+        # said "the following arguments are required: --workdir", not a word of --bogus
+        known, extra = self._unknown_flags(args)
+        if extra:  # argparse finds a verb's unknown flags in the top parser, which named no verb in the line
             prog = f"{self.prog} {known.verb}" if getattr(known, "verb", None) else self.prog
             self.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extra)} (see {prog} --help)\n")
-        return known
+        return super().parse_args(args, namespace)
+
+    def _unknown_flags(self, args: list[str]) -> tuple[argparse.Namespace | None, list[str]]:
+        """(what parses, the arguments no parser of the line knows), read with no flag or verb required; (None, [])
+        where the line has another error, which the parse proper then names."""
+        verbs = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+        parsers = [self, *(p for a in verbs for p in a.choices.values())]
+        required = [x for p in parsers for x in [*p._actions, *p._mutually_exclusive_groups] if x.required]
+        try:
+            _Parser.probing = True
+            for x in required:
+                x.required = False
+            return self.parse_known_args(args)
+        except _Unparsed:
+            return None, []
+        finally:
+            _Parser.probing = False
+            for x in required:
+                x.required = True
 
 
 def build_parser() -> argparse.ArgumentParser:

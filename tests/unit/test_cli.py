@@ -277,6 +277,24 @@ def test_flags_are_never_abbreviated(capsys):
         cli.build_parser().parse_args(["pretrain", "--workdir", "w", "--batch", "8"])  # --batch-size, spelled out
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["--bogus", "pretrain"], "gpt1-jax pretrain: error: unrecognized arguments: --bogus (see gpt1-jax pretrain --help)"),
+    (["pretrain", "--bogus"], "gpt1-jax pretrain: error: unrecognized arguments: --bogus (see gpt1-jax pretrain --help)"),
+    (["sample", "--bogus=1"], "gpt1-jax sample: error: unrecognized arguments: --bogus=1 (see gpt1-jax sample --help)"),
+    (["--bogus"], "gpt1-jax: error: unrecognized arguments: --bogus (see gpt1-jax --help)"),
+    (["pretrain"], "gpt1-jax pretrain: error: the following arguments are required: --workdir (see gpt1-jax pretrain --help)"),
+    (["evaluate"], "gpt1-jax evaluate: error: one of the arguments --workdir --init is required (see gpt1-jax evaluate --help)"),
+])
+def test_an_unknown_flag_is_named_before_a_missing_one(capsys, argv, line):
+    """argparse checks a verb's required flags before it gives back the unknown ones: `gpt1-jax --bogus pretrain`
+    said 'the following arguments are required: --workdir' and nothing of --bogus."""
+    parser = cli.build_parser()
+    for _ in range(2):  # the required flags are required again after the look for unknown ones
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args(argv)
+        assert e.value.code == 2 and capsys.readouterr().err.splitlines() == [line]
+
+
 def test_evaluate_takes_any_model_source_as_sample_does(tmp_path, capsys):
     """`evaluate --init` reads what `sample --init` reads (here the committed release, a HF folder) through
     the same function, in windows of its whole context unless --seq-len says otherwise."""
