@@ -246,9 +246,10 @@ def verdict(paper: Paper, table: dict[str, dict[str, list[float]]], claims: dict
     complete = set(TASKS) <= set(claims["tasks"]) and all(claims["tasks"][t]["gain"]["n"] >= 2 for t in TASKS)
     met = (len(above) >= GOAL_WINS and average.above_zero) if complete else None
     state = {True: "goal MET", False: "goal NOT met", None: "goal not assessed (it needs all five tasks)"}[met]
+    n = len(claims["tasks"])  # fewer than 5 where --tasks leaves some out
     return met, (f"**{state}**: the paired gain full − no_pretrain is above zero at 95% on {len(above)} of "
-                 f"{len(claims['tasks'])} tasks ({', '.join(above) or 'none'}; goal: >= {GOAL_WINS}) and "
-                 f"{'' if average.above_zero else 'not '}on the 5-task average, {average.text()} (goal: above zero)")
+                 f"{n} tasks ({', '.join(above) or 'none'}; goal: >= {GOAL_WINS}) and "
+                 f"{'' if average.above_zero else 'not '}on the {n}-task average, {average.text()} (goal: above zero)")
 
 
 def gain_goal(paper: Paper) -> float | None:
@@ -303,7 +304,7 @@ def interval_lines(claims: dict, gain_goal: float | None = GOAL_GAIN) -> list[st
     lines = ["Pre-training's paired gain, full − no_pretrain, mean [95% t-interval] over the seeds both arms ran "
              "(a seed draws the same training subset and order in both): "
              + "; ".join(f"{t} {interval_text(g)}" for t, g in gains.items())
-             + f"; 5-task average {interval_text(avg)}.",
+             + f"; {len(gains)}-task average {interval_text(avg)}.",  # --tasks may give fewer than 5
              f"Above zero at 95%: {', '.join(above) if above else 'none'} ({len(above)} of {len(gains)} tasks); "
              + ("the average waits for every task's pair" if not avg["n"] else
                 f"the average's interval {'is' if stats.Interval(**avg).above_zero else 'is not'} above zero")

@@ -108,6 +108,8 @@ def test_the_full_sets_goal_reads_the_intervals_and_the_first_releases_the_means
     met, line = table5.verdict(full_sets, table, table5.intervals(by_seed, {t: 0.0 for t in table5.TASKS}))
     assert met is True and line.startswith("**goal MET**") and "and on the 5-task average" in line
     assert "goal's 5 points" not in " ".join(table5.interval_lines(claims, table5.gain_goal(full_sets)))
+    two = {t: by_seed[t] for t in ("cola", "sst2")}  # --tasks cola,sst2 in an --out of its own
+    assert "and on the 2-task average" in table5.verdict(full_sets, table, table5.intervals(two, {}))[1]
 
 
 def test_table5_runs_the_goals_pairs_first_cheapest_task_first_and_sst2_last():

@@ -88,4 +88,5 @@ def test_table5_claims_pair_seeds_and_mark_cells_at_their_baseline():
     text = "\n".join(table5.interval_lines(claims))
     assert "Above zero at 95%: sst2 (1 of 2 tasks)" in text and "sst2/no_pretrain, mrpc/full, mrpc/no_pretrain" in text
     assert "reaches below the goal's 5 points" in text  # the average's interval: 5.73 ± 1.79
+    assert "; 2-task average 5.7 [" in text  # it said 5-task average whatever the tasks (--quick --tasks sst2,mrpc)
     assert table5.intervals(by_seed, {})["tasks"]["sst2"]["arms"]["full"]["above_baseline"] is None
