@@ -306,6 +306,7 @@ def _header(config, where, mesh_config, mesh, trainer) -> dict[str, Any]:
         "state_bytes_per_chip": sizing.state_bytes_per_device(trainer), **_state_split(trainer),
         "model_flops_per_chip": flops.flops_per_token(config.model, T) * B * T / len(where.devices),
         "replicated_over_limit": _replicated(trainer),
+        "cpu_flags": flops.cpu_flags(),  # of the host that compiles: compile_s (and plan_table's wall_s) are its times
     }
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import matplotlib
 
 from gpt1_jax.files import atomic_write_text, save_figure
+from gpt1_jax.flops import cpu_flags
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -80,7 +81,7 @@ def run_plan(config: str, batch: int, pod: str, mesh: str, extra: list[str]) -> 
     error = [line for line in proc.stderr.splitlines() if "error:" in line]
     if proc.returncode != 2 or not error:
         raise RuntimeError(f"{' '.join(argv[2:])} failed unexpectedly:\n{proc.stderr[-3000:]}")
-    return {"fits": False, "error": error[-1], "wall_s": seconds, "argv": argv[2:]}
+    return {"fits": False, "error": error[-1], "wall_s": seconds, "argv": argv[2:], "cpu_flags": cpu_flags()}
 
 
 def record(path: Path, produce) -> dict:

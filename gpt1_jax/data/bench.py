@@ -1,7 +1,8 @@
 """Throughput of the data pipeline, as JSON lines: ``python -m gpt1_jax.data --source ... --workdir ...``.
 
 Reports each stage separately (tokenizer training, tokenisation into the cache, the batch iterator
-alone) with wall and CPU seconds: on a shared machine wall time alone hides contention.
+alone) with wall and CPU seconds: on a shared machine wall time alone hides contention; and the CPU's flags
+beside them (gpt1_jax/flops.py), as every speed number of the project.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 from gpt1_jax.data.pipeline import BatchIterator, DataConfig, PackedWindows, default_cache_dir, split_windows
 from gpt1_jax.data.sources import open_source
 from gpt1_jax.data.tokens import tokenize_to_cache, tokenizer_for
+from gpt1_jax.flops import cpu_flags
 
 T = TypeVar("T")
 
@@ -73,22 +75,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         progress=not args.no_progress,
     )
 
-    source = open_source(cfg.source)
+    source, flags = open_source(cfg.source), cpu_flags()
     tok, wall, cpu = _timed(lambda: tokenizer_for(source, args.workdir, cfg.vocab_size, cfg.tokenizer, cfg.progress))
     print(json.dumps({"stage": "tokenizer", "vocab_size": tok.vocab_size, "seconds": round(wall, 3),
-                      "cpu_seconds": round(cpu, 3)}), flush=True)
+                      "cpu_seconds": round(cpu, 3), "cpu_flags": flags}), flush=True)
 
     cache_dir = cfg.cache_dir or default_cache_dir()
     stream, wall, cpu = _timed(lambda: tokenize_to_cache(source, tok, cache_dir, progress=cfg.progress))
     print(json.dumps({"stage": "tokenize", "source": cfg.source, "tokens": len(stream),
                       "documents": stream.meta["n_docs"], "from_cache": stream.from_cache,
                       "seconds": round(wall, 3), "cpu_seconds": round(cpu, 3),
-                      "tokens_per_s": round(len(stream) / wall), "cache": str(stream.path)}), flush=True)
+                      "tokens_per_s": round(len(stream) / wall), "cache": str(stream.path), "cpu_flags": flags}), flush=True)
 
     windows = PackedWindows(stream.tokens, cfg.seq_len)
     train, _ = split_windows(len(windows), cfg.val_fraction, cfg.split_seed)
     it = BatchIterator(windows, train, cfg.global_batch_size, seed=cfg.seed, process_index=0, process_count=1)
-    print(json.dumps(benchmark_iterator(it, args.batches)), flush=True)
+    print(json.dumps({**benchmark_iterator(it, args.batches), "cpu_flags": flags}), flush=True)
 
 
 if __name__ == "__main__":

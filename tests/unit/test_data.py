@@ -392,3 +392,16 @@ def test_a_bpe_of_a_tasks_text_is_trained_once_and_kept(tmp_path: Path, monkeypa
     assert again.same_as(first) and trained == [1]
     other = tokens_mod.bpe_of_texts(texts[:-1], 120, tmp_path / "cache", "cola training text")
     assert trained == [1, 1] and other.vocab_size <= 123  # other text: its own BPE
+
+
+def test_every_throughput_line_of_the_data_bench_names_the_cpu(tmp_path, capsys):
+    """`python -m gpt1_jax.data`'s tokens/s and seconds came without the CPU's flags, which every other speed
+    record carries (gpt1_jax/bench.py, experiments/scale/data_bench.py)."""
+    from gpt1_jax.data import bench
+    from gpt1_jax.flops import cpu_flags
+
+    bench.main(["--workdir", str(tmp_path / "w"), "--cache-dir", str(tmp_path / "cache"), "--vocab-size", "300",
+                "--seq-len", "32", "--batch-size", "4", "--batches", "3", "--no-progress"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["stage"] for line in lines] == ["tokenizer", "tokenize", "iterator"]
+    assert all(line["cpu_flags"] == cpu_flags() for line in lines)

@@ -113,3 +113,13 @@ def test_the_table_gives_the_flags_that_run_the_plan_in_pretrain():
     assert plan._as_flags(record) == "--mesh data=1,fsdp=16,tensor=1,dcn_data=2 --set model.remat=dots --set accum_steps=2"
     assert plan._as_flags({**record, "remat": "none", "accum_steps": 1, "dcn": {"data": 1}}) == \
         "--mesh data=1,fsdp=16,tensor=1"
+
+
+def test_a_plan_names_the_cpu_that_compiled_it():
+    """A plan's compile_s (and plan_table's wall_s) are the host CPU's times, but its record had no cpu_flags, which
+    every other speed record of the project carries (gpt1_jax/bench.py, sizing.py)."""
+    from gpt1_jax.config import PretrainConfig, resolve
+    from gpt1_jax.flops import cpu_flags
+
+    result = plan.compile_plan(resolve(PretrainConfig, "tiny"), plan.target(None))
+    assert result["compile_s"] > 0 and result["cpu_flags"] == cpu_flags()
