@@ -17,7 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments import harness
 from experiments.paper.settings import ARMS, BUDGETS, PAPER_DIR, TASKS, Budget
+from gpt1_jax.cli import number_at_least
 from gpt1_jax.data.tasks import bucket_len, encode_task, epoch_order, eval_order, example_lengths, make_task
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.tokenizer import GPT1Tokenizer
@@ -64,13 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     # Fitted 2026-11-27 on the AVX2 kind (AMD EPYC, avx avx2 fma sha_ni; 2 CPU devices, huge pages, warm compile
     # cache), alone: one epoch of SST-2 (3,000 examples) and of RTE (2,490), each with random and with
     # length-grouped batches; seconds = tokens / 2,297 + 0.1375 x steps (+ dev at 3x), within 8% of all four.
-    p.add_argument("--train-tokens-per-s", type=float, default=2300.0,
+    p.add_argument("--train-tokens-per-s", type=number_at_least(0.0, above=True), default=2300.0,
                    help="training throughput of a fine-tuning run, per padded token (default: 2,300, fitted on "
                         "the AVX2 kind)")
-    p.add_argument("--step-s", type=float, default=0.14,
+    p.add_argument("--step-s", type=number_at_least(0.0), default=0.14,
                    help="seconds per training step besides its tokens (default: 0.14, fitted with the above)")
-    p.add_argument("--eval-tokens-per-s", type=float, default=6900.0, help="forward-only throughput (default: 3x)")
-    p.add_argument("--startup-s", type=float, default=25.0, help="per run: data, init and compilation")
+    p.add_argument("--eval-tokens-per-s", type=number_at_least(0.0, above=True), default=6900.0, help="forward-only throughput (default: 3x)")
+    p.add_argument("--startup-s", type=number_at_least(0.0), default=25.0, help="per run: data, init and compilation")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the numbers there")
     args = p.parse_args(argv)
     budget = BUDGETS[args.budget]
@@ -105,5 +107,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # a bad --tasks, --data-dir or --release, or GLUE out of reach: one line, not a traceback
+    harness.leave(harness.main(main, "cost"))

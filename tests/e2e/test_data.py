@@ -152,3 +152,15 @@ def test_utf16_and_utf32_files_say_so_and_how_to_convert(tmp_path: Path) -> None
     said = f"gpt1-jax pretrain: error: {tmp_path / 'le.txt'}: UTF-16 text (little-endian, it starts with a byte-order"
     assert done.stderr.startswith(said), done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_the_data_bench_command_refuses_a_missing_source_in_one_line(tmp_path: Path) -> None:
+    """`python -m gpt1_jax.data --source nope.txt` ended in a FileNotFoundError traceback."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XLA_FLAGS": xla_flags(), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "gpt1_jax.data", "--workdir", str(tmp_path / "w"), "--source",
+                           str(tmp_path / "nope.txt")], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        f"python -m gpt1_jax.data: error: text source '{tmp_path / 'nope.txt'}': no such file or directory"], done.stderr

@@ -241,3 +241,19 @@ def test_options_sharing_their_context_score_as_separate_sequences_do():
         want = zeroshot.continuation_logprobs(config, params, [(shared, o) for o in options])
         np.testing.assert_allclose(scores[:, 1], [len(o) for o in options])
         np.testing.assert_allclose(scores[:, 0], want[:, 0], atol=2e-4)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--tasks", "sst3"], "cost: error: unknown task 'sst3'; known: cola, sst2"),
+    (["--tasks", "rte", "--release", "nowhere"], "cost: error: nowhere: no such checkpoint directory"),
+    (["--train-tokens-per-s", "0"], "argument --train-tokens-per-s: must be a finite number > 0, got 0"),
+])
+def test_the_cost_command_refuses_what_it_cannot_count_in_one_line(tmp_path, flags, message):
+    """experiments.paper.cost ended in a traceback for an unknown task, a missing release, GLUE out of reach
+    (offline, no --data-dir) and a zero throughput (ZeroDivisionError)."""
+    (tmp_path / "glue").mkdir()
+    env = {**os.environ, "XLA_FLAGS": xla_flags(), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "experiments.paper.cost", "--data-dir", str(tmp_path / "glue"), *flags],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert message in done.stderr.splitlines()[-1]
