@@ -253,7 +253,8 @@ def write_table() -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    p.add_argument("--only", default=None, help="one model config (gpt1, gpt1-350m, gpt1-1.3b, gpt1-6.7b)")
+    # choices: a misspelt config planned nothing and rewrote the table without a word
+    p.add_argument("--only", default=None, choices=sorted({c for c, _ in MODELS}), help="one model config")
     p.add_argument("--table", action="store_true", help="only rebuild results.json, table.md and the plot")
     args = p.parse_args()
     if not args.table:

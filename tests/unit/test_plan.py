@@ -123,3 +123,14 @@ def test_a_plan_names_the_cpu_that_compiled_it():
 
     result = plan.compile_plan(resolve(PretrainConfig, "tiny"), plan.target(None))
     assert result["compile_s"] > 0 and result["cpu_flags"] == cpu_flags()
+
+
+def test_plan_table_refuses_a_config_it_does_not_plan(monkeypatch, capsys):
+    """`plan_table --only nope` planned no cell and rewrote the table without a word."""
+    from experiments.scale import plan_table
+
+    monkeypatch.setattr(plan_table, "write_table", lambda: pytest.fail("the table was rewritten"))
+    monkeypatch.setattr("sys.argv", ["plan_table.py", "--only", "nope"])
+    with pytest.raises(SystemExit) as e:
+        plan_table.main()
+    assert e.value.code == 2 and "argument --only: invalid choice: 'nope'" in capsys.readouterr().err
