@@ -30,7 +30,7 @@ from experiments.paper.release import pretrain_stage, pretraining_finished, rele
 from experiments.paper.report import write_readme
 from experiments.paper.settings import BUDGETS, OUT_ENTRIES, RECIPE, STAGES, TASKS, Paper
 from experiments.paper.table5 import table5_stage
-from experiments.paper.zeroshot import zeroshot_stage
+from experiments.paper.zeroshot import scored_without_checkpoints, zeroshot_stage
 from gpt1_jax import compile_cache, hugepages
 from gpt1_jax.cli import simulate_devices
 from gpt1_jax.data.race import check_archive
@@ -123,7 +123,8 @@ def check_inputs(paper: Paper, stages: list[str]) -> None:
                                 "stage (run the table5 stage)")
     if "zeroshot" in stages and paper.race:
         check_archive(paper.race)
-    if "zeroshot" in stages and "pretrain" not in stages and not (paper.pretrain_dir / "checkpoints").is_dir():
+    if "zeroshot" in stages and "pretrain" not in stages and not (paper.pretrain_dir / "checkpoints").is_dir() \
+            and not scored_without_checkpoints(paper):
         raise FileNotFoundError(f"{paper.pretrain_dir}: no pre-training checkpoints for the zeroshot stage")
 
 

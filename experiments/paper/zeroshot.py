@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import matplotlib
 import numpy as np
 
-from experiments.paper.release import pretrain_config
-from experiments.paper.settings import Paper
+from experiments.paper.release import pretrain_config, pretraining_finished
+from experiments.paper.settings import Paper, shown
 from experiments.paper.stats import constant_baseline
 from gpt1_jax.data.glue import METRICS, load_split
 from gpt1_jax.data.race import load_race
@@ -231,7 +231,23 @@ def above_baseline(zs: dict, key: str) -> list[int]:
             if (value := zs["steps"][step][key]) - base > 2 * standard_error(key, value, n)]
 
 
+def scored_without_checkpoints(paper: Paper) -> bool:
+    """Whether the curve needs none of the run's checkpoints: pre-training is finished and zeroshot.json scores every
+    step of the curve on the budget's sets. A fresh clone of a finished pipeline holds those results, not the
+    checkpoints, and the README's command stopped there: 'run the pretrain stage first', which has nothing to do."""
+    if (paper.pretrain_dir / "checkpoints").is_dir() or not pretraining_finished(paper):
+        return False
+    saved, config = paper.load_json("zeroshot.json", {}), pretrain_config(paper)
+    scored = {int(step) for step in saved.get("steps", {})}
+    curve = set(config.keep_steps) | {config.steps}
+    return saved.get("examples") == dict(paper.budget.zeroshot_examples) and curve <= scored
+
+
 def zeroshot_stage(paper: Paper) -> bool:
+    if scored_without_checkpoints(paper):
+        print(f"zeroshot: every step of the curve is scored ({shown(paper.results_dir / 'zeroshot.json')})",
+              file=sys.stderr)
+        return False
     if not (paper.pretrain_dir / "checkpoints").is_dir():
         raise FileNotFoundError(f"{paper.pretrain_dir}: no pre-training checkpoints (run the pretrain stage first)")
     counts = {name: paper.budget.zeroshot_examples[name] for name in paper.budget.zeroshot_examples}

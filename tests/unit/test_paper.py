@@ -63,6 +63,29 @@ def test_a_finished_pretraining_needs_no_corpus(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("run.py: error: --corpus: text source")
 
 
+def test_a_finished_pipelines_zero_shot_curve_needs_no_checkpoints(tmp_path, capsys, monkeypatch):
+    """A fresh clone holds the release and results/zeroshot.json, not the run's checkpoints: the README's command
+    stopped at the zeroshot stage with 'no pre-training checkpoints (run the pretrain stage first)', and the pretrain
+    stage had just said it had nothing to do. A curve missing a step still needs them."""
+    from experiments.paper.settings import BUDGETS
+
+    monkeypatch.setattr(run, "write_readme", lambda paper: None)
+    out = tmp_path / "paper"
+    (out / "release").mkdir(parents=True)
+    (out / "release" / "README.md").write_text("---\npretrain_step: 20\n---\nthe release\n")  # --quick's 20 steps
+    scored = {"sst2": 50.0, "cola": 0.0, "race": 25.0}
+    zs = {"examples": dict(BUDGETS["quick"].zeroshot_examples), "steps": {s: scored for s in ("5", "10", "20")}}
+    (out / "results").mkdir()
+    (out / "results" / "zeroshot.json").write_text(json.dumps(zs))
+    argv = ["--stages", "zeroshot", "--quick", "--race", str(tmp_path), "--out", str(out)]
+    assert run.main(argv) == 0
+    assert "zeroshot: every step of the curve is scored" in capsys.readouterr().err
+    del zs["steps"]["10"]
+    (out / "results" / "zeroshot.json").write_text(json.dumps(zs))
+    assert run.main(argv) == 2
+    assert "no pre-training checkpoints for the zeroshot stage" in capsys.readouterr().err
+
+
 def test_a_stage_spanning_sessions_counts_the_time_of_each(tmp_path, monkeypatch):
     # The 4-epoch pre-training spans sessions, each ended by SIGTERM at a checkpoint: all of them are its time.
     sessions = iter([None, None, True])  # stopped, stopped, finished
