@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                         "the AVX2 kind)")
     p.add_argument("--step-s", type=number_at_least(0.0), default=0.14,
                    help="seconds per training step besides its tokens (default: 0.14, fitted with the above)")
-    p.add_argument("--eval-tokens-per-s", type=number_at_least(0.0, above=True), default=6900.0, help="forward-only throughput (default: 3x)")
+    p.add_argument("--eval-tokens-per-s", type=number_at_least(0.0, above=True), default=6900.0,
+                   help="forward-only throughput (default: 3x)")
     p.add_argument("--startup-s", type=number_at_least(0.0), default=25.0, help="per run: data, init and compilation")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the numbers there")
     args = p.parse_args(argv)

@@ -85,7 +85,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(json.dumps({"stage": "tokenize", "source": cfg.source, "tokens": len(stream),
                       "documents": stream.meta["n_docs"], "from_cache": stream.from_cache,
                       "seconds": round(wall, 3), "cpu_seconds": round(cpu, 3),
-                      "tokens_per_s": round(len(stream) / wall), "cache": str(stream.path), "cpu_flags": flags}), flush=True)
+                      "tokens_per_s": round(len(stream) / wall), "cache": str(stream.path), "cpu_flags": flags}),
+          flush=True)
 
     windows = PackedWindows(stream.tokens, cfg.seq_len)
     train, _ = split_windows(len(windows), cfg.val_fraction, cfg.split_seed)
