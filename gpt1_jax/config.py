@@ -168,6 +168,8 @@ def given_keys(overrides) -> set[str]:
             value = read_yaml(raw) if raw.strip() else None
         except yaml.YAMLError:  # apply_overrides says so
             value = None
+        if value is None and "." not in key:  # `optim=null`: nothing given for the section (apply_overrides)
+            continue
         keys |= {key} if not isinstance(value, dict) else {f"{key}.{k}" for k in flat_fields(value)}
     return keys
 
@@ -798,7 +800,7 @@ def hand_written(spec: str | None, cls: type | None = None) -> dict[str, Any]:
     values = read_config_file(spec)
     if cls is not None and {f.name for f in dataclasses.fields(cls)} <= set(values):
         return {}
-    return flat_fields(values)
+    return flat_fields({k: v for k, v in values.items() if v is not None})  # `optim: null` gives nothing (_merged)
 
 
 def written_by_gpt1_jax(path: str | Path) -> bool:

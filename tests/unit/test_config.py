@@ -164,6 +164,9 @@ def test_a_null_section_gives_nothing_from_a_file_and_from_set_alike(tmp_path, s
         assert resolve(PretrainConfig, None, overrides=[f"{section}={spelling}", "steps=7"]) == resolve(PretrainConfig, str(file))
     with pytest.raises(ConfigError, match="^steps must be int, got None"):  # a field, not a section: still refused
         resolve(PretrainConfig, None, overrides=["steps=null"])
+    # nor does it count as every field of the section given: the preset's warmup of 5 is the run's to clip
+    check_pretrain_schedule(resolve(PretrainConfig, "tiny", overrides=["steps=3", f"{section}=null"]),
+                            ["steps=3", f"{section}=null"], str(file))
 
 
 def test_a_runs_own_config_counts_as_a_preset_for_the_schedule(tmp_path):
