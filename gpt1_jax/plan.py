@@ -34,7 +34,7 @@ from gpt1_jax.attention import model_impl
 from gpt1_jax.config import MeshConfig, PretrainConfig
 from gpt1_jax.errors import ConfigError, PlanDoesNotFit
 from gpt1_jax.optim import optimizer_state_bytes
-from gpt1_jax.step import lm_batch_spec, lm_trainer
+from gpt1_jax.step import check_mesh_divides, lm_batch_spec, lm_trainer
 
 GB = 1e9
 # Hardware FLOPs per model FLOP by remat policy: full recomputes each block's forward (+1/3); dots keeps the
@@ -433,16 +433,24 @@ def _factorisations(n: int) -> list[tuple[int, int, int]]:
 
 
 def candidates(config: PretrainConfig, n_chips: int, num_slices: int = 1) -> list[tuple[MeshConfig, str]]:
-    """Every (mesh, remat) worth trying: the batch splits over data x fsdp (x accum), tensor divides the
-    heads, and the data axis spans the slices."""
-    m, B = config.model, config.data.global_batch_size
+    """Every (mesh, remat) worth trying: the batch splits over data x fsdp (x accum), each mesh axis divides the
+    parameter dimensions the rules split over it (as the Trainer requires), and the data axis spans the slices."""
+    B = config.data.global_batch_size
     out = []
     for d, f, t in _factorisations(n_chips):
-        if B % (d * f * config.accum_steps) or m.n_heads % t or m.d_mlp % t or d % num_slices:
+        if B % (d * f * config.accum_steps) or d % num_slices or not _divides(config, d, f, t):
             continue
         for remat in ("none", "dots", "full"):
             out.append((MeshConfig(data=d, fsdp=f, tensor=t, dcn_data=num_slices, rules=config.mesh.rules), remat))
     return out
+
+
+def _divides(config: PretrainConfig, data: int, fsdp: int, tensor: int) -> bool:
+    try:
+        check_mesh_divides(config.model, config.mesh, {"data": data, "fsdp": fsdp, "tensor": tensor})
+    except ConfigError:  # a mesh the Trainer refuses: skipped, not ranked
+        return False
+    return True
 
 
 def activation_bytes(config: PretrainConfig, mesh: MeshConfig, remat: str) -> float:
@@ -513,7 +521,7 @@ def auto(config: PretrainConfig, where: Target, compile_top: int = 3, baselines:
                        mesh_config, remat, est))
     if not ranked:
         raise ConfigError(f"--mesh auto: no data x fsdp x tensor mesh of {len(where.devices)} chips splits the batch "
-                          f"{config.data.global_batch_size} (x accum_steps {config.accum_steps}) and the heads")
+                          f"{config.data.global_batch_size} (x accum_steps {config.accum_steps}) and the model's dimensions")
     ranked.sort(key=lambda r: r[:3])
     may_fit = [r for r in ranked if capacity is None or r[5]["bytes_per_chip"] <= capacity]
     chosen = may_fit[:compile_top]

@@ -33,7 +33,7 @@ from gpt1_jax.metrics import plot_losses
 from gpt1_jax.model import init_params
 from gpt1_jax.optim import abstract_state, eval_params, make_schedule
 from gpt1_jax.sharding import make_mesh
-from gpt1_jax.step import check_batch_size, lm_trainer
+from gpt1_jax.step import check_batch_size, check_mesh_divides, lm_trainer
 from gpt1_jax.tokenizer import TOKENIZER_META
 from gpt1_jax.workdir import Identity
 from gpt1_jax.workdir import check as check_workdir
@@ -60,7 +60,9 @@ def run(config: PretrainConfig, workdir: Path) -> Outcome:
         check_same_data(workdir, config, saved)
         check_same_optimizer_state(workdir, config, saved)
     # What needs no data is checked before the corpus is read: tokenizing can take minutes, and writes.
-    check_batch_size(make_mesh(config.mesh), config.data.global_batch_size, config.accum_steps)
+    mesh = make_mesh(config.mesh)
+    check_batch_size(mesh, config.data.global_batch_size, config.accum_steps)
+    check_mesh_divides(config.model, config.mesh, dict(mesh.shape))
     check_attention(config.model.attention, config.model.attn_dropout, True, config.model.head_dim)
     if jax.process_count() > 1:  # every process has checked the folder before process 0 writes into it (its BPE)
         multihost_utils.sync_global_devices("pretrain: workdir checked")

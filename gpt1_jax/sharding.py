@@ -82,31 +82,53 @@ def make_mesh(config: MeshConfig, devices: Sequence[Any] | None = None):
     return jax.sharding.Mesh(grid, MESH_AXES)
 
 
-def _fit_spec(spec, shape: tuple[int, ...], mesh):
-    """Drops mesh axes from dimensions they do not divide (e.g. vocab 40478 over tensor=4): replicated
-    along that dimension instead of an error at jit time. Everything else is kept as the rules say."""
+# The one logical axis a mesh axis may leave whole where it does not divide: the tokenizer sets the vocabulary's
+# size (GPT-1's 40478 BPE tokens + 3 fine-tuning markers = 40481, odd), so no tensor size could split it. The
+# table then sits whole on every chip, which `gpt1-jax plan` lists among its replicated state tensors.
+MAY_STAY_WHOLE = frozenset({"vocab"})
+
+
+def _mesh_axes(axes) -> tuple[str, ...]:
+    return (axes,) if isinstance(axes, str) else tuple(axes or ())
+
+
+def _fit_spec(logical, spec, shape: tuple[int, ...], sizes: Mapping[str, int], where: str):
+    """The mesh spec of one array: each dimension split over the mesh axes the rules give it. A mesh axis that
+    does not divide its dimension is a ConfigError naming both, except on a MAY_STAY_WHOLE axis (e.g. vocab 40481
+    over tensor=4), which is left whole there instead: a mesh asked for is a mesh got, never silently less."""
     fitted = []
-    for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
-        names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    pad = (None,) * (len(shape) - len(spec))
+    for dim, name, axes in zip(shape, tuple(logical) + pad, tuple(spec) + pad):
         kept = []
-        for name in names:
-            if dim % (math.prod(mesh.shape[n] for n in kept) * mesh.shape[name]) == 0:
-                kept.append(name)
+        for axis in _mesh_axes(axes):
+            if dim % (math.prod(sizes[a] for a in kept) * sizes[axis]) == 0:
+                kept.append(axis)
+            elif name not in MAY_STAY_WHOLE and sizes[axis] > 1:
+                split = " x ".join(f"{a}={sizes[a]}" for a in kept + [axis])
+                raise ConfigError(f"mesh {split} does not divide {where}'s {name} dimension ({dim}): choose a size that "
+                                  f"divides {dim}, or --set 'mesh.rules={{{name}: null}}' to keep {name} whole")
         fitted.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
     return PartitionSpec(*fitted)
 
 
+def fitted_specs(boxed_tree, sizes: Mapping[str, int], rules: Rules):
+    """PartitionSpecs for a tree of nn.Partitioned boxes (concrete or from jax.eval_shape) on a mesh of these
+    axis sizes; ConfigError where a mesh axis does not divide a dimension the rules split over it (_fit_spec)."""
+    logical = nn.get_partition_spec(boxed_tree)
+    mesh_specs = nn.logical_to_mesh(logical, rules)
+    is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
+    flat_logical = jax.tree.leaves(logical, is_leaf=is_spec)
+    flat_mesh = jax.tree.leaves(mesh_specs, is_leaf=is_spec)
+    paths_values, treedef = jax.tree_util.tree_flatten_with_path(nn.meta.unbox(boxed_tree))
+    specs = [_fit_spec(names, spec, tuple(v.shape), sizes, "/".join(_dict_keys(path)))
+             for (path, v), names, spec in zip(paths_values, flat_logical, flat_mesh)]
+    return jax.tree_util.tree_unflatten(treedef, specs)
+
+
 def logical_shardings(boxed_tree, mesh, rules: Rules):
     """NamedShardings for a tree of nn.Partitioned boxes (concrete or from jax.eval_shape)."""
-    specs = nn.get_partition_spec(boxed_tree)
-    mesh_specs = nn.logical_to_mesh(specs, rules)
-    values = nn.meta.unbox(boxed_tree)
-    return jax.tree.map(
-        lambda v, s: jax.sharding.NamedSharding(mesh, _fit_spec(s, tuple(v.shape), mesh)),
-        values,
-        mesh_specs,
-        is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec),
-    )
+    specs = fitted_specs(boxed_tree, dict(mesh.shape), rules)
+    return jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
 def replicated(mesh):

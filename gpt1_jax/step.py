@@ -366,6 +366,20 @@ def check_batch_size(mesh, global_batch: int, accum_steps: int = 1, what: str = 
                           + f" = {divisor} (mesh {dict(mesh.shape)}" + (f", accum_steps {accum_steps})" if accum_steps > 1 else ")"))
 
 
+@functools.lru_cache(maxsize=16)
+def _lm_param_boxes(config: ModelConfig, rules: shd.Rules):
+    with nn.logical_axis_rules(rules):
+        return jax.eval_shape(lm_functions(config)[0], jax.random.key(0))
+
+
+def check_mesh_divides(config: ModelConfig, mesh: MeshConfig, sizes: dict[str, int]) -> None:
+    """The Trainer's ConfigError for a mesh axis that does not divide a dimension its rules split over it (heads
+    over tensor, embed over fsdp), without building one: pretrain asks before reading data, plan's search per mesh."""
+    rules = shd.logical_rules(mesh.rules)
+    # the parameters' shapes only: traced with XLA's attention, which any host has (cudnn's needs the GPU)
+    shd.fitted_specs(_lm_param_boxes(dataclasses.replace(config, attention="xla"), rules), sizes, rules)
+
+
 def make_trainer(init_fn, loss_fn, optim: OptimConfig, mesh: MeshConfig | Any, *, accum_steps: int = 1, seed: int = 0,
                  predict_fn=None, devices=None) -> Trainer:
     """The one builder: mesh (from a MeshConfig over `devices`, default all visible ones, or a mesh already

@@ -134,3 +134,15 @@ def test_plan_table_refuses_a_config_it_does_not_plan(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         plan_table.main()
     assert e.value.code == 2 and "argument --only: invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_auto_skips_meshes_whose_tensor_or_fsdp_does_not_divide_the_model():
+    """tiny (4 heads, d_model 64) on 8 chips: tensor=8 leaves the heads unsplit and the Trainer refuses it, so the
+    search ranks only meshes the Trainer takes; the rules it is given decide (heads whole: tensor=8 comes back)."""
+    from gpt1_jax.config import PretrainConfig, resolve
+
+    config = resolve(PretrainConfig, "tiny")
+    meshes = {(m.data, m.fsdp, m.tensor) for m, _ in plan.candidates(config, 8)}
+    assert {(2, 1, 4), (1, 2, 4), (8, 1, 1), (1, 8, 1)} <= meshes and not any(t == 8 for _, _, t in meshes)
+    told = resolve(PretrainConfig, "tiny", overrides=["mesh.rules={heads: null}"])
+    assert (1, 1, 8) in {(m.data, m.fsdp, m.tensor) for m, _ in plan.candidates(told, 8)}

@@ -17,11 +17,12 @@ from tests.support.pretrain import cache  # noqa: F401 (a pytest fixture)
         (None, ["--set", "optim.lr=fast"], "optim.lr must be float, got 'fast'"),
         (None, ["--mesh", "data=3"], "mesh data=3,fsdp=1,tensor=1 needs 3 devices, have 8"),
         (None, ["--mesh", "data=8", "--batch-size", "12"], "global batch 12 is not divisible by data x fsdp = 8"),
+        (None, ["--mesh", "tensor=8"], "mesh tensor=8 does not divide h_0/attn/c_attn/bias's heads dimension (4)"),
         (None, ["--set", "model.dtype=bfloat16", "--set", "model.attention=cudnn"],
          "model.attention='cudnn' needs an NVIDIA GPU, and this run's devices are cpu"),
         (None, ["--set", "model.attention=dot_product"], "model.attention='dot_product' has no attention dropout"),
     ],
-    ids=["empty-corpus", "not-utf8", "seq-len-too-long", "unknown-key", "bad-value", "bad-mesh", "bad-batch",
+    ids=["empty-corpus", "not-utf8", "seq-len-too-long", "unknown-key", "bad-value", "bad-mesh", "bad-batch", "tensor-over-heads",
          "cudnn-on-cpu", "fused-attention-with-dropout"],
 )
 def test_bad_input_is_one_clear_line(tmp_path, cache, capsys, make_input, flags, message):

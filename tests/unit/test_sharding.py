@@ -1,5 +1,6 @@
 """Sharding rules in process: FSDP really spreads params and optimizer state, pure data parallel replicates
-them, meshes parse, rules are overridable in one place, an undivisible dimension falls back to replicated.
+them, meshes parse, rules are overridable in one place, a mesh axis that does not divide what it splits is one
+line (the vocabulary alone stays whole).
 Sharded loss and gradients against one device on every mesh: tests/e2e/test_sharding.py."""
 
 import dataclasses
@@ -9,7 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 from gpt1_jax import sharding as shd
 from gpt1_jax.config import ConfigError
-from gpt1_jax.step import lm_trainer, state_bytes
+from gpt1_jax.step import lm_functions, lm_trainer, make_trainer, state_bytes
 from tests.support.sharding import OPTIM, TINY
 
 
@@ -69,7 +70,29 @@ def test_dcn_sizes_on_devices_of_one_slice_are_one_line():
         shd.make_mesh(shd.parse_mesh("data=8,dcn_data=2"))
 
 
-def test_undivisible_dimension_falls_back_to_replicated():
-    mesh = shd.make_mesh(shd.parse_mesh("tensor=8"))
-    assert shd._fit_spec(P("tensor", None), (40478, 768), mesh) == P(None, None)
-    assert shd._fit_spec(P("tensor", None), (40480, 768), mesh) == P("tensor", None)
+def test_tensor_that_does_not_divide_the_heads_is_one_line_not_replicated_heads():
+    """tiny has 4 heads: tensor=8 split the MLP and left attention whole on every device, silently (c_attn's kernel
+    came out P('fsdp', None, None, None)); a mesh asked for is a mesh got, or one line naming the dimension."""
+    with pytest.raises(ConfigError, match=r"^mesh tensor=8 does not divide h_0/attn/c_attn/\w+'s heads dimension \(4\): "
+                                          r"choose a size that divides 4, or --set 'mesh.rules=\{heads: null\}'"):
+        lm_trainer(TINY, OPTIM, shd.make_mesh(shd.parse_mesh("tensor=8")))
+    told = make_trainer(*lm_functions(TINY), OPTIM, shd.MeshConfig(data=1, tensor=8, rules={"heads": None}))
+    assert told.param_shardings["h_0"]["attn"]["c_attn"]["kernel"].spec == P("fsdp", None, None, None)
+    assert told.param_shardings["h_0"]["mlp"]["c_fc"]["kernel"].spec == P("fsdp", "tensor")
+
+
+def test_fsdp_that_does_not_divide_d_model_is_one_line():
+    config = dataclasses.replace(TINY, d_model=36, n_heads=4)
+    with pytest.raises(ConfigError, match=r"^mesh fsdp=8 does not divide \S+'s embed dimension \(36\)"):
+        lm_trainer(config, OPTIM, shd.make_mesh(shd.parse_mesh("fsdp=8")))
+
+
+def test_vocab_alone_stays_whole_where_tensor_does_not_divide_it():
+    """The tokenizer sets the vocabulary's size (GPT-1's 40478 + 3 markers, odd): no tensor size could split it."""
+    mesh = shd.make_mesh(shd.parse_mesh("tensor=4"))
+    sizes = dict(mesh.shape)
+    assert shd._fit_spec(("vocab", "embed"), P("tensor", None), (40481, 768), sizes, "e") == P(None, None)
+    assert shd._fit_spec(("vocab", "embed"), P("tensor", None), (40480, 768), sizes, "e") == P("tensor", None)
+    trainer = lm_trainer(dataclasses.replace(TINY, vocab_size=510), OPTIM, mesh)
+    assert trainer.param_shardings["tokens_embed"]["embedding"].spec == P(None, "fsdp")
+    assert trainer.param_shardings["h_0"]["attn"]["c_attn"]["kernel"].spec == P("fsdp", None, "tensor", None)
