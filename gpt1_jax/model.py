@@ -16,6 +16,7 @@ With `scan_layers` every `h/...` array has a leading layer axis [L, ...]; withou
 from __future__ import annotations
 
 import functools
+import math
 from typing import Sequence
 
 import flax.linen as nn
@@ -218,26 +219,84 @@ class GPT1(nn.Module):
         else:
             self.blocks = [block(c, name=f"h_{i}") for i in range(c.n_layers)]
 
-    def __call__(self, tokens_BT: jax.Array, *, deterministic: bool = True, decode: bool = False, start=0) -> jax.Array:
+    def __call__(self, tokens_BT: jax.Array, *, deterministic: bool = True, decode: bool = False, start=0,
+                 table_GVD: jax.Array | None = None) -> jax.Array:
         """Final hidden states. With `decode`, tokens_BT sit at positions start.. of a sequence whose
-        earlier keys/values are in the mutable "cache" collection (see `gpt1_jax.generate`)."""
+        earlier keys/values are in the mutable "cache" collection (see `gpt1_jax.generate`). `table_GVD`: the
+        token table as `lm` hands it over, one copy per batch group."""
         c = self.config
         T = tokens_BT.shape[-1]
         if T > c.n_positions:
             raise ValueError(f"sequence of {T} tokens is longer than the model's n_positions={c.n_positions}")
-        x_BTD = self.tokens_embed(tokens_BT) + self.positions_embed(start + jnp.arange(T))[None]
+        x_BTD = self._embed_tokens(tokens_BT, table_GVD) + self.positions_embed(start + jnp.arange(T))[None]
         x_BTD = self.embd_dropout(x_BTD, deterministic=deterministic)
         x_BTD = nn.with_logical_constraint(x_BTD, ("batch", "length", "embed"))
         for block in self.blocks:
             x_BTD, _ = block(x_BTD, deterministic, decode, start)
         return x_BTD
 
-    def logits(self, h_BTD: jax.Array) -> jax.Array:
+    def logits(self, h_BTD: jax.Array, table_GVD: jax.Array | None = None) -> jax.Array:
         """Tied LM head over the token rows (specials included once appended), in float32 for the loss."""
-        if self.config.dtype == "float32":
-            return self.tokens_embed.attend(h_BTD).astype(jnp.float32)
+        if table_GVD is None:
+            return self._head(h_BTD, self.tokens_embed.embedding)
+        h_GbTD = _grouped(h_BTD, table_GVD.shape[0])
+        logits_GbTV = jax.vmap(self._head)(h_GbTD, table_GVD)
+        return logits_GbTV.reshape(*h_BTD.shape[:-1], logits_GbTV.shape[-1])
+
+    def lm(self, tokens_BT: jax.Array, *, deterministic: bool = True) -> jax.Array:
+        """LM logits of `tokens_BT` in one pass, for training: both uses of the token table read `group_table`."""
+        table_GVD = self.group_table()
+        return self.logits(self(tokens_BT, deterministic=deterministic, table_GVD=table_GVD), table_GVD)
+
+    def group_table(self) -> jax.Array | None:
+        """The token table once per batch group ([G, V, D], copy g on the devices of batch shard g), for a pass that
+        uses it twice (input embedding and tied head); None where the batch is whole on each device.
+
+        Each use's gradient is a [V, D] partial sum on every device, and the compiler reduced each across devices on
+        its own: the table's gradient crossed the network twice per step. Read from one copy per group, the two
+        gradients add on each device, and the copies' sum (the broadcast's transpose) is the one reduction."""
+        groups, axes = _batch_groups()
+        if groups == 1:
+            return None
+        table_VD = self.tokens_embed.embedding
+        return _constrain_groups(jnp.broadcast_to(table_VD, (groups, *table_VD.shape)), axes)
+
+    def _embed_tokens(self, tokens_BT: jax.Array, table_GVD: jax.Array | None) -> jax.Array:
+        if table_GVD is None:
+            return self.tokens_embed(tokens_BT)
+        table_GVD = table_GVD.astype(self.config.dtype)  # as nn.Embed casts its table
+        x_GbTD = jax.vmap(lambda table_VD, t: jnp.take(table_VD, t, axis=0))(
+            table_GVD, _grouped(tokens_BT, table_GVD.shape[0]))
+        return x_GbTD.reshape(*tokens_BT.shape, x_GbTD.shape[-1])
+
+    def _head(self, h_BTD: jax.Array, table_VD: jax.Array) -> jax.Array:
+        if self.config.dtype == "float32":  # as nn.Embed.attend computes it
+            return jnp.dot(h_BTD.astype(jnp.float32), table_VD.astype(jnp.float32).T)
         # "...": generation asks for the last position only, (B, D)
-        return mixed_einsum("...d,vd->...v", h_BTD, self.tokens_embed.embedding, jnp.dtype(self.config.dtype))
+        return mixed_einsum("...d,vd->...v", h_BTD, table_VD, jnp.dtype(self.config.dtype))
+
+
+def _batch_groups() -> tuple[int, tuple[str, ...]]:
+    """(devices the batch is split over, their mesh axes) under the mesh and rules being traced; (1, ()) outside."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return 1, ()
+    axes = nn.logical_to_mesh_axes(("batch",))[0]
+    axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    return math.prod(mesh.shape[a] for a in axes), axes
+
+
+def _grouped(x_B: jax.Array, groups: int) -> jax.Array:
+    """[B, ...] -> [G, B/G, ...]: group g holds the rows of batch shard g (rows are split in order)."""
+    groups_axes = _batch_groups()[1]
+    return _constrain_groups(x_B.reshape(groups, x_B.shape[0] // groups, *x_B.shape[1:]), groups_axes)
+
+
+def _constrain_groups(x_G: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+    """Group g on batch shard g's devices; the other dimensions as the compiler propagates them (the table's vocab
+    over tensor, its embed gathered as FSDP's forward does)."""
+    rest = (jax.sharding.PartitionSpec.UNCONSTRAINED,) * (x_G.ndim - 1)
+    return jax.lax.with_sharding_constraint(x_G, jax.sharding.PartitionSpec(axes, *rest))
 
 
 def init_params(config: ModelConfig, rng: jax.Array | int = 0, seq_len: int | None = None):

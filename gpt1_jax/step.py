@@ -80,8 +80,8 @@ def lm_functions(config: ModelConfig) -> tuple[Callable, LossFn]:
     def loss_fn(params, batch, rng, deterministic):
         variables = {"params": params}
         rngs = {} if deterministic else {"dropout": rng}
-        h_BTD = model.apply(variables, batch["inputs"], deterministic=deterministic, rngs=rngs)
-        logits_BTV = model.apply(variables, h_BTD, method=GPT1.logits)
+        # one pass (GPT1.lm): the tied table's two gradients then cross devices once, not once each
+        logits_BTV = model.apply(variables, batch["inputs"], deterministic=deterministic, rngs=rngs, method=GPT1.lm)
         weights_BT = batch.get("weights")
         if weights_BT is None:
             weights_BT = jnp.ones(batch["targets"].shape, jnp.float32)

@@ -1,16 +1,19 @@
 """Sharded loss and gradients equal the single-device ones on DP, FSDP, TP and mixed meshes (8 fake CPU
-devices)."""
+devices); the compiled data-parallel step reduces each gradient across devices once."""
 
 import dataclasses
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gpt1_jax import plan
 from gpt1_jax import sharding as shd
 from gpt1_jax.attention import query_blocks, resolve_impl
-from gpt1_jax.step import lm_batch, lm_trainer
+from gpt1_jax.heads import finetune_functions
+from gpt1_jax.step import lm_batch, lm_batch_spec, lm_trainer, make_trainer
 from tests.support.sharding import OPTIM, TINY
 
 
@@ -77,4 +80,68 @@ def test_query_blocked_attention_with_dropout_shards_like_one_device():
     assert max(jax.tree.leaves(jax.tree.map(_rel, grads_1, plain))) > 1e-2  # the dropout was on
     assert abs(loss_8 - loss_1) / loss_1 <= 1e-5
     errs = jax.tree.map(_rel, grads_8, grads_1)
+    assert max(jax.tree.leaves(errs)) <= 1e-5, errs
+
+
+def _reduced_arrays(trainer, batch_spec) -> list[tuple[str, int]]:
+    """(shape, bytes) of every array the compiled train step all-reduces or reduce-scatters, once per op."""
+    found = []
+    for line in trainer.lower(batch_spec).compile().as_text().splitlines():
+        m = plan._OP.search(line)
+        if m and m.group("op") in ("all-reduce", "reduce-scatter"):
+            shapes = [f"{dtype}[{dims}]" for dtype, dims in plan._ARRAY.findall(m.group("shape"))]
+            found += zip(shapes, plan._array_bytes(m.group("shape")))
+    return found
+
+
+def test_tied_token_table_gradient_crosses_devices_once_and_the_step_equals_one_device(reference):
+    """The token table is both the input embedding and the LM head. On data=8 each use's [V, D] gradient was
+    all-reduced on its own and the two added after: f32[512,64] twice among the step's all-reduced arrays,
+    670,212 bytes for 547,328 bytes of parameters (the TPU compiler for v5e:2x4 too: 2 all-reduces, 1,172,871
+    ring bytes per chip; now 1 and 943,495). GPT1.lm adds them on each device first."""
+    mesh = shd.make_mesh(shd.parse_mesh("data=8"))
+    trainer = lm_trainer(TINY, OPTIM, mesh)
+    reduced = _reduced_arrays(trainer, lm_batch_spec(16, 32))
+    table = f"f32[{TINY.vocab_size},{TINY.d_model}]"
+    assert [shape for shape, _ in reduced].count(table) == 1, reduced
+    param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(reference["params"]))
+    assert sum(n for _, n in reduced) <= param_bytes + 64, (sum(n for _, n in reduced), param_bytes)
+
+    loss, grads, params = _grads_on(mesh)  # the table's gradient as one device computes it
+    assert loss == pytest.approx(reference["loss"], rel=1e-6)
+    assert _rel(grads["tokens_embed"]["embedding"], reference["grads"]["tokens_embed"]["embedding"]) <= 1e-6
+
+    one = lm_trainer(TINY, OPTIM, shd.make_mesh(shd.MeshConfig(data=1), jax.devices()[:1]))
+    after = {}
+    for name, t in (("one", one), ("eight", trainer)):
+        state, metrics = t.step(t.state_from_params(reference["params"]), t.put_batch(BATCH))
+        after[name] = (float(metrics["loss"]), float(metrics["grad_norm"]), jax.tree.map(np.asarray, state.params))
+    assert after["eight"][:2] == pytest.approx(after["one"][:2], rel=1e-6)
+    # 1e-4, not 1e-6: the attention keys' bias has a gradient of rounding noise only (softmax ignores a shift),
+    # which Adam's first step scales to +-lr whatever its size (1.9e-5 here, the same before GPT1.lm).
+    errs = jax.tree.map(_rel, after["eight"][2], after["one"][2])
+    assert max(jax.tree.leaves(errs)) <= 1e-4, errs
+
+
+def test_fine_tuning_with_its_lm_loss_reduces_the_token_table_once_and_matches_one_device():
+    """Fine-tuning's auxiliary LM loss ties the table the same way: twice all-reduced on data=8 (670,744 bytes),
+    once since FinetuneModel reads GPT1.group_table (539,672)."""
+    init_fn, loss_fn, predict_fn = finetune_functions(TINY, "classify", 2, False, 0.0, 0.5, 1)
+    rng = np.random.default_rng(3)
+    batch = {"tokens": rng.integers(0, TINY.vocab_size, (16, 1, 32), dtype=np.int32),
+             "clf_pos": rng.integers(1, 32, (16, 1), dtype=np.int32), "labels": rng.integers(0, 2, 16, dtype=np.int32),
+             "weights": np.ones(16, np.float32), "mask": np.ones((16, 1, 32), np.float32)}
+    spec = {k: jax.ShapeDtypeStruct(v.shape, jnp.dtype(v.dtype)) for k, v in batch.items()}
+    results = {}
+    meshes = (("one", shd.MeshConfig(data=1), jax.devices()[:1]), ("eight", shd.parse_mesh("data=8"), None))
+    for name, mesh, devices in meshes:
+        trainer = make_trainer(init_fn, loss_fn, OPTIM, mesh, predict_fn=predict_fn, devices=devices)
+        if name == "eight":
+            shapes = [shape for shape, _ in _reduced_arrays(trainer, spec)]
+            assert shapes.count(f"f32[{TINY.vocab_size},{TINY.d_model}]") == 1, shapes
+        params = trainer.place_params(results["one"][2] if results else trainer.init(seed=1).params)
+        loss, grads, _ = trainer.grads(params, trainer.put_batch(batch))
+        results[name] = (float(loss), jax.tree.map(np.asarray, grads), jax.tree.map(np.asarray, params))
+    assert results["eight"][0] == pytest.approx(results["one"][0], rel=1e-6)
+    errs = jax.tree.map(_rel, results["eight"][1], results["one"][1])
     assert max(jax.tree.leaves(errs)) <= 1e-5, errs
