@@ -71,7 +71,7 @@ class FinetuneModel(nn.Module):
     def __call__(self, tokens_BNT, clf_pos_BN, *, deterministic: bool = True, with_lm: bool = True):
         """-> (head outputs [B, n_outputs] or [B, N], LM logits [B*N, T, V] float32 or None)."""
         B, N, T = tokens_BNT.shape
-        table_GVD = self.transformer.group_table() if with_lm else None  # its two gradients reduced once (GPT1.lm)
+        table_GVD = self.transformer.group_table() if with_lm else None  # its two gradients reduced once (GPT1.group_table)
         h_STD = self.transformer(tokens_BNT.reshape(B * N, T), deterministic=deterministic, table_GVD=table_GVD)
         idx_S11 = clf_pos_BN.reshape(B * N, 1, 1)
         h_clf_SD = jnp.take_along_axis(h_STD, idx_S11, axis=1)[:, 0]

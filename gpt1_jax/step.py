@@ -80,8 +80,10 @@ def lm_functions(config: ModelConfig) -> tuple[Callable, LossFn]:
     def loss_fn(params, batch, rng, deterministic):
         variables = {"params": params}
         rngs = {} if deterministic else {"dropout": rng}
-        # one pass (GPT1.lm): the tied table's two gradients then cross devices once, not once each
-        logits_BTV = model.apply(variables, batch["inputs"], deterministic=deterministic, rngs=rngs, method=GPT1.lm)
+        # both uses of the tied table read one copy per batch group: its two gradients cross devices once, not each
+        table_GVD = model.apply(variables, method=GPT1.group_table)
+        h_BTD = model.apply(variables, batch["inputs"], deterministic=deterministic, rngs=rngs, table_GVD=table_GVD)
+        logits_BTV = model.apply(variables, h_BTD, table_GVD, method=GPT1.logits)
         weights_BT = batch.get("weights")
         if weights_BT is None:
             weights_BT = jnp.ones(batch["targets"].shape, jnp.float32)

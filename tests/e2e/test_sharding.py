@@ -4,12 +4,13 @@ devices); the compiled data-parallel step reduces each gradient across devices o
 import dataclasses
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gpt1_jax import plan
+from gpt1_jax import model, plan
 from gpt1_jax import sharding as shd
 from gpt1_jax.attention import query_blocks, resolve_impl
 from gpt1_jax.heads import finetune_functions
@@ -98,7 +99,7 @@ def test_tied_token_table_gradient_crosses_devices_once_and_the_step_equals_one_
     """The token table is both the input embedding and the LM head. On data=8 each use's [V, D] gradient was
     all-reduced on its own and the two added after: f32[512,64] twice among the step's all-reduced arrays,
     670,212 bytes for 547,328 bytes of parameters (the TPU compiler for v5e:2x4 too: 2 all-reduces, 1,172,871
-    ring bytes per chip; now 1 and 943,495). GPT1.lm adds them on each device first."""
+    ring bytes per chip; now 1 and 943,495). GPT1.group_table adds them on each device first."""
     mesh = shd.make_mesh(shd.parse_mesh("data=8"))
     trainer = lm_trainer(TINY, OPTIM, mesh)
     reduced = _reduced_arrays(trainer, lm_batch_spec(16, 32))
@@ -118,9 +119,18 @@ def test_tied_token_table_gradient_crosses_devices_once_and_the_step_equals_one_
         after[name] = (float(metrics["loss"]), float(metrics["grad_norm"]), jax.tree.map(np.asarray, state.params))
     assert after["eight"][:2] == pytest.approx(after["one"][:2], rel=1e-6)
     # 1e-4, not 1e-6: the attention keys' bias has a gradient of rounding noise only (softmax ignores a shift),
-    # which Adam's first step scales to +-lr whatever its size (1.9e-5 here, the same before GPT1.lm).
+    # which Adam's first step scales to +-lr whatever its size (1.9e-5 here, the same before GPT1.group_table).
     errs = jax.tree.map(_rel, after["eight"][2], after["one"][2])
     assert max(jax.tree.leaves(errs)) <= 1e-4, errs
+
+
+@pytest.mark.parametrize("spec, groups", [("data=8", (8, ("data",))), ("fsdp=8", (1, ("data",))),
+                                          ("data=2,fsdp=2,tensor=2", (2, ("data",))), ("fsdp=2,tensor=4", (1, ("data",)))])
+def test_the_table_is_copied_per_group_of_the_batch_axes_that_do_not_split_it(spec, groups):
+    """Over fsdp, which splits the table's embed, each gradient is reduce-scattered to its shard: one copy per fsdp
+    group made the TPU compiler all-reduce the whole table there instead (GPT-1 on fsdp=8: 220 MB more per chip)."""
+    with jax.set_mesh(shd.make_mesh(shd.parse_mesh(spec))), nn.logical_axis_rules(shd.DEFAULT_RULES):
+        assert model._batch_groups() == groups
 
 
 def test_fine_tuning_with_its_lm_loss_reduces_the_token_table_once_and_matches_one_device():
