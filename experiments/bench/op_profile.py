@@ -44,7 +44,7 @@ from gpt1_jax.step import check_batch_size, lm_batch_spec
 
 # The groups, in the order a thunk is tested against them: the first that matches names it.
 GROUPS = (
-    "matmul_lm_head",       # the tied output layer (tokens_embed.attend) and its two gradients
+    "matmul_lm_head",       # the tied output layer (GPT1._head) and its two gradients
     "matmul_attention",     # q·k and p·v in the attention core, forward and backward
     "matmul_projection",    # c_attn, c_proj, c_fc and their gradients
     "dropout_bits",         # threefry draws and the keep masks made from them
@@ -64,6 +64,7 @@ _COPY_OPS = {"copy", "transpose", "convert", "bitcast", "bitcast-convert", "resh
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][a-z0-9\-]*)\(")
 _CALLS = re.compile(r"(?:calls|to_apply|body|condition|called_computations)=\{?%?([\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
+_RESULT_DIMS = re.compile(r"=\s*\w+\[([\d,]*)\]")
 
 
 @dataclasses.dataclass
@@ -73,6 +74,7 @@ class Instruction:
     op_name: str
     calls: list[str]
     batched: bool  # a dot with batch dimensions: in this model, only the attention core's products
+    dims: tuple[int, ...] = ()  # the result's shape (an array result's; () for a tuple)
 
 
 def parse_hlo(text: str) -> dict[str, list[Instruction]]:
@@ -89,20 +91,28 @@ def parse_hlo(text: str) -> dict[str, list[Instruction]]:
         m = _INSTRUCTION.match(line)
         if m:
             op_name = _OP_NAME.search(line)
+            dims = _RESULT_DIMS.search(line)
             current.append(Instruction(m.group(1), m.group(2), op_name.group(1) if op_name else "",
-                                       _CALLS.findall(line), "lhs_batch_dims=" in line))
+                                       _CALLS.findall(line), "lhs_batch_dims=" in line,
+                                       tuple(int(d) for d in dims.group(1).split(",") if d) if dims else ()))
     return computations
 
 
-def group_of(instructions: list[Instruction]) -> str:
-    """The group of a thunk whose HLO (the instruction and everything it calls) is `instructions`."""
+def group_of(instructions: list[Instruction], vocab: int | None = None) -> str:
+    """The group of a thunk whose HLO (the instruction and everything it calls) is `instructions`; `vocab`: the token
+    table's rows, which name the tied head's dots where the compiler dropped their metadata."""
     paths = [i.op_name for i in instructions]
     opcodes = {i.opcode for i in instructions}
     dots = [i for i in instructions if i.opcode in ("dot", "convolution")]
     if dots:
         # A dot inside a fusion may carry no metadata of its own: then the fusion's names tell, or its shape.
         names = [d.op_name for d in dots if d.op_name] or paths
-        if any("tokens_embed.attend" in p for p in names):
+        if any("tokens_embed.attend" in p or "GPT1._head" in p for p in names):
+            return "matmul_lm_head"
+        # Under data parallelism the head runs per batch group (GPT1.group_table) and XLA:CPU partitions its dots
+        # without their op_name: the logits [.., V] and the table's gradient [V, D] are known by the vocabulary (the
+        # hidden state's gradient, [.., D], is then counted as a projection).
+        if not any(d.op_name for d in dots) and vocab in {n for d in dots for n in d.dims}:
             return "matmul_lm_head"
         if any(e in p for p in names for e in _ATTENTION_PRODUCTS) or any(d.batched for d in dots):
             return "matmul_attention"
@@ -130,7 +140,7 @@ def group_of(instructions: list[Instruction]) -> str:
     return "other"
 
 
-def thunk_groups(hlo_text: str) -> dict[str, str]:
+def thunk_groups(hlo_text: str, vocab: int | None = None) -> dict[str, str]:
     """{top-level instruction name: group} for every instruction a thunk can be named after."""
     computations = parse_hlo(hlo_text)
 
@@ -146,7 +156,7 @@ def thunk_groups(hlo_text: str) -> dict[str, str]:
     groups = {}
     for name, instructions in computations.items():
         for instruction in instructions:
-            groups[instruction.name] = group_of(body(instruction, set()))
+            groups[instruction.name] = group_of(body(instruction, set()), vocab)
     return groups
 
 
@@ -281,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = sizing.pretrain_trainer(config)
     compiled = trainer.lower(lm_batch_spec(B, T)).compile()
     hlo = compiled.as_text()
-    groups = thunk_groups(hlo)
+    groups = thunk_groups(hlo, config.model.vocab_size)
 
     events, wall, usage, after = traced_steps(compiled, trainer, seeded_batches(trainer, config, 2 + args.steps),
                                               args.trace_dir, hlo)
