@@ -38,10 +38,9 @@ from typing import NoReturn
 from pathlib import Path
 
 from gpt1_jax import distributed, finetune, pretrain  # the modules: tests patch pretrain.run and finetune.run
-from gpt1_jax.cli import DEBUG_ENV, os_error_message
 from gpt1_jax.config import FinetuneConfig, PretrainConfig, flat_fields, to_dict
 from gpt1_jax.data.glue import GlueDownloadError, glue_task
-from gpt1_jax.errors import GPT1JaxError
+from gpt1_jax.errors import DEBUG_ENV, GPT1JaxError, os_error_message
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps
 from gpt1_jax.interrupt import CtrlC

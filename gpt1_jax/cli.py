@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
 import json
 import math
 import os
@@ -50,14 +49,12 @@ from gpt1_jax import compile_cache, distributed, hugepages
 from gpt1_jax import workdir as run_folder
 from gpt1_jax.config import (SEED_RANGE, DataConfig, FinetuneConfig, ModelConfig, PretrainConfig, TRACKER_NAMES,
                              apply_overrides, check_pretrain_schedule, given_keys, guarded_text, hand_written, resolve)
-from gpt1_jax.errors import ConfigError, DataError, DivergenceError, GPT1JaxError, Interrupted, WorkdirError
+from gpt1_jax.errors import (DEBUG_ENV, ConfigError, DataError, DivergenceError, GPT1JaxError, Interrupted, WorkdirError,
+                             os_error_message)
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps, newest_checkpoint, record, verify_checkpoints
 from gpt1_jax.interrupt import CtrlC
 from gpt1_jax.metrics import close_open_bars, json_safe
 from gpt1_jax.weights import check_model_sets, convert, read_model
-
-DEBUG_ENV = "GPT1_JAX_DEBUG"
-
 
 # ---- flags that set config fields: the one table -------------------------------------------------
 
@@ -779,47 +776,6 @@ def _interrupted_line(args: argparse.Namespace, error: KeyboardInterrupt) -> int
     close_open_bars()
     print(f"gpt1-jax {args.verb}: {what}", file=sys.stderr, flush=True)
     return 130
-
-
-def os_error_message(e: OSError, last_checkpoint: int | None = None) -> str:
-    """`cannot <do> PATH: <the system's words>; <what to do>` for an OSError that escaped a verb (or an experiment's
-    command line: experiments/harness.py); `last_checkpoint`: the one a training verb keeps, named on a full disk."""
-    name = e.filename if isinstance(e.filename, (str, bytes, os.PathLike)) else None  # not a file descriptor
-    path = Path(os.fsdecode(name)) if name is not None else None
-    where = "" if path is None else f" {path}" + (
-        f" -> {os.fsdecode(e.filename2)}" if isinstance(e.filename2, (str, bytes)) else "")  # a rename's target
-    reason = e.strerror or str(e) or type(e).__name__
-    exists = path is not None and os.path.lexists(path)
-    code = e.errno
-    if code in (errno.EACCES, errno.EPERM):
-        do = "create" if not exists else "read" if not os.access(path, os.R_OK) else "write"
-        fix = "pick a folder you can write to, or fix its permissions (or its parent's)"
-    elif code == errno.EROFS:
-        do, fix = "write", "choose a folder on a writable disk"
-    elif code in (errno.ENOSPC, errno.EDQUOT):
-        do, fix = "write", "free some space or choose a folder on another disk"
-        if last_checkpoint is not None:
-            fix += f"; checkpoint {last_checkpoint} is kept, and the same command resumes from it"
-    elif code == errno.EEXIST and exists and not path.is_dir():
-        do, fix = "create the folder", "it is a file: choose another path (e.g. another --workdir) or remove the file"
-    elif code == errno.EEXIST:
-        do, fix = "create", "choose another path or remove what is there"
-    elif code == errno.ENOTDIR and path is not None:
-        file = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
-        do = "use"
-        fix = (f"{file} is a file, not a folder: " if file is not None else "") + \
-            "choose another path or move the file out of the way"
-    elif code == errno.EISDIR:
-        do, fix = "use", "it is a folder: give the path of a file"
-    elif code in (errno.EMFILE, errno.ENFILE):
-        do, fix = "open", "raise the limit (ulimit -n) and run again"
-    elif code == errno.ENAMETOOLONG:
-        do, fix = "use", "choose a shorter path"
-    elif code == errno.EIO:
-        do, fix = "use", "the disk reported an error: check it (dmesg), or choose another disk"
-    else:
-        do, fix = "use", "check the path and the disk it is on"
-    return f"cannot {do}{where}: {reason}; {fix}" if where else f"{reason}; {fix}"
 
 
 def _error_line(verb: str, error: BaseException, status: int, message: str | None = None) -> int:

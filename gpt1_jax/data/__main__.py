@@ -1,9 +1,8 @@
 import os
 import sys
 
-from gpt1_jax.cli import DEBUG_ENV, os_error_message
 from gpt1_jax.data.bench import main
-from gpt1_jax.errors import GPT1JaxError
+from gpt1_jax.errors import DEBUG_ENV, GPT1JaxError, os_error_message
 
 try:
     main()

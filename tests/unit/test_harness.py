@@ -173,7 +173,7 @@ def test_a_record_made_with_other_settings_is_not_this_runs(tmp_path, monkeypatc
 
 def test_an_experiments_command_line_ends_a_project_or_os_error_in_one_line(tmp_path, capsys, monkeypatch):
     """glue_table --tasks qqq, run_study --out FILE, ...: tracebacks before; now as `gpt1-jax`'s one line, status 2."""
-    from gpt1_jax.cli import DEBUG_ENV
+    from gpt1_jax.errors import DEBUG_ENV
     from gpt1_jax.errors import ConfigError
 
     monkeypatch.delenv(DEBUG_ENV, raising=False)
