@@ -301,10 +301,6 @@ def _load_run(path: Path, step: int | None) -> tuple[ModelConfig, dict, int]:
             moved_on = step is None and newest_checkpoint(path / "checkpoints") != newest
             if not moved_on or time.monotonic() > deadline:
                 raise
-        except Exception:
-            if step is not None or newest_checkpoint(path / "checkpoints") == newest:
-                raise
-    return _load_checkpoint(path, step)
 
 
 def _load_checkpoint(path: Path, step: int | None) -> tuple[ModelConfig, dict, int]:
