@@ -146,3 +146,7 @@ def test_auto_skips_meshes_whose_tensor_or_fsdp_does_not_divide_the_model():
     assert {(2, 1, 4), (1, 2, 4), (8, 1, 1), (1, 8, 1)} <= meshes and not any(t == 8 for _, _, t in meshes)
     told = resolve(PretrainConfig, "tiny", overrides=["mesh.rules={heads: null}"])
     assert (1, 1, 8) in {(m.data, m.fsdp, m.tensor) for m, _ in plan.candidates(told, 8)}
+    # d_model over fsdp, which the search did not check before the Trainer refused it (it checked heads and d_mlp)
+    narrow = resolve(PretrainConfig, "tiny", overrides=["model.d_model=36"])
+    meshes = {(m.data, m.fsdp, m.tensor) for m, _ in plan.candidates(narrow, 8)}
+    assert (1, 4, 2) in meshes and (1, 8, 1) not in meshes
