@@ -16,7 +16,6 @@ With `scan_layers` every `h/...` array has a leading layer axis [L, ...]; withou
 from __future__ import annotations
 
 import functools
-import math
 from typing import Sequence
 
 import flax.linen as nn
@@ -24,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from gpt1_jax import sharding as shd
 from gpt1_jax.attention import causal_attention
 from gpt1_jax.config import ModelConfig
 from gpt1_jax.dropout import Dropout
@@ -239,7 +239,7 @@ class GPT1(nn.Module):
         """Tied LM head over the token rows (specials included once appended), in float32 for the loss."""
         if table_GVD is None:
             return self._head(h_BTD, self.tokens_embed.embedding)
-        h_GbTD = _grouped(h_BTD, table_GVD.shape[0])
+        h_GbTD = shd.split_groups(h_BTD, table_GVD.shape[0])
         logits_GbTV = jax.vmap(self._head)(h_GbTD, table_GVD)
         return logits_GbTV.reshape(*h_BTD.shape[:-1], logits_GbTV.shape[-1])
 
@@ -251,18 +251,18 @@ class GPT1(nn.Module):
         Each use's gradient is a [V, D] partial sum on every device, and the compiler reduced each across devices on
         its own: the table's gradient crossed the network twice per step. Read from one copy per group, the two
         gradients add on each device, and the copies' sum (the broadcast's transpose) is the one reduction."""
-        groups, axes = _batch_groups()
+        groups, axes = shd.batch_groups()
         if groups == 1:
             return None
         table_VD = self.tokens_embed.embedding
-        return _constrain_groups(jnp.broadcast_to(table_VD, (groups, *table_VD.shape)), axes)
+        return shd.on_groups(jnp.broadcast_to(table_VD, (groups, *table_VD.shape)), axes)
 
     def _embed_tokens(self, tokens_BT: jax.Array, table_GVD: jax.Array | None) -> jax.Array:
         if table_GVD is None:
             return self.tokens_embed(tokens_BT)
         table_GVD = table_GVD.astype(self.config.dtype)  # as nn.Embed casts its table
         x_GbTD = jax.vmap(lambda table_VD, t: jnp.take(table_VD, t, axis=0))(
-            table_GVD, _grouped(tokens_BT, table_GVD.shape[0]))
+            table_GVD, shd.split_groups(tokens_BT, table_GVD.shape[0]))
         return x_GbTD.reshape(*tokens_BT.shape, x_GbTD.shape[-1])
 
     def _head(self, h_BTD: jax.Array, table_VD: jax.Array) -> jax.Array:
@@ -270,39 +270,6 @@ class GPT1(nn.Module):
             return jnp.dot(h_BTD.astype(jnp.float32), table_VD.astype(jnp.float32).T)
         # "...": generation asks for the last position only, (B, D)
         return mixed_einsum("...d,vd->...v", h_BTD, table_VD, jnp.dtype(self.config.dtype))
-
-
-def _batch_groups() -> tuple[int, tuple[str, ...]]:
-    """(groups, their mesh axes) under the mesh and rules being traced: the batch's mesh axes that do not split the
-    token table too; (1, ()) outside a mesh. Over an axis that splits the table (fsdp: embed) each use's gradient is
-    reduce-scattered to its shard, and one copy per group would all-reduce the whole table instead (GPT-1 on
-    fsdp=8 for the TPU compiler: 220 MB more all-reduced per chip, 265 MB more sent in all)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return 1, ()
-    # one name a call: flax never gives one array a mesh axis twice, and the batch would take fsdp from embed
-    batch, vocab, embed = (nn.logical_to_mesh_axes((name,))[0] for name in ("batch", "vocab", "embed"))
-    table = {a for axes in (vocab, embed) for a in _names(axes)}
-    axes = tuple(a for a in _names(batch) if a not in table)
-    return math.prod(mesh.shape[a] for a in axes), axes
-
-
-def _names(axes) -> tuple[str, ...]:
-    return (axes,) if isinstance(axes, str) else tuple(axes or ())
-
-
-def _grouped(x_B: jax.Array, groups: int) -> jax.Array:
-    """[B, ...] -> [G, B/G, ...]: group g holds the rows the batch's sharding gives group g (rows split in order, data
-    the outer batch axis)."""
-    groups_axes = _batch_groups()[1]
-    return _constrain_groups(x_B.reshape(groups, x_B.shape[0] // groups, *x_B.shape[1:]), groups_axes)
-
-
-def _constrain_groups(x_G: jax.Array, axes: tuple[str, ...]) -> jax.Array:
-    """Group g on batch shard g's devices; the other dimensions as the compiler propagates them (the table's vocab
-    over tensor, its embed gathered as FSDP's forward does)."""
-    rest = (jax.sharding.PartitionSpec.UNCONSTRAINED,) * (x_G.ndim - 1)
-    return jax.lax.with_sharding_constraint(x_G, jax.sharding.PartitionSpec(axes, *rest))
 
 
 def init_params(config: ModelConfig, rng: jax.Array | int = 0, seq_len: int | None = None):

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gpt1_jax import model, plan
+from gpt1_jax import plan
 from gpt1_jax import sharding as shd
 from gpt1_jax.attention import query_blocks, resolve_impl
 from gpt1_jax.heads import finetune_functions
@@ -130,7 +130,7 @@ def test_the_table_is_copied_per_group_of_the_batch_axes_that_do_not_split_it(sp
     """Over fsdp, which splits the table's embed, each gradient is reduce-scattered to its shard: one copy per fsdp
     group made the TPU compiler all-reduce the whole table there instead (GPT-1 on fsdp=8: 220 MB more per chip)."""
     with jax.set_mesh(shd.make_mesh(shd.parse_mesh(spec))), nn.logical_axis_rules(shd.DEFAULT_RULES):
-        assert model._batch_groups() == groups
+        assert shd.batch_groups() == groups
 
 
 def test_fine_tuning_with_its_lm_loss_reduces_the_token_table_once_and_matches_one_device():
