@@ -669,8 +669,10 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
             raise ConfigError(f"unknown config key {key!r}; known: {', '.join(sorted(node))}")
         try:
             value = read_yaml(raw) if raw.strip() else raw
-            if isinstance(node[leaf], dict) and (value is None or not raw.strip()):
-                continue  # `model=null` or `model=`: nothing given for the section, as `model:` in a file (_merged)
+            # `model=null` or `model=`: nothing given for the section, as `model:` in a file (_merged). Sections are
+            # top-level only: a field that holds a mapping (mesh.rules) set to null is the field's value, as before
+            if not parents and isinstance(node[leaf], dict) and (value is None or not raw.strip()):
+                continue
             # a mapping for a section sets those fields, as a YAML file's section does (it replaced the whole section
             # with the class's defaults: `--set model={n_layers: 1}` was GPT-1's full width)
             section = isinstance(value, dict) and isinstance(node[leaf], dict)

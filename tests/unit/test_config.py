@@ -169,6 +169,15 @@ def test_a_null_section_gives_nothing_from_a_file_and_from_set_alike(tmp_path, s
                             ["steps=3", f"{section}=null"], str(file))
 
 
+def test_a_null_field_that_holds_a_mapping_is_not_a_null_section():
+    """mesh.rules holds a mapping once --set gave it one: a later `mesh.rules=null` was skipped as a null section is,
+    and the run kept {vocab: null} without a word; it is refused as `mesh.rules=null` alone is."""
+    with pytest.raises(ConfigError, match="^mesh.rules must be a list, got None"):
+        resolve(PretrainConfig, None, overrides=["mesh.rules=null"])
+    with pytest.raises(ConfigError, match="^mesh.rules must be a list, got None"):
+        resolve(PretrainConfig, None, overrides=["mesh.rules={vocab: null}", "mesh.rules=null"])
+
+
 def test_a_runs_own_config_counts_as_a_preset_for_the_schedule(tmp_path):
     """Its warmup was clipped to steps - 1 by the run: reused with fewer --steps it was refused as given."""
     import dataclasses
