@@ -23,6 +23,7 @@ the sweep with its traceback.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import hashlib
@@ -38,6 +39,7 @@ from typing import NoReturn
 from pathlib import Path
 
 from gpt1_jax import distributed, finetune, pretrain  # the modules: tests patch pretrain.run and finetune.run
+from gpt1_jax.cli import Parser
 from gpt1_jax.config import FinetuneConfig, PretrainConfig, flat_fields, to_dict
 from gpt1_jax.data.glue import GlueDownloadError, glue_task
 from gpt1_jax.errors import DEBUG_ENV, GPT1JaxError, os_error_message
@@ -291,6 +293,14 @@ def leave(status: int) -> NoReturn:
         sys.stderr.flush()
         os._exit(status)
     sys.exit(status)
+
+
+def parser(description: str, **kwargs) -> argparse.ArgumentParser:
+    """Every experiment script's argument parser: `gpt1-jax`'s (gpt1_jax/cli.py Parser), so a script's flags read as
+    the command line's. With argparse's own, a missing required flag hid an unknown one (`run_study --bogus` said
+    only "the following arguments are required: study, --out"); Parser names the unknown one first, and each error
+    is one line, exit status 2. No abbreviations: a misspelt flag is an error, not another flag."""
+    return Parser(description=description, allow_abbrev=False, **kwargs)
 
 
 def main(fn: Callable[[], int | None], prog: str) -> int:

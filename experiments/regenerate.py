@@ -17,13 +17,13 @@ status 0; 1 when a file differs).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import subprocess
 import tempfile
 from pathlib import Path
 
+from experiments import harness
 from experiments.optimizers import run_study
 from experiments.paper.report import rebuild_results
 from experiments.paper.settings import COMMITTED, PAPER_DIR
@@ -52,8 +52,7 @@ def git(*args: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     # No options; a parser all the same, so that `--help` (or a typo) explains instead of rewriting every file.
-    argparse.ArgumentParser(prog="python -m experiments.regenerate", description=__doc__.split("\n\n")[0],
-                            allow_abbrev=False).parse_args(argv)
+    harness.parser(prog="python -m experiments.regenerate", description=__doc__.split("\n\n")[0]).parse_args(argv)
     regenerate()
     new_files = git("ls-files", "--others", "--exclude-standard", "--", *OUTPUTS)
     changed = git("diff", "--stat", "--", *OUTPUTS) + new_files

@@ -696,17 +696,18 @@ VERBS: dict[str, Verb] = {
 
 
 class _Unparsed(Exception):
-    """An argparse error while _Parser looks for unknown flags alone: the parse proper says it."""
+    """An argparse error while Parser looks for unknown flags alone: the parse proper says it."""
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """argparse with a wrong flag as one line (`gpt1-jax VERB: error: ...`, exit 2), as every other error of the
-    command line, not under a usage block of a dozen lines; the line says where the usage is."""
+    command line, not under a usage block of a dozen lines; the line says where the usage is. The experiment
+    scripts parse with it too (experiments/harness.py `parser`)."""
 
     probing = False  # class-wide: each verb has a parser of its own
 
     def error(self, message: str):
-        if _Parser.probing:
+        if Parser.probing:
             raise _Unparsed(message)
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
@@ -727,21 +728,21 @@ class _Parser(argparse.ArgumentParser):
         parsers = [self, *(p for a in verbs for p in a.choices.values())]
         required = [x for p in parsers for x in [*p._actions, *p._mutually_exclusive_groups] if x.required]
         try:
-            _Parser.probing = True
+            Parser.probing = True
             for x in required:
                 x.required = False
             return self.parse_known_args(args)
         except _Unparsed:
             return None, []
         finally:
-            _Parser.probing = False
+            Parser.probing = False
             for x in required:
                 x.required = True
 
 
 def build_parser() -> argparse.ArgumentParser:
     # No abbreviations: `evaluate --init DIR` must not be read as `--init-timeout DIR`.
-    parser = _Parser(prog="gpt1-jax", description=__doc__.split(". ")[0] + ".", allow_abbrev=False)
+    parser = Parser(prog="gpt1-jax", description=__doc__.split(". ")[0] + ".", allow_abbrev=False)
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     model_flags, multi_process = _model_flags(), _distributed_flags()
     for name, verb in VERBS.items():

@@ -16,7 +16,6 @@ that need not add up exactly; "rest" is what the step spends beyond their sum (n
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
@@ -104,7 +103,7 @@ def optimizer_seconds(config) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p = harness.parser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="gpt1")
     p.add_argument("--batch", type=at_least(1), default=2)
     p.add_argument("--seq", type=at_least(1), default=512)

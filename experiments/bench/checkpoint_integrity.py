@@ -13,7 +13,6 @@ verify_s time `integrity.record` / `integrity.verify` alone on the saved folder.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -24,6 +23,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from experiments import harness
 from gpt1_jax import integrity
 from gpt1_jax.checkpoint import Checkpointer
 from gpt1_jax.cli import at_least
@@ -39,7 +39,7 @@ def timed(fn) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser = harness.parser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", required=True, help="a new or empty scratch folder (removed afterwards)")
     parser.add_argument("--rounds", type=at_least(1), default=3)
     args = parser.parse_args()

@@ -41,6 +41,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from experiments import harness
 from gpt1_jax import flops, heads, hugepages
 from gpt1_jax.cli import at_least
 from gpt1_jax.config import MeshConfig, OptimConfig, PretrainConfig, resolve
@@ -268,7 +269,7 @@ def with_batch(t: dict, batch: int | None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p = harness.parser(description=__doc__.splitlines()[0])
     p.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
     p.add_argument("--rounds", type=at_least(1), default=2)
     p.add_argument("--steps", type=at_least(1), default=3, help="timed steps (generation: timed calls) per measurement")

@@ -19,7 +19,6 @@ pages). `--trace-dir` keeps the trace for Perfetto or TensorBoard.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import gzip
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import jax
 
+from experiments import harness
 from gpt1_jax import flops, hugepages, sizing
 from gpt1_jax.bench import seeded_batches
 from gpt1_jax.cli import simulate_devices
@@ -250,7 +250,7 @@ def traced_steps(compiled, trainer, batches: list, trace_dir: str | None, hlo: s
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p = harness.parser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="small", help="a preset name or YAML file (as `gpt1-jax bench --config`)")
     p.add_argument("--batch", type=int, default=None, help="global batch (default: the config's)")
     p.add_argument("--seq", type=int, default=None, help="sequence length (default: the config's)")

@@ -10,7 +10,6 @@ cache off (GPT1_JAX_COMPILE_CACHE=off) so the first run compiles for real.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ RUNS = ((1e-4, 0), (3e-4, 0), (1e-4, 1))  # another lr, then another seed (its b
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p = harness.parser(description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", required=True, help="GLUE's TSV distribution (<dir>/<Task>/{train,dev}.tsv)")
     p.add_argument("--out", required=True, help="a fresh folder for the runs' workdirs")
     p.add_argument("--task", default="rte", choices=TASKS)

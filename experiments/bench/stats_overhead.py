@@ -8,7 +8,6 @@ N is the slower one). Prints one JSON object per shape, with the CPU's flags.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
@@ -17,6 +16,7 @@ import time
 import jax
 import numpy as np
 
+from experiments import harness
 from gpt1_jax import flops, sizing
 from gpt1_jax.cli import at_least
 from gpt1_jax.config import PretrainConfig, preset
@@ -50,7 +50,7 @@ def measure(name: str, steps: int, every: int) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p = harness.parser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
     p.add_argument("--steps", type=at_least(1), default=5, help="timed steps of each kind (after one that compiles)")
     p.add_argument("--every", type=at_least(1), default=100, help="stats_every to report the run's overhead at")

@@ -51,7 +51,7 @@ def available_tasks(data_dir: str | None) -> tuple[list[str], list[str]]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p = harness.parser(description=__doc__.splitlines()[0])
     p.add_argument("--init", required=True, help="pre-training workdir, HF/original checkpoint folder, or none")
     p.add_argument("--seeds", type=at_least(0), nargs="+", default=[0, 1, 2])
     p.add_argument("--tasks", default=None, help="comma-separated (default: every task available in --data-dir)")

@@ -393,7 +393,7 @@ def task_list(text: str) -> list[str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p = harness.parser(description=__doc__.split("\n\n")[0])
     p.add_argument("study", choices=["pretrain", "bench", "finetune"])
     p.add_argument("--out", required=True, help="study root; outputs go to <out>/<study>/")
     p.add_argument("--quick", action="store_true", help="minutes: tiny model, a short pre-training / a small GLUE subset")

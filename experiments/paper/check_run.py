@@ -12,7 +12,6 @@ experiments/paper/README.md ("More seeds") has what these found.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -29,7 +28,7 @@ DEVICES = 2  # the pipeline's --cpu-devices: a run's numbers depend on the devic
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="check_run", description=__doc__.splitlines()[0], allow_abbrev=False)
+    p = harness.parser(prog="check_run", description=__doc__.splitlines()[0])
     p.add_argument("--arm", choices=ARMS, required=True)
     p.add_argument("--task", choices=TASKS, required=True)
     p.add_argument("--lr", type=float, required=True)

@@ -10,7 +10,6 @@ Prints the tables as markdown at the end (experiments/paper/README.md keeps them
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -58,7 +57,7 @@ def runs_per_arm(budget: Budget, arm: str, extensions: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p = harness.parser(description=__doc__.splitlines()[0])
     p.add_argument("--budget", choices=sorted(BUDGETS), default="full_sets")
     p.add_argument("--data-dir", default=None, help="GLUE's TSV distribution (default: tensorflow-datasets)")
     p.add_argument("--tasks", default=",".join(TASKS))

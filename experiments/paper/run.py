@@ -42,7 +42,7 @@ PER_RUN_TIMES = ("table5", "more_seeds", "layers", "diagnosis")  # their fine-tu
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p = harness.parser(description=__doc__.splitlines()[0])
     p.add_argument("--corpus", default=None, help="pre-training text: a .txt/.txt.gz file or glob, `default` (the "
                    "corpus embedded in the package) or tfds:NAME; needed while pre-training is unfinished "
                    "(--quick: default)")

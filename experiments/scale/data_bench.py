@@ -20,7 +20,6 @@ batch iterator, measured as a pod job meets it. One JSON line at the end.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import os
@@ -188,7 +187,7 @@ def batches(args, stream) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for the corpus and its cache (e.g. runs/data-1b)")
     ap.add_argument("--tokens", type=number_at_least(1.0), default=50e6, help="corpus size in tokens (1e9: BooksCorpus size)")
     ap.add_argument("--source", type=Path, default=SHARED / "corpus" / "english_mixed.txt.gz")

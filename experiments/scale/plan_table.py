@@ -12,7 +12,6 @@ Every model runs as a pod runs it: bf16 compute over fp32 parameters, layers sca
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import matplotlib
 
+from experiments import harness
 from gpt1_jax.files import atomic_write_text, save_figure
 from gpt1_jax.flops import cpu_flags
 
@@ -252,7 +252,7 @@ def write_table() -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p = harness.parser(description=__doc__.splitlines()[0])
     # choices: a misspelt config planned nothing and rewrote the table without a word
     p.add_argument("--only", default=None, choices=sorted({c for c, _ in MODELS}), help="one model config")
     p.add_argument("--table", action="store_true", help="only rebuild results.json, table.md and the plot")

@@ -5,6 +5,7 @@ checkpoint stopping the sweep without a record, and a record made with other set
 through it in tests/e2e (test_paper.py, test_optimizers_study.py, test_finetune.py's glue_table)."""
 
 import dataclasses
+import importlib
 import json
 from pathlib import Path
 
@@ -194,3 +195,27 @@ def test_an_experiments_command_line_ends_a_project_or_os_error_in_one_line(tmp_
     monkeypatch.setenv(DEBUG_ENV, "1")
     with pytest.raises(ConfigError):
         harness.main(bad_task, "glue_table")
+
+
+@pytest.mark.parametrize("parse_args, argv, message", [
+    ("experiments.optimizers.run_study", ["--bogus"], "unrecognized arguments: --bogus"),
+    ("experiments.optimizers.run_study", ["--out", "o", "--bogus", "pretrain"], "unrecognized arguments: --bogus"),
+    ("experiments.glue.glue_table", ["--bogus=1"], "unrecognized arguments: --bogus=1"),
+    ("experiments.paper.run", ["--stages", "pretrain", "--bogus"], "unrecognized arguments: --bogus"),
+    ("experiments.optimizers.run_study", [], "the following arguments are required: study, --out"),
+])
+def test_an_unknown_flag_of_an_experiment_is_named_before_a_missing_one(parse_args, argv, message, capsys):
+    """`python -m experiments.optimizers.run_study --bogus` said only 'the following arguments are required: study,
+    --out' (argparse checks those first), under a usage block; now one line naming --bogus, as `gpt1-jax`'s."""
+    module = importlib.import_module(parse_args)
+    for _ in range(2):  # the required flags are required again after the look for unknown ones
+        with pytest.raises(SystemExit) as e:
+            module.parse_args(argv)
+        err = capsys.readouterr().err.splitlines()
+        assert e.value.code == 2 and len(err) == 1 and f": error: {message} (see " in err[0], err
+
+
+def test_every_experiment_script_parses_with_the_harness_parser():
+    """A script built on argparse.ArgumentParser would hide an unknown flag behind a missing one again."""
+    scripts = Path(harness.__file__).parent.rglob("*.py")
+    assert not [str(p) for p in scripts if "argparse.ArgumentParser(" in p.read_text()]
