@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.config import MeshConfig, PretrainConfig
-from gpt1_jax.data.pipeline import BatchIterator, build_pipeline
+from gpt1_jax.data.pipeline import BatchIterator, build_pipeline, check_process_share
 from gpt1_jax.errors import ConfigError, DataError, WorkdirError
 from gpt1_jax.sharding import batch_divisor, batch_rows_shared_by_processes, make_mesh
 from gpt1_jax.step import lm_trainer
@@ -114,6 +114,8 @@ def evaluate(config: PretrainConfig, params, *, run: Path | None, data: str | No
     the text source `data`, tokenised by `tokenizer` (a path), or, with `data` None, on the validation split
     of the pre-training run `run`, cut as its config cuts it. Batches of `config.data.global_batch_size`
     over `config.mesh`. `progress`: a bar of the batches on process 0."""
+    # before the pipeline: each process tokenized the text (minutes for a corpus) before it found this
+    check_process_share(config.data.global_batch_size, jax.process_count())
     check_attention(config.model.attention, config.model.attn_dropout, False, config.model.head_dim)
     trainer = lm_trainer(config.model, config.optim, mesh_here(config.mesh))
     params = trainer.place_params(params)

@@ -115,6 +115,15 @@ class PackedWindows:
         return rows
 
 
+def check_process_share(global_batch_size: int, process_count: int) -> None:
+    """Each process reads rows of its own, an equal share of every global batch (BatchIterator): a batch the
+    processes do not divide is refused. Jobs ask before reading any data (`gpt1-jax evaluate` refused only once
+    its text was tokenized)."""
+    if global_batch_size % process_count:
+        raise ConfigError(f"global batch {global_batch_size} is not divisible by the {process_count} processes (each "
+                          f"reads an equal share of every batch): give a batch size that is a multiple of {process_count}")
+
+
 class BatchIterator:
     """Batches ``{"inputs", "targets": int32[b, T], "weights": float32[b, T]}`` for one process.
 
@@ -142,8 +151,7 @@ class BatchIterator:
             process_count = jax.process_count() if process_count is None else process_count
         if not 0 <= process_index < process_count:
             raise ValueError(f"process_index {process_index} not in [0, {process_count})")
-        if global_batch_size % process_count:
-            raise ConfigError(f"global_batch_size {global_batch_size} not divisible by {process_count} processes")
+        check_process_share(global_batch_size, process_count)
         self.windows = windows
         self.indices = np.asarray(indices, dtype=np.int64)
         self.global_batch_size = global_batch_size

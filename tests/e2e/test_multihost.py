@@ -417,3 +417,18 @@ def test_evaluate_runs_in_a_multi_process_job(multi):
     assert lines and lines[-1]["split"] == "validation split" and lines[-1]["loss"] > 0
     # process 0 alone prints the result: one JSON line in the job's log, not one per process
     assert not [l for l in done.stdout.splitlines() if l.startswith("[p1] {")], done.stdout[-2000:]
+
+
+def test_evaluate_refuses_a_batch_the_processes_do_not_split_before_reading_its_data(tmp_path):
+    """--batch-size 3 over 2 processes: every process tokenized --data into the token cache first, then process 0
+    refused and process 1, waiting in a collective, died on a C++ check failure (statuses [2, 134])."""
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    release = REPO / "experiments" / "paper" / "release"
+    done, _ = run_launcher(["-m", "gpt1_jax.cli", "evaluate", "--init", str(release), "--data", str(text),
+                            "--batch-size", "3", "--set", f"data.cache_dir={tmp_path / 'cache'}"], devices=1)
+    assert done.returncode == 2, done.stdout[-3000:]
+    assert ("[p0] gpt1-jax evaluate: error: global batch 3 is not divisible by the 2 processes (each reads an equal "
+            "share of every batch): give a batch size that is a multiple of 2") in done.stdout.splitlines()
+    assert "exit statuses [2, 2]" in done.stdout + done.stderr, done.stdout[-3000:]
+    assert not (tmp_path / "cache").exists()  # nothing tokenized

@@ -24,6 +24,7 @@ from gpt1_jax.data import (
     tokenizer_for,
 )
 from gpt1_jax.data import tokens as tokens_mod
+from gpt1_jax.data.pipeline import check_process_share
 from gpt1_jax.errors import ConfigError
 from gpt1_jax.tokenizer import GPT1Tokenizer
 from tests.support.data import DOCS_A, DOCS_B, _windows, write_corpus
@@ -220,6 +221,17 @@ def test_processes_together_make_the_global_batch() -> None:
             np.testing.assert_array_equal(np.concatenate([p[k] for p in parts]), g[k])
     with pytest.raises(ValueError, match="not divisible"):
         BatchIterator(w, idx, 9, process_index=0, process_count=2)
+
+
+def test_a_batch_the_processes_do_not_share_evenly_is_refused_without_data() -> None:
+    """The rule BatchIterator applies, asked alone: `gpt1-jax evaluate` asks it before its pipeline, which tokenized
+    --data first in every process (tests/e2e/test_multihost.py has the 2-process run)."""
+    check_process_share(12, 4)
+    check_process_share(3, 1)
+    with pytest.raises(ConfigError) as e:
+        check_process_share(3, 2)
+    assert str(e.value) == ("global batch 3 is not divisible by the 2 processes (each reads an equal share of every "
+                            "batch): give a batch size that is a multiple of 2")
 
 
 def test_state_restore_gives_same_batches() -> None:
