@@ -520,7 +520,7 @@ def auto(config: PretrainConfig, where: Target, compile_top: int = 3, baselines:
         ranked.append((est["step_s_lower_bound"], ("none", "dots", "full").index(remat), mesh_config.tensor,
                        mesh_config, remat, est))
     if not ranked:
-        raise ConfigError(f"--mesh auto: no data x fsdp x tensor mesh of {len(where.devices)} chips splits the batch "
+        raise ConfigError(f"--mesh auto: no data x fsdp x tensor mesh of {len(where.devices)} {_unit(where.device_kind)}s splits the batch "
                           f"{config.data.global_batch_size} (x accum_steps {config.accum_steps}) and the model's dimensions")
     ranked.sort(key=lambda r: r[:3])
     may_fit = [r for r in ranked if capacity is None or r[5]["bytes_per_chip"] <= capacity]
@@ -577,20 +577,29 @@ def _as_flags(plan: dict[str, Any]) -> str:
     return " ".join([f"--mesh {mesh}", *extra])
 
 
+def _unit(device_kind: str) -> str:
+    """What a plan compiled for, in words: chips (a TPU topology, GPUs), or the devices of this CPU (one, or
+    --simulate-devices N), which the table and the messages called chips. The record keeps its *_per_chip keys,
+    one schema for every target."""
+    return "device" if device_kind == "cpu" else "chip"
+
+
 def table(plan: dict[str, Any]) -> str:
     """A short human-readable summary of a plan."""
     est = plan["estimate"]
     mesh = " x ".join(f"{k} {v}" for k, v in plan["mesh"].items())
+    per = _unit(plan["chip"])
+    memory = "HBM" if per == "chip" else "memory"  # a CPU device's is the host's
     rows = [
         ("target", f"{plan['topology']} ({plan['chips']} x {plan['chip']}, {plan['num_slices']} slice(s))"),
         ("model", f"{plan['num_params'] / 1e6:,.0f}M params, {plan['dtype']} compute, remat {plan['remat']}, "
                   f"optimizer state {plan['state_dtype']}"),
         ("mesh", mesh + ("" if plan["num_slices"] == 1 else f" (dcn {plan['dcn']})") + f" (pretrain: {_as_flags(plan)})"),
-        ("batch", f"{plan['global_batch']} x {plan['seq_len']} global, {plan['per_chip_batch']:g} sequences per chip"),
-        ("HBM per chip", _fit_text(plan)),
-        ("state per chip", f"{_size(plan['state_bytes_per_chip'])} (params {_size(plan['param_bytes_per_chip'])}, "
+        ("batch", f"{plan['global_batch']} x {plan['seq_len']} global, {plan['per_chip_batch']:g} sequences per {per}"),
+        (f"{memory} per {per}", _fit_text(plan)),
+        (f"state per {per}", f"{_size(plan['state_bytes_per_chip'])} (params {_size(plan['param_bytes_per_chip'])}, "
                            f"optimizer {_size(plan['opt_state_bytes_per_chip'])})"),
-        ("FLOPs per chip", f"{plan['model_flops_per_chip']:.3g} model, {plan['xla_flops_per_chip'] or 0:.3g} compiled"),
+        (f"FLOPs per {per}", f"{plan['model_flops_per_chip']:.3g} model, {plan['xla_flops_per_chip'] or 0:.3g} compiled"),
         ("collectives", ", ".join(f"{k} x{int(v['count'])} {_size(v['ici_bytes_per_chip'] + v['dcn_bytes_per_chip'])}"
                                   for k, v in plan["collectives"].items()) or "none"),
         ("step (lower bound)", "n/a" if est.get("step_s_lower_bound") is None else
@@ -602,7 +611,7 @@ def table(plan: dict[str, Any]) -> str:
     ]
     if plan.get("replicated_over_limit"):
         big = plan["replicated_over_limit"]
-        rows.append(("replicated > 8 MB", f"{len(big)} state tensors, {_size(sum(r['bytes'] for r in big))} per chip "
+        rows.append(("replicated > 8 MB", f"{len(big)} state tensors, {_size(sum(r['bytes'] for r in big))} per {per} "
                                           f"(largest {max(big, key=lambda r: r['bytes'])['tensor']})"))
     if "auto" in plan:
         a = plan["auto"]

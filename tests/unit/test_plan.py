@@ -123,6 +123,10 @@ def test_a_plan_names_the_cpu_that_compiled_it():
 
     result = plan.compile_plan(resolve(PretrainConfig, "tiny"), plan.target(None))
     assert result["compile_s"] > 0 and result["cpu_flags"] == cpu_flags()
+    # its table called this CPU's devices chips, with "HBM per chip" (they are CPU devices, with the host's memory)
+    table = plan.table(result)
+    assert "chip" not in table and "HBM" not in table, table
+    assert "memory per device" in table and "sequences per device" in table and "FLOPs per device" in table
 
 
 def test_plan_table_refuses_a_config_it_does_not_plan(monkeypatch, capsys):
@@ -134,6 +138,16 @@ def test_plan_table_refuses_a_config_it_does_not_plan(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         plan_table.main()
     assert e.value.code == 2 and "argument --only: invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_auto_on_this_cpu_counts_devices_not_chips():
+    """Batch 3 on the 8 CPU devices: no mesh splits it, and the line said "no ... mesh of 8 chips"."""
+    from gpt1_jax.config import PretrainConfig, resolve
+    from gpt1_jax.errors import ConfigError
+
+    config = resolve(PretrainConfig, "tiny", overrides=["data.global_batch_size=3"])
+    with pytest.raises(ConfigError, match=r"^--mesh auto: no data x fsdp x tensor mesh of 8 devices splits the batch 3 "):
+        plan.auto(config, plan.target(None))
 
 
 def test_auto_skips_meshes_whose_tensor_or_fsdp_does_not_divide_the_model():
