@@ -5,7 +5,8 @@ W&B comes through its own library (`pip install -e ".[wandb]"`) and its usual en
 (default: gpt1-jax), WANDB_ENTITY, WANDB_MODE (offline: no network, the run is kept under <workdir>/wandb/ for
 `wandb sync`), WANDB_DIR (default: the workdir), WANDB_API_KEY, and so on. The W&B run is named after the
 workdir, holds the resolved config, and its id is kept in <workdir>/wandb_run_id, so a resumed training run
-logs into the same W&B run. Only process 0 logs (gpt1_jax/metrics.py).
+logs into the same W&B run. Only process 0 logs (gpt1_jax/metrics.py). The run's step is the metric `train/step`,
+every chart's x-axis (WandB.log says why); W&B's own `_step` only counts the rows logged.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ class TensorBoard:
 
 
 class WandB:
+    STEP = "train/step"  # the x-axis of every W&B chart (see log)
+
     def __init__(self, workdir: Path, config: Any):
         try:
             import wandb  # the optional extra
@@ -98,10 +101,17 @@ class WandB:
                               "or --tracker tensorboard)") from None
         if not id_file.is_file():  # only once W&B has the run: a folder the run never claimed holds no stray id
             atomic_write_text(id_file, run_id + "\n")
+        self._run.define_metric(self.STEP)
+        self._run.define_metric("*", step_metric=self.STEP)
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
-        # W&B steps only go up: after a resume, the steps replayed up to the last one it saw are dropped by W&B.
-        self._run.log(_finite(scalars), step=step)
+        # Not W&B's step (log(step=)), which only goes up: a run resumed from a checkpoint older than the last step it
+        # logged replays steps W&B has seen, and W&B dropped them ("Tried to log to step 4 that is less than the
+        # current step 5 ... this data will be ignored"). As its warning advises, the step is a metric of its own,
+        # the charts' x-axis: a replayed step is kept, beside the value the stopped session logged past its
+        # checkpoint (TensorBoard's purge_step and metrics.jsonl drop those; W&B's rewind, resume_from, needs the
+        # run on W&B's server, which an offline run is not).
+        self._run.log({**_finite(scalars), self.STEP: step})
 
     def flush(self) -> None:
         pass  # W&B's own process streams what is logged

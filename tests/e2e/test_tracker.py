@@ -1,13 +1,16 @@
 """--tracker wandb for real, offline (WANDB_MODE=offline: no network, no mock): a tiny pre-training run logs its
-steps and its config into a local W&B run under the workdir, and the run resumed for more steps logs into the
-same W&B run id. --tracker none writes metrics.jsonl alone. (TensorBoard, the default: tests/e2e/test_pretrain.py.)"""
+steps and its config into a local W&B run under the workdir, the run resumed for more steps logs into the
+same W&B run id, and steps a resumed run replays are kept. --tracker none writes metrics.jsonl alone.
+(TensorBoard, the default: tests/e2e/test_pretrain.py.)"""
 
 import dataclasses
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
+from google.protobuf.message import DecodeError
 
 from gpt1_jax import pretrain
 from gpt1_jax.config import PretrainConfig, preset
@@ -46,18 +49,35 @@ def _records(path: Path) -> list:
     return out
 
 
-def _logged(run_dir: Path) -> tuple[dict, dict[int, float]]:
-    """(the run's config, step -> loss) from its .wandb file."""
-    config, losses = {}, {}
-    for r in _records(next(run_dir.glob("run-*.wandb"))):
+def _written(path: Path, timeout: float = 30.0) -> list:
+    """The records of a .wandb file once W&B has written its last (`exit`): its service process writes the file
+    after run.finish() returns (2 of 15 closes in a row left only the 7-byte header, whole 2 s later)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            records = _records(path)
+        except DecodeError:  # a record cut where the writer is
+            records = []
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.1)
+
+
+def _logged(run_dir: Path) -> tuple[dict, list[dict]]:
+    """(the run's config, its history rows in the order logged) from its .wandb file."""
+    config, rows = {}, []
+    for r in _written(next(run_dir.glob("run-*.wandb"))):
         kind = r.WhichOneof("record_type")
         if kind == "run":
             config = {i.key: json.loads(i.value_json) for i in r.run.config.update}
         elif kind == "history":
-            items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in r.history.item}
-            if "loss" in items:
-                losses[items["_step"]] = items["loss"]
-    return config, losses
+            rows.append({"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in r.history.item})
+    return config, rows
+
+
+def _losses(rows: list[dict]) -> dict[int, float]:
+    """step -> loss: the run's step is the metric train/step (gpt1_jax/tracker.py); W&B's _step counts rows."""
+    return {r["train/step"]: r["loss"] for r in rows if "loss" in r}
 
 
 def test_wandb_offline_logs_steps_and_config_and_resumes_the_same_run(tmp_path, cache, monkeypatch):
@@ -69,7 +89,8 @@ def test_wandb_offline_logs_steps_and_config_and_resumes_the_same_run(tmp_path, 
     run_id = (workdir / "wandb_run_id").read_text().strip()
     first = list((workdir / "wandb").glob(f"offline-run-*-{run_id}"))
     assert len(first) == 1 and not (workdir / "tensorboard").exists()
-    config, losses = _logged(first[0])
+    config, rows = _logged(first[0])
+    losses = _losses(rows)
     assert config["steps"] == 3 and config["tracker"] == "wandb" and config["model"]["d_model"] == 64
     assert losses == {r["step"]: r["loss"] for r in read_metrics(workdir) if "loss" in r} and sorted(losses) == [1, 2, 3]
 
@@ -77,7 +98,27 @@ def test_wandb_offline_logs_steps_and_config_and_resumes_the_same_run(tmp_path, 
     runs = sorted((workdir / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(r.name.endswith(run_id) for r in runs)  # one W&B run, logged in two sessions
     second = next(r for r in runs if r != first[0])
-    assert sorted(_logged(second)[1]) == [4, 5]
+    assert sorted(_losses(_logged(second)[1])) == [4, 5]
+
+
+def test_wandb_keeps_the_steps_a_resumed_run_replays(tmp_path, monkeypatch):
+    """A run stopped after step 5 and resumed from step 3's checkpoint logs steps 4 and 5 again. Logged as W&B's own
+    step (log(step=)), which only goes up, W&B dropped them: "Tried to log to step 4 that is less than the current
+    step 5 ... this data will be ignored". Offline W&B learns no step of an earlier session (online, the server's
+    last step is where a resumed run starts), so one session replays here: steps 1-5, then 4-6."""
+    from gpt1_jax.tracker import open_tracker
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    logged = [(1, 6.0), (2, 5.0), (3, 4.0), (4, 3.0), (5, 2.0), (4, 3.5), (5, 2.5), (6, 2.0)]
+    tracker = open_tracker("wandb", tmp_path, preset(PretrainConfig, "tiny"), 0)
+    for step, loss in logged:
+        tracker.log(step, {"loss": loss, "lr": float("nan")})  # a value that is not finite is left out, as before
+    tracker.close()
+    rows = _logged(next((tmp_path / "wandb").glob("offline-run-*")))[1]
+    assert [(r["train/step"], r["loss"]) for r in rows] == logged and not any("lr" in r for r in rows)
+    assert [r["_step"] for r in rows] == list(range(len(logged)))  # W&B's own step counts the rows
 
 
 def test_no_tracker_writes_metrics_jsonl_alone(tmp_path, cache):
