@@ -299,6 +299,14 @@ def _pretrain_flags(p: argparse.ArgumentParser) -> None:
                    "and FLOPs as one JSON line; no data, no training (size a pod job with --simulate-devices)")
 
 
+def _check_config_kept(workdir: Path) -> None:
+    """A run folder with checkpoints but no config.yaml (deleted?), resumed without --config: the defaults would meet
+    the checkpoints' model and tokenizer in a misleading refusal."""
+    if not (workdir / "config.yaml").is_file() and newest_checkpoint(workdir / "checkpoints") is not None:
+        raise WorkdirError(f"{workdir} holds checkpoints but no config.yaml (deleted?): restore it, or give the run's "
+                           "own --config and flags to resume it")
+
+
 def _pretrain(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir)
     run_folder.check(workdir, run_folder.Identity("pretrain"), "pretrain")  # before its config.yaml is read as ours
@@ -307,11 +315,8 @@ def _pretrain(args: argparse.Namespace) -> int:
         # The run would replace it with its tokenizer's size without a word (a dry run has no tokenizer: it sizes it).
         raise ConfigError("model.vocab_size follows the run's tokenizer (the BPE's entries + 3 fine-tuning markers): "
                           "set data.vocab_size for the size of the BPE trained on the corpus, or data.tokenizer")
-    if args.config is None and not (workdir / "config.yaml").is_file() \
-            and newest_checkpoint(workdir / "checkpoints") is not None:
-        # the defaults would meet the checkpoints' model and tokenizer in a misleading refusal
-        raise WorkdirError(f"{workdir} holds checkpoints but no config.yaml (deleted?): restore it, or give the run's "
-                           "own --config and flags to resume it")
+    if args.config is None:
+        _check_config_kept(workdir)
     config = resolve(PretrainConfig, args.config, saved=workdir / "config.yaml", overrides=overrides, mesh=args.mesh)
     check_pretrain_schedule(config, overrides, args.config)
     from gpt1_jax.pretrain import run, with_schedule_span
@@ -414,10 +419,8 @@ def _finetune(args: argparse.Namespace) -> int:
     # refused by the run itself, in one line)
     held = run_folder.read(args.workdir) if Path(args.workdir).is_dir() else None
     saved = Path(args.workdir) / "config.yaml" if held is not None and held.kind == "finetune" else None
-    if saved is not None and args.config is None and not saved.is_file() \
-            and newest_checkpoint(Path(args.workdir) / "checkpoints") is not None:
-        raise WorkdirError(f"{args.workdir} holds checkpoints but no config.yaml (deleted?): restore it, or give the "
-                           "run's own --config and flags to resume it")
+    if saved is not None and args.config is None:
+        _check_config_kept(Path(args.workdir))
     config = resolve(FinetuneConfig, args.config, saved=saved, overrides=overrides, mesh=args.mesh)
     return _exit_status(run(config, Path(args.workdir), init=args.init, init_step=args.step, data_dir=args.data_dir,
                             tokenizer=args.tokenizer, predict_test=args.predict_test,
