@@ -87,11 +87,14 @@ class Linear(nn.Module):
         bias = self.param("bias", _zeros(self.bias_axes), self.bias_shape, c.param_dtype)
         if c.dtype == "float32":
             return jnp.einsum(self.spec, x, kernel.astype(c.dtype)) + bias.astype(c.dtype)
-        # The bias joins the fp32 product before the one rounding: its gradient is then a float32 sum, which
-        # XLA:CPU reduces directly; over a bf16 cotangent it converted and tree-reduced (reduce-window).
-        # named in the compute dtype: what `dots` keeps is what the next op reads, at half an fp32 product's bytes
-        return checkpoint_name((mixed_einsum(self.spec, x, kernel, jnp.dtype(c.dtype)) + bias).astype(c.dtype),
-                               MIXED_PRODUCT)
+        # The product is rounded before the bias joins it: where a mesh axis splits the contraction (c_proj's
+        # heads or mlp over `tensor`), the cross-device sum then moves bf16, half the bytes (6.7B on v6e-256,
+        # 1x32x8: 12.59 -> 8.83 GB all-reduced per chip; experiments/scale/README.md). The bias is still added
+        # in float32, so its gradient is a float32 sum, which XLA:CPU reduces directly (over a bf16 cotangent
+        # it converted and tree-reduced). Named in the compute dtype: what `dots` keeps is what the next op
+        # reads, at half an fp32 product's bytes.
+        product = mixed_einsum(self.spec, x, kernel, jnp.dtype(c.dtype)).astype(c.dtype)
+        return checkpoint_name((product.astype(jnp.float32) + bias).astype(c.dtype), MIXED_PRODUCT)
 
 
 def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
@@ -145,6 +148,19 @@ class CausalSelfAttention(nn.Module):
         return Dropout(c.resid_dropout)(out_BTD, deterministic=deterministic)
 
 
+def gelu(h):
+    """tanh GELU, computed and differentiated in float32 whatever h's dtype.
+
+    XLA:CPU has no bf16 arithmetic and would convert around every elementwise op of GELU, forward and
+    backward. In bf16 compute the backward pass recomputes it from h rather than keep its float32
+    intermediates: 6.7B on v6e-256 (1x32x8) peaks at 21.9 GB per chip instead of 26.7. In float32 they
+    are kept (recomputing cost the CPU's fp32 `small` step a few percent).
+    """
+    def f(h):
+        return jax.nn.gelu(h.astype(jnp.float32), approximate=True).astype(h.dtype)
+    return f(h) if h.dtype == jnp.float32 else jax.checkpoint(f)(h)
+
+
 class MLP(nn.Module):
     config: ModelConfig
 
@@ -153,9 +169,7 @@ class MLP(nn.Module):
         c = self.config
         D, F = c.d_model, c.d_mlp
         h_BTF = Linear(c, "btd,df->btf", (D, F), ("embed", "mlp"), (F,), ("mlp",), name="c_fc")(x_BTD)
-        # tanh and its gradient in float32 whatever the compute dtype: XLA:CPU has no bf16 arithmetic and
-        # would convert around every elementwise op of GELU, forward and backward.
-        h_BTF = jax.nn.gelu(h_BTF.astype(jnp.float32), approximate=True).astype(h_BTF.dtype)
+        h_BTF = gelu(h_BTF)
         h_BTF = nn.with_logical_constraint(h_BTF, ("batch", "length", "mlp"))
         out_BTD = Linear(c, "btf,fd->btd", (F, D), ("mlp", "embed"), (D,), ("embed",), name="c_proj")(h_BTF)
         return Dropout(c.resid_dropout)(out_BTD, deterministic=deterministic)
