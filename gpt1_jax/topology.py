@@ -54,6 +54,7 @@ CHIPS: dict[str, Chip] = {
     "TPU v5": Chip("v5p", 95 * 10**9, 2765e9, 4800e9 / 8, _HOST_DCN / 4, 4),
     "TPU v6 lite": Chip("v6e", 32 * 10**9, 1638e9, 102.4e12 / 256, _HOST_DCN / 8, 8),
     "NVIDIA H100 80GB HBM3": Chip("H100", 80 * 10**9, 3.35e12, 450e9, 400e9 / 8, 8),
+    "NVIDIA H200": Chip("H200", 141 * 10**9, 4.8e12, 450e9, 400e9 / 8, 8),  # SXM: the H100's links, HBM3e
 }
 
 
