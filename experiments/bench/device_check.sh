@@ -3,15 +3,20 @@
 # H100 section has the first run's numbers): what the chip and its jax are, its matmul rates, the plan `gpt1-jax plan` makes for the
 # 117M step on it (compiled peak memory, roofline step time), then that step timed against HF's
 # OpenAIGPT on the same GPU at the paper's batch, the `small` and fine-tuning shapes, the step without attention
-# dropout on cuDNN's flash kernel and on the einsum core, and greedy generation. Each part is bounded in time
+# dropout on cuDNN's flash kernel and on the einsum core, the plan and the step of 1.3B at LARGE_BATCH (16),
+# and greedy generation. Each part is bounded in time
 # and writes its own OUT/NAME.jsonl (stderr: OUT/stderr.log), so one that fails or runs out of time
 # leaves the others.
 #
 #     bash experiments/bench/device_check.sh OUT            # PYTHON=... to pick the interpreter
 #     ONLY="train_117m train_small" bash experiments/bench/device_check.sh OUT   # rerun some parts
+#     DTYPES=bfloat16 ...                                                          # compare_hf's dtypes only
 #
-# On an H100 the parts took 15, 8, 41, 168, 93, ~60, ~85 and 34 s (2026-11-27): about 8 minutes with jax's
+# On an H100 the parts took 15, 8, 41, 168, 93, ~60, ~85 and 34 s (2026-11-27; no 1.3B parts yet): about 8 minutes with jax's
 # start-ups, near one call's 10-minute limit; split it over two calls with ONLY where a machine is slower.
+# On an H200 (2026-11-28, DTYPES=bfloat16) versions, matmul, plan, train_117m, plan_1p3b, train_1p3b and
+# generate_b1 took 13, 8, 52, 93, 20, 24 and 41 s. The CPU mode beside a GPU run shares the memory bus:
+# its ratios hold, its rates do not (experiments/bench/README.md, the AMX section).
 #
 # CPU_CORES=0,1 times the CPU instead, held to those cores (the GPU hidden, HF's threads = the cores): the lent
 # machines' CPUs are the AMX kind (issue 34's targets), and two cores are what the project's CPU numbers use.
@@ -22,7 +27,7 @@ out=${1:?usage: bash experiments/bench/device_check.sh OUTDIR}
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
-batch=${BATCH:-64}
+batch=${BATCH:-64} large_batch=${LARGE_BATCH:-16}
 steps=(--rounds 1 --steps 10 --warmup 3)
 pin=() shape=(--batch "$batch") matmul_n=8192
 if [[ -n ${CPU_CORES:-} ]]; then
@@ -60,9 +65,12 @@ import json; from gpt1_jax.flops import measured_matmul_peak as rate
 n = $matmul_n
 print(json.dumps({f'{d}_{n}^3_flops_per_s': rate(d, n, 5) for d in ('float32', 'bfloat16')}))"
 step plan 120 "$py" -m gpt1_jax.cli plan --config gpt1 --batch-size "$batch" --seq-len 512 --set model.dtype=bfloat16
-step train_117m 270 "$py" -m experiments.bench.compare_hf --targets train_117m "${shape[@]}" "${steps[@]}"
+step train_117m 270 "$py" -m experiments.bench.compare_hf --targets train_117m "${shape[@]}" "${steps[@]}" ${DTYPES:+--dtypes "$DTYPES"}
 step train_small 150 "$py" -m experiments.bench.compare_hf --targets train_small "${steps[@]}"
 step finetune_sst2 120 "$py" -m experiments.bench.compare_hf --targets finetune_sst2 "${steps[@]}"
 step attention 150 bash -c 'for a in auto xla; do "$0" -m gpt1_jax.cli bench --config gpt1 --batch-size "$1" --seq-len 512 \
     --dtype bfloat16 --steps 10 --warmup 3 --set model.attn_dropout=0 --set model.attention=$a; done' "$py" "$batch"
+# The plan checked where memory is the question: 1.3B (bf16, scan) at a batch that fills a large part of the chip.
+step plan_1p3b 120 "$py" -m gpt1_jax.cli plan --config gpt1-1.3b --batch-size "$large_batch" --seq-len 512
+step train_1p3b 150 "$py" -m gpt1_jax.cli bench --config gpt1-1.3b --batch-size "$large_batch" --seq-len 512 --steps 5 --warmup 2
 step generate_b1 90 "$py" -m experiments.bench.compare_hf --targets generate_b1 --rounds 1 --steps 3
