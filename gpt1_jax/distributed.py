@@ -230,9 +230,11 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
                                          "--num-processes and --process-id")
     if cfg.explicit and cfg.num_processes == 1 and cfg.mode == "auto":
         return False  # one process: nothing to coordinate
-    if cfg.explicit and cfg.missing and detected_cluster(single_task=True) is None:  # --distributed on, flags in part
-        raise DistributedConfigError(f"multi-process start is missing {', '.join(cfg.missing)}, and no cluster JAX "
-                                     "can detect here gives them: pass all three")
+    if cfg.explicit and cfg.missing:  # --distributed on, flags in part: the cluster JAX detects gives the rest
+        cluster = detected_cluster(single_task=True)
+        if cluster is None:
+            raise DistributedConfigError(f"multi-process start is missing {', '.join(cfg.missing)}, and no cluster "
+                                         "JAX can detect here gives them: pass all three")
 
     # Until every process has joined there is nothing else to see (a job step that started fewer processes than
     # its scheduler announced waits the whole timeout): say what it waits for.

@@ -150,6 +150,15 @@ def test_a_slurm_jobs_coordinator_is_checked_as_a_given_one_is(monkeypatch):
         with pytest.raises(distributed.DistributedConfigError,
                            match=f"^the coordinator \\(SlurmCluster\\) port {port} cannot be served here"):
             distributed.initialize(None)
+        # --distributed on with a count alone: the rest comes from SLURM through the same path (it had printed
+        # "coordinator None" and left the derivation, and the port, to JAX)
+        monkeypatch.setenv("GPT1_DISTRIBUTED", "on")
+        monkeypatch.setenv("GPT1_NUM_PROCESSES", "2")
+        with pytest.raises(distributed.DistributedConfigError,
+                           match=f"^the coordinator \\(SlurmCluster\\) port {port} cannot be served here"):
+            distributed.initialize(None)
+        monkeypatch.delenv("GPT1_DISTRIBUTED")
+        monkeypatch.delenv("GPT1_NUM_PROCESSES")
         held.close()
     monkeypatch.setenv("SLURM_PROCID", "1")
     monkeypatch.setenv("SLURM_LOCALID", "1")
