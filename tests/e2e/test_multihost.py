@@ -4,6 +4,7 @@ non-hanging failure when a process is killed or raises. Every wait is bounded.""
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -156,8 +157,10 @@ def test_two_processes_match_one_process(single, multi):
         assert list((workdir / "profile" / f"process{i}").rglob("*.xplane.pb")), i
     # Process 0 wrote nothing into the folder before every process had checked it: a late process 1 once
     # found process 0's half-written tokenizer there and refused the folder as "not empty and holds no run".
-    order = {line.split("order: ")[1].split()[0] + line[:4]: float(line.split()[-1])
-             for line in out.splitlines() if "order: " in line}
+    # The number right after the word, not the line's last word: the launcher merges each child's stdout and
+    # stderr, and once that line's last word read 1.0 (other output had ended it; the suite failed on it).
+    order = {m.group(1) + line[:4]: float(m.group(2))
+             for line in out.splitlines() if (m := re.search(r"order: (\w+) ([\d.]+)", line))}
     assert set(order) == {"checked[p0]", "checked[p1]", "writes[p0]"}, out[-3000:]
     assert order["writes[p0]"] > max(order["checked[p0]"], order["checked[p1]"])
 
