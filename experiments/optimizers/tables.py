@@ -202,10 +202,14 @@ def _protocol(kind: str, runs: list[dict], args) -> str:
                 "validation loss (the whole validation split) at the first seed, bracketed: the sweep grows "
                 "until the best lr has a worse (or diverged) neighbour on both sides. Mean ± std over seeds "
                 "at that lr.")
+    # What the records hold, not what this invocation's --max-extensions allows: a study is often extended by a
+    # later command with a larger one (MRPC's muon tried 4 more lrs where the text said "at most 2").
+    extended = max(len({r["lr"] for r in runs if r["optimizer"] == name}) for name in {r["optimizer"] for r in runs})
+    extended -= args.lr_points
     return (f"Fine-tuning `{args.init_shown}`; best lr = highest best-epoch dev score at the first seed, "
             f"from a {args.lr_points}-point log grid around each optimizer's centre"
-            + (f", extended by at most {args.max_extensions} more where the best sat on an edge"
-               if args.max_extensions else "") + "; mean ± std over seeds at that lr.")
+            + (f", extended by up to {extended} more where the best sat on an edge" if extended > 0 else "")
+            + "; mean ± std over seeds at that lr.")
 
 
 def _compute_line(runs: list[dict]) -> str:
