@@ -144,8 +144,8 @@ class Records:
 def make(run: Run, records: Records, summarize: Summarize, same: dict | None = None, progress: bool = True,
          announce: str | None = None) -> Done | None:
     """The run's record: found, or made now by training it -> Done; None when the run stopped at a checkpoint
-    before its end (SIGTERM): the sweep stops, and the same command resumes it. `announce`: a line printed only
-    when the run starts."""
+    before its end (SIGTERM), or was asked to stop with its last step (its record is kept): the sweep stops, and
+    the same command resumes it. `announce`: a line printed only when the run starts."""
     if (digest := settings(run)) is not None:
         same = {**(same or {}), SETTINGS: digest}
     if (record := records.load(run.workdir, same)) is not None:
@@ -172,6 +172,9 @@ def make(run: Run, records: Records, summarize: Summarize, same: dict | None = N
     if digest is not None:
         record = {**record, SETTINGS: digest}
     records.save(run.workdir, record)
+    if outcome.stop_requested:  # the stop came with the run's last step: the run is done, the sweep stops here
+        print(f"{run.workdir}: finished, then stopped (SIGTERM or Ctrl-C); the same command resumes", file=sys.stderr)
+        return None
     return Done(run, record, seconds=seconds)
 
 

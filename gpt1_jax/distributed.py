@@ -345,6 +345,13 @@ def _flush() -> None:
             pass
 
 
+# A refusal (status 2: a flag, a config or an input every process checks alike) meets every process of a job at the
+# same line, but not at the same instant. Process 0 hosts the coordination service: leaving at once took it from under
+# a process still on its way to the same line, which then died in C++ (status 134) without saying why. Process 0
+# leaves this much later; a process still in a collective waits that much longer for the end it would meet anyway.
+REFUSAL_GRACE_S = 5.0
+
+
 def abort(status: int = 1, exc: BaseException | None = None) -> None:
     """Multi-process only: print `exc`'s traceback and leave now, skipping the shutdown barrier (the
     peers may be gone or stuck in a collective that this process will never join). A no-op otherwise."""
@@ -366,6 +373,8 @@ def abort(status: int = 1, exc: BaseException | None = None) -> None:
     print(f"gpt1-jax: process {pid} failed (status {status}); exiting without waiting for the other processes",
           file=sys.stderr)
     _flush()
+    if status == 2 and pid == 0:
+        time.sleep(REFUSAL_GRACE_S)
     os._exit(status)
 
 

@@ -63,7 +63,9 @@ class Outcome:
     `metrics`: the last values logged of every metric (train loss, the hooks' evaluations); `last_good`
     (diverged): the newest checkpoint that verifies, None if there is none; `results`: what the job adds
     (fine-tuning: its results.json); `seconds`: the loop's wall clock over every session that trained the run
-    (steps, hooks, saves; checkpoints carry it), None for a run resumed from a checkpoint that did not."""
+    (steps, hooks, saves; checkpoints carry it), None for a run resumed from a checkpoint that did not;
+    `stop_requested`: a stop (SIGTERM, Ctrl-C) came with the last step, so the run finished, and a sweep of several
+    runs is to stop after it (in several processes, the step they agreed on can be a run's last)."""
 
     status: typing.Literal["finished", "preempted", "diverged"]
     step: int
@@ -73,6 +75,7 @@ class Outcome:
     results: dict | None = None
     seconds: float | None = None
     state: Any = dataclasses.field(default=None, repr=False, compare=False)  # the train state it ended with
+    stop_requested: bool = False
 
     @property
     def finished(self) -> bool:
@@ -242,11 +245,12 @@ class Loop:
         if preemption.requested and preemption.signum == signal.SIGINT and step < self.steps:
             raise Interrupted(f"interrupted (Ctrl-C) at step {step}: checkpoint saved; run the same command to resume",
                               step=step, together=preemption.multiprocess)
-        # A signal that came after the last step, or with it, stopped nothing: the run is finished. Its seconds
-        # are those its last checkpoint keeps, so a resumed run's sessions add up to exactly what it reports.
+        # A signal that came with the last step stopped nothing of this run: it is finished, and says the stop was
+        # asked for (a sweep stops after it). Its seconds are those its last checkpoint keeps, so a resumed run's
+        # sessions add up to exactly what it reports.
         seconds = self._saved_seconds[1] if self._saved_seconds and self._saved_seconds[0] == step else self._seconds()
         return Outcome("finished" if step == self.steps else "preempted", step, dict(self._last), seconds=seconds,
-                       state=state)
+                       state=state, stop_requested=preemption.requested and step == self.steps)
 
     def _steps(self, state, batches: Batches, start: int, preemption: Preemption):
         """The steps themselves -> (state, the last step run)."""
@@ -283,7 +287,9 @@ class Loop:
                 self.metrics.flush()
                 self._restart_clock()  # saving is not training throughput (nor the next step's time)
             if preempted:
-                if preemption.signum != signal.SIGINT:  # Ctrl-C's line comes last, from Interrupted in run
+                if step == self.steps:
+                    self.progress.warn(f"stopped with the last step ({step}): checkpoint saved; the run is finished")
+                elif preemption.signum != signal.SIGINT:  # Ctrl-C's line comes last, from Interrupted in run
                     self.progress.warn(f"preempted: checkpoint saved at step {step}; run the same command to resume")
                 return state, step
         if pending:

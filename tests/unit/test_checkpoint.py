@@ -256,6 +256,7 @@ def test_sigterm_saves_stops_and_gives_the_handlers_back(tmp_path):
     outcome = Loop(Trainer(terminate), 5, ckpt, ModelConfig(), Quiet(), Quiet()).run(
         State(np.int32(0), np.zeros(4, np.float32)), Batches())
     assert (outcome.status, outcome.step, outcome.finished) == ("preempted", 2, False) and int(outcome.state.step) == 2
+    assert not outcome.stop_requested  # preempted says it already
     assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [2]
     assert {s: signal.getsignal(s) for s in before} == before
 
@@ -275,7 +276,7 @@ def test_a_ctrl_c_in_the_last_step_finishes_the_run(tmp_path):
 
     outcome = Loop(Trainer(interrupt), 3, Checkpointer(tmp_path / "checkpoints", save_every=0), ModelConfig(), Quiet(),
                    Quiet()).run(State(np.int32(0), np.zeros(4, np.float32)), Batches())
-    assert (outcome.status, outcome.step) == ("finished", 3)
+    assert (outcome.status, outcome.step, outcome.stop_requested) == ("finished", 3, True)  # a sweep stops after it
     assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [3]
 
 

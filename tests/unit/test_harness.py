@@ -125,6 +125,21 @@ def test_a_run_stopped_at_a_checkpoint_stops_the_sweep_without_a_record(tmp_path
     assert "stopped at step 3 (SIGTERM); the same command resumes" in capsys.readouterr().err
 
 
+def test_a_stop_with_a_runs_last_step_keeps_its_record_and_stops_the_sweep(tmp_path, monkeypatch, capsys):
+    """In several processes JAX can place the agreed stop on a run's last step: that run finished, and the sweep
+    went on to its end with the stop forgotten (tests/e2e/test_multihost.py)."""
+    started = []
+
+    def fake_run(config, workdir, **kwargs):
+        started.append(config.seed)
+        return Outcome("finished", 3, stop_requested=True)
+
+    monkeypatch.setattr(gpt1_jax.finetune, "run", fake_run)
+    assert harness.sweep(_runs(tmp_path, 3), harness.Records(tmp_path, tmp_path / "kept"), _record) is None
+    assert started == [0] and len(list((tmp_path / "kept").rglob("*.json"))) == 1
+    assert "finished, then stopped (SIGTERM or Ctrl-C); the same command resumes" in capsys.readouterr().err
+
+
 def test_a_record_made_with_other_settings_is_not_this_runs(tmp_path, monkeypatch):
     """A --quick pipeline's records under the same --out counted as the laptop budget's, and a glue_table rerun with
     --set optim.lr=... or another --init reported the old runs' scores under the new settings."""
