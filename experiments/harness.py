@@ -313,9 +313,11 @@ def main(fn: Callable[[], int | None], prog: str) -> int:
     `gpt1-jax`'s (gpt1_jax/cli.py); anything else is a bug and keeps its traceback. In a multi-process run
     (gpt1_jax.distributed started first) SIGTERM stays JAX's preemption notice: the processes agree on a step of the
     run in progress, or of the next one, and stop there together (gpt1_jax/loop.py); taken here, it stopped the
-    process that got it alone (status 130) and left the others to fail in their next collective."""
-    signals = (signal.SIGINT,) if distributed.is_multi_process() else (signal.SIGINT, signal.SIGTERM)
-    with CtrlC(signals=signals) as guard:  # re-raises one Python dropped in a gc callback
+    process that got it alone (status 130) and left the others to fail in their next collective. A first Ctrl-C there
+    is passed on to JAX as such a notice (gpt1_jax/interrupt.py); a second one stops that process at once."""
+    multi = distributed.is_multi_process()
+    signals = (signal.SIGINT,) if multi else (signal.SIGINT, signal.SIGTERM)
+    with CtrlC(signals=signals, first_to_jax=multi) as guard:  # re-raises one Python dropped in a gc callback
         try:
             return fn() or 0
         except KeyboardInterrupt as e:

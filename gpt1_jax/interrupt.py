@@ -28,8 +28,13 @@ class CtrlC:
     the handler never raises there either. Hook and handler only write to a pipe: the handler may run
     inside the hook, where taking a lock could deadlock. A SIGINT the parent set to be ignored stays so."""
 
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGINT,)):
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGINT,), first_to_jax: bool = False):
         self.signals = signals  # a script that stops on SIGTERM as on Ctrl-C adds it (experiments/optimizers)
+        # Multi-process (experiments/harness.py main): the first Ctrl-C goes to JAX's preemption notifier as a SIGTERM,
+        # so every process stops at the step they agree on, as the training loop passes one on (gpt1_jax/loop.py);
+        # taken here, it stopped this process alone and left the others to fail in their next collective.
+        self.first_to_jax = first_to_jax
+        self._passed_on = False
 
     def __enter__(self):
         # A signal the parent set to be ignored stays so: a background job (`nohup cmd &`) has SIGINT ignored,
@@ -46,6 +51,12 @@ class CtrlC:
         return self
 
     def _handle(self, signum, frame) -> None:
+        if self.first_to_jax and signum == signal.SIGINT and not self._passed_on:
+            self._passed_on = True
+            os.write(2, b"gpt1-jax: Ctrl-C: every process stops at the step they agree on (Ctrl-C again: this one "
+                        b"leaves now)\n")  # os.write: a print here could re-enter a write the main thread is in
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         hook = CtrlC._unraisable.__code__
         while frame is not None:
             if frame.f_code is hook:

@@ -318,7 +318,7 @@ def test_exception_in_one_process_ends_all_promptly_through_launcher(tmp_path, c
 
 
 # A study of several runs in each process, made through experiments/harness.py as the optimizer study makes its runs;
-# process 1 gets SIGTERM as soon as its first run has ended (after that loop's last step), once.
+# process 1 gets SIGNAL (argv[5]) as soon as its first run has ended (after that loop's last step), once.
 STUDY = """
 import os, signal, sys
 from pathlib import Path
@@ -333,7 +333,7 @@ def run(config, workdir):
     outcome = _run(config, workdir)
     print(f"study: {Path(workdir).name} ended {outcome.status} at step {outcome.step}", file=sys.stderr, flush=True)
     if jax.process_index() == 1 and Path(workdir).name == "run0":
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), getattr(signal, sys.argv[5]))
     return outcome
 pretrain.run = run
 def study():
@@ -351,17 +351,19 @@ harness.leave(harness.main(study, "study"))
 """
 
 
-def test_a_stop_between_two_runs_of_a_multi_process_study_stops_the_study(tmp_path, cache):
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_stop_between_two_runs_of_a_multi_process_study_stops_the_study(tmp_path, cache, sig):
     """A SIGTERM that came after one loop's last step: harness.main's handler took it from JAX's notifier, and process
     1 left alone (130) while process 0 failed in its next collective (1). Left to JAX, its sync point (that loop's last
     step + 1, the loops numbering their own steps) was never reached by the next runs of as many steps, and the study
     ran to its end (exit 0). Now both processes stop at the step JAX has them agree on, saved, exit 130, and resume.
     That step is the next run's first, or later where process 0 had run ahead when the notice came (the fastest
     process's count + 1); where it was that run's last step, the run finished and the study stopped after it (under
-    load in the full suite it had run on to its end)."""
+    load in the full suite it had run on to its end). A Ctrl-C there (SIGINT) stopped process 1 alone; it is passed on
+    to JAX as the same notice."""
     script = tmp_path / "study.py"
     script.write_text(STUDY)
-    argv = [str(script), str(tmp_path / "out"), str(cache), "3", "4"]
+    argv = [str(script), str(tmp_path / "out"), str(cache), "3", "4", sig]
     importable = {"PYTHONPATH": str(REPO)}  # experiments/ is not installed: a script outside the checkout reaches it so
     done, _ = run_launcher(argv, env=importable)
     out = done.stdout
