@@ -132,6 +132,7 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     "gpt1-350m": ModelConfig(d_model=1024, n_layers=24, n_heads=16, d_mlp=4096, dtype="bfloat16", scan_layers=True),
     "gpt1-1.3b": ModelConfig(d_model=2048, n_layers=24, n_heads=16, d_mlp=8192, dtype="bfloat16", scan_layers=True),
     "gpt1-6.7b": ModelConfig(d_model=4096, n_layers=32, n_heads=32, d_mlp=16384, dtype="bfloat16", scan_layers=True),
+    "gpt1-13b": ModelConfig(d_model=5120, n_layers=40, n_heads=40, d_mlp=20480, dtype="bfloat16", scan_layers=True),
 }
 
 
@@ -464,6 +465,7 @@ _GPT1_TRAINING: dict[str, Any] = dict(
     data=DataConfig(seq_len=512, global_batch_size=64, val_fraction=0.01), eval_every=1000, checkpoint_every=1000)
 _PRETRAIN_PRESETS: dict[str, dict[str, Any]] = {
     "gpt1": _GPT1_TRAINING, "gpt1-350m": _GPT1_TRAINING, "gpt1-1.3b": _GPT1_TRAINING, "gpt1-6.7b": _GPT1_TRAINING,
+    "gpt1-13b": _GPT1_TRAINING,
     "small": {},
     "tiny": dict(optim=OptimConfig(lr=3e-3, warmup_steps=5, total_steps=50), steps=50,
                  data=DataConfig(seq_len=64, global_batch_size=8, vocab_size=509, val_fraction=0.05),

@@ -1,4 +1,4 @@
-"""The scale table: GPT-1 117M and GPT-1-shaped 350M / 1.3B / 6.7B models planned for TPU pods by the TPU
+"""The scale table: GPT-1 117M and GPT-1-shaped 350M / 1.3B / 6.7B / 13B models planned for TPU pods by the TPU
 compiler on this CPU (`gpt1-jax plan --mesh auto`), plus the memory levers measured on one plan.
 
     python -m experiments.scale.plan_table                    # every cell not yet recorded, then the table
@@ -37,7 +37,7 @@ PODS = {
     "2x v5e-256": ("v5e:16x16", 2),
 }
 # (config, global batch in sequences of 512): the paper's batch, a pod batch, and the larger shapes at 256.
-MODELS = [("gpt1", 64), ("gpt1", 512), ("gpt1-350m", 256), ("gpt1-1.3b", 256), ("gpt1-6.7b", 256)]
+MODELS = [("gpt1", 64), ("gpt1", 512), ("gpt1-350m", 256), ("gpt1-1.3b", 256), ("gpt1-6.7b", 256), ("gpt1-13b", 256)]
 RUN_AS = ["model.dtype=bfloat16", "model.scan_layers=true"]
 # The memory levers, each on a fixed plan: (label, (config, batch, pod, mesh), extra overrides). Remat on 1.3B
 # over all of a v5e-256 (activations dominate); optimizer state on 6.7B over a v4-32 (the state dominates).
