@@ -320,13 +320,14 @@ def test_exception_in_one_process_ends_all_promptly_through_launcher(tmp_path, c
 # A study of several runs in each process, made through experiments/harness.py as the optimizer study makes its runs;
 # process 1 gets SIGNAL (argv[5]) as soon as its first run has ended (after that loop's last step), once.
 STUDY = """
-import os, signal, sys
+import os, signal, sys, time
 from pathlib import Path
 from experiments import harness
 from gpt1_jax import distributed, pretrain
 from gpt1_jax.config import PretrainConfig, resolve
 distributed.initialize()  # first, as gpt1-jax does
 import jax
+from jax._src import distributed as jax_distributed  # its coordination-service client: no public handle in jax 0.10
 out, cache, runs, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 _run = pretrain.run
 def run(config, workdir):
@@ -334,6 +335,17 @@ def run(config, workdir):
     print(f"study: {Path(workdir).name} ended {outcome.status} at step {outcome.step}", file=sys.stderr, flush=True)
     if jax.process_index() == 1 and Path(workdir).name == "run0":
         os.kill(os.getpid(), getattr(signal, sys.argv[5]))
+        # JAX's notifier looks for SIGTERM once a second and then posts the notice to the coordination service; under
+        # load that took longer than the study's two remaining runs of 4 steps, the study ran to its end (CI). Wait for
+        # the notice, so the test is about what follows it: where the processes agree to stop.
+        client, waited = jax_distributed.global_state.client, time.monotonic()
+        while time.monotonic() - waited < 60:
+            try:
+                client.key_value_try_get("RECEIVED_PREEMPTION_NOTICE")  # the key JAX's preemption sync manager posts
+                print(f"study: notice posted {time.monotonic() - waited:.2f} s after the signal", file=sys.stderr)
+                break
+            except Exception:  # not posted yet (NOT_FOUND)
+                time.sleep(0.02)
     return outcome
 pretrain.run = run
 def study():
@@ -367,6 +379,7 @@ def test_a_stop_between_two_runs_of_a_multi_process_study_stops_the_study(tmp_pa
     importable = {"PYTHONPATH": str(REPO)}  # experiments/ is not installed: a script outside the checkout reaches it so
     done, _ = run_launcher(argv, env=importable)
     out = done.stdout
+    assert "[p1] study: notice posted" in out, out[-4000:]
     assert "[launcher] exit statuses [130, 130]" in out, out[-4000:]
     ended = [[line.split("study: ")[1] for line in out.splitlines() if line.startswith(f"[p{i}] study: run")]
              for i in range(2)]
