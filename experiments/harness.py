@@ -42,7 +42,7 @@ from gpt1_jax import distributed, finetune, pretrain  # the modules: tests patch
 from gpt1_jax.cli import Parser
 from gpt1_jax.config import FinetuneConfig, PretrainConfig, flat_fields, to_dict
 from gpt1_jax.data.glue import GlueDownloadError, glue_task
-from gpt1_jax.errors import DEBUG_ENV, GPT1JaxError, os_error_message
+from gpt1_jax.errors import DEBUG_ENV, GPT1JaxError, Interrupted, os_error_message
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps
 from gpt1_jax.interrupt import CtrlC
@@ -323,7 +323,8 @@ def main(fn: Callable[[], int | None], prog: str) -> int:
         except KeyboardInterrupt as e:
             guard.caught()
             close_open_bars()
-            print(f"{prog}: interrupted{f': {e}' if str(e) else ''}; the same command resumes", file=sys.stderr)
+            what = e if isinstance(e, Interrupted) else f"interrupted{f': {e}' if str(e) else ''}; the same command resumes"
+            print(f"{prog}: {what}", file=sys.stderr)  # Interrupted: the loop says what it saved, and how to resume
             return 130
         except (GPT1JaxError, OSError) as e:  # a project error (gpt1_jax/errors.py), a path, a disk
             if os.environ.get(DEBUG_ENV):

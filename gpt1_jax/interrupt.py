@@ -14,6 +14,29 @@ import threading
 import time
 
 
+# Once per process: a study runs several loops, and a Ctrl-C passed on between two of them (CtrlC) or inside one (the
+# loop's Preemption) is the same first one; the next, wherever it lands, stops this process at once.
+_passed_to_jax = [False]
+
+
+def pass_ctrl_c_to_jax() -> bool:
+    """Multi-process: a first Ctrl-C becomes JAX's preemption notice (a SIGTERM to this process, which JAX's notifier
+    owns), so every process stops at the step they agree on and saves it -> True; a later one -> False (the caller
+    stops this process at once). Says so in one line: os.write, as a print here could re-enter one in progress."""
+    if _passed_to_jax[0]:
+        return False
+    _passed_to_jax[0] = True
+    os.write(2, b"gpt1-jax: Ctrl-C: every process stops at the step they agree on (Ctrl-C again: this one "
+                b"leaves now)\n")
+    os.kill(os.getpid(), signal.SIGTERM)
+    return True
+
+
+def ctrl_c_passed_to_jax() -> bool:
+    """Whether this process has passed a Ctrl-C on to JAX (a run started after it stops as one stopped by Ctrl-C)."""
+    return _passed_to_jax[0]
+
+
 class CtrlC:
     """For the whole verb: Ctrl-C (SIGINT) raises KeyboardInterrupt, and one that Python dropped is raised again.
 
@@ -34,7 +57,6 @@ class CtrlC:
         # so every process stops at the step they agree on, as the training loop passes one on (gpt1_jax/loop.py);
         # taken here, it stopped this process alone and left the others to fail in their next collective.
         self.first_to_jax = first_to_jax
-        self._passed_on = False
 
     def __enter__(self):
         # A signal the parent set to be ignored stays so: a background job (`nohup cmd &`) has SIGINT ignored,
@@ -51,11 +73,7 @@ class CtrlC:
         return self
 
     def _handle(self, signum, frame) -> None:
-        if self.first_to_jax and signum == signal.SIGINT and not self._passed_on:
-            self._passed_on = True
-            os.write(2, b"gpt1-jax: Ctrl-C: every process stops at the step they agree on (Ctrl-C again: this one "
-                        b"leaves now)\n")  # os.write: a print here could re-enter a write the main thread is in
-            os.kill(os.getpid(), signal.SIGTERM)
+        if self.first_to_jax and signum == signal.SIGINT and pass_ctrl_c_to_jax():
             return
         hook = CtrlC._unraisable.__code__
         while frame is not None:

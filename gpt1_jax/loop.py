@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import signal
 import time
 import typing
@@ -40,6 +39,7 @@ from gpt1_jax.config import profile_window, save_yaml
 from gpt1_jax.distributed import abort
 from gpt1_jax.errors import ConfigError, DivergenceError, Interrupted
 from gpt1_jax.integrity import newest_checkpoint
+from gpt1_jax.interrupt import ctrl_c_passed_to_jax, pass_ctrl_c_to_jax
 from gpt1_jax.tracker import open_tracker
 from gpt1_jax.metrics import MetricsWriter, Progress
 
@@ -119,7 +119,9 @@ class Preemption:
     Multi-process: JAX's preemption notifier owns SIGTERM and `poll` agrees on the step with the others
     (multihost_utils.reached_preemption_sync_point), so every process saves the same step; a Ctrl-C in one
     process's terminal is passed to that notifier as a SIGTERM of its own (it left at once, saving nothing),
-    and that process then says so and exits 130 while the others end as pre-empted.
+    and that process then says so and exits 130 while the others end as pre-empted. Once per process
+    (gpt1_jax/interrupt.py pass_ctrl_c_to_jax): one passed on between two runs of a study stops the next run as
+    Ctrl-C, and a second Ctrl-C, in that run or before it, leaves at once.
     `close()` puts the previous handlers back: a process that runs several loops (a study) must not
     leave a finished loop's handler to swallow a signal that arrives between runs."""
 
@@ -133,6 +135,8 @@ class Preemption:
                 self._previous[sig] = signal.signal(sig, self._handle)
         else:
             self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._handle_ctrl_c)
+            if ctrl_c_passed_to_jax():  # between two runs of a study: this run stops where the processes agree
+                self.signum = signal.SIGINT
 
     def close(self) -> None:
         for sig, handler in self._previous.items():
@@ -153,10 +157,9 @@ class Preemption:
         self.requested, self.signum = True, signum
 
     def _handle_ctrl_c(self, signum, frame):
-        if self.signum == signal.SIGINT:  # a second Ctrl-C: give up at once
+        if not pass_ctrl_c_to_jax():  # a second Ctrl-C (in this run or before it): give up at once
             raise KeyboardInterrupt
         self.signum = signal.SIGINT
-        os.kill(os.getpid(), signal.SIGTERM)  # to JAX's notifier: the processes agree on a step, and all save it
 
 
 @dataclasses.dataclass

@@ -372,7 +372,8 @@ def test_a_stop_between_two_runs_of_a_multi_process_study_stops_the_study(tmp_pa
     That step is the next run's first, or later where process 0 had run ahead when the notice came (the fastest
     process's count + 1); where it was that run's last step, the run finished and the study stopped after it (under
     load in the full suite it had run on to its end). A Ctrl-C there (SIGINT) stopped process 1 alone; it is passed on
-    to JAX as the same notice."""
+    to JAX as the same notice, and process 1's next run stops as a Ctrl-C stops one (its "interrupted (Ctrl-C) at
+    step N: checkpoint saved" line, once: harness.main no longer wraps it in a second "interrupted")."""
     script = tmp_path / "study.py"
     script.write_text(STUDY)
     argv = [str(script), str(tmp_path / "out"), str(cache), "3", "4", sig]
@@ -383,12 +384,17 @@ def test_a_stop_between_two_runs_of_a_multi_process_study_stops_the_study(tmp_pa
     assert "[launcher] exit statuses [130, 130]" in out, out[-4000:]
     ended = [[line.split("study: ")[1] for line in out.splitlines() if line.startswith(f"[p{i}] study: run")]
              for i in range(2)]
-    assert ended[0] == ended[1] and ended[0][0] == "run0 ended finished at step 4", ended  # they agreed where
+    assert ended[0][0] == "run0 ended finished at step 4", ended
     name, _, status, _, _, step = ended[0][-1].split()
     stopped = int(name.removeprefix("run"))
     assert stopped >= 1 and status in ("preempted", "finished"), ended
-    for i in range(2):
-        assert f"[p{i}] study: interrupted; the same command resumes" in out
+    assert "[p0] study: interrupted; the same command resumes" in out
+    if sig == "SIGINT" and status == "preempted":  # the process that got the Ctrl-C stops its run as Ctrl-C does
+        assert ended[1] == ended[0][:-1], ended
+        assert f"[p1] study: interrupted (Ctrl-C) at step {step}: checkpoint saved" in out, out[-4000:]
+    else:  # they agreed where
+        assert ended[0] == ended[1], ended
+        assert "[p1] study: interrupted; the same command resumes" in out
     assert not (tmp_path / "out" / f"run{stopped + 1}").exists()
     if status == "preempted":
         assert checkpoints(tmp_path / "out" / name) == [int(step)]

@@ -212,6 +212,25 @@ def test_an_experiments_command_line_ends_a_project_or_os_error_in_one_line(tmp_
         harness.main(bad_task, "glue_table")
 
 
+def test_a_ctrl_c_that_stopped_a_run_is_said_once(capsys):
+    """The loop's Interrupted says what it saved and how to resume: the study's last line read "run_study:
+    interrupted: interrupted (Ctrl-C) at step 7: checkpoint saved; run the same command to resume; the same command
+    resumes". A Ctrl-C outside a run keeps the generic line."""
+    from gpt1_jax.errors import Interrupted
+
+    def stopped_in_a_run():
+        raise Interrupted("interrupted (Ctrl-C) at step 7: checkpoint saved; run the same command to resume", step=7)
+
+    def stopped_between_runs():
+        raise KeyboardInterrupt
+
+    assert harness.main(stopped_in_a_run, "run_study") == 130
+    assert capsys.readouterr().err == ("run_study: interrupted (Ctrl-C) at step 7: checkpoint saved; run the same "
+                                       "command to resume\n")
+    assert harness.main(stopped_between_runs, "run_study") == 130
+    assert capsys.readouterr().err == "run_study: interrupted; the same command resumes\n"
+
+
 @pytest.mark.parametrize("parse_args, argv, message", [
     ("experiments.optimizers.run_study", ["--bogus"], "unrecognized arguments: --bogus"),
     ("experiments.optimizers.run_study", ["--out", "o", "--bogus", "pretrain"], "unrecognized arguments: --bogus"),
