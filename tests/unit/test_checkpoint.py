@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from gpt1_jax import integrity
-from gpt1_jax.checkpoint import _quiet_orbax_write_failures
+from gpt1_jax.checkpoint import _one_replica_writes_each_shard, _quiet_orbax_write_failures
 from gpt1_jax.errors import DivergenceError, Interrupted
 from tests.support.checkpoint import corrupt, largest_file
 
@@ -198,6 +198,18 @@ def test_the_pinned_step_outlives_the_newest_keep_until_another_is_pinned(tmp_pa
     # what the hook saw before each epoch end's save, then what is left
     assert seen == [[], [2], [2, 4], [6]]
     assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [6, 8]
+
+
+def test_choosing_one_writer_per_shard_logs_nothing(caplog):
+    """Every run printed `WARNING:absl:Type handler registry type "<class 'jax.jaxlib._jax.Array'>" overriding
+    jax.Array` (orbax, as our Checkpointer replaces its array handler): a line that asks nothing of the user."""
+    import logging
+
+    before = logging.getLogger("absl").level
+    with caplog.at_level(logging.INFO):
+        _one_replica_writes_each_shard()
+    assert not [r for r in caplog.records if "Type handler registry" in r.getMessage()], caplog.text
+    assert logging.getLogger("absl").level == before  # put back as it was
 
 
 def test_a_result_handed_to_a_closed_event_loop_is_dropped_and_other_unraisables_are_not(monkeypatch):
