@@ -231,6 +231,19 @@ def test_a_ctrl_c_that_stopped_a_run_is_said_once(capsys):
     assert capsys.readouterr().err == "run_study: interrupted; the same command resumes\n"
 
 
+def test_a_ctrl_c_passed_on_after_the_last_run_says_that_nothing_stopped(capsys, monkeypatch):
+    """Multi-process: a Ctrl-C after the last run's last step is passed on to JAX with the line "every process stops
+    at the step they agree on", and no loop was left to agree on one: the study completed (exit 0) and said nothing."""
+    import gpt1_jax.interrupt
+
+    assert harness.main(lambda: 0, "run_study") == 0
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(gpt1_jax.interrupt, "_passed_to_jax", [True])  # as pass_ctrl_c_to_jax leaves it
+    assert harness.main(lambda: 0, "run_study") == 0
+    assert capsys.readouterr().err == ("run_study: the Ctrl-C came after the last run's last step: nothing was left "
+                                       "to stop\n")
+
+
 @pytest.mark.parametrize("parse_args, argv, message", [
     ("experiments.optimizers.run_study", ["--bogus"], "unrecognized arguments: --bogus"),
     ("experiments.optimizers.run_study", ["--out", "o", "--bogus", "pretrain"], "unrecognized arguments: --bogus"),
