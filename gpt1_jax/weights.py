@@ -37,7 +37,7 @@ from gpt1_jax.config import (RUNTIME_FIELDS, ConfigError, FinetuneConfig, ModelC
                              given_keys, load_yaml, override_key, read_yaml, save_yaml)
 from gpt1_jax.errors import CheckpointFormatError, OutputExistsError
 from gpt1_jax.files import some_names
-from gpt1_jax.integrity import newest_checkpoint
+from gpt1_jax.integrity import checkpoint_steps
 from gpt1_jax.lockfile import remove_abandoned
 from gpt1_jax.model import init_params
 from gpt1_jax.optim import eval_params, uses_eval_params
@@ -294,13 +294,22 @@ def _load_run(path: Path, step: int | None) -> tuple[ModelConfig, dict, int]:
     machine lost 5 races in a row to a run saving every step."""
     deadline = time.monotonic() + READ_PATIENCE_S
     while True:
-        newest = newest_checkpoint(path / "checkpoints")
+        before = _checkpoints_now(path)
         try:
             return _load_checkpoint(path, step)
         except Exception:
-            moved_on = step is None and newest_checkpoint(path / "checkpoints") != newest
+            # Any change, not only a newer one: with keep_checkpoints=1 the previous checkpoint is deleted after the
+            # next one is finished, so a reader can list both and lose the older one under orbax's listing.
+            moved_on = step is None and _checkpoints_now(path) != before
             if not moved_on or time.monotonic() > deadline:
                 raise
+
+
+def _checkpoints_now(path: Path) -> list[int] | None:
+    try:
+        return checkpoint_steps(path / "checkpoints")
+    except OSError:
+        return None
 
 
 def _load_checkpoint(path: Path, step: int | None) -> tuple[ModelConfig, dict, int]:

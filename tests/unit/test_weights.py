@@ -145,3 +145,29 @@ def test_a_checkpoint_folder_of_a_run_names_the_run_and_its_step(tmp_path):
     with pytest.raises(CheckpointFormatError, match=r"30 is one checkpoint of the run .*run: give the run and the step "
                                                     r"\(--init .*run --step 30; `convert .*run DST --step 30`\)"):
         load_pretrained(tmp_path / "run" / "checkpoints" / "30")
+
+
+def test_a_reader_that_lost_the_older_of_two_checkpoints_reads_again(tmp_path, monkeypatch):
+    """keep_checkpoints=1: a run finished checkpoint 10 and then deleted 9 while a reader's orbax listing held both;
+    its stat of 9 failed, and since the newest (10) had not changed the reader gave up with orbax's traceback (CI,
+    tests/e2e/test_pretrain.py). Any change in the listing means the run moved on: read again."""
+    from gpt1_jax import weights
+
+    for step in (9, 10):
+        (tmp_path / "checkpoints" / str(step)).mkdir(parents=True)
+    calls = []
+
+    def load(path, step):
+        calls.append(step)
+        if len(calls) == 1:  # the run deletes 9 under the reader
+            (tmp_path / "checkpoints" / "9").rmdir()
+            raise FileNotFoundError(f"{tmp_path}/checkpoints/9")
+        return "config", {}, 10
+
+    monkeypatch.setattr(weights, "_load_checkpoint", load)
+    assert weights._load_run(tmp_path, None) == ("config", {}, 10) and calls == [None, None]
+    calls.clear()
+    (tmp_path / "checkpoints" / "9").mkdir()
+    with pytest.raises(FileNotFoundError):  # a step asked for by number is not another one
+        weights._load_run(tmp_path, 9)
+    assert calls == [9]
