@@ -15,6 +15,11 @@ the step's temporary bytes, the page faults and kernel CPU time per step, whethe
 were on, and the CPU flags. Run from a command line it re-executes itself under glibc's huge pages, as
 `gpt1-jax bench` and the training verbs do (gpt1_jax/hugepages.py; `GPT1_JAX_HUGE_PAGES=off` for plain
 pages). `--trace-dir` keeps the trace for Perfetto or TensorBoard.
+
+`--products` adds one line per kind of matrix product before the summary: the thunk that runs it (`ynn_fusion`:
+YNNPACK; a bare `dot`: Eigen; `onednn_*`, `xnn_fusion`), its operand and result shapes, how many a step runs, their
+GFLOP, their spans (start to end, whatever ran beside them) and the rate over those spans, and their time-sliced
+seconds: a product slower in the step than alone shows here (experiments/bench/README.md, a fifth session).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import collections
 import dataclasses
 import gzip
 import json
+import math
 import os
 import re
 import resource
@@ -65,6 +71,7 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][a-z0-
 _CALLS = re.compile(r"(?:calls|to_apply|body|condition|called_computations)=\{?%?([\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _RESULT_DIMS = re.compile(r"=\s*\w+\[([\d,]*)\]")
+_DOT = re.compile(r"\sdot\(%?([\w.\-]+),\s*%?([\w.\-]+)\).*?lhs_contracting_dims=\{([\d,]*)\}")
 
 
 @dataclasses.dataclass
@@ -75,6 +82,7 @@ class Instruction:
     calls: list[str]
     batched: bool  # a dot with batch dimensions: in this model, only the attention core's products
     dims: tuple[int, ...] = ()  # the result's shape (an array result's; () for a tuple)
+    dot: tuple[str, str, tuple[int, ...]] | None = None  # a dot's (lhs, rhs, lhs contracting dims)
 
 
 def parse_hlo(text: str) -> dict[str, list[Instruction]]:
@@ -92,9 +100,12 @@ def parse_hlo(text: str) -> dict[str, list[Instruction]]:
         if m:
             op_name = _OP_NAME.search(line)
             dims = _RESULT_DIMS.search(line)
+            dot = _DOT.search(line) if m.group(2) == "dot" else None
             current.append(Instruction(m.group(1), m.group(2), op_name.group(1) if op_name else "",
                                        _CALLS.findall(line), "lhs_batch_dims=" in line,
-                                       tuple(int(d) for d in dims.group(1).split(",") if d) if dims else ()))
+                                       tuple(int(d) for d in dims.group(1).split(",") if d) if dims else (),
+                                       (dot.group(1), dot.group(2), tuple(int(d) for d in dot.group(3).split(",") if d))
+                                       if dot else None))
     return computations
 
 
@@ -158,6 +169,62 @@ def thunk_groups(hlo_text: str, vocab: int | None = None) -> dict[str, str]:
         for instruction in instructions:
             groups[instruction.name] = group_of(body(instruction, set()), vocab)
     return groups
+
+
+@dataclasses.dataclass(frozen=True)
+class Product:
+    thunk: str  # the kind of thunk that runs it: its name without the number (ynn_fusion, dot, ...)
+    lhs: tuple[int, ...]
+    rhs: tuple[int, ...]
+    out: tuple[int, ...]
+    flops: int
+
+
+def products(hlo_text: str) -> dict[str, Product]:
+    """{top-level instruction name: the matrix product it runs}, for each thunk that is a dot or calls one."""
+    computations = parse_hlo(hlo_text)
+
+    def product(thunk: str, computation: str, dot: Instruction) -> Product:
+        shapes = {i.name: i.dims for i in computations[computation]}
+        lhs, rhs, contracting = dot.dot
+        k = math.prod(shapes[lhs][d] for d in contracting)
+        return Product(thunk, shapes[lhs], shapes[rhs], dot.dims, 2 * math.prod(dot.dims) * k)
+
+    fused = {callee for instructions in computations.values() for i in instructions if i.opcode == "fusion"
+             for callee in i.calls}
+    found = {}
+    for computation, instructions in computations.items():
+        if computation in fused:  # the inside of a fusion is not a thunk of its own
+            continue
+        for instruction in instructions:
+            thunk = instruction.name.split(".")[0]
+            if instruction.dot:
+                found[instruction.name] = product(thunk, computation, instruction)
+            for callee in instruction.calls:
+                inner = [i for i in computations.get(callee, []) if i.dot]
+                if inner:
+                    found[instruction.name] = product(thunk, callee, inner[0])
+    return found
+
+
+def product_rows(thunks: list[dict], known: dict[str, Product], steps: int) -> list[dict]:
+    """One row per kind of product (thunk kind and shapes), longest spans first: per step, how many, GFLOP, the
+    seconds from each one's start to its end, the rate over those seconds, and the time-sliced seconds."""
+    shares, _ = time_sliced(thunks)
+    rows: dict[tuple, dict] = {}
+    for thunk, share in zip(thunks, shares):
+        p = known.get(thunk["op"])
+        if p is None:
+            continue
+        row = rows.setdefault((p.thunk, p.lhs, p.rhs, p.out), {"n": 0, "flops": 0, "span": 0.0, "sliced": 0.0})
+        row["n"] += 1
+        row["flops"] += p.flops
+        row["span"] += thunk["dur"] * 1e-6
+        row["sliced"] += share
+    return [{"product": thunk, "lhs": list(lhs), "rhs": list(rhs), "out": list(out), "per_step": round(r["n"] / steps, 1),
+             "gflop": round(r["flops"] / steps / 1e9, 4), "span_s": round(r["span"] / steps, 5),
+             "gflop_per_s_in_span": round(r["flops"] / max(r["span"], 1e-9) / 1e9), "seconds": round(r["sliced"] / steps, 4)}
+            for (thunk, lhs, rhs, out), r in sorted(rows.items(), key=lambda kv: -kv[1]["span"])]
 
 
 def read_trace(folder: Path) -> list[dict]:
@@ -258,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices", type=int, default=1, help="split the CPU into N XLA devices, data-parallel")
     p.add_argument("--steps", type=int, default=3, help="traced steps (after 2 untimed ones)")
     p.add_argument("--set", action="append", default=[], help="config override (e.g. model.scan_layers=true)")
+    p.add_argument("--products", action="store_true",
+                   help="also one line per kind of matrix product: its thunk, shapes, GFLOP, spans and rate in the step")
     p.add_argument("--trace-dir", help="keep the trace (and the step's HLO, step.hlo) here (default: a temporary folder)")
     args = p.parse_args(argv)
     if args.devices < 1 or args.steps < 1:
@@ -305,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     common = {"config": args.config, "batch": B, "seq": T, "dtype": config.model.dtype, "devices": args.devices}
     for name, row in result.pop("groups").items():
         print(json.dumps({**common, "group": name, **row}))
+    if args.products:
+        for row in product_rows(events, products(hlo), args.steps):
+            print(json.dumps({**common, **row}))
     print(json.dumps({**common, "summary": True, **result, "tokens_per_s": round(B * T / wall, 1),
                       "cpu_flags": flops.cpu_flags()}))
     return 0

@@ -88,11 +88,33 @@ def test_thunks_are_grouped_by_what_their_hlo_computes():
         "update.1": "optimizer", "copy.1": "copy_transpose_convert", "dot.4": "matmul_projection"}
 
 
+def test_each_product_is_known_by_its_thunk_shapes_and_flops():
+    # A dot at the top level runs as its own thunk (XLA:CPU gives those to Eigen); a fusion that calls one is
+    # named by its own kind. FLOPs: 2 x the result's elements x the contracted length.
+    known = op_profile.products(HLO)
+    assert set(known) == {"head_fusion", "scores_fusion", "dot.4"}
+    assert known["dot.4"] == op_profile.Product("dot", (8, 16), (32, 16), (8, 32), 2 * 8 * 32 * 16)
+    assert known["head_fusion"] == op_profile.Product("head_fusion", (8, 16), (32, 16), (8, 32), 2 * 8 * 32 * 16)
+    assert known["scores_fusion"].flops == 2 * (2 * 4 * 4) * 8
+    # Two steps: dot.4 twice (10 us alone, then 20 us beside the softmax), the softmax once; per step.
+    thunks = [{"op": "dot.4", "ts": 0, "dur": 10}, {"op": "dot.4", "ts": 100, "dur": 20},
+              {"op": "softmax_fusion", "ts": 100, "dur": 20}]
+    [row] = op_profile.product_rows(thunks, known, steps=2)
+    assert (row["product"], row["lhs"], row["out"], row["per_step"]) == ("dot", [8, 16], [8, 32], 1.0)
+    assert row["span_s"] == pytest.approx(15 * US, abs=1e-4) and row["seconds"] == pytest.approx(10 * US, abs=1e-4)
+    assert row["gflop_per_s_in_span"] == round(2 * 8192 / 30e-6 / 1e9)
+
+
 def test_the_tiny_step_profile_covers_the_step(capsys):
     # In-process: the test process's 8 fake devices take the batch data-parallel.
-    assert op_profile.main(["--config", "tiny", "--batch", "8", "--seq", "32", "--steps", "2"]) == 0
+    assert op_profile.main(["--config", "tiny", "--batch", "8", "--seq", "32", "--steps", "2", "--products"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
-    summary, rows = lines[-1], {row["group"]: row for row in lines[:-1]}
+    summary, rows = lines[-1], {row["group"]: row for row in lines[:-1] if "group" in row}
+    # --products: every product thunk of the matmul groups, once
+    products = [row for row in lines[:-1] if "product" in row]
+    matmul_thunks = sum(r["thunks"] for g, r in rows.items() if g.startswith("matmul_"))
+    assert products and sum(p["per_step"] for p in products) == pytest.approx(matmul_thunks, abs=0.5)
+    assert all(p["gflop"] > 0 for p in products) and sum(p["span_s"] for p in products) > 0
     assert summary["summary"] and summary["thunks_per_step"] == pytest.approx(sum(r["thunks"] for r in rows.values()), abs=0.5)
     assert {"matmul_lm_head", "matmul_attention", "matmul_projection", "layer_norm", "gelu", "cross_entropy",
             "optimizer", "dropout_bits", "attention_softmax"} <= set(rows)
