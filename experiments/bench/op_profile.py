@@ -221,9 +221,11 @@ def product_rows(thunks: list[dict], known: dict[str, Product], steps: int) -> l
         row["flops"] += p.flops
         row["span"] += thunk["dur"] * 1e-6
         row["sliced"] += share
-    return [{"product": thunk, "lhs": list(lhs), "rhs": list(rhs), "out": list(out), "per_step": round(r["n"] / steps, 1),
-             "gflop": round(r["flops"] / steps / 1e9, 4), "span_s": round(r["span"] / steps, 5),
-             "gflop_per_s_in_span": round(r["flops"] / max(r["span"], 1e-9) / 1e9), "seconds": round(r["sliced"] / steps, 4)}
+    return [{"product": thunk, "lhs": list(lhs), "rhs": list(rhs), "out": list(out),
+             "per_step": round(r["n"] / steps, 1), "gflop": round(r["flops"] / steps / 1e9, 4),
+             "span_s": round(r["span"] / steps, 5),
+             "gflop_per_s_in_span": round(r["flops"] / max(r["span"], 1e-9) / 1e9),
+             "seconds": round(r["sliced"] / steps, 4)}
             for (thunk, lhs, rhs, out), r in sorted(rows.items(), key=lambda kv: -kv[1]["span"])]
 
 
@@ -316,17 +318,48 @@ def traced_steps(compiled, trainer, batches: list, trace_dir: str | None, hlo: s
     return events, wall, usage, after
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = harness.parser(description=__doc__.splitlines()[0])
+def add_step_arguments(p) -> None:
+    """The options that name the step to profile (this script's and experiments/bench/cpu_profile.py's)."""
     p.add_argument("--config", default="small", help="a preset name or YAML file (as `gpt1-jax bench --config`)")
     p.add_argument("--batch", type=int, default=None, help="global batch (default: the config's)")
     p.add_argument("--seq", type=int, default=None, help="sequence length (default: the config's)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None)
     p.add_argument("--devices", type=int, default=1, help="split the CPU into N XLA devices, data-parallel")
-    p.add_argument("--steps", type=int, default=3, help="traced steps (after 2 untimed ones)")
     p.add_argument("--set", action="append", default=[], help="config override (e.g. model.scan_layers=true)")
+
+
+def step_config(p, args) -> PretrainConfig:
+    """The config of the step that `add_step_arguments`' options name; a bad option is `p.error`."""
+    simulate_devices(args.devices if args.devices > 1 else None)  # before jax starts its backend
+    overrides = [f"data.global_batch_size={args.batch}"] * (args.batch is not None)
+    overrides += [f"data.seq_len={args.seq}"] * (args.seq is not None)
+    overrides += [f"model.dtype={args.dtype}"] * (args.dtype is not None)
+    try:
+        config = resolve(PretrainConfig, args.config, overrides=[*overrides, *args.set],
+                         mesh=f"data={args.devices}" if args.devices > 1 else None)
+    except ConfigError as e:
+        p.error(str(e))
+    config = dataclasses.replace(config, model=flops.fit_compute_dtype(config.model))
+    try:
+        check_batch_size(make_mesh(config.mesh), config.data.global_batch_size, config.accum_steps)
+    except ConfigError as e:
+        p.error(str(e))
+    return config
+
+
+def compiled_step(p, args):
+    """(config, trainer, compiled step) that `add_step_arguments`' options name; a bad one is `p.error`."""
+    config = step_config(p, args)
+    trainer = sizing.pretrain_trainer(config)
+    return config, trainer, trainer.lower(lm_batch_spec(config.data.global_batch_size, config.data.seq_len)).compile()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = harness.parser(description=__doc__.splitlines()[0])
+    add_step_arguments(p)
+    p.add_argument("--steps", type=int, default=3, help="traced steps (after 2 untimed ones)")
     p.add_argument("--products", action="store_true",
-                   help="also one line per kind of matrix product: its thunk, shapes, GFLOP, spans and rate in the step")
+                   help="also one line per kind of matrix product: its thunk, shapes, GFLOP, spans, rate in the step")
     p.add_argument("--trace-dir", help="keep the trace (and the step's HLO, step.hlo) here (default: a temporary folder)")
     args = p.parse_args(argv)
     if args.devices < 1 or args.steps < 1:
@@ -342,23 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:  # a command line: profile the step as `gpt1-jax bench` and the training verbs run it
         hugepages.reexec_with_huge_pages()
 
-    simulate_devices(args.devices if args.devices > 1 else None)  # before jax starts its backend
-    overrides = [f"data.global_batch_size={args.batch}"] * (args.batch is not None)
-    overrides += [f"data.seq_len={args.seq}"] * (args.seq is not None)
-    overrides += [f"model.dtype={args.dtype}"] * (args.dtype is not None)
-    try:
-        config = resolve(PretrainConfig, args.config, overrides=[*overrides, *args.set],
-                         mesh=f"data={args.devices}" if args.devices > 1 else None)
-    except ConfigError as e:
-        p.error(str(e))
-    config = dataclasses.replace(config, model=flops.fit_compute_dtype(config.model))
+    config, trainer, compiled = compiled_step(p, args)
     B, T = config.data.global_batch_size, config.data.seq_len
-    try:
-        check_batch_size(make_mesh(config.mesh), B, config.accum_steps)
-    except ConfigError as e:
-        p.error(str(e))
-    trainer = sizing.pretrain_trainer(config)
-    compiled = trainer.lower(lm_batch_spec(B, T)).compile()
     hlo = compiled.as_text()
     groups = thunk_groups(hlo, config.model.vocab_size)
 
