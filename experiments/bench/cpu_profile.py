@@ -32,6 +32,7 @@ from pathlib import Path
 from experiments import harness
 from experiments.bench.op_profile import add_step_arguments, compiled_step, step_config
 from gpt1_jax import flops, hugepages
+from gpt1_jax.bench import seeded_batches
 
 PARTS = (
     "ynnpack_products",     # YNNPACK's matrix-product kernels (ynn::dot_*)
@@ -121,8 +122,6 @@ def worker(argv: list[str]) -> int:
     add_step_arguments(p)
     p.add_argument("--log", required=True)
     args = p.parse_args(argv)
-    from gpt1_jax.bench import seeded_batches  # after compiled_step has set the devices up
-
     config, trainer, compiled = compiled_step(p, args)
     batches = seeded_batches(trainer, config, 2)
     state = trainer.init()
@@ -178,7 +177,11 @@ def main(argv: list[str] | None = None) -> int:
         child = subprocess.Popen([sys.executable, "-m", "experiments.bench.cpu_profile", "--worker",
                                   *_worker_argv(args), "--log", str(log)], stdout=subprocess.PIPE, text=True)
         try:
-            if child.stdout.readline().strip() != "ready":
+            for line in child.stdout:  # what the worker says before it is ready is for the user
+                if line.strip() == "ready":
+                    break
+                print(line, end="", file=sys.stderr)
+            else:
                 child.wait(timeout=60)
                 p.error(f"the step's worker ended before its steps (exit {child.returncode}): see the lines above")
             t0 = time.time()
