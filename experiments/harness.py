@@ -45,7 +45,7 @@ from gpt1_jax.data.glue import GlueDownloadError, glue_task
 from gpt1_jax.errors import DEBUG_ENV, GPT1JaxError, Interrupted, os_error_message
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps
-from gpt1_jax.interrupt import CtrlC, ctrl_c_passed_to_jax
+from gpt1_jax.interrupt import CtrlC, ctrl_c_passed_to_jax, unwrapped_interrupts
 from gpt1_jax.loop import Outcome
 from gpt1_jax.metrics import close_open_bars
 from gpt1_jax.workdir import RESUMABLE_WITH_OTHER
@@ -319,7 +319,8 @@ def main(fn: Callable[[], int | None], prog: str) -> int:
     signals = (signal.SIGINT,) if multi else (signal.SIGINT, signal.SIGTERM)
     with CtrlC(signals=signals, first_to_jax=multi) as guard:  # re-raises one Python dropped in a gc callback
         try:
-            status = fn() or 0
+            with unwrapped_interrupts():  # one that JAX's C++ wrapped in another error is Ctrl-C all the same
+                status = fn() or 0
             if status == 0 and ctrl_c_passed_to_jax():  # its line said every process would stop: none was left to
                 print(f"{prog}: the Ctrl-C came after the last run's last step: nothing was left to stop",
                       file=sys.stderr)

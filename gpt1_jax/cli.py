@@ -52,7 +52,7 @@ from gpt1_jax.config import (SEED_RANGE, DataConfig, FinetuneConfig, ModelConfig
 from gpt1_jax.errors import (DEBUG_ENV, ConfigError, DataError, DivergenceError, GPT1JaxError, Interrupted, WorkdirError,
                              os_error_message)
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps, newest_checkpoint, record, verify_checkpoints
-from gpt1_jax.interrupt import CtrlC
+from gpt1_jax.interrupt import CtrlC, unwrapped_interrupts
 from gpt1_jax.metrics import close_open_bars, json_safe
 from gpt1_jax.weights import check_model_sets, convert, read_model
 
@@ -853,12 +853,13 @@ def main(argv: list[str] | None = None) -> int:
     simulate_devices(getattr(args, "simulate_devices", None))
     with CtrlC() as ctrl_c:
         try:
-            # Multi-process start-up (flags, GPT1_* env or a cluster JAX detects); nothing on a plain machine.
-            distributed.initialize(args)
-            if VERBS[args.verb].runs_model:
-                _start_backend()
-                compile_cache.enable()  # before the first compilation (after distributed start-up)
-            status = args.run(args)
+            with unwrapped_interrupts():  # one that JAX's C++ wrapped in another error is Ctrl-C all the same
+                # Multi-process start-up (flags, GPT1_* env or a cluster JAX detects); nothing on a plain machine.
+                distributed.initialize(args)
+                if VERBS[args.verb].runs_model:
+                    _start_backend()
+                    compile_cache.enable()  # before the first compilation (after distributed start-up)
+                status = args.run(args)
         except KeyboardInterrupt as e:  # Ctrl-C, anywhere (SIGTERM stops the training loop with status 0)
             ctrl_c.caught()
             status = _interrupted_line(args, e)

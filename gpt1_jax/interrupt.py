@@ -7,6 +7,7 @@ gpt1_jax/loop.py); this guard makes sure a Ctrl-C anywhere else reaches the verb
 from __future__ import annotations
 
 import _thread
+import contextlib
 import os
 import signal
 import sys
@@ -35,6 +36,26 @@ def pass_ctrl_c_to_jax() -> bool:
 def ctrl_c_passed_to_jax() -> bool:
     """Whether this process has passed a Ctrl-C on to JAX (a run started after it stops as one stopped by Ctrl-C)."""
     return _passed_to_jax[0]
+
+
+@contextlib.contextmanager
+def unwrapped_interrupts():
+    """Re-raises a KeyboardInterrupt that reached this block wrapped in another error, as itself.
+
+    The signal handler raises KeyboardInterrupt in whatever Python code runs next. Where that code was called from
+    JAX's C++ (a pytree's metadata compared while a model is traced: a SIGTERM to a study as its first run started,
+    seen in CI), JAX re-raises it as `ValueError: Exception raised while checking equality of metadata fields of
+    pytree` with the interrupt as its cause, and the verb ended in a traceback, exit 1, instead of its one line."""
+    try:
+        yield
+    except Exception as e:
+        cause, seen = e, set()
+        while cause is not None and id(cause) not in seen and not isinstance(cause, KeyboardInterrupt):
+            seen.add(id(cause))
+            cause = cause.__cause__ or cause.__context__
+        if not isinstance(cause, KeyboardInterrupt):
+            raise
+        raise cause from None
 
 
 class CtrlC:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import pytest
 
 from gpt1_jax.errors import Interrupted
@@ -80,3 +81,53 @@ def test_cli_maps_ctrl_c_to_one_line_and_130_and_puts_the_handlers_back(monkeypa
     monkeypatch.setenv(cli.DEBUG_ENV, "1")
     with pytest.raises(KeyboardInterrupt):
         cli.main(["bench", "--config", "tiny"])
+
+
+class _Meta:
+    """Pytree metadata whose comparison (JAX's C++ calls it) sends this process SIGNAL, once."""
+
+    def __init__(self, sig):
+        self.sig = sig
+
+    def __eq__(self, other):
+        sig, self.sig = self.sig, None
+        if sig is not None:
+            signal.raise_signal(sig)  # the guard's handler raises KeyboardInterrupt right here
+        return True
+
+    def __hash__(self):
+        return 0
+
+
+class _Node:
+    def __init__(self, meta):
+        self.meta = meta
+
+
+jax.tree_util.register_pytree_node(_Node, lambda n: ((), n.meta), lambda meta, _: _Node(meta))
+
+
+def _signal_inside_jax(sig):
+    """A signal that lands while JAX compares two pytrees' metadata: JAX re-raises the handler's KeyboardInterrupt
+    as `ValueError: Exception raised while checking equality of metadata fields of pytree`, the interrupt its
+    cause (seen in CI: a SIGTERM to a study as its first run traced the model, exit 1 and a traceback)."""
+    return jax.tree_util.tree_structure(_Node(_Meta(sig))) == jax.tree_util.tree_structure(_Node(_Meta(None)))
+
+
+def test_a_ctrl_c_that_jax_wrapped_in_another_error_is_still_one_line_and_130(monkeypatch, capsys):
+    from experiments import harness
+    from gpt1_jax import bench, cli
+
+    with pytest.raises(ValueError, match="metadata fields of pytree") as raised:  # what JAX does with it
+        with CtrlC():
+            _signal_inside_jax(signal.SIGINT)
+    assert isinstance(raised.value.__cause__, KeyboardInterrupt)
+
+    monkeypatch.setattr(bench, "run", lambda config, **kw: _signal_inside_jax(signal.SIGINT))
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    assert cli.main(["bench", "--config", "tiny"]) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        "gpt1-jax bench: interrupted (Ctrl-C); nothing was written half-way; run the same command to start again"]
+    # the study's SIGTERM of that CI run
+    assert harness.main(lambda: _signal_inside_jax(signal.SIGTERM), "run_study") == 130
+    assert capsys.readouterr().err == "run_study: interrupted; the same command resumes\n"
