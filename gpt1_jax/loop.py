@@ -39,7 +39,7 @@ from gpt1_jax.config import profile_window, save_yaml
 from gpt1_jax.distributed import abort
 from gpt1_jax.errors import ConfigError, DivergenceError, Interrupted
 from gpt1_jax.integrity import newest_checkpoint
-from gpt1_jax.interrupt import ctrl_c_passed_to_jax, pass_ctrl_c_to_jax
+from gpt1_jax.interrupt import ctrl_c_passed_to_jax, pass_ctrl_c_to_jax, unwrapped_interrupts
 from gpt1_jax.tracker import open_tracker
 from gpt1_jax.metrics import MetricsWriter, Progress
 
@@ -219,7 +219,8 @@ class Loop:
         self._dispatched: set[bool] = set()  # the step kinds (per-layer statistics or not) run in this session
         self._untimed = False  # the next step recorded has no tokens/s of its own (a compilation cut its interval)
         try:
-            state, step = self._steps(state, batches, start, preemption)
+            with unwrapped_interrupts():  # a second Ctrl-C that JAX's C++ wrapped in another error is one all the same
+                state, step = self._steps(state, batches, start, preemption)
             self.checkpointer.wait()  # the last save failing fails the run
         except KeyboardInterrupt as e:  # a second Ctrl-C (or one in a multi-process run): stop without saving
             abort(130, e)  # multi-process: leave now; the peers may never join a collective

@@ -21,6 +21,7 @@ from experiments.paper import stats
 from experiments.paper.settings import ARMS, Paper, TASKS
 from gpt1_jax.data.glue import glue_task, load_split
 from gpt1_jax.data.tasks import subset
+from gpt1_jax.interrupt import unwrapped_interrupts
 
 # Paper Table 5 (docs/gpt1.md), our five tasks: task -> (arm -> score).
 PAPER = {
@@ -152,7 +153,8 @@ def table5_stage(paper: Paper) -> bool | None:
     done, order, waiting = {}, run_order(paper.tasks), []
     for arm, task in order:
         try:
-            cell_runs = arm_runs(paper.for_task(task), arm, task)
+            with unwrapped_interrupts():  # a Ctrl-C that JAX's C++ wrapped in another error still writes the cells
+                cell_runs = arm_runs(paper.for_task(task), arm, task)
         except FileNotFoundError:
             if not paper.left_out(task):
                 raise
