@@ -62,7 +62,7 @@ def part_of(symbol: str, dso: str) -> str:
         if symbol.startswith("Eigen::") and any(k in symbol for k in ("gemm", "gebp", "Contraction")):
             return "eigen_products"
         return "runtime"
-    if "/perf-" in dso or dso in ("[JIT]", "[unknown]") or dso.startswith("[JIT]"):
+    if "/perf-" in dso or dso == "[unknown]" or dso.startswith("[JIT]"):
         return "xla_generated"
     if "/libc.so" in dso:
         return "libc"
