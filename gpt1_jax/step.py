@@ -324,6 +324,12 @@ class Trainer:
         with self._context():
             return (self._step_stats if stats else self._step)(state, batch, self.hyper)
 
+    def compile(self, state: TrainState, batch: Batch, stats: bool = False) -> None:
+        """Compiles `step` for these inputs without running it: a later `step` on inputs of the same shapes and
+        shardings dispatches at once (jax.jit keeps the executable)."""
+        with self._context():
+            (self._step_stats if stats else self._step).lower(state, batch, self.hyper).compile()
+
     def eval_sums(self, params, batch: Batch):
         """(loss sum, weight sum, aux sums) of a batch, no dropout, no update."""
         with self._context():

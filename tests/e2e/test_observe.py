@@ -4,6 +4,7 @@ steps); with both on, the run ends with the parameters of a run with neither. Th
 tests/unit/test_profile.py; the statistics' numbers: tests/unit/test_layer_stats.py."""
 
 import dataclasses
+import gzip
 import json
 
 import jax
@@ -31,6 +32,10 @@ def test_a_profiled_and_watched_run_ends_as_a_plain_one(tmp_path, cache):
     files = {p.name for p in (tmp_path / "traced" / "profile").rglob("*") if p.is_file()}
     assert "perfetto_trace.json.gz" in files and any(n.endswith(".xplane.pb") for n in files), files
     assert not (tmp_path / "plain" / "profile").exists()
+    # Step 2 is the first with statistics: its program was compiled before the window opened, not inside it.
+    events = json.loads(gzip.decompress(next((tmp_path / "traced" / "profile").rglob("perfetto_trace.json.gz")).read_bytes()))
+    names = {e.get("name") for e in (events["traceEvents"] if isinstance(events, dict) else events)}
+    assert "PjitFunction(wrapped)" in names and not names & {"backend_compile_and_load", "PjRtCpuClient::Compile"}
     rows = {r["step"]: r for r in map(json.loads, (tmp_path / "traced" / "metrics.jsonl").read_text().splitlines())
             if "loss" in r}
     assert [s for s in sorted(rows) if "tokens_per_s" in rows[s]] == [4, 5]  # 1 compiled, 2 and 3 were traced
