@@ -164,7 +164,9 @@ def make(run: Run, records: Records, summarize: Summarize, same: dict | None = N
         return Done(run, error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0)
     seconds = time.perf_counter() - t0
     if outcome.status == "preempted":
-        print(f"{run.workdir}: stopped at step {outcome.step} (SIGTERM); the same command resumes", file=sys.stderr)
+        # In several processes the stop is JAX's notice to all of them, which a Ctrl-C in any one of them posts too.
+        why = "SIGTERM, or Ctrl-C in one of the job's processes" if distributed.is_multi_process() else "SIGTERM"
+        print(f"{run.workdir}: stopped at step {outcome.step} ({why}); the same command resumes", file=sys.stderr)
         return None
     record = summarize(run, outcome, seconds)
     if record is None:

@@ -398,6 +398,7 @@ def test_a_stop_between_two_runs_of_a_multi_process_study_stops_the_study(tmp_pa
     assert not (tmp_path / "out" / f"run{stopped + 1}").exists()
     if status == "preempted":
         assert checkpoints(tmp_path / "out" / name) == [int(step)]
+        assert f"{name}: stopped at step {step} (SIGTERM, or Ctrl-C in one of the job's processes)" in out, out[-4000:]
     done, _ = run_launcher(argv, env=importable)  # the same command resumes; the runs before the stop are not made again
     assert "[launcher] exit statuses [0, 0]" in done.stdout, done.stdout[-4000:]
     assert "[p0] study: complete" in done.stdout
