@@ -168,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.seconds <= 0 or args.kernels < 0:
         p.error("--seconds must be > 0 and --kernels >= 0")
     _check_tools(p)
-    step_config(p, args)  # a bad option is said here, once, not by the worker after its start-up
+    # A bad option is said here, once, not by the worker after its start-up; so is bf16 falling back to float32
+    # on a CPU without native bf16: the worker is given the dtype that computes (and the summary names it).
+    args.dtype = step_config(p, args).model.dtype
     if command_line:  # profile the step as `gpt1-jax bench` runs it (huge pages)
         hugepages.reexec_with_huge_pages()
 
