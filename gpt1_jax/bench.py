@@ -82,4 +82,5 @@ def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only
         **({"device_peak_bytes_in_use": int(used)} if used is not None else {}),
         "cpu_flags": flops.cpu_flags(),
         "malloc_huge_pages": hugepages.active(),
+        "malloc_kept_heap": hugepages.kept_heap(),
     }

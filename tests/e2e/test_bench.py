@@ -110,6 +110,16 @@ def test_bench_cli_simulate_devices_subprocess():
     assert result["malloc_huge_pages"] is hugepages.wanted(env)
 
 
+@pytest.mark.skipif(not hugepages.wanted({hugepages.SWITCH: "keep"}), reason="needs Linux with glibc >= 2.35")
+def test_bench_with_the_kept_heap_reexecutes_under_it_and_says_so():
+    env = {**os.environ, hugepages.SWITCH: "keep", "XLA_FLAGS": xla_flags(), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "bench", "--config", "tiny", "--batch", "4", "--seq",
+                          "16", "--steps", "1", "--peak-flops", "1e11"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1])["malloc_kept_heap"] is True
+
+
 def test_flops_formula_and_peaks():
     gpt1 = model_preset("gpt1")
     assert flops_per_token(gpt1, 512) == 6 * 116_534_784 + 12 * 12 * 768 * 512

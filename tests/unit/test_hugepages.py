@@ -1,5 +1,5 @@
-"""gpt1_jax/hugepages.py: when a long run re-executes itself under glibc's huge-page tunable (the re-execution
-itself: tests/e2e/test_bench.py)."""
+"""gpt1_jax/hugepages.py: when a long run re-executes itself under glibc's huge-page tunable, or keeping its heap
+(the re-execution itself: tests/e2e/test_bench.py)."""
 
 import platform
 import sys
@@ -43,3 +43,23 @@ def test_an_old_glibc_is_left_alone(thp, monkeypatch):
     assert hugepages.wanted({}) is False
     monkeypatch.setattr(hugepages.platform, "libc_ver", lambda: ("", ""))
     assert hugepages.wanted({}) is False
+
+
+@pytest.mark.skipif(not NEW_GLIBC, reason="needs Linux with glibc >= 2.35")
+def test_keep_adds_the_kept_heap_whatever_the_thp_mode_and_leaves_a_users_own_values(thp):
+    keep = {hugepages.SWITCH: "keep"}
+    thp.write_text("always [madvise] never\n")
+    assert hugepages._missing(keep) == [hugepages.TUNABLE, *hugepages.KEEP]
+    thp.write_text("[always] madvise never\n")  # no huge-page request to make; the heap is still worth keeping
+    assert hugepages._missing(keep) == list(hugepages.KEEP)
+    mine = {**keep, "GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}
+    assert hugepages._missing(mine) == list(hugepages.KEEP[:2])  # their arena_max stays theirs
+    done = {**keep, "GLIBC_TUNABLES": ":".join(hugepages.KEEP)}
+    assert not hugepages.wanted(done) and hugepages.kept_heap(done) and not hugepages.kept_heap({})
+
+
+def test_an_unknown_switch_value_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as stop:
+        hugepages.wanted({hugepages.SWITCH: "kep"})
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == "gpt1-jax: GPT1_JAX_HUGE_PAGES='kep': expected off, on or keep\n"
