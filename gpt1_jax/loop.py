@@ -326,13 +326,17 @@ class Loop:
             folder = folder / f"process{jax.process_index()}"
         folder.mkdir(parents=True, exist_ok=True)
         jax.profiler.start_trace(str(folder), create_perfetto_trace=True)
-        self._tracing = True
+        self._tracing, self._trace_folder, self._trace_first = True, folder, self._step
 
     def _stop_trace(self, state) -> None:
         if state is not None:
             jax.block_until_ready(state)  # the last profiled step's update, whole
         self._tracing = False
         jax.profiler.stop_trace()
+        traces = sorted(self._trace_folder.rglob("perfetto_trace.json.gz"), key=lambda p: p.stat().st_mtime)
+        if traces:  # where the trace went, and what reads it
+            self.progress.warn(f"profile of steps {self._trace_first}-{self._step}: {traces[-1]} (ui.perfetto.dev; "
+                               f"TensorBoard's profile plugin or XProf read the .xplane.pb beside it)")
         self._restart_clock()  # writing the trace is not training throughput
 
     def _run_hooks(self, due: list[Hook], step: int, state) -> None:

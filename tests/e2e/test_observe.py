@@ -23,9 +23,12 @@ def _config(cache, profile: str = "", stats_every: int = 0) -> PretrainConfig:
 
 
 @pytest.mark.fusion_emitters
-def test_a_profiled_and_watched_run_ends_as_a_plain_one(tmp_path, cache):
+def test_a_profiled_and_watched_run_ends_as_a_plain_one(tmp_path, cache, capsys):
     plain = pretrain.run(_config(cache), tmp_path / "plain")
+    capsys.readouterr()
     traced = pretrain.run(_config(cache, "2:3", stats_every=2), tmp_path / "traced")
+    trace = next((tmp_path / "traced" / "profile").rglob("perfetto_trace.json.gz"))
+    assert f"profile of steps 2-3: {trace} (ui.perfetto.dev;" in capsys.readouterr().err  # where it went, once written
     assert plain.finished and traced.finished
     for a, b in zip(jax.tree_util.tree_leaves(plain.state.params), jax.tree_util.tree_leaves(traced.state.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -33,7 +36,7 @@ def test_a_profiled_and_watched_run_ends_as_a_plain_one(tmp_path, cache):
     assert "perfetto_trace.json.gz" in files and any(n.endswith(".xplane.pb") for n in files), files
     assert not (tmp_path / "plain" / "profile").exists()
     # Step 2 is the first with statistics: its program was compiled before the window opened, not inside it.
-    events = json.loads(gzip.decompress(next((tmp_path / "traced" / "profile").rglob("perfetto_trace.json.gz")).read_bytes()))
+    events = json.loads(gzip.decompress(trace.read_bytes()))
     names = {e.get("name") for e in (events["traceEvents"] if isinstance(events, dict) else events)}
     assert "PjitFunction(wrapped)" in names and not names & {"backend_compile_and_load", "PjRtCpuClient::Compile"}
     rows = {r["step"]: r for r in map(json.loads, (tmp_path / "traced" / "metrics.jsonl").read_text().splitlines())

@@ -1,7 +1,7 @@
 """--profile START:STOP (config `profile`): a jax.profiler trace of those steps into <workdir>/profile/, in the
 formats TensorBoard's profile plugin / XProf (.xplane.pb) and Perfetto (perfetto_trace.json.gz) read; the traced
 steps are left out of tokens/s; the trace observes the run and never changes it (a profiled run:
-tests/e2e/test_profile.py); a bad window is one line."""
+tests/e2e/test_observe.py); a bad window is one line."""
 
 import dataclasses
 
