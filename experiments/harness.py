@@ -68,7 +68,7 @@ class Run:
     def start(self, progress: bool = True) -> Outcome:
         """Trains (or resumes) the run in this process -> how it ended."""
         if isinstance(self.config, PretrainConfig):
-            return pretrain.run(self.config, self.workdir)  # its bar follows config.log_every
+            return pretrain.run(self.config, self.workdir, progress=progress)
         return finetune.run(self.config, self.workdir, init=self.init, data_dir=self.data_dir,
                             tfds_dir=self.tfds_dir, progress=progress)
 

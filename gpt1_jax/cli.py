@@ -297,6 +297,8 @@ def _pretrain_flags(p: argparse.ArgumentParser) -> None:
         _flag(p, PretrainConfig, name)
     p.add_argument("--dry-run", action="store_true", help="compile the step for the mesh, print per-device memory "
                    "and FLOPs as one JSON line; no data, no training (size a pod job with --simulate-devices)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or status lines (warnings still print): "
+                   "for a log file, where metrics.jsonl and the tracker have every step")
 
 
 def _check_config_kept(workdir: Path) -> None:
@@ -326,7 +328,7 @@ def _pretrain(args: argparse.Namespace) -> int:
 
         _print_json(dry_run(with_schedule_span(config)))
         return 0
-    return _exit_status(run(config, workdir))
+    return _exit_status(run(config, workdir, progress=not args.no_progress))
 
 
 def _exit_status(outcome) -> int:

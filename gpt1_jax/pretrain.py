@@ -47,8 +47,9 @@ def with_schedule_span(config: PretrainConfig) -> PretrainConfig:
     return dataclasses.replace(config, optim=optim)
 
 
-def run(config: PretrainConfig, workdir: Path) -> Outcome:
-    """Trains `config` in `workdir` (resuming what is there) -> how it ended (gpt1_jax/loop.py Outcome)."""
+def run(config: PretrainConfig, workdir: Path, *, progress: bool = True) -> Outcome:
+    """Trains `config` in `workdir` (resuming what is there) -> how it ended (gpt1_jax/loop.py Outcome).
+    `progress=False`: no bars or status lines (the tokenizer's and the loop's); warnings still print."""
     workdir = Path(workdir)
     is_main = jax.process_index() == 0
     config = with_schedule_span(config)
@@ -67,12 +68,13 @@ def run(config: PretrainConfig, workdir: Path) -> Outcome:
     if jax.process_count() > 1:  # every process has checked the folder before process 0 writes into it (its BPE)
         multihost_utils.sync_global_devices("pretrain: workdir checked")
     with hold(workdir, "pretrain", enabled=is_main):  # one job at a time in a run folder
-        return _build_and_train(config, workdir, job, is_main, saved)
+        return _build_and_train(config, workdir, job, is_main, saved, progress)
 
 
 def _build_and_train(config: PretrainConfig, workdir: Path, job: Identity, is_main: bool,
-                     saved: PretrainConfig | None) -> Outcome:
-    pipeline = build_pipeline(dataclasses.replace(config.data, progress=config.data.progress and is_main), workdir)
+                     saved: PretrainConfig | None, progress: bool) -> Outcome:
+    pipeline = build_pipeline(dataclasses.replace(config.data, progress=config.data.progress and is_main and progress),
+                              workdir)
     pipeline.train_iter()  # a corpus too small for one batch is refused now, before the checkpoints' folder exists
     if config.eval_every and pipeline.val_indices.size == 0:  # found now, not at the first evaluation
         n = len(pipeline.windows)
@@ -86,7 +88,7 @@ def _build_and_train(config: PretrainConfig, workdir: Path, job: Identity, is_ma
     ckpt = Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints, save_every=config.checkpoint_every,
                         keep_steps=config.keep_steps)
     try:  # until the loop takes the checkpointer over: an error or Ctrl-C must not leave orbax's threads running
-        return _train(config, workdir, job, pipeline, trainer, ckpt, is_main, saved)
+        return _train(config, workdir, job, pipeline, trainer, ckpt, is_main, saved, progress)
     finally:
         ckpt.close()
 
@@ -135,7 +137,7 @@ def schedule_change(saved: OptimConfig, now: OptimConfig, step: int) -> str | No
 
 
 def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, trainer, ckpt, is_main: bool,
-           saved: PretrainConfig | None) -> Outcome:
+           saved: PretrainConfig | None, progress: bool) -> Outcome:
     """`saved`: the run's config.yaml as it was before this session (None for a new run)."""
     begin = resume_step(ckpt, config.model)
     if begin >= config.steps:
@@ -166,7 +168,7 @@ def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, train
 
     batches = pipeline.train_iter()
     loop, state = start(workdir, job, config, trainer, ckpt, batches, begin, steps=config.steps, init_state=trainer.init,
-                        hooks=hooks, desc="pretrain", write_files=write_files, log_every=config.log_every,
+                        hooks=hooks, desc="pretrain", write_files=write_files, progress=progress, log_every=config.log_every,
                         tokens_per_step=config.data.global_batch_size * config.data.seq_len,
                         flops_per_token=flops.flops_per_token(config.model, config.data.seq_len),
                         peak_flops=flops.peak_flops(config.model.dtype, remembered=True)[0])

@@ -83,3 +83,17 @@ def test_the_streams_around_the_command_line(tmp_path):
                           env={**env, "HOME": str(tmp_path)})
     assert home.returncode == 2 and home.stderr.strip().splitlines()[-1] == (
         f"gpt1-jax verify: error: {tmp_path / 'nothing'} does not exist: give a run's workdir")
+
+
+def test_pretrain_without_progress_says_only_where_its_plot_is(tmp_path, capsys):
+    """--no-progress on pretrain as on finetune: no bar, no status lines (the BPE trained, the run starting, the
+    evaluations), for a log file; every step is in metrics.jsonl all the same."""
+    from gpt1_jax.metrics import read_metrics
+
+    workdir = tmp_path / "run"
+    status = cli.main(["pretrain", "--config", "tiny", "--steps", "3", "--set", "eval_every=2", "--tracker", "none",
+                       "--set", f"data.cache_dir={tmp_path / 'cache'}", "--workdir", str(workdir), "--no-progress"])
+    assert status == 0
+    assert capsys.readouterr().err == f"loss curve: {workdir / 'loss.png'}\n"
+    rows = read_metrics(workdir)
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3] and [r["step"] for r in rows if "val_loss" in r] == [2, 3]

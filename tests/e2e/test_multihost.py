@@ -330,8 +330,8 @@ import jax
 from jax._src import distributed as jax_distributed  # its coordination-service client: no public handle in jax 0.10
 out, cache, runs, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 _run = pretrain.run
-def run(config, workdir):
-    outcome = _run(config, workdir)
+def run(config, workdir, **options):
+    outcome = _run(config, workdir, **options)
     print(f"study: {Path(workdir).name} ended {outcome.status} at step {outcome.step}", file=sys.stderr, flush=True)
     if jax.process_index() == 1 and Path(workdir).name == "run0":
         os.kill(os.getpid(), getattr(signal, sys.argv[5]))

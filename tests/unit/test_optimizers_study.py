@@ -20,7 +20,7 @@ def test_diverged_run_is_recorded_not_raised(tmp_path, monkeypatch):
     import gpt1_jax.pretrain
     from gpt1_jax.loop import Outcome
 
-    def diverging_run(config, workdir):
+    def diverging_run(config, workdir, **options):
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0, "tokens_per_s": 100.0}) + "\n"
                                                + json.dumps({"step": 2, "loss": "nan"}) + "\n")
