@@ -231,6 +231,11 @@ def _model_source_flags(p: argparse.ArgumentParser, workdir_help: str) -> None:
     _flag(p, None, "--tokenizer", note="default: the one in the workdir or SOURCE")
 
 
+def _no_progress_flag(p: argparse.ArgumentParser) -> None:
+    """One flag for every verb with a long loop: a log file gets no bars or status lines; warnings still print."""
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or status lines (warnings still print)")
+
+
 def _distributed_flags() -> argparse.ArgumentParser:
     """Multi-process start-up flags (gpt1_jax/distributed.py reads them by these names)."""
     d = distributed
@@ -297,8 +302,7 @@ def _pretrain_flags(p: argparse.ArgumentParser) -> None:
         _flag(p, PretrainConfig, name)
     p.add_argument("--dry-run", action="store_true", help="compile the step for the mesh, print per-device memory "
                    "and FLOPs as one JSON line; no data, no training (size a pod job with --simulate-devices)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar or status lines (warnings still print): "
-                   "for a log file, where metrics.jsonl and the tracker have every step")
+    _no_progress_flag(p)
 
 
 def _check_config_kept(workdir: Path) -> None:
@@ -398,7 +402,7 @@ def _finetune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--predict-test", action="store_true", help="also write GLUE's submission file DIR/<Task>.tsv")
     p.add_argument("--tfds-dir", default=None,
                    help="where tensorflow-datasets prepares GLUE (default: ~/.cache/gpt1_jax/tfds)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar or status lines (warnings still print)")
+    _no_progress_flag(p)
 
 
 def _finetune(args: argparse.Namespace) -> int:
@@ -474,6 +478,7 @@ def _evaluate_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, PretrainConfig, "--batch-size", note="default: the run's, else --config's")
     _flag(p, PretrainConfig, "--seq-len", note="default: the run's, else the model's whole context (n_positions)")
     p.add_argument("--max-batches", type=at_least(0), default=0, metavar="N", help="stop after this many batches (0: all)")
+    _no_progress_flag(p)
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -496,7 +501,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     data = base.data if run else dataclasses.replace(base.data, seq_len=model.config.n_positions)
     config = apply_overrides(dataclasses.replace(base, model=model.config, data=data), others)
     result = evaluate(config, model.params, run=source if run else None, data=args.data,
-                      tokenizer=model.tokenizer_path, max_batches=args.max_batches, progress=True)
+                      tokenizer=model.tokenizer_path, max_batches=args.max_batches, progress=not args.no_progress)
     _print_json({"source": str(source), "step": model.step, **result})
     return 0
 
@@ -619,7 +624,7 @@ def _tokenize_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, DataConfig, "--vocab-size", note="with --tokenizer train (default: --config's, as pretrain trains it)")
     for name in ("--cache-dir", "--wait"):
         _flag(p, DataConfig, name)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _no_progress_flag(p)
 
 
 def _tokenize(args: argparse.Namespace) -> int:

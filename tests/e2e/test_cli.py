@@ -5,6 +5,7 @@ its traceback. One model runs: evaluate on the committed 5M release, seconds. An
 surroundings: pipes, closed streams, the output's encoding, JAX_PLATFORMS, '~' in paths."""
 
 
+import json
 import os
 import shlex
 import subprocess
@@ -86,7 +87,7 @@ def test_the_streams_around_the_command_line(tmp_path):
 
 
 def test_pretrain_without_progress_says_only_where_its_plot_is(tmp_path, capsys):
-    """--no-progress on pretrain as on finetune: no bar, no status lines (the BPE trained, the run starting, the
+    """--no-progress on pretrain and evaluate as on finetune: no bar, no status lines (the BPE trained, the run starting, the
     evaluations), for a log file; every step is in metrics.jsonl all the same."""
     from gpt1_jax.metrics import read_metrics
 
@@ -97,3 +98,6 @@ def test_pretrain_without_progress_says_only_where_its_plot_is(tmp_path, capsys)
     assert capsys.readouterr().err == f"loss curve: {workdir / 'loss.png'}\n"
     rows = read_metrics(workdir)
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3] and [r["step"] for r in rows if "val_loss" in r] == [2, 3]
+    assert cli.main(["evaluate", "--workdir", str(workdir), "--no-progress"]) == 0  # and evaluate's bar of batches
+    out = capsys.readouterr()
+    assert out.err == "" and json.loads(out.out)["step"] == 3
