@@ -22,6 +22,7 @@
 # machines' CPUs are the AMX kind (issue 34's targets), and two cores are what the project's CPU numbers use.
 # The shapes are then compare_hf's own, with fewer timed steps, and the GPU-only parts (plan, attention) are left out:
 #     CPU_CORES=0,1 bash experiments/bench/device_check.sh OUT
+#     CPU_CORES=0,1 ONLY=cpu_profile_bf16 bash experiments/bench/device_check.sh OUT   # the bf16 step's CPU split
 set -u
 out=${1:?usage: bash experiments/bench/device_check.sh OUTDIR}
 mkdir -p "$out"
@@ -74,3 +75,9 @@ step attention 150 bash -c 'for a in auto xla; do "$0" -m gpt1_jax.cli bench --c
 step plan_1p3b 120 "$py" -m gpt1_jax.cli plan --config gpt1-1.3b --batch-size "$large_batch" --seq-len 512
 step train_1p3b 150 "$py" -m gpt1_jax.cli bench --config gpt1-1.3b --batch-size "$large_batch" --seq-len 512 --steps 5 --warmup 2
 step generate_b1 90 "$py" -m experiments.bench.compare_hf --targets generate_b1 --rounds 1 --steps 3
+# CPU mode, asked for by name (ONLY=cpu_profile_bf16): where the AMX kind's bf16 117M step spends its cycles, by
+# library and XLA kernel (needs perf, and gdb to name the kernels; one error line where perf cannot sample).
+if [[ -n ${CPU_CORES:-} ]]; then
+    step cpu_profile_bf16 150 "$py" -m experiments.bench.cpu_profile --config gpt1 --batch 2 --seq 512 --dtype bfloat16 \
+        --seconds 8
+fi
