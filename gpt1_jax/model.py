@@ -122,7 +122,14 @@ class CausalSelfAttention(nn.Module):
             name="c_attn",
         )(x_BTD)
         qkv_BT3HK = nn.with_logical_constraint(qkv_BT3HK, ("batch", "length", "qkv", "heads", "kv"))
-        q_BTHK, k_BSHK, v_BSHK = (qkv_BT3HK[:, :, i] for i in range(3))
+        if qkv_BT3HK.dtype == jnp.bfloat16:
+            # The backward of three slices is a sum of three padded cotangents, which XLA:CPU rounds to bf16 after
+            # each add: split's is one concatenation (the bf16 fine-tuning step 7-9% faster, 117M's ~5%). In fp32 XLA
+            # computes that concatenation twice, for the two products that read it (5% slower at `small`), so fp32
+            # keeps the slices (experiments/bench/README.md, 2026-11-29 (later)). The gradients are the same bits.
+            q_BTHK, k_BSHK, v_BSHK = (jnp.squeeze(x, 2) for x in jnp.split(qkv_BT3HK, 3, axis=2))
+        else:
+            q_BTHK, k_BSHK, v_BSHK = (qkv_BT3HK[:, :, i] for i in range(3))
         if decode:
             # KV cache: this call's keys/values land at positions start.., then queries attend over all
             # n_positions slots; the causal mask (offset by start) hides the slots not yet written.
