@@ -15,6 +15,7 @@ no example is ever dropped silently.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -222,6 +223,14 @@ def _builder_class() -> Any:
             for ex in read_tsv(path, self.builder_config.task, split):
                 yield ex["idx"], ex
 
+        # tfds prints "Downloading and preparing dataset Unknown size ..." and "... downloaded and prepared to ..."
+        # on stdout, for a download that is a copy of local files taking seconds: a job's stdout is its own.
+        def _log_download_bytes(self):
+            pass
+
+        def _log_download_done(self):
+            pass
+
     _BUILDER_CLASS = GlueTsv
     return GlueTsv
 
@@ -261,13 +270,30 @@ def local_builder(task: GlueTask | str, data_dir: str | Path, tfds_dir: str | Pa
     root = Path(tfds_dir) if tfds_dir else default_tfds_dir()
     builder = _builder_class()(config=task.name, data_dir=str(root / f"glue_tsv-{_fingerprint(folder, task)}"),
                                file_format="array_record")
-    if not builder.is_prepared():
+    with _absl_errors_only():
+        prepared = builder.is_prepared()
+    if not prepared:
         for split, name in task.files:  # tfds would end a split without examples in its own AssertionError
             if (folder / name).is_file() and next(read_tsv(folder / name, task, split), None) is None:
                 raise DataError(f"{folder / name}: no examples in it (an empty file, or only its header)")
-        tfds.disable_progress_bar()  # tfds' nested bars would interleave with ours; we say "preparing" ourselves
-        builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(data_dir)))
+        tfds.disable_progress_bar()  # tfds' nested bars would interleave with ours
+        with _absl_errors_only():
+            builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(data_dir)))
     return builder
+
+
+@contextlib.contextmanager
+def _absl_errors_only():
+    """tfds logs "WARNING:absl:Variant folder ... has no dataset_info.json" for a dataset not prepared yet (its own
+    check, and its own half-written folder while it prepares): that reads as damage, and is the normal first run."""
+    from absl import logging as absl_logging  # tensorflow-datasets' dependency: imported with it, on first use
+
+    verbosity = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)
+    try:
+        yield
+    finally:
+        absl_logging.set_verbosity(verbosity)
 
 
 # ---- tfds' real glue builder ------------------------------------------------------------------------

@@ -145,12 +145,16 @@ def _small_glue(tmp_path):
     return root
 
 
-def test_tfds_builder_prepares_and_reads_back_via_data_source(tmp_path):
+def test_tfds_builder_prepares_and_reads_back_via_data_source(tmp_path, capfd, caplog):
     root = _small_glue(tmp_path)
     for split, n in (("train", 7), ("validation", 1), ("test", 2)):
         got = glue.load_split("rte", split, root, tfds_dir=tmp_path / "tfds")
         want = list(glue.read_tsv(root / "RTE" / dict(glue.glue_task("rte").files)[split], "rte", split))
         assert got == want and len(got) == n
+    # Prepared quietly: tfds' "Downloading and preparing dataset ..." lines went to stdout, and a WARNING about the
+    # folder it was writing (no dataset_info.json yet) to stderr.
+    out, err = capfd.readouterr()
+    assert "preparing" not in out and "Variant folder" not in err + caplog.text, (out, err, caplog.text)
     (stsb,) = glue.load_split("stsb", "train", root, tfds_dir=tmp_path / "tfds")
     assert stsb["label"] == pytest.approx(3.2) and stsb["sentence2"] == "c d"
     assert list((tmp_path / "tfds").rglob("*.array_record*"))  # prepared in array_record, no TensorFlow
