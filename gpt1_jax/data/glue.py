@@ -271,13 +271,11 @@ def local_builder(task: GlueTask | str, data_dir: str | Path, tfds_dir: str | Pa
     builder = _builder_class()(config=task.name, data_dir=str(root / f"glue_tsv-{_fingerprint(folder, task)}"),
                                file_format="array_record")
     with _absl_errors_only():
-        prepared = builder.is_prepared()
-    if not prepared:
-        for split, name in task.files:  # tfds would end a split without examples in its own AssertionError
-            if (folder / name).is_file() and next(read_tsv(folder / name, task, split), None) is None:
-                raise DataError(f"{folder / name}: no examples in it (an empty file, or only its header)")
-        tfds.disable_progress_bar()  # tfds' nested bars would interleave with ours
-        with _absl_errors_only():
+        if not builder.is_prepared():
+            for split, name in task.files:  # tfds would end a split without examples in its own AssertionError
+                if (folder / name).is_file() and next(read_tsv(folder / name, task, split), None) is None:
+                    raise DataError(f"{folder / name}: no examples in it (an empty file, or only its header)")
+            tfds.disable_progress_bar()  # tfds' nested bars would interleave with ours
             builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(data_dir)))
     return builder
 
