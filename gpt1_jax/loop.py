@@ -271,7 +271,8 @@ class Loop:
                 self._start_trace()
             stats = {"stats": True} if self._watched(step) else {}
             state, metrics = self.trainer.step(state, batch, **stats)
-            if bool(stats) not in self._dispatched:  # its first dispatch compiled it (or loaded it from the cache)
+            # Its first dispatch compiled it (or loaded it from the cache; before a profile window, _compile_window did)
+            if bool(stats) not in self._dispatched:
                 self._dispatched.add(bool(stats))
                 self._untimed = True  # the step recorded next has the compilation in its interval: no tokens/s
             if pending:
