@@ -337,6 +337,6 @@ def main(fn: Callable[[], int | None], prog: str) -> int:
             if os.environ.get(DEBUG_ENV):
                 raise
             close_open_bars()
-            message = e if isinstance(e, (GPT1JaxError, FileNotFoundError)) else os_error_message(e)
+            message = e if isinstance(e, GPT1JaxError) else os_error_message(e)
             print(f"{prog}: error: {message}", file=sys.stderr)
             return 2

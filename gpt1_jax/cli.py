@@ -882,7 +882,7 @@ def main(argv: list[str] | None = None) -> int:
                 os.dup2(devnull, sys.stdout.fileno())  # nor a second error at exit, flushing what is left
                 os.close(devnull)
                 status = 128 + signal.SIGPIPE
-        except (GPT1JaxError, FileNotFoundError) as e:  # CheckpointWriteError too: it says which checkpoints are kept
+        except GPT1JaxError as e:  # CheckpointWriteError too: it says which checkpoints are kept
             status = _error_line(args.verb, e, 2)
         except OSError as e:  # a folder it cannot write, a full or read-only disk, a file where a folder goes...
             status = _error_line(args.verb, e, 2, os_error_message(e, _last_checkpoint(args)))

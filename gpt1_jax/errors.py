@@ -77,7 +77,11 @@ class DistributedConfigError(ConfigError):
 
 def os_error_message(e: OSError, last_checkpoint: int | None = None) -> str:
     """`cannot <do> PATH: <the system's words>; <what to do>` for an OSError that escaped a verb (or an experiment's
-    command line: experiments/harness.py); `last_checkpoint`: the one a training verb keeps, named on a full disk."""
+    command line: experiments/harness.py); `last_checkpoint`: the one a training verb keeps, named on a full disk.
+    One raised with words of its own and no errno (our `FileNotFoundError("...: no such checkpoint directory")`)
+    is said as it is; the system's own (`[Errno 2] No such file or directory: 'x'`) get the path and a fix."""
+    if e.errno is None and str(e):
+        return str(e)
     name = e.filename if isinstance(e.filename, (str, bytes, os.PathLike)) else None  # not a file descriptor
     path = Path(os.fsdecode(name)) if name is not None else None
     where = "" if path is None else f" {path}" + (

@@ -9,6 +9,6 @@ try:
 except (GPT1JaxError, OSError) as e:  # a source that does not open, a folder it cannot write: one line, as gpt1-jax's
     if os.environ.get(DEBUG_ENV):
         raise
-    message = e if isinstance(e, (GPT1JaxError, FileNotFoundError)) else os_error_message(e)
+    message = e if isinstance(e, GPT1JaxError) else os_error_message(e)
     print(f"python -m gpt1_jax.data: error: {message}", file=sys.stderr)
     sys.exit(2)

@@ -190,6 +190,9 @@ def _expand(spec: str) -> list[Path]:
         if not files:
             raise FileNotFoundError(f"text source {spec!r}: glob matches no files")
         return sorted(files)
+    if p.exists():  # a pipe (`--data <(zcat corpus.gz)`), a device: read once, and nothing to key the token cache by
+        raise DataError(f"text source {spec!r}: not a regular file (a pipe or a device): write it to a file first (a "
+                        "trained tokenizer reads the corpus twice, and the token cache knows a file by its size and time)")
     raise FileNotFoundError(f"text source {spec!r}: no such file or directory")
 
 

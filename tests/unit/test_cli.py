@@ -241,6 +241,8 @@ def test_convert_into_a_non_empty_folder_is_one_line_and_writes_nothing(tmp_path
      "the file out of the way"),
     (lambda d: IsADirectoryError(errno.EISDIR, "Is a directory", str(d)),
      "cannot use {d}: Is a directory; it is a folder: give the path of a file"),
+    (lambda d: FileNotFoundError(errno.ENOENT, "No such file or directory", str(d / "gone" / "run")),
+     "cannot use {d}/gone/run: No such file or directory; check the path and the disk it is on"),  # not "[Errno 2] ..."
     (lambda d: OSError(errno.EMFILE, "Too many open files"),
      "Too many open files; raise the limit (ulimit -n) and run again"),
 ])

@@ -25,7 +25,7 @@ from gpt1_jax.data import (
 )
 from gpt1_jax.data import tokens as tokens_mod
 from gpt1_jax.data.pipeline import check_process_share
-from gpt1_jax.errors import ConfigError
+from gpt1_jax.errors import ConfigError, DataError
 from gpt1_jax.tokenizer import GPT1Tokenizer
 from tests.support.data import DOCS_A, DOCS_B, _windows, write_corpus
 
@@ -84,6 +84,14 @@ def test_bad_specs_fail_clearly(spec: str, exc: type[Exception]) -> None:
         open_source(spec)
     msg = str(e.value)
     assert "\n" not in msg and (repr(spec) in msg or spec == "")
+
+
+def test_a_pipe_is_refused_as_not_a_regular_file(tmp_path: Path) -> None:
+    """`--data <(zcat corpus.gz)` names a pipe: it exists, and is read once (it used to be "no such file")."""
+    fifo = tmp_path / "corpus.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match="not a regular file .* write it to a file first"):
+        open_source(str(fifo))
 
 
 def test_empty_directory_and_empty_glob(tmp_path: Path) -> None:
