@@ -35,6 +35,13 @@ import time
 LOOPBACK = "127.0.0.1"
 
 
+class _Parser(argparse.ArgumentParser):
+    """A wrong flag or value is one line, as gpt1-jax says its own (gpt1_jax/cli.py `Parser`), not under the usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((LOOPBACK, 0))
@@ -173,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         ours, cmd = argv[:split], argv[split + 1:]
     else:
         ours, cmd = argv, []
-    p = argparse.ArgumentParser(prog="launch/local.py", usage="%(prog)s -n N [-d M] [--port P] [--grace S] -- CMD ...",
-                                description=__doc__.splitlines()[0], allow_abbrev=False)
+    p = _Parser(prog="launch/local.py", usage="%(prog)s -n N [-d M] [--port P] [--grace S] -- CMD ...",
+                description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("-n", "--num-processes", type=int, required=True)
     p.add_argument("-d", "--devices-per-process", type=int, default=None, help="fake CPU devices per process")
     p.add_argument("--port", type=int, default=None, help="coordinator port on 127.0.0.1 (default: a free one)")

@@ -41,11 +41,14 @@ def test_local_launcher_env_and_prefixes():
     (["-n", "2", "-d", "0", "--", "true"], 2, "-d must be >= 1"),
     (["-n", "2", "--port", "99999", "--", "true"], 2, "--port must be a TCP port, 1 to 65535, got 99999"),
     (["-n", "2", "--grace", "-1", "--", "true"], 2, "--grace must be >= 0 seconds, got -1.0"),
+    (["-n", "0", "--", "true"], 2, "-n must be >= 1"),
+    (["--", "true"], 2, "the following arguments are required: -n/--num-processes"),
 ])
 def test_local_launcher_refuses_what_it_cannot_start_in_one_line(args, status, message):
     """A missing command was a FileNotFoundError traceback from the fork; -d 0, port 99999 and a negative grace ran."""
     done = local(*args)
-    assert done.returncode == status and done.stderr.strip().splitlines()[-1] == f"launch/local.py: error: {message}"
+    help = "" if status == 127 else " (see launch/local.py --help)"
+    assert done.returncode == status and done.stderr.splitlines() == [f"launch/local.py: error: {message}{help}"]
     assert "[launcher]" not in done.stdout  # nothing started
 
 
