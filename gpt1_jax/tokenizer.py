@@ -16,6 +16,7 @@ token per merge, ``\\n</w>``; then the fine-tuning markers ``_start_``, ``_delim
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
@@ -159,9 +160,9 @@ def _gpt1_layout(
 ) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """Re-number a trained vocabulary like OpenAI's: <unk>, symbols, symbols+</w>, merges in order.
 
-    The trainer only adds "c</w>" for symbols it saw word-finally; GPT-1's vocabulary has both forms
-    of every symbol, so a known character is never <unk> whatever its position. Trailing merges are
-    dropped if the extra symbols would push the vocabulary past ``vocab_size``.
+    GPT-1's vocabulary has both forms of every symbol ("c", "c</w>"), so a known character is never <unk>
+    whatever its position (`_fit_bpe` gives the trainer every "c</w>"; its own would only be those it saw
+    word-finally). Trailing merges are dropped if the symbols would push the vocabulary past ``vocab_size``.
     """
     stems = (t.removesuffix(EOW_SUFFIX) for t in trained if t != UNK_TOKEN)
     symbols = sorted({s for s in stems if len(s) == 1})  # the trainer's alphabet
@@ -191,6 +192,60 @@ def _names_file(x: object) -> bool:
     if isinstance(x, Path):
         return True
     return isinstance(x, str) and "\n" not in x and len(x) < 4096 and _is_file(Path(x))
+
+
+_HF_NORMALIZER = normalizers.BertNormalizer(lowercase=True)
+_HF_PRE_TOKENIZER = pre_tokenizers.BertPreTokenizer()
+
+
+def _hf_words(text: str) -> list[str]:
+    """The words "hf" mode trains on: transformers' OpenAIGPTTokenizer's normaliser, then its pre-tokeniser."""
+    return [word for word, _ in _HF_PRE_TOKENIZER.pre_tokenize_str(_HF_NORMALIZER.normalize_str(text))]
+
+
+def _raw_chars(texts: Iterable[str | list[str]]) -> set[str]:
+    """Every character of the texts (an item may be a batch, a list of texts)."""
+    chars: set[str] = set()
+    for item in texts:
+        for text in [item] if isinstance(item, str) else item:
+            chars.update(text)
+    return chars
+
+
+def _fit_bpe(texts: Callable[[], Iterable[Any]], files: list[Path] | None,
+             original_words: Callable[[str], list[str]] | None, symbols: set[str], *, vocab_size: int,
+             min_frequency: int, limit_alphabet: int | None, show_progress: bool) -> dict[str, Any]:
+    """tokenizers' BPE trainer on `texts()` (or `files`) -> its model (vocab, merges), the same in every process.
+
+    The trainer numbers each symbol's end-of-word form ("c</w>") when it first meets it, walking a hash map whose
+    order changes from one training to the next, and it breaks ties between pairs seen equally often by those
+    numbers: two trainings on the same texts learned different merges (huggingface/tokenizers issue 1794). Given
+    as special tokens in sorted order, the forms of `symbols` (the alphabet it will find) are numbered before it
+    starts, so every tie is broken the same way. `original_words`: "original" mode's words, made in Python."""
+    options: dict[str, Any] = {} if limit_alphabet is None else {"limit_alphabet": limit_alphabet}
+    trainer = BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[UNK_TOKEN, *sorted(c + EOW_SUFFIX for c in symbols)],  # <unk> first, so it gets id 0
+        end_of_word_suffix=EOW_SUFFIX,
+        show_progress=show_progress,
+        **options,
+    )
+    scratch = Tokenizer(BPE(unk_token=UNK_TOKEN, end_of_word_suffix=EOW_SUFFIX))
+    if original_words is None:
+        scratch.normalizer = _HF_NORMALIZER
+        scratch.pre_tokenizer = _HF_PRE_TOKENIZER
+        if files is not None and not any(p.suffix == ".gz" for p in files):
+            scratch.train([str(p) for p in files], trainer=trainer)  # Rust reads files in parallel
+        else:
+            scratch.train_from_iterator(texts(), trainer=trainer)
+    else:
+        # Without a Rust pre-tokeniser each string of a yielded list is one word.
+        def words(item: str | list[str]) -> list[str]:  # an item may be a batch of texts
+            return original_words(item) if isinstance(item, str) else [w for t in item for w in original_words(t)]
+
+        scratch.train_from_iterator((words(t) for t in texts()), trainer=trainer)
+    return json.loads(scratch.to_str())["model"]
 
 
 def _read_lines(paths: list[Path]) -> Iterator[str]:
@@ -248,43 +303,40 @@ class GPT1Tokenizer:
         """Train a GPT-1-style BPE on text files (lines; ``.gz`` ok) or an iterable of texts.
 
         The iterable may also yield lists of texts (batches). A str, a Path, or a list whose first
-        item is a Path or an existing file's name, is read as files.
+        item is a Path or an existing file's name, is read as files. The texts are read twice (their
+        symbols, then the BPE): an iterable whose ``__iter__`` starts again is read again, an
+        iterator is kept in memory.
 
         ``vocab_size`` counts ``<unk>``, the alphabet (with and without ``</w>``) and the merges,
         not the three markers appended afterwards (so 40478 gives GPT-1's sizes).
+
+        The same texts give the same BPE in every process and on every machine (`_fit_bpe` says how),
+        unless ``limit_alphabet`` cuts the alphabet between symbols seen equally often.
         """
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
         if vocab_size < 1:
             raise ConfigError(f"vocab_size must be >= 1, got {vocab_size}")
-        options: dict[str, Any] = {} if limit_alphabet is None else {"limit_alphabet": limit_alphabet}
-        trainer = BpeTrainer(
-            vocab_size=vocab_size,
-            min_frequency=min_frequency,
-            special_tokens=[UNK_TOKEN],  # first, so <unk> gets id 0
-            end_of_word_suffix=EOW_SUFFIX,
-            show_progress=show_progress,
-            **options,
-        )
-        scratch = Tokenizer(BPE(unk_token=UNK_TOKEN, end_of_word_suffix=EOW_SUFFIX))
         files = _training_files(files_or_iterator)
-        texts = _read_lines(files) if files is not None else files_or_iterator
-        if mode == "hf":
-            scratch.normalizer = normalizers.BertNormalizer(lowercase=True)
-            scratch.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-            if files is not None and not any(p.suffix == ".gz" for p in files):
-                scratch.train([str(p) for p in files], trainer=trainer)  # Rust reads files in parallel
-            else:
-                scratch.train_from_iterator(texts, trainer=trainer)
+        if files is not None:
+            def texts() -> Iterable[str]:
+                return _read_lines(files)
         else:
-            # Without a Rust pre-tokeniser each string of a yielded list is one word.
-            words_of = cls._original_words_fn()
+            kept = list(files_or_iterator) if iter(files_or_iterator) is files_or_iterator else files_or_iterator
 
-            def words(item: str | list[str]) -> list[str]:  # an item may be a batch of texts
-                return words_of(item) if isinstance(item, str) else [w for t in item for w in words_of(t)]
-
-            scratch.train_from_iterator((words(t) for t in texts), trainer=trainer)
-        model = json.loads(scratch.to_str())["model"]
+            def texts() -> Iterable[str]:
+                return kept
+        words_of = cls._original_words_fn() if mode == "original" else _hf_words
+        chars = _raw_chars(texts())
+        symbols = {c for raw in chars for word in words_of(raw) for c in word}
+        if mode == "original" and "\n" in chars:  # a line break is a word there, which a lone "\n" (stripped) is not
+            symbols.add("\n")
+        fit = functools.partial(_fit_bpe, texts, files, words_of if mode == "original" else None, vocab_size=vocab_size,
+                                min_frequency=min_frequency, limit_alphabet=limit_alphabet, show_progress=show_progress)
+        model = fit(symbols)
+        trained = {t for t in model["vocab"] if len(t) == 1}  # the trainer's own alphabet: merges are longer
+        if trained != symbols:  # a symbol the text's characters alone did not foretell: train again, knowing it
+            model = fit(trained)
         merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
         vocab, merges = _gpt1_layout(model["vocab"], merges, vocab_size)
         return cls(_build_backend(vocab, merges, mode), mode)

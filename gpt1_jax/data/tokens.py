@@ -218,7 +218,8 @@ def _train_tokenizer(source: TextSource, workdir: Path, vocab_size: int, progres
     return tok
 
 
-BPE_FORMAT = 1  # bump when what GPT1Tokenizer.train makes of a corpus changes: kept BPEs are then trained again
+BPE_FORMAT = 2  # bump when what GPT1Tokenizer.train makes of a corpus changes: kept BPEs are then trained again
+# 2: the same BPE in every process (ties between merges broken the same way; 1 broke them by hash-map order)
 
 
 def _bpe_key(source: TextSource, vocab_size: int) -> str:
@@ -241,8 +242,7 @@ def _kept_bpe(folder: Path) -> tuple[GPT1Tokenizer, int] | None:
 
 def bpe_of_texts(texts: list[str], vocab_size: int, cache_dir: str | Path, what: str) -> GPT1Tokenizer:
     """A BPE of `texts` (fine-tuning from scratch: a task's training text, `what`), trained once per text and size
-    and kept in `cache_dir` as a corpus's is: each training gave another tokenizer, so two runs of one task and seed
-    read other ids."""
+    and kept in `cache_dir` as a corpus's is (every run of the task then starts at once)."""
     blob = {"format": BPE_FORMAT, "texts": hashlib.sha256("\0".join(texts).encode("utf-8")).hexdigest(),
             "vocab_size": vocab_size, "tokenizers": tokenizers.__version__}
     kept = Path(cache_dir) / f"bpe-{hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:24]}"
@@ -278,23 +278,30 @@ def _keep_bpe(folder: Path, tok: GPT1Tokenizer, n_docs: int, spec: str, vocab_si
     return tok, n_docs
 
 
-def _train_bpe(source: TextSource, vocab_size: int, progress: bool) -> tuple[GPT1Tokenizer, int]:
-    log.info("training a %d-token BPE on %s", vocab_size, source.spec)
-    n_docs = 0
+class _Batches:
+    """A source's documents in batches, read afresh by each pass over them (GPT1Tokenizer.train reads its texts
+    twice, and would otherwise keep a corpus in memory); `n_docs`: how many documents the last pass read.
+    Batches, not documents: GPT1Tokenizer.train treats a plain string that names an existing file as a file, and
+    Path(doc).is_file() raises on documents with a >255-character line without '/'."""
 
-    def counted(docs: Iterable[str]) -> Iterator[str]:
-        nonlocal n_docs
-        for n_docs, doc in enumerate(docs, 1):
+    def __init__(self, source: TextSource):
+        self.source, self.n_docs = source, 0
+
+    def __iter__(self) -> Iterator[list[str]]:
+        return _chunks(self._counted(), _CHUNK_CHARS)
+
+    def _counted(self) -> Iterator[str]:
+        for self.n_docs, doc in enumerate(self.source.documents(), 1):
             yield doc
 
-    # Documents go in as lists (batches): GPT1Tokenizer.train treats a plain string that names an
-    # existing file as a file, and Path(doc).is_file() raises on documents with a >255-character
-    # line without '/'. tokenizers' trainer accepts lists of strings as batches.
-    batches = _chunks(counted(source.documents()), _CHUNK_CHARS)
+
+def _train_bpe(source: TextSource, vocab_size: int, progress: bool) -> tuple[GPT1Tokenizer, int]:
+    log.info("training a %d-token BPE on %s", vocab_size, source.spec)
+    batches = _Batches(source)
     tok = GPT1Tokenizer.train(batches, vocab_size=vocab_size, show_progress=progress)
-    if n_docs == 0:  # a BPE of nothing would be reused once the file is filled
+    if batches.n_docs == 0:  # a BPE of nothing would be reused once the file is filled
         raise DataError(f"text source {source.spec!r} has no documents")
-    return tok, n_docs
+    return tok, batches.n_docs
 
 
 _PIECE_CHARS = 1 << 17  # text per encode of a long document: tokenizers' working set is ~150 bytes per character
