@@ -166,6 +166,15 @@ def test_tokenizer_for_trains_once(tmp_path: Path) -> None:
         tokenizer_for(src, tmp_path, tokenizer=str(tmp_path / "nope"))
 
 
+def test_runs_on_one_corpus_train_the_same_bpe(tmp_path: Path) -> None:
+    """Three workdirs, three trainings of the embedded corpus's 8k BPE: three different tokenizer.json files
+    before training was deterministic (gpt1_jax/tokenizer.py `_fit_bpe`), one now."""
+    src = open_source("default")
+    for run in "abc":
+        tokenizer_for(src, tmp_path / run, vocab_size=8189)
+    assert len({(tmp_path / run / "tokenizer.json").read_bytes() for run in "abc"}) == 1
+
+
 def test_tokenizer_trains_on_documents_that_look_like_paths(tmp_path: Path) -> None:
     # A 300-character line without '/' makes Path(doc).is_file() raise; a document naming an existing
     # file must stay text. Both reach the trainer as documents, not as files to open.
