@@ -15,6 +15,7 @@ results.json and, with `predict_test`, GLUE's submission file DIR/<Task>.tsv.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -38,7 +39,7 @@ from gpt1_jax.errors import DataError, WorkdirError
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.integrity import checkpoint_steps, newest_checkpoint
 from gpt1_jax.loop import Hook, Outcome, resume_step, start
-from gpt1_jax.metrics import json_safe
+from gpt1_jax.metrics import json_safe, plot_losses
 from gpt1_jax.optim import eval_params
 from gpt1_jax.sharding import make_mesh
 from gpt1_jax.step import check_batch_size, make_trainer
@@ -144,7 +145,8 @@ class DevEvaluation:
         labelled = [i for i, ex in enumerate(enc.examples) if ex["label"] != -1]
         return self.task.score([enc.examples[i] for i in labelled], preds[labelled]) if labelled else {}
 
-    def __call__(self, step: int, state, train_loss: float) -> dict:
+    def __call__(self, step: int, state, train_loss: float, say: Callable[[str], None] = lambda line: None) -> dict:
+        """Scores the epoch that ends at `step`; `say`: where its line goes (the run's bar)."""
         params = eval_params(state.opt_state, state.params)  # schedule-free: evaluated at x
         predict = lambda enc: predict_split(self.trainer, params, enc, self.eval_batch, self.splits.n_ctx, self.markers, self.task)
         scores, preds = {}, {}
@@ -162,6 +164,9 @@ class DevEvaluation:
                          **({"holdout": held} if held else {})}
             self.keep(step)
             self._write_best(preds, predict)
+        shown = "  ".join(f"{k} {v:.4f}" for k, v in {**scores, **{f"holdout/{k}": v for k, v in held.items()}}.items())
+        say(f"epoch {epoch} (step {step}): train_loss {train_loss:.4f}  {shown}"
+            + ("  (best)" if self.best["step"] == step else f"  (best: epoch {self.best['epoch']})"))
         return {f"dev/{k}": v for k, v in scores.items()} | {f"holdout/{k}": v for k, v in held.items()}
 
     def _write_best(self, preds, predict) -> None:
@@ -277,6 +282,7 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
             if progress:
                 scores = "  ".join(f"{k} {v:.4f}" for k, v in dev.best["scores"].items())
                 print(f"best epoch {dev.best['epoch']}: {scores}  -> {workdir / 'results.json'}", file=sys.stderr)
+            print(f"loss curve: {plot_losses(workdir)}", file=sys.stderr)  # as pre-training's, with or without a bar
         return dataclasses.replace(outcome, results=results)
 
 
@@ -333,8 +339,8 @@ def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, sou
     begin = resume_step(ckpt, config.model)
     loop, state = start(workdir, job, config, trainer, ckpt, batches, begin, steps=config.optim.total_steps,
                         init_state=lambda: initial_state(trainer, source, config.model, config),
-                        hooks=lambda bar: [Hook("dev", dev, every=batches.steps_per_epoch, state=dev.state,
-                                                restore=dev.restore, saves=True)],
+                        hooks=lambda bar: [Hook("dev", functools.partial(dev, say=bar.write), every=batches.steps_per_epoch,
+                                                state=dev.state, restore=dev.restore, saves=True)],
                         desc=f"finetune {task.name}", write_files=lambda: write_run_files(workdir, source, trained_on),
                         progress=progress)
     loop.progress.write(

@@ -117,7 +117,8 @@ class Progress:
 
 
 def plot_losses(workdir: str | Path, out: str | Path | None = None) -> Path:
-    """`loss.png` beside metrics.jsonl: train loss (raw and smoothed) and validation loss against step."""
+    """`loss.png` beside metrics.jsonl: train loss (raw and smoothed) and validation loss against step; for a
+    fine-tuning run, beside it, the dev (and held-out) scores of each epoch's end."""
     # Imported here: matplotlib takes ~1 s to import, for a plot few runs ask for (and after use("Agg")).
     import matplotlib
 
@@ -127,7 +128,15 @@ def plot_losses(workdir: str | Path, out: str | Path | None = None) -> Path:
     records = read_metrics(workdir)
     train = [(r["step"], r["loss"]) for r in records if isinstance(r.get("loss"), float)]
     val = [(r["step"], r["val_loss"]) for r in records if isinstance(r.get("val_loss"), float)]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    scores: dict[str, list[tuple[int, float]]] = {}
+    for r in records:
+        for name, value in r.items():
+            if name.startswith(("dev/", "holdout/")) and isinstance(value, float):
+                scores.setdefault(name, []).append((r["step"], value))
+    if scores:
+        fig, (ax, right) = plt.subplots(1, 2, figsize=(12, 4), dpi=110)
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     if train:
         steps, losses = map(np.asarray, zip(*train))
         ax.plot(steps, losses, color="tab:blue", alpha=0.3, lw=1, label="train loss")
@@ -138,10 +147,19 @@ def plot_losses(workdir: str | Path, out: str | Path | None = None) -> Path:
     if val:
         ax.plot(*zip(*val), "o-", color="tab:orange", lw=2, label="validation loss")
     ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats/token)")
+    # a fine-tuning run's loss is its task's plus lm_coef x the LM's (heads.py)
+    ax.set_ylabel("task + lm_coef x LM loss" if scores else "cross-entropy (nats/token)")
     ax.set_title(Path(workdir).name)
     ax.grid(alpha=0.3)
     ax.legend()
+    if scores:
+        for name, points in scores.items():
+            right.plot(*zip(*points), "o-", lw=2, label=name)
+        right.set_xlabel("step")
+        right.set_ylabel("score")
+        right.set_title("at each epoch's end")
+        right.grid(alpha=0.3)
+        right.legend()
     out = Path(out) if out else Path(workdir) / "loss.png"
     fig.tight_layout()
     save_figure(fig, out)

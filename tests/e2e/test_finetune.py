@@ -58,6 +58,30 @@ def test_finetune_from_scratch_writes_results_predictions_and_submission(tmp_pat
     assert saved.optim.total_steps == 10 and saved.model.vocab_size == GPT1Tokenizer.load(workdir / "tokenizer.json").vocab_size
 
 
+def test_each_epoch_says_its_scores_and_the_run_ends_with_their_plot(tmp_path, data_dir, capsys):
+    """Fine-tuning said nothing of its dev scores until the run's end ("best epoch 1: ..."), and drew no curve, where
+    pre-training says each evaluation and plots its losses: now a line per epoch as it ends, and loss.png with the
+    scores beside the loss; with --no-progress, only the plot's line (as pre-training)."""
+    import struct
+
+    workdir = tmp_path / "run"
+    argv = ["finetune", "--task", "cola", "--workdir", str(workdir), "--data-dir", str(data_dir), "--config", "tiny",
+            "--tfds-dir", str(tmp_path / "tfds"), "--batch-size", "8", "--init", "none", "--epochs", "2"]
+    assert cli.main(argv) == 0
+    lines = [l.strip() for l in capsys.readouterr().err.replace("\r", "\n").splitlines() if l.strip()]
+    epochs = [l for l in lines if l.startswith("epoch ")]
+    assert len(epochs) == 2, lines
+    for epoch, line in enumerate(epochs, 1):
+        assert re.fullmatch(rf"epoch {epoch} \(step {5 * epoch}\): train_loss \d+\.\d{{4}}  matthews_corr -?\d\.\d{{4}}  "
+                            r"accuracy \d\.\d{4}  \((best|best: epoch 1)\)", line), line
+    assert epochs[0].endswith("(best)") and lines[-1] == f"loss curve: {workdir / 'loss.png'}"
+    width, height = struct.unpack(">II", (workdir / "loss.png").read_bytes()[16:24])  # the PNG header's size
+    assert (width, height) == (1320, 440)  # two panels, 12 x 4 inches at 110 dpi (pre-training's: one, 7 x 4)
+    shutil.rmtree(workdir)
+    _finetune(tmp_path, data_dir, "--epochs", "1")
+    assert capsys.readouterr().err == f"loss curve: {workdir / 'loss.png'}\n"
+
+
 def test_a_rerun_keeps_its_seconds_and_what_it_cannot_give_is_refused(tmp_path, data_dir, capsys):
     """A finished run's rerun rewrote train_seconds as 0.0; with --predict-test added it listed a submission file
     that no epoch wrote; a dev file without labels (a test file in its place) made a run of no scores, status 0."""
