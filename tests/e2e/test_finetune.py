@@ -26,19 +26,20 @@ from tests.support.env import xla_flags
 from tests.support.finetune import WORDS, _hf_dir, _sentences, data_dir, tokenizer  # noqa: F401 (pytest fixtures)
 
 
-def _finetune(tmp_path, data_dir, *extra, task="cola"):
+def _finetune(tmp_path, data_dir, *extra, task="cola", progress=False):
     workdir = tmp_path / "run"
     argv = ["finetune", "--task", task, "--workdir", str(workdir), "--data-dir", str(data_dir), "--config", "tiny",
-            "--tfds-dir", str(tmp_path / "tfds"), "--batch-size", "8", "--no-progress", *extra]
+            "--tfds-dir", str(tmp_path / "tfds"), "--batch-size", "8", *([] if progress else ["--no-progress"]), *extra]
     if "--init" not in extra:
         argv += ["--init", "none"]
     assert cli.main(argv) == 0
     return workdir, json.loads((workdir / "results.json").read_text())
 
 
-def test_finetune_from_scratch_writes_results_predictions_and_submission(tmp_path, data_dir):
+def test_finetune_from_scratch_writes_results_predictions_and_submission(tmp_path, data_dir, capsys):
     workdir, results = _finetune(tmp_path, data_dir, "--epochs", "2", "--predict-test", "--seed", "3",
-                                 "--set", "optim.lr=1e-3")
+                                 "--set", "optim.lr=1e-3", progress=True)
+    _each_epoch_is_said_and_plotted(workdir, capsys.readouterr().err)
     assert results["task"] == "cola" and results["seed"] == 3 and results["init"] == "none"
     assert results["metric_names"] == ["matthews_corr", "accuracy"] and -1 <= results["metrics"]["matthews_corr"] <= 1
     assert results["epoch"] in (1, 2) and len(results["history"]) == 2 and results["selected_on"] == "dev"
@@ -58,17 +59,13 @@ def test_finetune_from_scratch_writes_results_predictions_and_submission(tmp_pat
     assert saved.optim.total_steps == 10 and saved.model.vocab_size == GPT1Tokenizer.load(workdir / "tokenizer.json").vocab_size
 
 
-def test_each_epoch_says_its_scores_and_the_run_ends_with_their_plot(tmp_path, data_dir, capsys):
+def _each_epoch_is_said_and_plotted(workdir, err: str) -> None:
     """Fine-tuning said nothing of its dev scores until the run's end ("best epoch 1: ..."), and drew no curve, where
     pre-training says each evaluation and plots its losses: now a line per epoch as it ends, and loss.png with the
-    scores beside the loss; with --no-progress, only the plot's line (as pre-training)."""
+    scores beside the loss."""
     import struct
 
-    workdir = tmp_path / "run"
-    argv = ["finetune", "--task", "cola", "--workdir", str(workdir), "--data-dir", str(data_dir), "--config", "tiny",
-            "--tfds-dir", str(tmp_path / "tfds"), "--batch-size", "8", "--init", "none", "--epochs", "2"]
-    assert cli.main(argv) == 0
-    lines = [l.strip() for l in capsys.readouterr().err.replace("\r", "\n").splitlines() if l.strip()]
+    lines = [l.strip() for l in err.replace("\r", "\n").splitlines() if l.strip()]
     epochs = [l for l in lines if l.startswith("epoch ")]
     assert len(epochs) == 2, lines
     for epoch, line in enumerate(epochs, 1):
@@ -77,15 +74,13 @@ def test_each_epoch_says_its_scores_and_the_run_ends_with_their_plot(tmp_path, d
     assert epochs[0].endswith("(best)") and lines[-1] == f"loss curve: {workdir / 'loss.png'}"
     width, height = struct.unpack(">II", (workdir / "loss.png").read_bytes()[16:24])  # the PNG header's size
     assert (width, height) == (1320, 440)  # two panels, 12 x 4 inches at 110 dpi (pre-training's: one, 7 x 4)
-    shutil.rmtree(workdir)
-    _finetune(tmp_path, data_dir, "--epochs", "1")
-    assert capsys.readouterr().err == f"loss curve: {workdir / 'loss.png'}\n"
 
 
 def test_a_rerun_keeps_its_seconds_and_what_it_cannot_give_is_refused(tmp_path, data_dir, capsys):
     """A finished run's rerun rewrote train_seconds as 0.0; with --predict-test added it listed a submission file
     that no epoch wrote; a dev file without labels (a test file in its place) made a run of no scores, status 0."""
     workdir, results = _finetune(tmp_path, data_dir, "--epochs", "1")
+    assert capsys.readouterr().err == f"loss curve: {workdir / 'loss.png'}\n"  # --no-progress: as pre-training
     assert results["train_seconds"] > 0 and results["submission"] == {}
     _, again = _finetune(tmp_path, data_dir, "--epochs", "1")
     assert again["train_seconds"] == results["train_seconds"] and again["metrics"] == results["metrics"]
