@@ -39,7 +39,7 @@ from gpt1_jax.config import profile_window, save_yaml
 from gpt1_jax.distributed import abort
 from gpt1_jax.errors import ConfigError, DivergenceError, Interrupted
 from gpt1_jax.integrity import newest_checkpoint
-from gpt1_jax.interrupt import ctrl_c_passed_to_jax, pass_ctrl_c_to_jax, unwrapped_interrupts
+from gpt1_jax.interrupt import ctrl_c_passed_to_jax, pass_ctrl_c_to_jax, unanswered_signal, unwrapped_interrupts
 from gpt1_jax.tracker import open_tracker
 from gpt1_jax.metrics import MetricsWriter, Progress
 
@@ -133,6 +133,8 @@ class Preemption:
         if not self.multiprocess:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._previous[sig] = signal.signal(sig, self._handle)
+            if (lost := unanswered_signal()) is not None:  # came before this loop, and its interrupt was swallowed
+                self.requested, self.signum = True, lost
         else:
             self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._handle_ctrl_c)
             if ctrl_c_passed_to_jax():  # between two runs of a study: this run stops where the processes agree

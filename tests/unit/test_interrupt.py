@@ -13,6 +13,32 @@ import pytest
 
 from gpt1_jax.errors import Interrupted
 from gpt1_jax.interrupt import CtrlC
+from gpt1_jax.loop import Preemption
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_whose_interrupt_was_swallowed_stops_the_next_training_loop(signum):
+    """A KeyboardInterrupt that the code it was raised in swallowed left no trace (a SIGTERM to a study as its first
+    run started once let every run train to its end, exit 0). The loop that starts next now stops at its first step
+    as if the signal had come to it; only once, and an interrupt that left the guard leaves nothing behind."""
+    with CtrlC(signals=(signal.SIGINT, signal.SIGTERM)):
+        try:
+            signal.raise_signal(signum)
+            sum(range(10))  # the handler runs here, raising KeyboardInterrupt...
+        except BaseException:  # ...which the code it lands in swallows
+            pass
+        first, second = Preemption(), None
+        first.close()
+        second = Preemption()
+        second.close()
+    assert (first.requested, first.signum) == (True, signum)
+    assert not second.requested  # taken once
+    with pytest.raises(KeyboardInterrupt), CtrlC(signals=(signal.SIGINT, signal.SIGTERM)):
+        signal.raise_signal(signum)
+        sum(range(10))
+    later = Preemption()  # the interrupt left the guard (the verb ended): nothing is pending
+    later.close()
+    assert not later.requested
 
 
 def test_a_ctrl_c_python_drops_in_a_gc_callback_is_raised_again(capsys):
