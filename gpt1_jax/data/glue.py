@@ -2,8 +2,9 @@
 
 Two builders give the same features (those of tfds' own `glue/<task>`: the text fields, `label` and
 `idx`; test labels are -1):
-  * tfds' real `glue/<task>` builder, which downloads GLUE itself. Offline its download retries for
-    minutes, so a 5 s reachability check runs first and fails with "use --data-dir".
+  * tfds' real `glue/<task>` builder, which downloads GLUE itself (and unpacks the download with TensorFlow:
+    without it, one line says so). Offline its download retries for minutes, so a 5 s reachability check
+    runs first and fails with "use --data-dir".
   * `GlueTsv`, this project's builder, which prepares the same features from GLUE's official TSV
     distribution in a local directory (`<data_dir>/<Task>/{train,dev,test}.tsv`).
 
@@ -296,13 +297,16 @@ def _absl_errors_only():
 
 # ---- tfds' real glue builder ------------------------------------------------------------------------
 
-def _reachable(host: str, timeout: float) -> bool:
+def _reachable(url: str, timeout: float) -> bool:
+    """Whether the host of `url` accepts a connection on its port (443 for https, 80 for http, unless it names one)."""
     # DNS lookups ignore socket timeouts, so the whole attempt runs in a thread we stop waiting for.
     ok: list[bool] = []
+    parts = urlparse(url)
+    host, port = parts.hostname or "", parts.port or (80 if parts.scheme == "http" else 443)
 
     def attempt():
         try:
-            socket.create_connection((host, 443), timeout=timeout).close()
+            socket.create_connection((host, port), timeout=timeout).close()
             ok.append(True)
         except OSError:
             pass
@@ -323,14 +327,33 @@ def remote_builder(task: GlueTask | str, tfds_dir: str | Path | None = None, tim
     builder = tfds.builder(f"glue/{task.name}", data_dir=root, file_format="array_record")
     if builder.is_prepared():
         return builder
-    host = urlparse(builder.builder_config.data_url).hostname or "dl.fbaipublicfiles.com"
-    if not _reachable(host, timeout):
+    url = builder.builder_config.data_url
+    if not _reachable(url, timeout):
         raise GlueDownloadError(
-            f"cannot reach {host} to download glue/{task.name} (offline?): use --data-dir DIR with GLUE's "
-            f"TSV files ({task.dirname}/train.tsv, dev.tsv, test.tsv)"
+            f"cannot reach {urlparse(url).hostname} to download glue/{task.name} (offline?): use --data-dir DIR with "
+            f"GLUE's TSV files ({task.dirname}/train.tsv, dev.tsv, test.tsv)"
         )
-    builder.download_and_prepare()
+    try:
+        builder.download_and_prepare()
+    except Exception as e:  # tfds' ExtractError, with the missing module as its cause
+        if not _needs_tensorflow(e):
+            raise
+        raise GlueDownloadError(
+            f"tfds' glue/{task.name} downloaded GLUE's files (under {root}/downloads) but unpacks them with "
+            "TensorFlow, which gpt1-jax does not install: pip install tensorflow, or use --data-dir DIR with GLUE's "
+            f"TSV files ({task.dirname}/train.tsv, dev.tsv, test.tsv)") from None
     return builder
+
+
+def _needs_tensorflow(error: BaseException) -> bool:
+    """Whether `error` or one of its causes is the import of TensorFlow failing."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, ModuleNotFoundError) and (error.name or "").split(".")[0] == "tensorflow":
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
 
 
 # ---- reading -----------------------------------------------------------------------------------------

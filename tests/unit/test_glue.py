@@ -185,12 +185,64 @@ def test_a_split_without_examples_is_one_error_and_prepares_nothing(tmp_path, na
 
 
 def test_real_glue_builder_fails_fast_offline(tmp_path):
-    if glue._reachable("dl.fbaipublicfiles.com", 3.0):
+    if glue._reachable("https://dl.fbaipublicfiles.com", 3.0):
         pytest.skip("GLUE's host is reachable here: this test is about the offline failure")
     t0 = time.perf_counter()
     with pytest.raises(glue.GlueDownloadError, match="use --data-dir"):
         glue.load_split("rte", "train", None, tfds_dir=tmp_path / "tfds")
     assert time.perf_counter() - t0 < 30
+
+
+@pytest.fixture
+def glue_server(tmp_path, glue_dir):
+    """tfds' own glue/sst2 pointed at a server on 127.0.0.1 that serves a zip of the fixture's SST-2 folder, as
+    GLUE's host serves SST-2.zip."""
+    import dataclasses
+    import functools
+    import http.server
+    import threading
+    import zipfile
+
+    import tensorflow_datasets.text.glue as tfds_glue
+
+    served = tmp_path / "served"
+    served.mkdir()
+    with zipfile.ZipFile(served / "SST-2.zip", "w") as z:
+        for f in sorted((glue_dir / "SST-2").iterdir()):
+            z.write(f, f"SST-2/{f.name}")
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(served)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = next(c for c in tfds_glue.Glue.BUILDER_CONFIGS if c.name == "sst2")
+    real = config.data_url
+    assert dataclasses.is_dataclass(config)
+    object.__setattr__(config, "data_url", f"http://127.0.0.1:{server.server_address[1]}/SST-2.zip")
+    try:
+        yield
+    finally:
+        object.__setattr__(config, "data_url", real)
+        server.shutdown()
+
+
+def test_the_real_glue_builder_downloads_then_says_in_one_line_that_unpacking_needs_tensorflow(tmp_path, glue_server):
+    """Online, `finetune` without --data-dir runs tfds' own glue/<task>: it downloads GLUE's zip, then its extractor
+    imports TensorFlow (tf.compat.as_text), which gpt1-jax does not install: the run ended in a traceback of
+    tfds' ExtractError. The download here is tfds' own, from a server on 127.0.0.1."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorflow") is not None:
+        pytest.skip("TensorFlow is installed here: tfds unpacks GLUE itself")
+    with pytest.raises(glue.GlueDownloadError) as e:
+        glue.load_split("sst2", "train", None, tfds_dir=tmp_path / "tfds")
+    assert str(e.value) == (
+        f"tfds' glue/sst2 downloaded GLUE's files (under {tmp_path / 'tfds'}/downloads) but unpacks them with "
+        "TensorFlow, which gpt1-jax does not install: pip install tensorflow, or use --data-dir DIR with GLUE's TSV "
+        "files (SST-2/train.tsv, dev.tsv, test.tsv)")
+    assert [p.name.startswith("127.0.0.1_") for p in (tmp_path / "tfds" / "downloads" / "glue").glob("*.zip")] == [True]
 
 
 def test_metrics_equal_scipy_and_sklearn_on_known_inputs():
