@@ -2,11 +2,12 @@
 
 Two builders give the same features (those of tfds' own `glue/<task>`: the text fields, `label` and
 `idx`; test labels are -1):
-  * tfds' real `glue/<task>` builder, which downloads GLUE itself (and unpacks the download with TensorFlow:
-    without it, one line says so). Offline its download retries for minutes, so a 5 s reachability check
-    runs first and fails with "use --data-dir".
   * `GlueTsv`, this project's builder, which prepares the same features from GLUE's official TSV
-    distribution in a local directory (`<data_dir>/<Task>/{train,dev,test}.tsv`).
+    distribution in a local directory (`<data_dir>/<Task>/{train,dev,test}.tsv`, `--data-dir`);
+  * without a directory, the files tfds' own `glue/<task>` builder downloads, fetched by tfds' download
+    manager, unpacked into that layout and prepared by `GlueTsv` (`remote_builder`: tfds' builder unpacks
+    with TensorFlow, which is not installed). Offline the download retries for minutes, so a 5 s
+    reachability check runs first and fails with "use --data-dir".
 
 The TSV reader handles the official files' quirks: fields are split on tabs only (quote characters
 are text, never CSV quoting), MRPC's byte-order mark, CoLA's header-less train/dev, test files with
@@ -20,8 +21,12 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
+import shutil
 import socket
 import threading
+import uuid
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -318,42 +323,81 @@ def _reachable(url: str, timeout: float) -> bool:
 
 
 def remote_builder(task: GlueTask | str, tfds_dir: str | Path | None = None, timeout: float = 5.0) -> Any:
-    """tfds' own glue/<task>, downloaded and prepared on first use; quick, clear failure offline."""
+    """GLUE from its own host: the files tfds' glue/<task> builder downloads, fetched by tfds' download manager
+    (checked against the sums tfds registers, kept under <tfds_dir>/downloads), unpacked here into GLUE's TSV
+    layout under <tfds_dir>/glue_files, and prepared by GlueTsv as --data-dir's files are. tfds' own builder
+    unpacks its download with TensorFlow (its extractor calls tf.compat.as_text), which gpt1-jax does not install:
+    it downloaded, then ended in "ExtractError: ... No module named 'tensorflow'". Offline: one line, at once."""
     task = glue_task(task) if isinstance(task, str) else task
     tfds = _import_tfds()
-    import tensorflow_datasets.text  # noqa: F401  (registers glue)
+    import tensorflow_datasets.text.glue as tfds_glue  # GLUE's addresses, and the sums tfds registers for them
 
-    root = str(Path(tfds_dir) if tfds_dir else default_tfds_dir())
-    builder = tfds.builder(f"glue/{task.name}", data_dir=root, file_format="array_record")
-    if builder.is_prepared():
-        return builder
-    url = builder.builder_config.data_url
-    if not _reachable(url, timeout):
-        raise GlueDownloadError(
-            f"cannot reach {urlparse(url).hostname} to download glue/{task.name} (offline?): use --data-dir DIR with "
-            f"GLUE's TSV files ({task.dirname}/train.tsv, dev.tsv, test.tsv)"
-        )
+    root = Path(tfds_dir) if tfds_dir else default_tfds_dir()
+    files = root / "glue_files"
+    if not (files / task.dirname).is_dir():
+        urls = _glue_urls(tfds_glue, task)
+        if not _reachable(next(iter(urls.values())), timeout):
+            raise GlueDownloadError(
+                f"cannot reach {urlparse(next(iter(urls.values()))).hostname} to download GLUE {task.dirname} "
+                f"(offline?): use --data-dir DIR with GLUE's TSV files ({task.dirname}/train.tsv, dev.tsv, test.tsv)")
+        manager = tfds.download.DownloadManager(download_dir=root / "downloads", url_infos=tfds_glue.Glue.url_infos,
+                                                dataset_name="glue")
+        with _absl_errors_only():
+            downloaded = {k: Path(v) for k, v in manager.download(urls).items()}
+        _unpack(task, downloaded, files)
+    return local_builder(task, files, root)
+
+
+def _glue_urls(tfds_glue: Any, task: GlueTask) -> dict[str, str]:
+    """What tfds' glue/<task> downloads: GLUE's zip of the task's TSV files; for MRPC, Microsoft's two files and
+    GLUE's list of the pairs it moved to dev."""
+    if task.name == "mrpc":
+        return {"dev_ids": tfds_glue._MRPC_DEV_IDS, "train": tfds_glue._MRPC_TRAIN, "test": tfds_glue._MRPC_TEST}
+    return {"zip": next(c for c in tfds_glue.Glue.BUILDER_CONFIGS if c.name == task.name).data_url}
+
+
+def _unpack(task: GlueTask, downloaded: dict[str, Path], files: Path) -> None:
+    """`files/<Task>/` with the task's TSV files as GLUE distributes them, whole or not at all."""
+    tmp = files / f".tmp-{task.dirname}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
     try:
-        builder.download_and_prepare()
-    except Exception as e:  # tfds' ExtractError, with the missing module as its cause
-        if not _needs_tensorflow(e):
-            raise
-        raise GlueDownloadError(
-            f"tfds' glue/{task.name} downloaded GLUE's files (under {root}/downloads) but unpacks them with "
-            "TensorFlow, which gpt1-jax does not install: pip install tensorflow, or use --data-dir DIR with GLUE's "
-            f"TSV files ({task.dirname}/train.tsv, dev.tsv, test.tsv)") from None
-    return builder
+        if task.name == "mrpc":
+            _mrpc_files(downloaded, tmp)
+        else:
+            with zipfile.ZipFile(downloaded["zip"]) as archive:
+                names = set(archive.namelist())
+                for _, name in task.files:
+                    if f"{task.dirname}/{name}" in names:
+                        (tmp / name).write_bytes(archive.read(f"{task.dirname}/{name}"))
+        try:
+            os.rename(tmp, files / task.dirname)
+        except OSError:  # another process unpacked it first: the same files
+            if not (files / task.dirname).is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _needs_tensorflow(error: BaseException) -> bool:
-    """Whether `error` or one of its causes is the import of TensorFlow failing."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, ModuleNotFoundError) and (error.name or "").split(".")[0] == "tensorflow":
-            return True
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return False
+def _mrpc_files(downloaded: dict[str, Path], out: Path) -> None:
+    """GLUE's MRPC train/dev/test.tsv from Microsoft's files, as GLUE's download script writes them: dev is the
+    training pairs GLUE lists, train the others (Microsoft's header, byte-order mark and all); test is numbered
+    and has no labels."""
+    dev_ids = {tuple(line.strip().split("\t"))
+               for line in downloaded["dev_ids"].read_text(encoding="utf-8").split("\n") if line.strip()}
+    # "\n" only, as read_tsv splits: splitlines would also break a sentence at a form feed or U+2028
+    header, *rows = downloaded["train"].read_text(encoding="utf-8").rstrip("\r\n").split("\n")
+    header = header.rstrip("\r")
+    train, dev = [header], [header]
+    for row in filter(str.strip, rows):
+        label, id1, id2, s1, s2 = row.strip().split("\t")
+        (dev if (id1, id2) in dev_ids else train).append("\t".join((label, id1, id2, s1, s2)))
+    _, *tests = downloaded["test"].read_text(encoding="utf-8").split("\n")
+    test = ["index\t#1 ID\t#2 ID\t#1 String\t#2 String"]
+    for i, row in enumerate(filter(str.strip, tests)):
+        _, id1, id2, s1, s2 = row.strip().split("\t")
+        test.append("\t".join((str(i), id1, id2, s1, s2)))
+    for name, lines in (("train.tsv", train), ("dev.tsv", dev), ("test.tsv", test)):
+        (out / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 # ---- reading -----------------------------------------------------------------------------------------
