@@ -243,7 +243,7 @@ def glue_host(tmp_path, glue_dir, monkeypatch):
 
 
 @pytest.mark.parametrize("task", ["sst2", "mrpc"])
-def test_without_a_data_dir_glue_is_downloaded_and_read_as_from_its_files(tmp_path, glue_dir, glue_host, task):
+def test_without_a_data_dir_glue_is_downloaded_and_read_as_from_its_files(tmp_path, glue_dir, glue_host, task, capsys):
     """Online, `finetune` without --data-dir ran tfds' own glue/<task>, which downloaded GLUE's zip and then unpacked
     it with TensorFlow (tf.compat.as_text in tfds' extractor), which gpt1-jax does not install: a traceback of
     ExtractError. Now tfds' download manager fetches the same files (here from a server on 127.0.0.1), and they are
@@ -254,6 +254,7 @@ def test_without_a_data_dir_glue_is_downloaded_and_read_as_from_its_files(tmp_pa
         assert downloaded == glue.load_split(task, split, glue_dir, tfds_dir=tmp_path / "local"), split
         assert len(downloaded) == FIXTURE_COUNTS.get((task, split), FIXTURE_TEST_COUNTS[task])
     assert sorted(p.name for p in (tmp_path / "tfds" / "glue_files").iterdir()) == [glue.glue_task(task).dirname]
+    assert capsys.readouterr().out == ""  # a job's stdout is its own (results, JSON lines)
 
 
 def test_metrics_equal_scipy_and_sklearn_on_known_inputs():
