@@ -300,7 +300,7 @@ def _absl_errors_only():
         absl_logging.set_verbosity(verbosity)
 
 
-# ---- tfds' real glue builder ------------------------------------------------------------------------
+# ---- GLUE downloaded: the files tfds' glue builder fetches ----------------------------------------------
 
 def _reachable(url: str, timeout: float) -> bool:
     """Whether the host of `url` accepts a connection on its port (443 for https, 80 for http, unless it names one)."""
