@@ -36,6 +36,7 @@ import numpy as np
 
 from gpt1_jax.data.pipeline import default_cache_dir
 from gpt1_jax.errors import ConfigError, DataError
+from gpt1_jax.lockfile import remove_abandoned
 
 __all__ = [
     "GLUE_TASKS", "GlueTask", "GlueDownloadError", "glue_task", "read_tsv", "load_split", "split_available",
@@ -336,9 +337,10 @@ def remote_builder(task: GlueTask | str, tfds_dir: str | Path | None = None, tim
     files = root / "glue_files"
     if not (files / task.dirname).is_dir():
         urls = _glue_urls(tfds_glue, task)
-        if not _reachable(next(iter(urls.values())), timeout):
+        first = next(iter(urls.values()))
+        if not _reachable(first, timeout):
             raise GlueDownloadError(
-                f"cannot reach {urlparse(next(iter(urls.values()))).hostname} to download GLUE {task.dirname} "
+                f"cannot reach {urlparse(first).hostname} to download GLUE {task.dirname} "
                 f"(offline?): use --data-dir DIR with GLUE's TSV files ({task.dirname}/train.tsv, dev.tsv, test.tsv)")
         manager = tfds.download.DownloadManager(download_dir=root / "downloads", url_infos=tfds_glue.Glue.url_infos,
                                                 dataset_name="glue")
@@ -357,9 +359,12 @@ def _glue_urls(tfds_glue: Any, task: GlueTask) -> dict[str, str]:
 
 
 def _unpack(task: GlueTask, downloaded: dict[str, Path], files: Path) -> None:
-    """`files/<Task>/` with the task's TSV files as GLUE distributes them, whole or not at all."""
+    """`files/<Task>/` with the task's TSV files as GLUE distributes them, whole or not at all (a killed unpack's
+    temporary folder is swept by the next one, as the token cache's are)."""
+    files.mkdir(parents=True, exist_ok=True)
+    remove_abandoned(files, f".tmp-{task.dirname}-", dead_quiet_s=10.0)
     tmp = files / f".tmp-{task.dirname}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
+    tmp.mkdir()
     try:
         if task.name == "mrpc":
             _mrpc_files(downloaded, tmp)
