@@ -326,12 +326,12 @@ class GPT1Tokenizer:
 
             def texts() -> Iterable[str]:
                 return kept
-        words_of = cls._original_words_fn() if mode == "original" else _hf_words
+        original_words = cls._original_words_fn() if mode == "original" else None
         chars = _raw_chars(texts())
-        symbols = {c for raw in chars for word in words_of(raw) for c in word}
-        if mode == "original" and "\n" in chars:  # a line break is a word there, which a lone "\n" (stripped) is not
+        symbols = {c for raw in chars for word in (original_words or _hf_words)(raw) for c in word}
+        if original_words and "\n" in chars:  # a line break is a word there, which a lone "\n" (stripped) is not
             symbols.add("\n")
-        fit = functools.partial(_fit_bpe, texts, files, words_of if mode == "original" else None, vocab_size=vocab_size,
+        fit = functools.partial(_fit_bpe, texts, files, original_words, vocab_size=vocab_size,
                                 min_frequency=min_frequency, limit_alphabet=limit_alphabet, show_progress=show_progress)
         model = fit(symbols)
         trained = {t for t in model["vocab"] if len(t) == 1}  # the trainer's own alphabet: merges are longer
