@@ -1,13 +1,18 @@
 """The one way gpt1-jax writes a small file that others may read while it is written (run identity, configs,
-tokenizers, metadata, plots): whole or not at all; where its caches live by default (`user_cache`); and how an
-error names what a folder holds (`some_names`)."""
+tokenizers, metadata, plots): whole or not at all; the one way it writes a folder so (`staging_folder`: models,
+token caches, kept BPEs, unpacked GLUE); where its caches live by default (`user_cache`); and how an error names
+what a folder holds (`some_names`)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from gpt1_jax.lockfile import remove_abandoned
 
 
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
@@ -24,6 +29,29 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def sweep_staging_folders(final: Path, *, dead_quiet_s: float = 0.0, stale_s: float | None = None) -> None:
+    """Removes the staging folders (`staging_folder`) that killed writers of `final` left beside it, by
+    lockfile.remove_abandoned's rules: a writer on this host gone and its files quiet `dead_quiet_s`; with
+    `stale_s`, any writer's files quiet that long (one that may be on another host)."""
+    remove_abandoned(final.parent, f".tmp-{final.name}-", dead_quiet_s=dead_quiet_s, stale_s=stale_s)
+
+
+@contextmanager
+def staging_folder(final: Path, *, dead_quiet_s: float = 0.0, stale_s: float | None = None) -> Iterator[Path]:
+    """A fresh empty folder beside `final` (`.tmp-<name>-<pid>-<random>`) for the caller to fill and then rename
+    onto `final`, so that readers see no folder or a whole one; whatever is left of it on the way out (an error, a
+    Ctrl-C) is deleted. The ones killed writers left are swept first (`sweep_staging_folders`)."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    sweep_staging_folders(final, dead_quiet_s=dead_quiet_s, stale_s=stale_s)
+    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    try:
+        yield tmp
+    finally:  # renamed onto `final`: nothing here any more
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def save_figure(fig, path: Path, **kwargs) -> None:

@@ -19,7 +19,6 @@ import os
 import pickle
 import re
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -36,7 +35,7 @@ from safetensors.numpy import load_file, save_file
 from gpt1_jax.config import (RUNTIME_FIELDS, ConfigError, FinetuneConfig, ModelConfig, PretrainConfig, apply_overrides,
                              given_keys, load_yaml, override_key, read_yaml, save_yaml)
 from gpt1_jax.errors import CheckpointFormatError, OutputExistsError
-from gpt1_jax.files import some_names
+from gpt1_jax.files import some_names, staging_folder
 from gpt1_jax.integrity import checkpoint_steps
 from gpt1_jax.lockfile import remove_abandoned
 from gpt1_jax.model import init_params
@@ -487,16 +486,14 @@ def _destination(path: str | os.PathLike) -> Path:
     return path.resolve() if path.is_symlink() else path
 
 
-def _atomic_dir(path: Path, overwrite: bool):
-    """A temporary sibling directory, renamed onto `path` by the caller once it is complete. Its name carries
-    this process's pid: the ones a killed writer left on this host are removed first, and so are the old folders
-    it had moved aside once `path` stands (`_commit_dir`: killed while deleting one, or between its renames)."""
+def _staging_folder(path: Path, overwrite: bool):
+    """files.staging_folder beside `path`, for `_commit_dir` once it is complete; the old folders a killed writer
+    had moved aside (`_commit_dir`: killed while deleting one, or between its renames) are removed first once
+    `path` stands."""
     _refuse_overwrite(path, overwrite)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_abandoned(path.parent, f".{path.name}.tmp-")
     if path.exists():  # else a kill between the renames left the old model only under its .old- name: kept
         remove_abandoned(path.parent, f".{path.name}.old-")
-    return Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
+    return staging_folder(path)
 
 
 def _commit_dir(tmp: Path, path: Path):
@@ -504,7 +501,7 @@ def _commit_dir(tmp: Path, path: Path):
     leaves the old folder or the new one in place (or both, the old one under a .old- name)."""
     umask = os.umask(0)
     os.umask(umask)
-    # mkdtemp's 0700 and safetensors' 0600 would make the model private to its writer: the umask's, as any file
+    # safetensors' 0600 would make the model private to its writer: the umask's, as any file
     for entry in [tmp, *tmp.rglob("*")]:
         entry.chmod((0o777 if entry.is_dir() else 0o666) & ~umask)
     old = None
@@ -523,16 +520,13 @@ def save_pretrained(config: ModelConfig, params, path: str | os.PathLike, *, ove
     loads, with `tokenizer` (a GPT1Tokenizer) in the files transformers' tokenizers read."""
     path = _destination(path)
     hf_config = _config_to_hf(config)
-    tmp = _atomic_dir(path, overwrite)
-    try:
+    with _staging_folder(path, overwrite) as tmp:
         state = {k: np.ascontiguousarray(v) for k, v in params_to_hf_state(config, params).items()}
         save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
         if tokenizer is not None:
             tokenizer.save_hf(tmp, model_max_length=config.n_positions)
         _commit_dir(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 
@@ -543,8 +537,7 @@ def save_jax(config: ModelConfig, params, path: str | os.PathLike, *, overwrite:
     import orbax.checkpoint as ocp  # see the note at the top
 
     path = _destination(path).absolute()
-    tmp = _atomic_dir(path, overwrite)
-    try:
+    with _staging_folder(path, overwrite) as tmp:
         save_yaml(config, tmp / "config.yaml")
         if tokenizer is not None:
             tokenizer.save(tmp / "tokenizer.json")
@@ -552,8 +545,6 @@ def save_jax(config: ModelConfig, params, path: str | os.PathLike, *, overwrite:
             ckptr.save(tmp / "params", nn.meta.unbox(params))
             ckptr.wait_until_finished()
         _commit_dir(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 

@@ -22,10 +22,8 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import socket
 import threading
-import uuid
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,7 +34,7 @@ import numpy as np
 
 from gpt1_jax.data.pipeline import default_cache_dir
 from gpt1_jax.errors import ConfigError, DataError
-from gpt1_jax.lockfile import remove_abandoned
+from gpt1_jax.files import staging_folder
 
 __all__ = [
     "GLUE_TASKS", "GlueTask", "GlueDownloadError", "glue_task", "read_tsv", "load_split", "split_available",
@@ -361,11 +359,7 @@ def _glue_urls(tfds_glue: Any, task: GlueTask) -> dict[str, str]:
 def _unpack(task: GlueTask, downloaded: dict[str, Path], files: Path) -> None:
     """`files/<Task>/` with the task's TSV files as GLUE distributes them, whole or not at all (a killed unpack's
     temporary folder is swept by the next one, as the token cache's are)."""
-    files.mkdir(parents=True, exist_ok=True)
-    remove_abandoned(files, f".tmp-{task.dirname}-", dead_quiet_s=10.0)
-    tmp = files / f".tmp-{task.dirname}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with staging_folder(files / task.dirname, dead_quiet_s=10.0) as tmp:
         if task.name == "mrpc":
             _mrpc_files(downloaded, tmp)
         else:
@@ -379,8 +373,6 @@ def _unpack(task: GlueTask, downloaded: dict[str, Path], files: Path) -> None:
         except OSError:  # another process unpacked it first: the same files
             if not (files / task.dirname).is_dir():
                 raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _mrpc_files(downloaded: dict[str, Path], out: Path) -> None:

@@ -55,8 +55,7 @@ from tqdm.auto import tqdm
 from gpt1_jax.data.once import LOCK_STALE_S, Peers, build_once
 from gpt1_jax.data.sources import TextSource
 from gpt1_jax.errors import ConfigError, DataError
-from gpt1_jax.files import atomic_write_text
-from gpt1_jax.lockfile import remove_abandoned
+from gpt1_jax.files import atomic_write_text, staging_folder, sweep_staging_folders
 from gpt1_jax.tokenizer import TOKENIZER_META, GPT1Tokenizer, check_recorded_digest
 
 __all__ = [
@@ -252,29 +251,29 @@ def bpe_of_texts(texts: list[str], vocab_size: int, cache_dir: str | Path, what:
     return _keep_bpe(kept, tok, len(texts), what, vocab_size)[0]
 
 
+# Killed writers' folders (a kept BPE, a token cache) are swept after a few quiet seconds when their writer ran here,
+# after LOCK_STALE_S when it may be on another host.
+_SWEEP = {"dead_quiet_s": 10.0, "stale_s": LOCK_STALE_S}
+
+
 def _keep_bpe(folder: Path, tok: GPT1Tokenizer, n_docs: int, spec: str, vocab_size: int) -> tuple[GPT1Tokenizer, int]:
     """Keeps `tok` in `folder` for later runs on the corpus -> what is kept there: another job's BPE where it kept
     one first (every run then reads the same). A damaged one is replaced; a cache that cannot be written is said
     and skipped."""
-    tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
-        remove_abandoned(folder.parent, f".tmp-{folder.name}-", dead_quiet_s=10.0, stale_s=LOCK_STALE_S)
-        tmp.mkdir(parents=True)
-        tok.save(tmp / TOKENIZER_FILE)
-        meta = {"source": spec, "vocab_size": vocab_size, "n_docs": n_docs,
-                "sha256": hashlib.sha256((tmp / TOKENIZER_FILE).read_bytes()).hexdigest()}
-        (tmp / TOKENIZER_META).write_text(json.dumps(meta), encoding="utf-8")
-        if folder.exists() and _kept_bpe(folder) is None:  # damaged (it was read before training)
-            shutil.rmtree(folder, ignore_errors=True)
-        os.rename(tmp, folder)
+        with staging_folder(folder, **_SWEEP) as tmp:
+            tok.save(tmp / TOKENIZER_FILE)
+            meta = {"source": spec, "vocab_size": vocab_size, "n_docs": n_docs,
+                    "sha256": hashlib.sha256((tmp / TOKENIZER_FILE).read_bytes()).hexdigest()}
+            (tmp / TOKENIZER_META).write_text(json.dumps(meta), encoding="utf-8")
+            if folder.exists() and _kept_bpe(folder) is None:  # damaged (it was read before training)
+                shutil.rmtree(folder, ignore_errors=True)
+            os.rename(tmp, folder)
     except OSError as e:
         if (theirs := _kept_bpe(folder)) is not None:
             return theirs
         _say(f"could not keep the BPE in {folder.parent} ({e.strerror or e}): a run in another workdir will train "
              "its own")
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return tok, n_docs
 
 
@@ -486,7 +485,7 @@ def tokenize_to_cache(
     if peers.builds and not (final / "tokens.npy").is_file():
         cache_dir.mkdir(parents=True, exist_ok=True)  # the lock lives there
     elif peers.builds:  # a build killed just before another finished this one: its gigabytes were never swept
-        _sweep_abandoned(final)
+        sweep_staging_folders(final, **_SWEEP)
     return build_once(
         ready=(final / "tokens.npy").is_file,
         build=lambda: _build_cache(source, tokenizer, final, sep, dtype, peers, progress),
@@ -505,20 +504,11 @@ def tokenize_to_cache(
     )
 
 
-def _sweep_abandoned(final: Path) -> None:
-    """Killed builds' folders beside `final`: a few seconds quiet when their builder ran here, LOCK_STALE_S when it
-    may be elsewhere."""
-    remove_abandoned(final.parent, f".tmp-{final.name}-", dead_quiet_s=10.0, stale_s=LOCK_STALE_S)
-
-
 def _build_cache(
     source: TextSource, tokenizer: GPT1Tokenizer, final: Path, sep: int, dtype: np.dtype, peers: Peers, progress: bool
 ) -> TokenStream:
     """Tokenise into a temporary directory beside ``final``, then rename it into place."""
-    _sweep_abandoned(final)
-    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir()
-    try:
+    with staging_folder(final, **_SWEEP) as tmp:
         n_tokens = n_docs = n_unk = 0
         digest = hashlib.sha256()
         # The length is unknown until the end, so stream raw ids first and prepend the .npy
@@ -566,7 +556,4 @@ def _build_cache(
             if not (final / "tokens.npy").is_file():
                 raise
             # Another process finished first with identical content (a broken lock's race): use theirs.
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return _open(final, from_cache=False)

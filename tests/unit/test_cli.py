@@ -370,7 +370,7 @@ def test_convert_overwrite_replaces_a_model_folder_but_never_a_run_or_a_stranger
     assert cli.main(["convert", str(RELEASE), str(dst)]) == 0
     (dst / "stale.txt").write_text("from the last conversion")
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (tmp_path / f".dst.tmp-{int(gone.stdout)}-x1").mkdir()  # what a convert killed mid-write left
+    (tmp_path / f".tmp-dst-{int(gone.stdout)}-x1").mkdir()  # what a convert killed mid-write left
     (tmp_path / f".dst.old-{int(gone.stdout)}").mkdir()  # and one killed while deleting the folder it replaced
     (tmp_path / f".dst.old-{int(gone.stdout)}" / "model.safetensors").write_text("half deleted")
     old = os.umask(0o022)
@@ -380,7 +380,7 @@ def test_convert_overwrite_replaces_a_model_folder_but_never_a_run_or_a_stranger
         os.umask(old)
     assert (dst / "model.safetensors").is_file() and not (dst / "stale.txt").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dst"]  # the killed writer's folder, the old one: gone
-    assert dst.stat().st_mode & 0o777 == 0o755  # the umask's, not mkdtemp's 0700 (nor safetensors' 0600)
+    assert dst.stat().st_mode & 0o777 == 0o755  # the umask's (and the files' too, not safetensors' 0600)
     assert {p.stat().st_mode & 0o777 for p in dst.iterdir()} == {0o644}
     # a link to a model folder (models/current -> v1) is written through: the link stays, its target is replaced
     (tmp_path / "current").symlink_to("dst")
