@@ -23,7 +23,6 @@ import math
 import os
 import re
 import time
-from collections import defaultdict
 from typing import Any, Sequence
 
 import jax
@@ -33,6 +32,7 @@ from gpt1_jax import flops, sizing, topology
 from gpt1_jax.attention import model_impl
 from gpt1_jax.config import MeshConfig, PretrainConfig
 from gpt1_jax.errors import ConfigError, PlanDoesNotFit
+from gpt1_jax.hlo import runs_per_step
 from gpt1_jax.optim import optimizer_state_bytes
 from gpt1_jax.step import check_mesh_divides, lm_batch_spec, lm_trainer
 
@@ -50,11 +50,6 @@ _OP = re.compile(r"= (?P<shape>.*?) (?P<op>" + "|".join(COLLECTIVES) + r")(?P<st
 _ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|f8e\w+|c64|c128)\[([\d,]*)\]")
 # Across slices (multi-slice over DCN) XLA emits host transfers to the Megascale runtime, not collectives.
 _MEGASCALE = re.compile(r"= (?P<shape>.*?) send\(.*_xla_megascale_transfer_type=\"(?P<kind>\w+)\"")
-_HEADER = re.compile(r"^(?:ENTRY )?%?(?P<name>[\w.\-]+) ")
-_CALLEE = re.compile(r"(?:calls|body|to_apply)=%([\w.\-]+)|(?:branch_computations|called_computations)=\{([^}]*)\}")
-_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
-_WHILE = re.compile(r" while\(.*condition=%([\w.\-]+), body=%([\w.\-]+)")
-_LOOP_BOUND = re.compile(r"s32\[\][^=]*constant\((\d+)\)")
 _BITS = {"pred": 8, "bf16": 16, "c64": 64, "c128": 128}
 
 
@@ -112,51 +107,6 @@ def _ring_bytes(op: str, result_bytes: int, n: int) -> float:
             "collective-permute": float(result_bytes)}[op]
 
 
-def _multipliers(hlo_text: str) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """(how many times each computation runs per step, [(computation, line)]). While loops (scan over
-    layers, micro-batches) multiply their bodies by their trip count: XLA's `known_trip_count` where it
-    says it, else the bound of the loop condition's `counter < N` (jax's scans count from 0)."""
-    lines_of: list[tuple[str, str]] = []
-    calls: dict[str, list[tuple[str, int | str]]] = defaultdict(list)
-    order, entry, current = [], None, None
-    for line in hlo_text.splitlines():
-        if line and not line[0].isspace() and line.rstrip().endswith("{"):
-            m = _HEADER.match(line)
-            current = m.group("name") if m else None
-            if current:
-                order.append(current)
-                if line.startswith("ENTRY"):
-                    entry = current
-            continue
-        if current is None or not line.startswith(" "):
-            continue
-        lines_of.append((current, line))
-        loop = _WHILE.search(line)
-        if loop:
-            trip = _TRIP.search(line)
-            calls[current].append((loop.group(2), int(trip.group(1)) if trip else loop.group(1)))
-            continue
-        for single, many in _CALLEE.findall(line):
-            for callee in ([single] if single else re.findall(r"%([\w.\-]+)", many)):
-                calls[current].append((callee, 1))
-    bounds: dict[str, int] = {}
-    for computation, line in lines_of:
-        if "ROOT" in line and "direction=LT" in line:
-            bounds[computation] = 0  # marks a `counter < N` condition; N is its s32 constant
-    for computation, line in lines_of:
-        bound = _LOOP_BOUND.search(line)
-        if computation in bounds and bound:
-            bounds[computation] = int(bound.group(1))
-    runs: dict[str, int] = defaultdict(int)
-    if entry is not None:
-        runs[entry] = 1
-    for name in reversed(order):  # callers are printed after their callees: ENTRY last
-        for callee, factor in calls.get(name, ()):
-            trips = factor if isinstance(factor, int) else max(bounds.get(factor, 1), 1)
-            runs[callee] += runs[name] * trips
-    return runs, lines_of
-
-
 def collectives(hlo_text: str, devices: Sequence[Any]) -> dict[str, dict[str, float]]:
     """Per collective kind: count per step, bytes each chip sends over ICI and over DCN per step.
     `devices` in the program's device-assignment order (a Mesh's `devices.flat`), for slice membership.
@@ -168,7 +118,7 @@ def collectives(hlo_text: str, devices: Sequence[Any]) -> dict[str, dict[str, fl
     n_slices = len(set(slices.tolist()))
     if "_xla_megascale_transfer_type" in hlo_text:  # one slice's program: its groups never leave the slice
         slices = np.zeros_like(slices)
-    runs, lines = _multipliers(hlo_text)
+    runs, lines = runs_per_step(hlo_text)
     out: dict[str, dict[str, float]] = {}
     for computation, line in lines:
         if runs.get(computation, 0) == 0:
@@ -283,12 +233,13 @@ def compile_plan(config: PretrainConfig, where: Target) -> dict[str, Any]:
         "temp_bytes_per_chip": report.get("temp_bytes_per_device"),
         "xla_flops_per_chip": report.get("flops_per_device"),
         "xla_bytes_accessed_per_chip": report.get("bytes_accessed_per_device"),
+        "loop_bodies_counted": report.get("loop_bodies_counted"),
         "collectives": comms,
     }
     plan.update(_fit(plan, where))
-    loops = " while(" in hlo
+    once = plan["loop_bodies_counted"] == "once"  # a loop's body counted once: XLA's bytes are a bound L times too low
     plan["estimate"] = roofline(max(plan["xla_flops_per_chip"] or 0.0, plan["model_flops_per_chip"] * _REMAT_FLOPS[config.model.remat]),
-                                plan["model_flops_per_chip"], None if loops else plan["xla_bytes_accessed_per_chip"],
+                                plan["model_flops_per_chip"], None if once else plan["xla_bytes_accessed_per_chip"],
                                 comms, where, B * T)
     return plan
 
@@ -378,10 +329,9 @@ def roofline(flops_per_chip: float, model_flops_per_chip: float, hbm_bytes: floa
     """Lower bound of the step time and the MFU it implies (module docstring): the slowest of compute,
     HBM traffic (XLA's bytes accessed after fusion) and collectives, as if they overlapped perfectly.
 
-    `flops_per_chip` is the larger of XLA's count and the model count times remat's recomputation: XLA's
-    cost analysis counts a loop body once, so a program with scanned layers under-reports by ~L x. For
-    the same reason `hbm_bytes` is None for such a program and the memory term is left out (reported
-    as None), rather than be a bound L times too low."""
+    `flops_per_chip` is the larger of XLA's count (loop bodies counted per trip: gpt1_jax/hlo.py) and the model
+    count times remat's recomputation. `hbm_bytes` is None where a loop's body could only be counted once: the
+    memory term is then left out (reported as None), rather than be a bound L times too low."""
     peak, chip = where.peak_flops(), where.chip
     if peak is None or chip is None:
         return {"step_s_lower_bound": None, "note": f"no peak/bandwidth table entry for {where.device_kind}"}
