@@ -15,6 +15,8 @@ from collections import defaultdict
 from typing import Any
 
 import jax
+import jaxlib._hlo as xla_hlo  # jaxlib's HLO parser and cost analysis: no public jax API reaches them
+from jax._src.lib import _jax
 
 _HEADER = re.compile(r"^(?:ENTRY )?%?(?P<name>[\w.\-]+) ")
 _CALLEE = re.compile(r"(?:calls|body|to_apply)=%([\w.\-]+)|(?:branch_computations|called_computations)=\{([^}]*)\}")
@@ -78,9 +80,11 @@ def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str | None]:
     entry, current = None, None
     for line in _STACK_FRAME.sub("", hlo_text).splitlines():
         if line and not line[0].isspace() and line.rstrip().endswith("{") and not line.startswith("HloModule"):
-            current = _HEADER.match(line).group("name")
-            blocks[current] = [line]
-            entry = current if line.startswith("ENTRY") else entry
+            header = _HEADER.match(line)
+            current = header.group("name") if header else None
+            if current:
+                blocks[current] = [line]
+                entry = current if line.startswith("ENTRY") else entry
         elif current is not None:
             blocks[current].append(line)
             if line.startswith("}"):
@@ -99,9 +103,6 @@ def loop_factors(hlo_text: str, client: Any = None) -> dict[str, float] | None:
     computation's own cost times its runs per step (`runs_per_step`)."""
     if " while(" not in hlo_text:
         return None
-    from jax._src.lib import _jax  # jaxlib's HLO parser and cost analysis: no public jax API reaches them
-    import jaxlib._hlo as xla_hlo
-
     try:
         client = jax.devices("cpu")[0].client
     except RuntimeError:  # JAX_PLATFORMS without cpu
@@ -110,7 +111,7 @@ def loop_factors(hlo_text: str, client: Any = None) -> dict[str, float] | None:
     runs, _ = runs_per_step(hlo_text)
     loops = {name: [m.groups() for m in map(_WHILE.search, lines) if m] for name, lines in blocks.items()}
 
-    def cost(root: str) -> tuple[float, float]:
+    def cost(root: str) -> tuple[float, float]:  # of `root` run as the entry, every loop's body once
         body = [line for name, lines in blocks.items() if name != entry or root == entry for line in lines + [""]]
         if root != entry:
             first = body.index(blocks[root][0])
@@ -120,7 +121,7 @@ def loop_factors(hlo_text: str, client: Any = None) -> dict[str, float] | None:
 
     try:
         inclusive = {name: cost(name) for name in {entry, *(c for sites in loops.values() for s in sites for c in s)}}
-    except Exception:  # a construct the generic parser or analysis does not know (a target's custom call)
+    except Exception:  # text the generic parser or analysis does not take (a target's own instruction, a new syntax)
         return None
     total = [0.0, 0.0]
     for name, (flops, nbytes) in inclusive.items():

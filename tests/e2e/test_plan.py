@@ -38,6 +38,19 @@ def test_tiny_plan_compiles_for_a_tpu_topology_and_fits(capsys, topology, mesh):
     assert result["compile_s"] > 0 and result["model_flops_per_chip"] > 0
 
 
+def test_a_scanned_plan_counts_every_layer_in_its_flops_and_hbm_traffic(capsys):
+    """XLA's cost analysis counts a scan's body once: the plan counts it per trip (gpt1_jax/hlo.py), so the scanned
+    step's compute and memory terms are the unrolled step's, within what the two programs differ."""
+    argv = ["--topology", "v5e:2x2", "--mesh", "data=2,fsdp=2", "--set", "model.n_layers=6"]
+    scanned = _plan_cli(capsys, *argv, "--set", "model.scan_layers=true")
+    unrolled = _plan_cli(capsys, *argv, "--set", "model.scan_layers=false")
+    assert scanned["loop_bodies_counted"] == "per trip" and unrolled["loop_bodies_counted"] == "no loops"
+    assert scanned["xla_flops_per_chip"] == pytest.approx(unrolled["xla_flops_per_chip"], rel=0.01)
+    # the scan writes each layer's residuals into stacked buffers: more traffic than the unrolled program, not less
+    assert 1.0 < scanned["xla_bytes_accessed_per_chip"] / unrolled["xla_bytes_accessed_per_chip"] < 2.0
+    assert scanned["estimate"]["memory_s"] > 0
+
+
 def test_a_plan_that_cannot_fit_exits_with_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     status = main(["plan", "--config", "gpt1-6.7b", "--topology", "v5e:2x2", "--mesh", "data=4"])
