@@ -92,6 +92,22 @@ def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str | None]:
     return blocks, entry
 
 
+def _reachable(blocks: dict[str, list[str]], root: str) -> set[str]:
+    """`root` and every computation it calls, directly or not (fusions, reductions' adders, loops, branches)."""
+    seen, todo = {root}, [root]
+    while todo:
+        for line in blocks[todo.pop()][1:]:
+            loop = _WHILE.search(line)
+            callees = list(loop.groups()) if loop else []
+            for single, many in _CALLEE.findall(line):
+                callees += [single] if single else re.findall(r"%([\w.\-]+)", many)
+            for callee in callees:
+                if callee in blocks and callee not in seen:
+                    seen.add(callee)
+                    todo.append(callee)
+    return seen
+
+
 def loop_factors(hlo_text: str, client: Any = None) -> dict[str, float] | None:
     """{"flops": f, "bytes accessed": b}: how many times more the program computes and moves when each loop body
     counts once per trip than when it counts once, by XLA's generic cost analysis (through this host's CPU client,
@@ -112,11 +128,12 @@ def loop_factors(hlo_text: str, client: Any = None) -> dict[str, float] | None:
     loops = {name: [m.groups() for m in map(_WHILE.search, lines) if m] for name, lines in blocks.items()}
 
     def cost(root: str) -> tuple[float, float]:  # of `root` run as the entry, every loop's body once
-        body = [line for name, lines in blocks.items() if name != entry or root == entry for line in lines + [""]]
+        needed = _reachable(blocks, root)  # a few computations: a step on a CPU has ~160 small loops (dropout's bits)
+        text = [line for name, lines in blocks.items() if name in needed for line in lines + [""]]
         if root != entry:
-            first = body.index(blocks[root][0])
-            body[first] = "ENTRY " + body[first]
-        analysed = _jax.hlo_module_cost_analysis(client, xla_hlo.hlo_module_from_text("HloModule m\n\n" + "\n".join(body)))
+            first = text.index(blocks[root][0])
+            text[first] = "ENTRY " + text[first]
+        analysed = _jax.hlo_module_cost_analysis(client, xla_hlo.hlo_module_from_text("HloModule m\n\n" + "\n".join(text)))
         return float(analysed.get("flops", 0.0)), float(analysed.get("bytes accessed", 0.0))
 
     try:
