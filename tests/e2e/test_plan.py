@@ -1,6 +1,9 @@
 """Pod plans compiled by the TPU compiler (libtpu, the `tpu` extra) on this CPU: fit, collectives, roofline,
 --mesh auto, state bytes, and an installed libtpu staying out of CPU runs."""
 
+import contextlib
+import functools
+import io
 import json
 import os
 import subprocess
@@ -21,9 +24,19 @@ def _plan_cli(capsys, *argv) -> dict:
     return json.loads(out.out.strip().splitlines()[-1])
 
 
+@functools.cache
+def _tiny_plan(*argv) -> dict:
+    """A plan two tests read (one compile): the command's JSON line, its table checked on the way."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        assert main(["plan", "--config", "tiny", *argv]) == 0
+    assert "HBM per chip" in err.getvalue()
+    return json.loads(out.getvalue().strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("topology, mesh", [("v5e:2x2", "data=2,fsdp=2"), ("v4:2x2x1", "fsdp=2,tensor=2")])
-def test_tiny_plan_compiles_for_a_tpu_topology_and_fits(capsys, topology, mesh):
-    result = _plan_cli(capsys, "--topology", topology, "--mesh", mesh)
+def test_tiny_plan_compiles_for_a_tpu_topology_and_fits(topology, mesh):
+    result = _tiny_plan("--topology", topology, "--mesh", mesh)
     assert result["chips"] == 4 and result["chip"].startswith("TPU v")
     assert result["attention"] == "xla"  # `auto` as the TPU resolves it, not as this CPU host would
     assert result["fits"] is True and 0 < result["peak_bytes_per_chip"] < result["hbm_bytes_per_chip"]
@@ -38,12 +51,12 @@ def test_tiny_plan_compiles_for_a_tpu_topology_and_fits(capsys, topology, mesh):
     assert result["compile_s"] > 0 and result["model_flops_per_chip"] > 0
 
 
-def test_a_scanned_plan_counts_every_layer_in_its_flops_and_hbm_traffic(capsys):
+def test_a_scanned_plan_counts_every_layer_in_its_flops_and_hbm_traffic():
     """XLA's cost analysis counts a scan's body once: the plan counts it per trip (gpt1_jax/hlo.py), so the scanned
-    step's compute and memory terms are the unrolled step's, within what the two programs differ."""
-    argv = ["--topology", "v5e:2x2", "--mesh", "data=2,fsdp=2", "--set", "model.n_layers=6"]
-    scanned = _plan_cli(capsys, *argv, "--set", "model.scan_layers=true")
-    unrolled = _plan_cli(capsys, *argv, "--set", "model.scan_layers=false")
+    step's compute and memory terms are the unrolled step's (tiny's two layers), within what the programs differ."""
+    argv = ("--topology", "v5e:2x2", "--mesh", "data=2,fsdp=2")
+    scanned = _tiny_plan(*argv, "--set", "model.scan_layers=true")
+    unrolled = _tiny_plan(*argv)  # the preset's layers are not scanned: the plan the test above reads
     assert scanned["loop_bodies_counted"] == "per trip" and unrolled["loop_bodies_counted"] == "no loops"
     assert scanned["xla_flops_per_chip"] == pytest.approx(unrolled["xla_flops_per_chip"], rel=0.01)
     # the scan writes each layer's residuals into stacked buffers: more traffic than the unrolled program, not less
