@@ -108,26 +108,30 @@ def _reachable(blocks: dict[str, list[str]], root: str) -> set[str]:
     return seen
 
 
+def _cpu_client() -> Any:
+    try:
+        return jax.devices("cpu")[0].client
+    except RuntimeError:  # JAX_PLATFORMS without cpu
+        return None
+
+
 def loop_factors(hlo_text: str, client: Any = None) -> dict[str, float] | None:
     """{"flops": f, "bytes accessed": b}: how many times more the program computes and moves when each loop body
-    counts once per trip than when it counts once, by XLA's generic cost analysis (through this host's CPU client,
-    which reads any target's program, or `client` where there is none); None for a program without loops or one
-    the analysis cannot read.
+    counts once per trip than when it counts once, by XLA's cost analysis through `client`, the target's own (a
+    GPU's knows its library calls, cuBLAS' products among them), or where it has none (a TPU compiled from this
+    host) this host's CPU client, whose generic analysis reads any target's program; None for a program without
+    loops or one neither can read.
 
     Each computation that runs as a loop body or condition is analysed as the entry of a module of its own: its own
     cost is that less the loops it runs itself (counted once inside it), and the step's cost is every such
     computation's own cost times its runs per step (`runs_per_step`)."""
     if " while(" not in hlo_text:
         return None
-    try:
-        client = jax.devices("cpu")[0].client
-    except RuntimeError:  # JAX_PLATFORMS without cpu
-        pass
     blocks, entry = _computations(hlo_text)
     runs, _ = runs_per_step(hlo_text)
     loops = {name: [m.groups() for m in map(_WHILE.search, lines) if m] for name, lines in blocks.items()}
 
-    def cost(root: str) -> tuple[float, float]:  # of `root` run as the entry, every loop's body once
+    def cost(root: str, client: Any) -> tuple[float, float]:  # of `root` run as the entry, every loop's body once
         needed = _reachable(blocks, root)  # a few computations: a step on a CPU has ~160 small loops (dropout's bits)
         text = [line for name, lines in blocks.items() if name in needed for line in lines + [""]]
         if root != entry:
@@ -136,9 +140,14 @@ def loop_factors(hlo_text: str, client: Any = None) -> dict[str, float] | None:
         analysed = _jax.hlo_module_cost_analysis(client, xla_hlo.hlo_module_from_text("HloModule m\n\n" + "\n".join(text)))
         return float(analysed.get("flops", 0.0)), float(analysed.get("bytes accessed", 0.0))
 
-    try:
-        inclusive = {name: cost(name) for name in {entry, *(c for sites in loops.values() for s in sites for c in s)}}
-    except Exception:  # text the generic parser or analysis does not take (a target's own instruction, a new syntax)
+    roots = {entry, *(c for sites in loops.values() for s in sites for c in s)}
+    for analyser in (client, _cpu_client()):
+        try:
+            inclusive = {name: cost(name, analyser) for name in roots}
+            break
+        except Exception:  # a compile-only client (TPU); text the generic parser does not take (a new instruction)
+            continue
+    else:
         return None
     total = [0.0, 0.0]
     for name, (flops, nbytes) in inclusive.items():

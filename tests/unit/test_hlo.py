@@ -56,3 +56,9 @@ def test_a_nested_loop_multiplies_its_trips():
 def test_text_the_analysis_cannot_read_leaves_the_loops_counted_once():
     text = _compiled(False).as_text().replace(" tanh(", " tanh_of_a_future_xla(")
     assert " while(" in text and loop_factors(text) is None
+
+
+def test_a_client_without_an_analysis_leaves_it_to_this_hosts_cpu():
+    """A TPU compiled from this host has a compile-only client, which cannot analyse: the CPU's generic one does."""
+    text = _compiled(False).as_text()
+    assert loop_factors(text, client=object()) == loop_factors(text, client=jax.devices("cpu")[0].client) is not None
