@@ -224,8 +224,7 @@ def compile_plan(config: PretrainConfig, where: Target) -> dict[str, Any]:
         if exhausted is None:
             raise
         return _refused(config, where, mesh_config, mesh, trainer, *exhausted)
-    hlo = compiled.as_text()  # one rendering: megabytes for the larger models
-    comms = collectives(hlo, list(mesh.devices.flat))
+    comms = collectives(compiled.as_text(), list(mesh.devices.flat))
     plan = {
         "compiled": True, **_header(config, where, mesh_config, mesh, trainer),
         "compile_s": report["compile_s"], "lower_s": report["lower_s"],

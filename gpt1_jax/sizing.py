@@ -19,8 +19,8 @@ import jax
 
 from gpt1_jax import flops
 from gpt1_jax.attention import model_impl
-from gpt1_jax.hlo import loop_factors
 from gpt1_jax.config import ModelConfig, PretrainConfig
+from gpt1_jax.hlo import loop_factors
 from gpt1_jax.step import lm_batch_spec, lm_trainer
 
 
