@@ -28,6 +28,14 @@ _LOOP_BOUND = re.compile(r"s32\[\][^=]*constant\((\d+)\)")
 _STACK_FRAME = re.compile(r" stack_frame_id=\d+")
 
 
+def _callees(line: str) -> list[str]:
+    """The computations an instruction calls: a fusion's, a reduction's adder, a loop's body (and, named separately,
+    its condition), a conditional's branches."""
+    loop = _WHILE.search(line)
+    return [*(loop.groups() if loop else ()),
+            *(c for single, many in _CALLEE.findall(line) for c in ([single] if single else re.findall(r"%([\w.\-]+)", many)))]
+
+
 def runs_per_step(hlo_text: str) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """(how many times each computation runs per step, [(computation, line)]). While loops (scan over
     layers, micro-batches) multiply their bodies and conditions by their trip count: XLA's `known_trip_count`
@@ -53,9 +61,7 @@ def runs_per_step(hlo_text: str) -> tuple[dict[str, int], list[tuple[str, str]]]
             for callee in loop.group(2), loop.group(1):  # the body, then the condition: as often (one test more)
                 calls[current].append((callee, int(trip.group(1)) if trip else loop.group(1)))
             continue
-        for single, many in _CALLEE.findall(line):
-            for callee in ([single] if single else re.findall(r"%([\w.\-]+)", many)):
-                calls[current].append((callee, 1))
+        calls[current] += [(callee, 1) for callee in _callees(line)]
     bounds: dict[str, int] = {}
     for computation, line in lines_of:
         if "ROOT" in line and "direction=LT" in line:
@@ -97,11 +103,7 @@ def _reachable(blocks: dict[str, list[str]], root: str) -> set[str]:
     seen, todo = {root}, [root]
     while todo:
         for line in blocks[todo.pop()][1:]:
-            loop = _WHILE.search(line)
-            callees = list(loop.groups()) if loop else []
-            for single, many in _CALLEE.findall(line):
-                callees += [single] if single else re.findall(r"%([\w.\-]+)", many)
-            for callee in callees:
+            for callee in _callees(line):
                 if callee in blocks and callee not in seen:
                     seen.add(callee)
                     todo.append(callee)
