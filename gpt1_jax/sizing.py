@@ -106,10 +106,10 @@ def _xla_cost(compiled, client) -> dict[str, Any]:
     if not cost:
         return {}
     text = compiled.as_text()
-    factors = loop_factors(text, client)
-    result: dict[str, Any] = {"flops_per_device": round(float(cost.get("flops", 0.0)) * (factors or {}).get("flops", 1.0))}
+    factors = loop_factors(text, client) or {}
+    result: dict[str, Any] = {"flops_per_device": round(float(cost.get("flops", 0.0)) * factors.get("flops", 1.0))}
     if "bytes accessed" in cost:
-        result["bytes_accessed_per_device"] = round(float(cost["bytes accessed"]) * (factors or {}).get("bytes accessed", 1.0))
+        result["bytes_accessed_per_device"] = round(float(cost["bytes accessed"]) * factors.get("bytes accessed", 1.0))
     result["loop_bodies_counted"] = "per trip" if factors else "once" if " while(" in text else "no loops"
     return result
 
