@@ -125,6 +125,11 @@ def predict_split(trainer, params, enc: Encoded, batch_size: int, n_ctx: int, ma
     return heads.predictions(task.kind, task.regression, out)
 
 
+def _scores_text(scores: dict[str, float]) -> str:
+    """A run's scores as its lines say them: "accuracy 0.8123  f1 0.8650"."""
+    return "  ".join(f"{k} {v:.4f}" for k, v in scores.items())
+
+
 class DevEvaluation:
     """The epoch-end hook: score every dev split (and the held-out slice, when there is one), keep the best epoch
     by the task's first metric on the held-out slice (else on dev), and write that epoch's dev predictions (and
@@ -164,7 +169,7 @@ class DevEvaluation:
                          **({"holdout": held} if held else {})}
             self.keep(step)
             self._write_best(preds, predict)
-        shown = "  ".join(f"{k} {v:.4f}" for k, v in {**scores, **{f"holdout/{k}": v for k, v in held.items()}}.items())
+        shown = _scores_text({**scores, **{f"holdout/{k}": v for k, v in held.items()}})
         say(f"epoch {epoch} (step {step}): train_loss {train_loss:.4f}  {shown}"
             + ("  (best)" if self.best["step"] == step else f"  (best: epoch {self.best['epoch']})"))
         return {f"dev/{k}": v for k, v in scores.items()} | {f"holdout/{k}": v for k, v in held.items()}
@@ -280,8 +285,8 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
         if jax.process_index() == 0:
             atomic_write_text(workdir / "results.json", json.dumps(json_safe(results), indent=2, default=str) + "\n")
             if progress:
-                scores = "  ".join(f"{k} {v:.4f}" for k, v in dev.best["scores"].items())
-                print(f"best epoch {dev.best['epoch']}: {scores}  -> {workdir / 'results.json'}", file=sys.stderr)
+                print(f"best epoch {dev.best['epoch']}: {_scores_text(dev.best['scores'])}  -> {workdir / 'results.json'}",
+                      file=sys.stderr)
             print(f"loss curve: {plot_losses(workdir)}", file=sys.stderr)  # as pre-training's, with or without a bar
         return dataclasses.replace(outcome, results=results)
 
