@@ -347,9 +347,34 @@ def _flush() -> None:
 
 # A refusal (status 2: a flag, a config or an input every process checks alike) meets every process of a job at the
 # same line, but not at the same instant. Process 0 hosts the coordination service: leaving at once took it from under
-# a process still on its way to the same line, which then died in C++ (status 134) without saying why. Process 0
-# leaves this much later; a process still in a collective waits that much longer for the end it would meet anyway.
+# a process still on its way to the same line, which then died in C++ (status 134) without saying why. So each
+# refusing process says so in the service's key-value store, and process 0 leaves once every process has, or after
+# this long (a process still in a collective waits that much longer for the end it would meet anyway).
 REFUSAL_GRACE_S = 5.0
+_REFUSED_KEY = "gpt1_jax/refused/"
+
+
+def _refuse_together(pid: int, count: int) -> None:
+    """Say this process refused; process 0 then waits for the others' word, at most REFUSAL_GRACE_S in all."""
+    from jax._src import distributed as jax_distributed  # private: the client jax.distributed.initialize made
+
+    client = jax_distributed.global_state.client
+    try:
+        client.key_value_set(f"{_REFUSED_KEY}{pid}", "2")
+    except Exception:  # the service is gone (process 0 left first): nothing to tell
+        pass
+    if pid != 0:
+        return
+    deadline = time.monotonic() + REFUSAL_GRACE_S
+    for peer in range(1, count):
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            return
+        try:
+            client.blocking_key_value_get(f"{_REFUSED_KEY}{peer}", left_ms)
+        except Exception:  # that process failed otherwise, or is still on its way: its grace ran out
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return
 
 
 def abort(status: int = 1, exc: BaseException | None = None) -> None:
@@ -373,8 +398,8 @@ def abort(status: int = 1, exc: BaseException | None = None) -> None:
     print(f"gpt1-jax: process {pid} failed (status {status}); exiting without waiting for the other processes",
           file=sys.stderr)
     _flush()
-    if status == 2 and pid == 0:
-        time.sleep(REFUSAL_GRACE_S)
+    if status == 2 and pid != "?":
+        _refuse_together(pid, jax.process_count())
     os._exit(status)
 
 

@@ -443,6 +443,37 @@ def test_a_mesh_whose_batch_axes_do_not_span_the_processes_is_refused(tmp_path, 
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+LATE_REFUSAL = """
+import os, sys, time
+from gpt1_jax import distributed
+distributed.initialize()
+import jax
+if jax.process_index() == 1:
+    time.sleep(float(os.environ["LATE_S"]))
+print(f"refusing at {time.time():.3f}", file=sys.stderr, flush=True)
+distributed.exit_status(2)
+"""
+
+
+def test_a_refusal_waits_for_a_late_peer_and_no_longer_than_its_word(tmp_path):
+    """Process 0 hosts the coordination service: leaving on its own refusal took it from under a process still on
+    its way to the same refusal, which died in C++ (status 134); so process 0 slept REFUSAL_GRACE_S (5 s) on every
+    refusal, and every refused multi-process command took 5 s more than it had to. Now it leaves when each peer
+    has refused: with process 1 a second late, both still leave with status 2, together (the old sleep: 4 s apart)."""
+    from gpt1_jax.distributed import REFUSAL_GRACE_S
+
+    script = tmp_path / "late.py"
+    script.write_text(LATE_REFUSAL)
+    late_s = 1.0
+    done, _ = run_launcher([str(script)], devices=1, env={"LATE_S": str(late_s)})
+    assert "exit statuses [2, 2]" in done.stdout, done.stdout[-3000:]
+    refused = sorted(float(l.rsplit(" ", 1)[1]) for l in done.stdout.splitlines() if "] refusing at " in l)
+    assert len(refused) == 2 and refused[1] - refused[0] >= late_s * 0.9, done.stdout[-3000:]
+    statuses = [l for l in done.stdout.splitlines() if l.startswith("[launcher] exit statuses")]
+    last_exit = float(statuses[0].split("last exit ")[1].split("s after")[0])
+    assert last_exit < min(1.0, REFUSAL_GRACE_S - late_s - 1.0), done.stdout[-3000:]
+
+
 def test_evaluate_runs_in_a_multi_process_job(multi):
     """It died in place_params: "does not support cross-host device transfers" (the loaded weights were arrays on
     each process's own device), then a C++ check failure on the other process."""
