@@ -11,8 +11,8 @@ step >= max(compute, collectives) (perfect overlap). Real steps are slower; the 
 upper bound. Peaks and bandwidths: gpt1_jax/flops.py, gpt1_jax/topology.py, docs/scale.md.
 
 `--mesh auto` ranks every data x fsdp x tensor factorisation (with remat none/dots/full) analytically
-(state bytes from the shardings, an activation estimate, the same roofline), then compiles only the
-best few and keeps the best that the compiler says fits.
+(state bytes from the shardings, an activation estimate, the same roofline with an HBM term fitted to compiled
+plans), then compiles only the best few and keeps the best that the compiler says fits.
 """
 
 from __future__ import annotations
@@ -419,11 +419,38 @@ def activation_bytes(config: PretrainConfig, mesh: MeshConfig, remat: str) -> fl
     return L * per_block + (one_block if remat != "none" else 0) + logits
 
 
+# Bytes through a chip's HBM in one step, per unit of each term of `hbm_terms`: fitted to compiled TPU plans
+# (bf16 compute, fp32 parameters and Adam state), `python -m experiments.scale.hbm_fit`, which prints how far
+# each plan's compiled count lies from this (0.6-1.3x on 2026-11-29) and how each probed pod ranks its meshes.
+# For ranking the candidates of one pod only; a plan's verdict is always the compiled program's own count.
+HBM_BYTES_PER = {"state": 43.0, "gathered_weights": 43.0, "residual": 320.0, "attention_scores": 49.0,
+                 "logits": 120.0}
+# Activation traffic by remat policy, against none: the 1.3B levers' compiled bytes rose 5% (dots) and 12% (full).
+_REMAT_TRAFFIC = {"none": 1.0, "dots": 1.1, "full": 1.2, "attention": 1.0}
+
+
+def hbm_terms(config: PretrainConfig, mesh: MeshConfig, remat: str) -> dict[str, float]:
+    """What one chip streams through HBM in a step, as counts that HBM_BYTES_PER turns into bytes: the optimizer
+    on its shard of the parameters, the weights its tensor slice gathers (again for each micro-batch), and per
+    token of its batch share the residual stream (whole on every chip), the attention scores and the logits (split
+    over tensor)."""
+    m = config.model
+    d, f, t = mesh.data, mesh.fsdp, mesh.tensor
+    tokens = config.data.global_batch_size / (d * f) * config.data.seq_len
+    P = m.num_params() * np.dtype(m.param_dtype).itemsize / 4  # fitted on fp32 parameters
+    act = np.dtype(m.dtype).itemsize / 2  # fitted on bf16 compute
+    rf = _REMAT_TRAFFIC[remat] * act
+    return {"state": P / (f * t), "gathered_weights": config.accum_steps * act * P / t,
+            "residual": rf * m.n_layers * tokens * m.d_model,
+            "attention_scores": rf * m.n_layers * tokens * (m.n_heads / t) * config.data.seq_len,
+            "logits": tokens * m.vocab_size / t}
+
+
 def analytic_estimate(config: PretrainConfig, mesh: MeshConfig, remat: str, where: Target,
-                      state_bytes: int) -> dict[str, float]:
-    """Roofline of a candidate without compiling: FLOPs (x4/3 for full remat's second forward) and the
-    collectives its axes imply (data: gradient all-reduce; fsdp: 2 parameter all-gathers + gradient
-    reduce-scatter; tensor: 2 activation all-reduces per block each way)."""
+                      state_bytes: int, hbm_bytes_per: dict[str, float] = HBM_BYTES_PER) -> dict[str, float]:
+    """Roofline of a candidate without compiling: FLOPs (x4/3 for full remat's second forward), the HBM traffic
+    `hbm_terms` estimates, and the collectives its axes imply (data: gradient all-reduce; fsdp: 2 parameter
+    all-gathers + gradient reduce-scatter; tensor: 2 activation all-reduces per block each way)."""
     m, chip, peak = config.model, where.chip, where.peak_flops() or 1.0
     n = mesh.data * mesh.fsdp * mesh.tensor
     T, B = config.data.seq_len, config.data.global_batch_size
@@ -445,18 +472,21 @@ def analytic_estimate(config: PretrainConfig, mesh: MeshConfig, remat: str, wher
     ici_bw = chip.ici_bytes_per_s if chip else 1e11
     dcn_bw = chip.dcn_bytes_per_s if chip else 1e10
     comm_s = (fsdp_bytes + tensor_bytes + data_ici_bytes) / ici_bw + data_dcn_bytes / dcn_bw
-    step_s = max(compute_s, comm_s)
+    hbm_bytes = sum(hbm_bytes_per[k] * v for k, v in hbm_terms(config, mesh, remat).items())
+    memory_s = hbm_bytes / chip.hbm_bytes_per_s if chip else 0.0
+    step_s = max(compute_s, comm_s, memory_s)
     return {"step_s_lower_bound": step_s, "mfu_upper_bound": model_flops / (step_s * peak),
-            "bytes_per_chip": state_bytes + activation_bytes(config, mesh, remat)}
+            "hbm_bytes_accessed": hbm_bytes, "bytes_per_chip": state_bytes + activation_bytes(config, mesh, remat)}
 
 
-def auto(config: PretrainConfig, where: Target, compile_top: int = 3, baselines: bool = True,
-         progress=None) -> dict[str, Any]:
-    """The best plan that fits: rank every candidate analytically, compile the best `compile_top` (and, with
-    `baselines`, the data-only and fsdp-only meshes where they may fit), keep the best compiled plan that
-    fits; if none of those fits, go on down the ranking until one does."""
-    t0 = time.perf_counter()
-    capacity = where.hbm_bytes()
+# The analytic collectives are 0.3-1.7x the compiled ones, and least reliable between tensor sizes
+# (experiments/scale/README.md): each tensor size whose best analytic bound lies within this factor of the best
+# one gets its best fitting candidate compiled too.
+TENSOR_BAND = 1.25
+
+
+def _ranked(config: PretrainConfig, where: Target) -> list[tuple]:
+    """Every candidate as (analytic bound, remat rank, tensor, mesh config, remat, estimate), best first."""
     state_cache: dict[tuple, int] = {}
     ranked = []
     for mesh_config, remat in candidates(config, len(where.devices), where.num_slices):
@@ -471,7 +501,18 @@ def auto(config: PretrainConfig, where: Target, compile_top: int = 3, baselines:
     if not ranked:
         raise ConfigError(f"--mesh auto: no data x fsdp x tensor mesh of {len(where.devices)} {_unit(where.device_kind)}s splits the batch "
                           f"{config.data.global_batch_size} (x accum_steps {config.accum_steps}) and the model's dimensions")
-    ranked.sort(key=lambda r: r[:3])
+    return sorted(ranked, key=lambda r: r[:3])
+
+
+def auto(config: PretrainConfig, where: Target, compile_top: int = 3, baselines: bool = True,
+         progress=None) -> dict[str, Any]:
+    """The best plan that fits: rank every candidate analytically, compile the best `compile_top` (and, with
+    `baselines`, the data-only and fsdp-only meshes where they may fit) and the best fitting one of each tensor
+    size within TENSOR_BAND of the best bound, keep the best compiled plan that fits; if none of those fits, go
+    on down the ranking until one does."""
+    t0 = time.perf_counter()
+    capacity = where.hbm_bytes()
+    ranked = _ranked(config, where)
     may_fit = [r for r in ranked if capacity is None or r[5]["bytes_per_chip"] <= capacity]
     chosen = may_fit[:compile_top]
     for baseline in ({"fsdp": 1, "tensor": 1}, {"data": 1, "tensor": 1}) if baselines else ():  # data-, fsdp-only
@@ -479,28 +520,38 @@ def auto(config: PretrainConfig, where: Target, compile_top: int = 3, baselines:
             if r[4] == "none" and all(getattr(r[3], k) == v for k, v in baseline.items()) and r not in chosen:
                 chosen.append(r)
                 break
-    compiled = []
-    queue = list(chosen) + [r for r in may_fit if r not in chosen]
-    while queue and (len(compiled) < len(chosen) or not any(p["fits"] is not False for p in compiled)):
-        _, _, _, mesh_config, remat, est = queue.pop(0)
-        candidate = dataclasses.replace(config, mesh=mesh_config,
-                                        model=dataclasses.replace(config.model, remat=remat))
-        if progress:
-            progress(f"compiling data={mesh_config.data},fsdp={mesh_config.fsdp},tensor={mesh_config.tensor} remat={remat}")
-        plan = compile_plan(candidate, where)
-        plan["analytic"] = est
-        compiled.append(plan)
+    compiled: dict[int, dict[str, Any]] = {}  # by the candidate's place in `may_fit`
+
+    def fits(i: int) -> bool:
+        if i not in compiled:
+            _, _, _, mesh_config, remat, est = may_fit[i]
+            if progress:
+                progress(f"compiling data={mesh_config.data},fsdp={mesh_config.fsdp},tensor={mesh_config.tensor} remat={remat}")
+            compiled[i] = {**compile_plan(dataclasses.replace(config, mesh=mesh_config, model=dataclasses.replace(
+                config.model, remat=remat)), where), "analytic": est}
+        return compiled[i]["fits"] is not False
+
+    queue = [may_fit.index(r) for r in chosen] + [i for i, r in enumerate(may_fit) if r not in chosen]
+    while queue and (len(compiled) < len(chosen) or not any(p["fits"] is not False for p in compiled.values())):
+        fits(queue.pop(0))
+    for tensor in sorted({r[2] for r in may_fit}):
+        in_band = [i for i, r in enumerate(may_fit) if r[2] == tensor and r[0] <= TENSOR_BAND * may_fit[0][0]]
+        any(fits(i) for i in in_band)  # compiles down this tensor size's ranking until one fits
+    return _best_of(list(compiled.values()), len(ranked), len(may_fit), where, time.perf_counter() - t0)
+
+
+def _best_of(compiled: list[dict], n_ranked: int, n_may_fit: int, where: Target, seconds: float) -> dict[str, Any]:
     fitting = [p for p in compiled if p["fits"] is not False]
     ranking = [{"mesh": p["mesh"], "remat": p["remat"], "fits": p["fits"], "peak_bytes_per_chip": p["peak_bytes_per_chip"],
                 "step_s_lower_bound": p["estimate"]["step_s_lower_bound"], "analytic_step_s": p["analytic"]["step_s_lower_bound"],
                 "analytic_bytes_per_chip": p["analytic"]["bytes_per_chip"]} for p in compiled]
-    summary = {"candidates": len(ranked), "analytically_fitting": len(may_fit), "compiled": len(compiled),
-               "seconds": round(time.perf_counter() - t0, 1), "ranking": ranking}
+    summary = {"candidates": n_ranked, "analytically_fitting": n_may_fit, "compiled": len(compiled),
+               "seconds": round(seconds, 1), "ranking": ranking}
     if not fitting:
         best = min(compiled, key=lambda p: p["peak_bytes_per_chip"], default=None)
         if best is None:
             raise PlanDoesNotFit(f"--mesh auto: no mesh of {len(where.devices)} chips fits {where.device_kind}'s HBM "
-                                 f"by the analytic estimate ({len(ranked)} tried); try model.remat=full, accum_steps, "
+                                 f"by the analytic estimate ({n_ranked} tried); try model.remat=full, accum_steps, "
                                  "optim.state_dtype=bfloat16 or more chips")
         raise PlanDoesNotFit("--mesh auto: none of the compiled candidates fits; smallest: " + shortfall_message(best))
     best = min(fitting, key=lambda p: (p["estimate"]["step_s_lower_bound"] or 0.0, p["peak_bytes_per_chip"]))

@@ -1,12 +1,14 @@
 """The scale table: GPT-1 117M and GPT-1-shaped 350M / 1.3B / 6.7B / 13B models planned for TPU pods by the TPU
-compiler on this CPU (`gpt1-jax plan --mesh auto`), plus the memory levers measured on one plan.
+compiler on this CPU (`gpt1-jax plan --mesh auto`), plus the memory levers measured on one plan, and the probes:
+three pods' meshes compiled one by one, which `--mesh auto`'s analytic HBM term is fitted to (hbm_fit.py).
 
     python -m experiments.scale.plan_table                    # every cell not yet recorded, then the table
     python -m experiments.scale.plan_table --only gpt1        # one model's cells
     python -m experiments.scale.plan_table --table            # rebuild results.json / README table / plot only
 
 Each cell is one `gpt1-jax plan` process (so a 6.7B compile's memory is returned between cells), recorded
-as records/<model>_b<batch>__<pod>.json the moment it finishes: a rerun skips finished cells.
+as records/<model>_b<batch>__<pod>.json (levers lever__*, probes probe__*) the moment it finishes: a rerun skips
+finished cells.
 Every model runs as a pod runs it: bf16 compute over fp32 parameters, layers scanned.
 """
 
@@ -52,6 +54,30 @@ LEVERS = [
     ("remat full, fp32 optimizer state", _67B, ["model.remat=full"]),
     ("remat full, bf16 optimizer state", _67B, ["model.remat=full", "optim.state_dtype=bfloat16"]),
 ]
+
+
+# Meshes compiled one by one, each pod's candidates without remat (and a few with it): what experiments/scale/
+# hbm_fit.py fits `--mesh auto`'s analytic HBM term to, and checks its ranking against. (config, batch, pod, meshes)
+PROBES = [
+    ("gpt1", 64, "v5e-256", [f"data={d},fsdp={64 // d},tensor=4" for d in (1, 2, 4, 8, 16, 32, 64)]
+     + ["data=8,fsdp=8,tensor=4 dots", "data=64,fsdp=1,tensor=4 full"]),
+    ("gpt1-350m", 256, "v6e-256", [f"data={d},fsdp={f},tensor={t}" for d, f, t in (
+        (1, 256, 1), (16, 16, 1), (256, 1, 1), (1, 128, 2), (8, 16, 2), (128, 1, 2), (1, 64, 4), (8, 8, 4),
+        (64, 1, 4), (1, 32, 8), (32, 1, 8), (1, 16, 16))]),
+    ("gpt1-1.3b", 256, "v5e-256", [f"data={d},fsdp={f},tensor={t}" for d, f, t in (
+        (1, 256, 1), (16, 16, 1), (1, 64, 4), (8, 8, 4), (64, 1, 4), (1, 32, 8), (4, 8, 8), (1, 16, 16))]),
+]
+
+
+def probes() -> list[tuple[str, int, str, str, str, Path]]:
+    """(config, batch, pod, mesh, remat, record path) of every probe."""
+    out = []
+    for config, batch, pod, meshes in PROBES:
+        for item in meshes:
+            mesh, _, remat = item.partition(" ")
+            remat = remat or "none"
+            out.append((config, batch, pod, mesh, remat, RECORDS / f"{_key('probe', config, f'b{batch}', pod, mesh, remat)}.json"))
+    return out
 
 
 def _lever_path(plan_spec, extra) -> Path:
@@ -107,6 +133,12 @@ def run_all(only: str | None) -> None:
             continue
         print(f"lever: {config} on {pod}, {label}", end=" ", flush=True)
         result = record(_lever_path((config, batch, pod, mesh), extra), lambda: run_plan(config, batch, pod, mesh, extra))
+        print(_cell_text(result), flush=True)
+    for config, batch, pod, mesh, remat, path in probes():
+        if only not in (None, config):
+            continue
+        print(f"probe: {config} batch {batch} on {pod}, {mesh} remat {remat}", end=" ", flush=True)
+        result = record(path, lambda: run_plan(config, batch, pod, mesh, [f"model.remat={remat}"]))
         print(_cell_text(result), flush=True)
 
 

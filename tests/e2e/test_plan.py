@@ -87,6 +87,10 @@ def test_mesh_auto_fits_and_beats_data_only_and_fsdp_only():
         assert baseline["fits"] is True
         assert best["estimate"]["step_s_lower_bound"] <= baseline["step_s_lower_bound"]
     assert all(r["fits"] is not False for r in ranking if r["mesh"] == best["mesh"] and r["remat"] == best["remat"])
+    # and every tensor size the analytic ranking puts within TENSOR_BAND of its best got a fitting plan compiled
+    ranked = plan._ranked(config, where)
+    near = {r[2] for r in ranked if r[0] <= plan.TENSOR_BAND * ranked[0][0]}
+    assert len(near) > 1 and near <= {r["mesh"]["tensor"] for r in ranking if r["fits"]}, (near, ranking)
 
 
 def test_state_bytes_agree_with_the_sharded_state_and_bf16_first_moments_take_a_quarter_off_adam():
