@@ -70,12 +70,22 @@ def _is_write_to_a_closed_loop(unraisable) -> bool:
         and f"{os.sep}asyncio{os.sep}" in tb.tb_frame.f_code.co_filename
 
 
-def _quiet_orbax_write_failures() -> None:
-    """A failed save is reported once, as CheckpointWriteError; silence its echoes: orbax's logged
-    tracebacks (absl), at exit asyncio's reports of the writes orbax gave up on ("Future exception was
-    never retrieved"), and tensorstore's "Event loop is closed" for each write still pending when orbax
-    closed its loop (docs/checkpoints.md). Every other unraisable exception still reaches the hook
-    that was there before."""
+def _is_abandoned_read(unraisable) -> bool:
+    """A shard read an orbax restore abandoned when another of its reads failed (the checkpoint deleted under its
+    reader, which then reads the next: gpt1_jax/weights.py), closed at garbage collection, often during a later
+    read or another test: "Exception ignored in: <coroutine object _read_array_index_and_device_put>" and a page
+    of tensorstore spec."""
+    code = getattr(unraisable.object, "cr_code", None)
+    return code is not None and code.co_name == "_read_array_index_and_device_put" \
+        and f"{os.sep}orbax{os.sep}" in code.co_filename
+
+
+def _quiet_orbax_echoes() -> None:
+    """A failed save is reported once, as CheckpointWriteError, and a read cut short is read again or reported
+    once; silence their echoes: orbax's logged tracebacks (absl), at exit asyncio's reports of the writes orbax
+    gave up on ("Future exception was never retrieved"), tensorstore's "Event loop is closed" for each write or
+    read still pending when orbax closed its loop, and the abandoned reads' coroutines (docs/checkpoints.md).
+    Every other unraisable exception still reaches the hook that was there before."""
     for name in ("absl", "asyncio"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _OrbaxWriteFailureFilter) for f in logger.filters):
@@ -85,7 +95,7 @@ def _quiet_orbax_write_failures() -> None:
         return
 
     def hook(unraisable) -> None:
-        if not _is_write_to_a_closed_loop(unraisable):
+        if not (_is_write_to_a_closed_loop(unraisable) or _is_abandoned_read(unraisable)):
             previous(unraisable)
 
     hook._drops_closed_loop_writes = True
@@ -129,7 +139,7 @@ class Checkpointer:
     step `pin` names (until another is pinned)."""
 
     def __init__(self, directory: str | Path, *, keep: int = 3, save_every: int = 0, keep_steps=(), async_save: bool = True):
-        _quiet_orbax_write_failures()
+        _quiet_orbax_echoes()
         _one_replica_writes_each_shard()
         self.directory = Path(directory).absolute()
         self.save_every = save_every
@@ -331,8 +341,8 @@ KeyPath = tuple[str | int, ...]  # dict keys and list indices from the `state` i
 def _reader(directory: Path) -> ocp.CheckpointManager:
     """A manager that creates and sweeps nothing, with a handler for each item of the layout, so that
     orbax lists, describes and restores without complaints. A read cut short (the run it reads deleted the
-    checkpoint meanwhile: gpt1_jax/weights.py reads the next) echoes as a write does: quieted the same way."""
-    _quiet_orbax_write_failures()
+    checkpoint meanwhile: gpt1_jax/weights.py reads the next) echoes as a write does, and more: quieted."""
+    _quiet_orbax_echoes()
     handlers = {"state": ocp.PyTreeCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),
                 "meta": ocp.JsonCheckpointHandler()}
     return ocp.CheckpointManager(directory.absolute(), item_handlers=handlers,

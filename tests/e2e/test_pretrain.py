@@ -256,10 +256,14 @@ def test_a_one_window_corpus_with_evaluations_on_says_why(tmp_path, cache, vocab
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the cut reads' echoes, quieted
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 def test_a_run_saving_every_step_with_one_kept_is_read_while_it_trains(tmp_path, cache):
     """keep_checkpoints=1: the checkpoint a reader picked was deleted under it as the run saved the next, and
-    sample/evaluate ended in orbax tracebacks (4 and 5 of 12 tries). The reader now reads the new newest one."""
+    sample/evaluate ended in orbax tracebacks (4 and 5 of 12 tries). The reader now reads the new newest one,
+    and the failed read's abandoned shard reads no longer print a page each when garbage-collected later
+    ("Exception ignored in: <coroutine object _read_array_index_and_device_put>", 27 in one suite run)."""
+    import gc
+
     from gpt1_jax.weights import load_pretrained
 
     workdir = tmp_path / "run"
@@ -269,6 +273,7 @@ def test_a_run_saving_every_step_with_one_kept_is_read_while_it_trains(tmp_path,
         wait_for_step(workdir, 3, proc)
         for read in range(8):
             load_pretrained(workdir)  # raised in ~40% of reads
+        gc.collect()  # the cut reads' abandoned shard reads close here: none may reach pytest's hook (an error here)
         for read in range(2):  # and the verbs, which picked the step themselves and never read the next
             done = run([sys.executable, "-m", "gpt1_jax.cli", "sample", "--workdir", str(workdir), "--prompt", "the",
                         "--max-new-tokens", "2"])
