@@ -354,7 +354,8 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, PretrainConfig, "--batch-size")
     _flag(p, PretrainConfig, "--seq-len")
     p.add_argument("--compile-top", type=int, default=3, metavar="K",
-                   help="with --mesh auto: how many of the analytically best candidates to compile (default 3)")
+                   help="with --mesh auto: how many of the analytically best candidates to compile (default 3); "
+                        "the best of each tensor size near the top are compiled too")
     p.add_argument("--skip-baselines", action="store_true",
                    help="with --mesh auto: do not also compile the data-only and fsdp-only meshes (faster on big pods)")
 
