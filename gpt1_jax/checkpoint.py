@@ -57,10 +57,10 @@ class _OrbaxWriteFailureFilter(logging.Filter):
         return not (isinstance(failure, (OSError, ValueError)) and f"{os.sep}orbax{os.sep}" in record.pathname)
 
 
-def _is_write_to_a_closed_loop(unraisable) -> bool:
-    """A write orbax gave up on that completed afterwards: tensorstore's native thread hands its result to
+def _is_result_for_a_closed_loop(unraisable) -> bool:
+    """A write or read orbax gave up on that completed afterwards: tensorstore's native thread hands its result to
     the event loop orbax already closed (asyncio's `call_soon_threadsafe` -> `_check_closed`), and Python
-    reports the RuntimeError through sys.unraisablehook as a bare traceback, once per such write."""
+    reports the RuntimeError through sys.unraisablehook as a bare traceback, once per such write or read."""
     if unraisable.exc_type is not RuntimeError or str(unraisable.exc_value) != "Event loop is closed":
         return False
     tb = unraisable.exc_traceback
@@ -91,14 +91,14 @@ def _quiet_orbax_echoes() -> None:
         if not any(isinstance(f, _OrbaxWriteFailureFilter) for f in logger.filters):
             logger.addFilter(_OrbaxWriteFailureFilter())
     previous = sys.unraisablehook
-    if getattr(previous, "_drops_closed_loop_writes", False):
+    if getattr(previous, "_drops_orbax_echoes", False):
         return
 
     def hook(unraisable) -> None:
-        if not (_is_write_to_a_closed_loop(unraisable) or _is_abandoned_read(unraisable)):
+        if not (_is_result_for_a_closed_loop(unraisable) or _is_abandoned_read(unraisable)):
             previous(unraisable)
 
-    hook._drops_closed_loop_writes = True
+    hook._drops_orbax_echoes = True
     sys.unraisablehook = hook
 
 

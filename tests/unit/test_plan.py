@@ -170,7 +170,8 @@ def test_the_analytic_hbm_term_comes_from_the_committed_plans_and_ranks_each_pro
     """`--mesh auto` ranked without any HBM term: on a v6e-256 the 350M model's candidates with tensor=4 all tied
     at >= 3.20 ms, and the two it compiled came to 15.5 ms, where 8 x 16 x 2 compiles to 13.3. The term's
     coefficients are a fit to the committed plans (experiments/scale/hbm_fit.py), every plan's compiled HBM bytes
-    lie within 2x of it (within 0.59-1.26x when it was fitted), and in each probed pod the analytic top two hold a mesh within 2% of the compiled best."""
+    lie within 2x of it (within 0.59-1.26x when it was fitted), and in each probed pod the analytic top two hold a
+    mesh within 2% of the compiled best."""
     from experiments.scale import hbm_fit
 
     plans = hbm_fit.load()
