@@ -349,8 +349,11 @@ def _flush() -> None:
 # same line, but not at the same instant. Process 0 hosts the coordination service: leaving at once took it from under
 # a process still on its way to the same line, which then died in C++ (status 134) without saying why. So each
 # refusing process says so in the service's key-value store, and process 0 leaves once every process has, or after
-# this long (a process still in a collective waits that much longer for the end it would meet anyway).
+# this long (a process still in a collective waits that much longer for the end it would meet anyway). A peer's word
+# comes just before its exit, and the service leaving inside that gap killed it all the same (status 134, once in a
+# loaded suite, 11 ms after its word): so process 0 gives the last word REFUSAL_SETTLE_S to become an exit.
 REFUSAL_GRACE_S = 5.0
+REFUSAL_SETTLE_S = 0.5
 _REFUSED_KEY = "gpt1_jax/refused/"
 
 
@@ -375,6 +378,7 @@ def _refuse_together(pid: int, count: int) -> None:
         except Exception:  # that process failed otherwise, or is still on its way: its grace ran out
             time.sleep(max(0.0, deadline - time.monotonic()))
             return
+    time.sleep(REFUSAL_SETTLE_S if count > 1 else 0.0)
 
 
 def abort(status: int = 1, exc: BaseException | None = None) -> None:
