@@ -10,12 +10,12 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from tqdm.auto import tqdm
 
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.config import MeshConfig, PretrainConfig
 from gpt1_jax.data.pipeline import BatchIterator, build_pipeline, check_process_share
 from gpt1_jax.errors import ConfigError, DataError, WorkdirError
+from gpt1_jax.metrics import Bar
 from gpt1_jax.sharding import batch_divisor, batch_rows_shared_by_processes, make_mesh
 from gpt1_jax.step import lm_trainer
 from gpt1_jax.workdir import read as workdir_identity
@@ -45,7 +45,7 @@ def lm_loss(trainer, params, batches, max_batches: int = 0, *, progress: bool = 
     total, weight = 0.0, 0.0
     count = getattr(batches, "batches_per_epoch", None)  # a BatchIterator that does not repeat: one pass
     count = min(count, max_batches) if count and max_batches else count or max_batches or None
-    with tqdm(total=count, desc="evaluate", unit="batch", disable=not progress, file=sys.stderr, dynamic_ncols=True,
+    with Bar(total=count, desc="evaluate", unit="batch", disable=not progress, file=sys.stderr, dynamic_ncols=True,
               mininterval=0.5) as bar:
         for i, batch in enumerate(batches):
             if max_batches and i >= max_batches:

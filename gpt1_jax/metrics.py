@@ -94,7 +94,7 @@ class Progress:
 
     def __init__(self, total: int, initial: int, *, enabled: bool = True, desc: str = "train",
                  speaks: bool | None = None):
-        self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step", disable=not enabled,
+        self.bar = Bar(total=total, initial=initial, desc=desc, unit="step", disable=not enabled,
                         dynamic_ncols=True, file=sys.stderr, mininterval=0.5)
         self.speaks = enabled if speaks is None else speaks
         self.last = time.perf_counter()
@@ -167,8 +167,25 @@ def plot_losses(workdir: str | Path, out: str | Path | None = None) -> Path:
     return out
 
 
+class Bar(tqdm):
+    """Every progress bar of the package: a tqdm bar that `close_open_bars` can end cleanly."""
+
+    def close(self) -> None:
+        # A Ctrl-C inside tqdm's close, after it marked the bar closed and before its newline, left the bar's line
+        # open, and the one line that comes last was glued to it (once in a loaded suite): remembered here.
+        _closing.add(id(self))
+        super().close()
+        _closing.discard(id(self))
+
+
+_closing: set[int] = set()
+
+
 def close_open_bars() -> None:
     """A bar a job left open (stopped before its loop closed it) redraws itself when garbage-collected, after
-    the one line that must come last: close every open one first."""
+    the one line that must come last: close every open one first, and end the line of one stopped while closing."""
     for bar in list(getattr(tqdm, "_instances", ())):  # every tqdm class's bars (tqdm.auto's too)
         bar.close()
+    if _closing:
+        _closing.clear()
+        print(file=sys.stderr, flush=True)

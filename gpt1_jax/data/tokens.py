@@ -50,12 +50,12 @@ from pathlib import Path
 
 import numpy as np
 import tokenizers
-from tqdm.auto import tqdm
 
 from gpt1_jax.data.once import LOCK_STALE_S, Peers, build_once
 from gpt1_jax.data.sources import TextSource
 from gpt1_jax.errors import ConfigError, DataError
 from gpt1_jax.files import atomic_write_text, staging_folder, sweep_staging_folders
+from gpt1_jax.metrics import Bar
 from gpt1_jax.tokenizer import TOKENIZER_META, GPT1Tokenizer, check_recorded_digest
 
 __all__ = [
@@ -514,7 +514,7 @@ def _build_cache(
         # The length is unknown until the end, so stream raw ids first and prepend the .npy
         # header afterwards (one sequential copy, cheap next to tokenising).
         raw = tmp / "tokens.bin"
-        with open(raw, "wb") as f, tqdm(
+        with open(raw, "wb") as f, Bar(
             unit="tok", unit_scale=True, desc=f"tokenizing {source.spec}", disable=not progress
         ) as bar:
             for arr, docs in encode_documents(source.documents(), tokenizer, dtype, sep):

@@ -157,3 +157,35 @@ def test_a_ctrl_c_that_jax_wrapped_in_another_error_is_still_one_line_and_130(mo
     # the study's SIGTERM of that CI run
     assert harness.main(lambda: _signal_inside_jax(signal.SIGTERM), "run_study") == 130
     assert capsys.readouterr().err == "run_study: interrupted; the same command resumes\n"
+
+
+def test_a_ctrl_c_inside_a_bars_close_does_not_glue_the_last_line_to_the_bar(capsys):
+    """tqdm's close marks the bar closed, redraws it, then ends its line; a Ctrl-C between the two (a real SIGINT in
+    the tokenizing phase, once in a loaded suite) left the line open, and the CLI's one last line was printed on the
+    bar's. Here the Ctrl-C lands as the bar writes that newline."""
+    from gpt1_jax.metrics import Bar, close_open_bars
+
+    class CtrlCAtTheNewline:
+        def __init__(self):
+            self.fired = False
+
+        def write(self, text):
+            if text == "\n" and not self.fired:
+                self.fired = True
+                raise KeyboardInterrupt
+            sys.stderr.write(text)
+
+        def flush(self):
+            sys.stderr.flush()
+
+    stream = CtrlCAtTheNewline()
+    bar = Bar(total=10, desc="tokenizing", file=stream, mininterval=0)
+    bar.update(3)
+    with pytest.raises(KeyboardInterrupt):
+        bar.close()
+    assert stream.fired
+    close_open_bars()
+    print("gpt1-jax pretrain: interrupted (Ctrl-C)", file=sys.stderr)
+    lines = [l for l in capsys.readouterr().err.replace("\r", "\n").splitlines() if l.strip()]
+    assert lines[-1] == "gpt1-jax pretrain: interrupted (Ctrl-C)"
+    assert lines[-2].startswith("tokenizing:  30%")
