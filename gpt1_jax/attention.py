@@ -5,8 +5,10 @@ Implementations:
   "xla"          masked softmax as two einsums (docs/stack.md: jax.nn.dot_product_attention's backward pass was
                  ~1.7x slower on CPU); with "xla_blocked", the only ones with attention dropout.
   "xla_blocked"  the same core in blocks of queries (`query_blocks`), each over the keys up to its own end: the
-                 masked triangle above the blocks is never computed. Fastest on CPU. Not the default elsewhere:
-                 compiled for a TPU (v5e, 2026-11-28) it moved more bytes than "xla" (docs/scale.md).
+                 masked triangle above the blocks is never computed; in bf16 its two products take bf16 inputs
+                 and give float32 (`products.mixed_einsum`, as the layers' do), which XLA:CPU runs ~2x faster
+                 than bf16 results. Fastest on CPU. Not the default elsewhere: compiled for a TPU (v5e,
+                 2026-11-28) it moved more bytes than "xla" (docs/scale.md).
   "dot_product"  jax.nn.dot_product_attention with XLA's own lowering.
   "cudnn"        jax.nn.dot_product_attention's cuDNN flash kernel (GPU; bf16/fp16 only, head dims a multiple of
                  8 up to 128 on every GPU: jax refuses the rest with NotImplementedError).
@@ -20,6 +22,7 @@ import jax.numpy as jnp
 
 from gpt1_jax.dropout import dropout
 from gpt1_jax.errors import ConfigError
+from gpt1_jax.products import mixed_einsum
 
 # The original fills masked scores with -1e9 (HF: -1e4 for fp16). Any value that underflows exp() to 0
 # gives identical probabilities; the dtype's own minimum is safe in bf16 too.
@@ -84,6 +87,7 @@ def causal_attention(
     dropout_active = dropout_rate > 0.0 and dropout_rng is not None
     impl = resolve_impl(impl, dropout_active, q_BTHK.dtype, head_dim=q_BTHK.shape[-1])
     rate = dropout_rate if dropout_active else 0.0
+    mixed = impl == "xla_blocked" and jnp.dtype(q_BTHK.dtype) == jnp.dtype(jnp.bfloat16)
     if impl in ("dot_product", "cudnn"):
         def core(q_BTHK, k_BSHK, v_BSHK, _):
             return jax.nn.dot_product_attention(
@@ -91,10 +95,10 @@ def causal_attention(
             )
     elif impl == "xla_blocked" and query_offset is None and q_BTHK.shape[1] == k_BSHK.shape[1]:
         def core(q_BTHK, k_BSHK, v_BSHK, dropout_rng):
-            return _query_blocked_attention(q_BTHK, k_BSHK, v_BSHK, rate, dropout_rng)
+            return _query_blocked_attention(q_BTHK, k_BSHK, v_BSHK, rate, dropout_rng, mixed)
     else:
         def core(q_BTHK, k_BSHK, v_BSHK, dropout_rng):
-            return _einsum_attention(q_BTHK, k_BSHK, v_BSHK, rate, dropout_rng, query_offset)
+            return _einsum_attention(q_BTHK, k_BSHK, v_BSHK, rate, dropout_rng, query_offset, mixed)
     if recompute and query_offset is None:  # a decode step has no backward pass
         core = jax.checkpoint(core)
     return core(q_BTHK, k_BSHK, v_BSHK, dropout_rng if dropout_active else None)
@@ -111,24 +115,31 @@ def query_blocks(T: int) -> int:
     return max(1, min(4, T // 128))
 
 
-def _query_blocked_attention(q_BTHK, k_BSHK, v_BSHK, dropout_rate: float, dropout_rng) -> jax.Array:
+def _query_blocked_attention(q_BTHK, k_BSHK, v_BSHK, dropout_rate: float, dropout_rng, mixed: bool) -> jax.Array:
     """The causal core over T == S positions, query block by query block (`query_blocks`); each block
     draws its own dropout mask from `fold_in(dropout_rng, block)`."""
     T = q_BTHK.shape[1]
     n = query_blocks(T)
     if n == 1:
-        return _einsum_attention(q_BTHK, k_BSHK, v_BSHK, dropout_rate, dropout_rng, None)
+        return _einsum_attention(q_BTHK, k_BSHK, v_BSHK, dropout_rate, dropout_rng, None, mixed)
     ends = [T * (i + 1) // n for i in range(n)]
     out = []
     for i, (start, end) in enumerate(zip([0] + ends[:-1], ends)):
         rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
-        out.append(_einsum_attention(q_BTHK[:, start:end], k_BSHK[:, :end], v_BSHK[:, :end], dropout_rate, rng, None))
+        out.append(_einsum_attention(q_BTHK[:, start:end], k_BSHK[:, :end], v_BSHK[:, :end], dropout_rate, rng, None,
+                                     mixed))
     return jnp.concatenate(out, axis=1)
 
 
-def _einsum_attention(q_BTHK, k_BSHK, v_BSHK, dropout_rate: float, dropout_rng, query_offset) -> jax.Array:
+def _einsum_attention(q_BTHK, k_BSHK, v_BSHK, dropout_rate: float, dropout_rng, query_offset,
+                      mixed: bool = False) -> jax.Array:
+    """`mixed`: both products take the inputs' (bf16) dtype and give float32 (`products.mixed_einsum`)."""
     scale = q_BTHK.shape[-1] ** -0.5
-    scores_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK * jnp.asarray(scale, q_BTHK.dtype), k_BSHK)
+    q_BTHK = q_BTHK * jnp.asarray(scale, q_BTHK.dtype)
+    if mixed:
+        scores_BHTS = mixed_einsum("bthk,bshk->bhts", q_BTHK, k_BSHK, q_BTHK.dtype)
+    else:
+        scores_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK)
     # Softmax in float32 whatever the compute dtype: bf16 sums over 512 keys lose the small entries.
     scores_BHTS = scores_BHTS.astype(jnp.float32)
     T, S = scores_BHTS.shape[-2:]
@@ -138,4 +149,6 @@ def _einsum_attention(q_BTHK, k_BSHK, v_BSHK, dropout_rate: float, dropout_rng, 
     probs_BHTS = jax.nn.softmax(scores_BHTS, axis=-1)
     if dropout_rate > 0.0:
         probs_BHTS = dropout(probs_BHTS, dropout_rate, dropout_rng)
+    if mixed:
+        return mixed_einsum("bhts,bshk->bthk", probs_BHTS, v_BSHK, v_BSHK.dtype).astype(v_BSHK.dtype)
     return jnp.einsum("bhts,bshk->bthk", probs_BHTS.astype(v_BSHK.dtype), v_BSHK)

@@ -15,7 +15,6 @@ With `scan_layers` every `h/...` array has a leading layer axis [L, ...]; withou
 
 from __future__ import annotations
 
-import functools
 from typing import Sequence
 
 import flax.linen as nn
@@ -28,36 +27,9 @@ from gpt1_jax.attention import causal_attention
 from gpt1_jax.config import ModelConfig
 from gpt1_jax.dropout import Dropout
 from gpt1_jax.errors import DataError
+from gpt1_jax.products import mixed_einsum
 
 Axes = Sequence[str | None]
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
-def mixed_einsum(spec: str, x, w, dtype):
-    """einsum with `dtype` (bf16) inputs and float32 accumulation, forward *and* backward.
-
-    XLA:CPU runs bf16 x bf16 -> bf16 dots on a slow path (~300 GFLOP/s here) but bf16 inputs with an
-    fp32 result at ~830; jax's own backward of a plain einsum would mix dtypes and fall off the fast
-    path again. Gradients come back in the operands' own dtypes (fp32 parameters stay fp32).
-    """
-    return jnp.einsum(spec, x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
-
-
-def _mixed_einsum_fwd(spec, x, w, dtype):
-    return mixed_einsum(spec, x, w, dtype), (x, w)
-
-
-def _mixed_einsum_bwd(spec, dtype, residuals, g):
-    x, w = residuals
-    inputs, out = spec.split("->")
-    x_axes, w_axes = inputs.split(",")
-    g = g.astype(dtype)
-    dx = jnp.einsum(f"{out},{w_axes}->{x_axes}", g, w.astype(dtype), preferred_element_type=jnp.float32)
-    dw = jnp.einsum(f"{x_axes},{out}->{w_axes}", x.astype(dtype), g, preferred_element_type=jnp.float32)
-    return dx.astype(x.dtype), dw.astype(w.dtype)
-
-
-mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
 MIXED_PRODUCT = "mixed_product"  # Linear's bf16 output, named for model.remat=dots (_REMAT_POLICIES)
 
 
