@@ -95,7 +95,7 @@ class Progress:
     def __init__(self, total: int, initial: int, *, enabled: bool = True, desc: str = "train",
                  speaks: bool | None = None):
         self.bar = Bar(total=total, initial=initial, desc=desc, unit="step", disable=not enabled,
-                        dynamic_ncols=True, file=sys.stderr, mininterval=0.5)
+                       dynamic_ncols=True, file=sys.stderr, mininterval=0.5)
         self.speaks = enabled if speaks is None else speaks
         self.last = time.perf_counter()
 
