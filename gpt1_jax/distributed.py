@@ -358,7 +358,8 @@ _REFUSED_KEY = "gpt1_jax/refused/"
 
 
 def _refuse_together(pid: int, count: int) -> None:
-    """Say this process refused; process 0 then waits for the others' word, at most REFUSAL_GRACE_S in all."""
+    """Say this process refused; process 0 then waits for the others' word, at most REFUSAL_GRACE_S in all, and
+    REFUSAL_SETTLE_S more once it has every word."""
     from jax._src import distributed as jax_distributed  # private: the client jax.distributed.initialize made
 
     client = jax_distributed.global_state.client

@@ -458,8 +458,9 @@ distributed.exit_status(2)
 def test_a_refusal_waits_for_a_late_peer_and_no_longer_than_its_word(tmp_path):
     """Process 0 hosts the coordination service: leaving on its own refusal took it from under a process still on
     its way to the same refusal, which died in C++ (status 134); so process 0 slept REFUSAL_GRACE_S (5 s) on every
-    refusal, and every refused multi-process command took 5 s more than it had to. Now it leaves when each peer
-    has refused: with process 1 a second late, both still leave with status 2, together (the old sleep: 4 s apart)."""
+    refusal, and every refused multi-process command took 5 s more than it had to. Now it leaves REFUSAL_SETTLE_S
+    after each peer has refused: with process 1 a second late, both still leave with status 2, within a second of
+    each other (the old sleep: 4 s apart)."""
     from gpt1_jax.distributed import REFUSAL_GRACE_S
 
     script = tmp_path / "late.py"
