@@ -308,6 +308,17 @@ def parser(description: str, **kwargs) -> argparse.ArgumentParser:
     return Parser(description=description, allow_abbrev=False, **kwargs)
 
 
+def seed_list(text: str) -> list[int]:
+    """A --seeds value: distinct whole numbers, comma-separated; a bad one is argparse's one-line error."""
+    try:
+        seeds = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if len(set(seeds)) < len(seeds):
+        raise argparse.ArgumentTypeError(f"a seed is given twice in {text!r}")
+    return seeds
+
+
 def main(fn: Callable[[], int | None], prog: str) -> int:
     """Runs an experiment's command line: Ctrl-C or SIGTERM, between two runs too, stops it with one line (the run
     in progress saved a checkpoint, or had none yet) and exit status 130; the same command resumes. A project error

@@ -371,17 +371,6 @@ def finetune_optimizers(args) -> list[str]:
     return ranked[:4] + ([REFERENCE] if REFERENCE not in ranked[:4] else [])
 
 
-def seed_list(text: str) -> list[int]:
-    """--seeds: distinct whole numbers, comma-separated (the first sweeps the lrs, the others repeat the best)."""
-    try:
-        seeds = [int(s) for s in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
-    if len(set(seeds)) < len(seeds):
-        raise argparse.ArgumentTypeError(f"a seed is given twice in {text!r}")
-    return seeds
-
-
 def task_list(text: str) -> list[str]:
     """--tasks: known fine-tuning tasks, comma-separated, in their canonical spelling (SST-2 -> sst2), or one
     ConfigError: checked with the flags, as each task's study folder was made before its first run read the task
@@ -399,7 +388,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="minutes: tiny model, a short pre-training / a small GLUE subset")
     p.add_argument("--optimizers", default=None, help=f"comma-separated subset of {','.join(SPECS)} (finetune's "
                    "default: the pre-training study's best four plus gpt1_adam)")
-    p.add_argument("--seeds", type=seed_list, default=[0, 1, 2], help="first: the lr sweep; others: repeats at the best lr")
+    p.add_argument("--seeds", type=harness.seed_list, default=[0, 1, 2], help="first: the lr sweep; others: repeats at the best lr")
     p.add_argument("--lr-points", type=at_least(1), default=3, help="initial lrs per optimizer (the 1-3-10 log ladder)")
     p.add_argument("--lr-scale", type=number_at_least(0.0, above=True), default=1.0, help="multiplies every centre lr")
     p.add_argument("--max-extensions", type=at_least(0), default=None,

@@ -32,20 +32,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arm", choices=ARMS, required=True)
     p.add_argument("--task", choices=TASKS, required=True)
     p.add_argument("--lr", type=float, required=True)
-    p.add_argument("--seeds", default="0", help="comma-separated (default: 0)")
+    p.add_argument("--seeds", type=harness.seed_list, default=[0], help="comma-separated (default: 0)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="compute dtype (default: float32, "
                    "the table's)")
     p.add_argument("--data-dir", default="../shared/data/glue", help="GLUE's TSV files (default: ../shared/data/glue)")
     p.add_argument("--out", required=True, help="the workdirs go under OUT/<arm>_<task>_<lr>_<dtype>_s<seed>")
     args = p.parse_args(argv)
-    seeds = [int(s) for s in args.seeds.split(",")]
     simulate_devices(DEVICES)  # before jax starts its backend
     from experiments.paper.table5 import run_of  # jax-importing: after the devices are set
 
     paper = Paper(out=Path(args.out), budget_name="full_sets", pretrain_config=str(RECIPE_4EP),
                   tasks=TASKS, layer_tasks=(), data_dir=args.data_dir, train=False)
     model = dataclasses.replace(FinetuneConfig().model, dtype=args.dtype)
-    for seed in seeds:
+    for seed in args.seeds:
         kept = paper.records.kept_path(run_of(paper, args.arm, args.task, args.lr, seed).workdir)
         committed = json.loads(kept.read_text()) if kept.is_file() else None
         run = run_of(paper, args.arm, args.task, args.lr, seed,
