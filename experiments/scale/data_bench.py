@@ -29,8 +29,6 @@ import threading
 import time
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from experiments import harness
 from gpt1_jax.cli import at_least, number_at_least
 from gpt1_jax.config import MODEL_PRESETS
@@ -39,6 +37,7 @@ from gpt1_jax.data.pipeline import BatchIterator, PackedWindows, split_windows
 from gpt1_jax.data.sources import open_source
 from gpt1_jax.data.tokens import encode_documents, eod_id, token_dtype, tokenize_to_cache, tokenizer_for
 from gpt1_jax.flops import ACCELERATOR_PEAK_FLOPS, cpu_flags, flops_per_token
+from gpt1_jax.metrics import Bar
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "data"
@@ -62,7 +61,7 @@ def generate_corpus(out: Path, docs: list[str], target_chars: int, n_files: int,
     # Level 1: writing ~4 GB at level 6 would take longer than tokenising it; reading costs the same.
     files = [gzip.open(tmp / f"part-{i:05d}.txt.gz", "wt", encoding="utf-8", compresslevel=1) for i in range(n_files)]
     written, passes, rng = 0, 0, random.Random(seed)
-    with tqdm(total=target_chars, unit="char", unit_scale=True, desc="writing corpus") as bar:
+    with Bar(total=target_chars, unit="char", unit_scale=True, desc="writing corpus") as bar:
         while written < target_chars:
             order = list(range(len(docs)))
             rng.shuffle(order)
