@@ -1,4 +1,5 @@
-"""README.md's module map ("What is here") names every module of the package and every experiments subpackage."""
+"""README.md shows a new engineer the whole house: its module map ("What is here") names every module of the package
+and every experiments subpackage, and it links every page of docs/."""
 
 import re
 from pathlib import Path
@@ -23,3 +24,9 @@ def test_the_module_map_names_every_module_and_experiments_subpackage():
     subpackages = {f"{p.parent.relative_to(ROOT)}/" for p in (ROOT / "experiments").glob("*/__init__.py")}
     missing = sorted((modules | subpackages) - named)
     assert not missing, f"README.md's module map lacks {missing}"
+
+
+def test_every_doc_is_linked_from_the_readme():
+    text = (ROOT / "README.md").read_text()
+    unlinked = sorted(p.name for p in (ROOT / "docs").glob("*.md") if f"(docs/{p.name})" not in text)
+    assert not unlinked, f"README.md links no docs/{unlinked}"
