@@ -53,7 +53,9 @@ from gpt1_jax.workdir import RESUMABLE_WITH_OTHER
 RECORD = "record.json"
 SETTINGS = "settings"  # the record's digest of what decided its score (`settings`)
 # How a fine-tuning run computes, besides what may change when it resumes: not what it computes. Its dtype
-# among them: a sweep uses the faster of fp32 and bf16 on each machine, and a kept record travels between them.
+# among them: a sweep run with `--set model.dtype=bfloat16` (where bf16 is native; the committed sweeps are fp32)
+# takes an fp32 run's kept record as its own, and the other way round (whether bf16 moves a score: the "one cell
+# both ways" check in experiments/paper/README.md).
 HOW_IT_RUNS = (*RESUMABLE_WITH_OTHER, "model.dtype", "model.scan_layers")
 
 
