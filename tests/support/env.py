@@ -19,7 +19,7 @@ What these flags hide is a kernel XLA:CPU lacks at its own settings (a bf16 prod
 there): tests/e2e/test_step.py runs the bf16 attention core without them. The whole suite with XLA's default
 backend level and the fusion emitters (this file's two strings set to `--xla_cpu_multi_thread_eigen=false` and
 `--xla_cpu_use_fusion_emitters=true`): 524 unit and 194 e2e tests passed, none failed, in 1 min 28 s and 9 min 42 s
-on 2 cores (2026-11-29, AVX-512 kind), against ~1.5 and ~5.5 minutes with them."""
+on 2 cores (2026-11-29, AVX-512 kind), against 54 s and 6 min 32 s with them, the same day."""
 
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_cpu_multi_thread_eigen=false"
 LOOP_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
