@@ -350,10 +350,11 @@ def test_check_run_names_a_missing_data_folder_in_one_line(tmp_path, monkeypatch
     assert err[-1].startswith("check_run: error:") and "no GLUE CoLA folder" in err[-1]
     assert "Traceback" not in "\n".join(err)
 
+
 @pytest.mark.parametrize("seeds, said", [("0,a", "expected comma-separated whole numbers, got '0,a'"),
                                          ("0,0", "a seed is given twice in '0,0'")])
 def test_check_run_refuses_bad_seeds_in_one_line_before_training(tmp_path, capsys, seeds, said):
-    """`--seeds 0,a` was a ValueError traceback, and `--seeds 0,0` trained the same run twice."""
+    """`--seeds 0,a` was a ValueError traceback, and `--seeds 0,0` went on to train (seed 0, then seed 0 again)."""
     from experiments.paper import check_run
 
     with pytest.raises(SystemExit) as exit_:
@@ -361,7 +362,6 @@ def test_check_run_refuses_bad_seeds_in_one_line_before_training(tmp_path, capsy
     assert exit_.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"check_run: error: argument --seeds: {said}")
     assert list(tmp_path.iterdir()) == []
-
 
 
 def test_the_cost_counts_the_tokens_make_batch_pads():
