@@ -38,6 +38,11 @@ def padded(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
         k: np.concatenate([v, np.zeros((rows - have, *v.shape[1:]), v.dtype)]) for k, v in batch.items()}
 
 
+def eval_batch(trainer, batch: dict[str, np.ndarray]):
+    """A process's rows of an evaluation batch -> on the devices, padded for the mesh to split them."""
+    return trainer.put_batch(padded(batch, split_rows(trainer.mesh, next(iter(batch.values())).shape[0])), train=False)
+
+
 def lm_loss(trainer, params, batches, max_batches: int = 0, *, progress: bool = False) -> tuple[float, float]:
     """(token-weighted mean LM loss, tokens) over (up to max_batches of) an iterator; padding weighs 0, and a batch
     the mesh's devices cannot split evenly is padded so they can (the same loss as on one device).
@@ -50,8 +55,7 @@ def lm_loss(trainer, params, batches, max_batches: int = 0, *, progress: bool = 
         for i, batch in enumerate(batches):
             if max_batches and i >= max_batches:
                 break
-            batch = padded(batch, split_rows(trainer.mesh, next(iter(batch.values())).shape[0]))
-            loss_sum, weight_sum, _ = trainer.eval_sums(params, trainer.put_batch(batch, train=False))
+            loss_sum, weight_sum, _ = trainer.eval_sums(params, eval_batch(trainer, batch))
             total, weight = total + float(loss_sum), weight + float(weight_sum)
             bar.update(1)
     return total / max(weight, 1.0), weight

@@ -32,8 +32,8 @@ from gpt1_jax.checkpoint import Checkpointer
 from gpt1_jax.config import ConfigError, FinetuneConfig, ModelConfig, load_yaml, profile_window, to_dict
 from gpt1_jax.data.layout import Markers, max_segment_len
 from gpt1_jax.data.pipeline import default_cache_dir
-from gpt1_jax.data.tasks import (EpochBatches, Encoded, Splits, Task, encode_task, eval_order, make_batch, make_task,
-                                  prepare_once, process_rows, train_rows, write_predictions, write_submission)
+from gpt1_jax.data.tasks import (EpochBatches, Encoded, Splits, Task, encode_task, make_task, prediction_batches,
+                                  prepare_once, train_rows, write_predictions, write_submission)
 from gpt1_jax.data.tokens import bpe_of_texts
 from gpt1_jax.errors import DataError, WorkdirError
 from gpt1_jax.files import atomic_write_text
@@ -106,22 +106,17 @@ def transplant(fresh, pretrained, model_config: ModelConfig, n_layers: int):
 # ---- evaluation ------------------------------------------------------------------------------------------
 
 def predict_split(trainer, params, enc: Encoded, batch_size: int, n_ctx: int, markers, task: Task) -> np.ndarray:
-    """Predictions for every example of `enc`, in order (the last batch padded, its filler dropped). The batches
-    take the examples in `eval_order`, shortest first, so each pads little (Table 5's dev sets and held-out
-    slices: 27-55% fewer tokens than in file order); a causal model's outputs at an example's positions do not
-    depend on the padding after them."""
-    rows_here = process_rows(batch_size)
-    by_length = eval_order(enc)
-    outs = []
-    for first in range(0, len(enc.seqs), batch_size):
-        rows = by_length[first: first + batch_size]
-        batch = {k: v[rows_here] for k, v in make_batch(enc, rows, batch_size, n_ctx, markers).items()}
+    """Predictions for every example of `enc`, in order (its `prediction_batches`, the filler dropped); a causal
+    model's outputs at an example's positions do not depend on the padding after them."""
+    order, outs = [], []
+    for rows, batch in prediction_batches(enc, batch_size, n_ctx, markers):
+        order.append(rows)
         outs.append(np.asarray(jax.device_get(trainer.predict(params, trainer.put_batch(batch, train=False))))[: len(rows)])
     out = np.zeros((0, task.n_outputs), np.float32)
     if outs:
         shortest_first = np.concatenate(outs)
         out = np.empty_like(shortest_first)
-        out[by_length] = shortest_first
+        out[np.concatenate(order)] = shortest_first
     return heads.predictions(task.kind, task.regression, out)
 
 
@@ -173,6 +168,16 @@ class DevEvaluation:
         say(f"epoch {epoch} (step {step}): train_loss {train_loss:.4f}  {shown}"
             + ("  (best)" if self.best["step"] == step else f"  (best: epoch {self.best['epoch']})"))
         return {f"dev/{k}": v for k, v in scores.items()} | {f"holdout/{k}": v for k, v in held.items()}
+
+    def prepare(self, state) -> None:
+        """Compiles the prediction program for every batch shape it meets (a few lengths), without running it."""
+        params, compiled = eval_params(state.opt_state, state.params), set()
+        held = [self.splits.holdout] if self.splits.holdout is not None else []
+        for enc in [*self.splits.dev.values(), *held, *self.splits.test.values()]:
+            for _, batch in prediction_batches(enc, self.eval_batch, self.splits.n_ctx, self.markers):
+                if batch["tokens"].shape not in compiled:
+                    compiled.add(batch["tokens"].shape)
+                    self.trainer.compile_eval(params, self.trainer.put_batch(batch, train=False), predict=True)
 
     def _write_best(self, preds, predict) -> None:
         tests = {split: predict(enc) for split, enc in self.splits.test.items()}  # every process joins
@@ -345,7 +350,7 @@ def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, sou
     loop, state = start(workdir, job, config, trainer, ckpt, batches, begin, steps=config.optim.total_steps,
                         init_state=lambda: initial_state(trainer, source, config.model, config),
                         hooks=lambda bar: [Hook("dev", functools.partial(dev, say=bar.write), every=batches.steps_per_epoch,
-                                                state=dev.state, restore=dev.restore, saves=True)],
+                                                state=dev.state, restore=dev.restore, saves=True, prepare=dev.prepare)],
                         desc=f"finetune {task.name}", write_files=lambda: write_run_files(workdir, source, trained_on),
                         progress=progress)
     loop.progress.write(

@@ -56,6 +56,8 @@ class Batches(Protocol):
 
     def state(self) -> Any: ...
 
+    def restore(self, state: Any) -> None: ...
+
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
@@ -91,7 +93,8 @@ class Outcome:
 class Hook:
     """`fn(step, state, train_loss) -> metrics to log (or None)`, run every `every` steps and at the last
     step; `train_loss` is the mean training loss since the hook last ran. A hook with memory (e.g. the
-    best epoch so far) gives `state`/`restore` so checkpoints carry it."""
+    best epoch so far) gives `state`/`restore` so checkpoints carry it; one that runs a program of its own gives
+    `prepare(state)`, which compiles it without running it (before a profile window the hook runs in)."""
 
     name: str
     fn: Callable[[int, Any], dict | None]
@@ -99,6 +102,7 @@ class Hook:
     state: Callable[[], Any] | None = None
     restore: Callable[[Any], None] | None = None
     saves: bool = False  # a checkpoint follows each run of it (fine-tuning's epoch ends)
+    prepare: Callable[[Any], None] | None = None
 
     def due(self, step: int, last: int) -> bool:
         return step == last or (self.every > 0 and step % self.every == 0)
@@ -219,6 +223,7 @@ class Loop:
         self._last, self._step = {}, start
         self._saved_seconds: tuple[int, float | None] | None = None  # (step, seconds) of this session's last save
         self._dispatched: set[bool] = set()  # the step kinds (per-layer statistics or not) run in this session
+        self._hooks_compiled: set[str] = set()  # the hooks run (or prepared) in this session
         self._untimed = False  # the next step recorded has no tokens/s of its own (a compilation cut its interval)
         try:
             with unwrapped_interrupts():  # a second Ctrl-C that JAX's C++ wrapped in another error is one all the same
@@ -263,14 +268,14 @@ class Loop:
         pending = None
         for step in range(start + 1, self.steps + 1):
             self._step = step
-            epoch = getattr(batches, "epoch", None)
-            batch = self.trainer.put_batch(next(batches))
             if self._profiled(step) and not self._tracing:  # the window's first step, or the first one resumed in it
                 if pending:
                     self._record(*pending)
                     pending = None
-                self._compile_window(state, batch, step)
+                self._compile_window(state, batches, step)
                 self._start_trace()
+            epoch = getattr(batches, "epoch", None)
+            batch = self.trainer.put_batch(next(batches))
             stats = {"stats": True} if self._watched(step) else {}
             state, metrics = self.trainer.step(state, batch, **stats)
             # Its first dispatch compiled it (or loaded it from the cache; before a profile window, _compile_window did)
@@ -312,13 +317,27 @@ class Loop:
     def _profiled(self, step: int) -> bool:
         return self.profile is not None and self.profile[0] <= step <= self.profile[1]
 
-    def _compile_window(self, state, batch, first: int) -> None:
-        """Compiles the step kinds the profile window runs that this session has not run yet, before it opens: a
-        compilation inside it (step 1's, or a first step with per-layer statistics) filled a tiny run's trace with
-        ~800,000 events of tracing and compiling against ~9,000 for its steps, and took ~10 s more to write."""
-        kinds = {self._watched(step) for step in range(first, self.profile[1] + 1)} - self._dispatched
-        for stats in sorted(kinds):
-            self.trainer.compile(state, batch, stats=stats)
+    def _compile_window(self, state, batches: Batches, first: int) -> None:
+        """Compiles what the profile window runs before it opens: every step kind (per-layer statistics or not) and
+        batch shape (fine-tuning's batches have several lengths) of its steps, read ahead and the batches' position
+        put back, and the hooks due in it that this session has not run. A compilation inside the window (step 1's,
+        a first step with statistics, a first evaluation) filled a tiny run's trace with ~190,000-800,000 events of
+        tracing and compiling against ~9,000 for its steps, and took ~10 s more to write. The hooks of the window's
+        last step run after it closes. A program compiled before compiles again in no time (jax.jit keeps it)."""
+        window = range(first, self.profile[1] + 1)
+        position = json.loads(json.dumps(batches.state()))
+        kinds = {}
+        for step in window:
+            batch = next(batches)
+            kinds.setdefault((self._watched(step), *((k, v.shape) for k, v in sorted(batch.items()))), batch)
+        batches.restore(position)
+        for (stats, *_), batch in kinds.items():
+            self.trainer.compile(state, self.trainer.put_batch(batch), stats=stats)
+        for hook in self.hooks:
+            if (hook.prepare and hook.name not in self._hooks_compiled
+                    and any(hook.due(step, self.steps) for step in window[:-1])):
+                hook.prepare(state)
+                self._hooks_compiled.add(hook.name)
 
     def _start_trace(self) -> None:
         """jax.profiler's trace of the window into profile_dir (per process when there are several: each writes
@@ -347,6 +366,7 @@ class Loop:
             total, count = self._tally[hook.name]
             self._tally[hook.name] = [0.0, 0]
             logged = hook.fn(step, state, total / max(count, 1))
+            self._hooks_compiled.add(hook.name)
             if logged:
                 self.metrics.write(step, **logged)
                 self._last.update(logged)

@@ -25,7 +25,7 @@ from gpt1_jax.config import RUNTIME_FIELDS, OptimConfig, PretrainConfig, flat_fi
 from gpt1_jax.data.pipeline import build_pipeline
 from gpt1_jax.data.tokens import TOKENIZER_FILE
 from gpt1_jax.errors import ConfigError, WorkdirError
-from gpt1_jax.evaluate import lm_loss, perplexity
+from gpt1_jax.evaluate import eval_batch, lm_loss, perplexity
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.integrity import newest_checkpoint
 from gpt1_jax.loop import Hook, Outcome, resume_step, start
@@ -156,7 +156,11 @@ def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, train
             # how much of the split eval_batches let it read: `evaluate --workdir` reads all of it
             return {"val_loss": loss, "val_ppl": ppl, "val_tokens": int(tokens)}
 
-        return [Hook("eval", evaluate, every=config.eval_every)] if config.eval_every else []
+        def compile_eval(state):
+            first = next(iter(pipeline.val_iter()))
+            trainer.compile_eval(eval_params(state.opt_state, state.params), eval_batch(trainer, first))
+
+        return [Hook("eval", evaluate, every=config.eval_every, prepare=compile_eval)] if config.eval_every else []
 
     def write_files():
         atomic_write_text(workdir / "data_info.json", json.dumps(pipeline.info, indent=2) + "\n")

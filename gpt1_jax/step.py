@@ -330,6 +330,12 @@ class Trainer:
         with self._context():
             (self._step_stats if stats else self._step).lower(state, batch, self.hyper).compile()
 
+    def compile_eval(self, params, batch: Batch, predict: bool = False) -> None:
+        """Compiles `eval_sums` (`predict`: `predict`) for these inputs without running it, as `compile` does the
+        step: a profile window's evaluation then runs in the trace without its compilation."""
+        with self._context():
+            (self._predict if predict else self._eval).lower(params, batch).compile()
+
     def eval_sums(self, params, batch: Batch):
         """(loss sum, weight sum, aux sums) of a batch, no dropout, no update."""
         with self._context():

@@ -255,6 +255,16 @@ def eval_order(enc: Encoded) -> np.ndarray:
     return np.argsort(example_lengths(enc), kind="stable")
 
 
+def prediction_batches(enc: Encoded, batch_size: int, n_ctx: int, markers: Markers):
+    """(rows, this process's rows of their batch) for each prediction batch of `enc`: the examples in `eval_order`,
+    shortest first, so each pads little (Table 5's dev sets and held-out slices: 27-55% fewer tokens than in file
+    order), the last batch padded with filler."""
+    by_length = eval_order(enc)
+    for first in range(0, len(enc.seqs), batch_size):
+        rows = by_length[first: first + batch_size]
+        yield rows, {k: v[process_rows(batch_size)] for k, v in make_batch(enc, rows, batch_size, n_ctx, markers).items()}
+
+
 class EpochBatches:
     """One epoch after another, each in its `epoch_order`; the last batch of an epoch is padded with weight-0
     rows. Its position is the step alone. Yields this process's rows of each global batch."""
