@@ -7,6 +7,8 @@ through it in tests/e2e (test_paper.py, test_optimizers_study.py, test_finetune.
 import dataclasses
 import importlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,8 @@ from experiments import harness
 from gpt1_jax.config import FinetuneConfig
 from gpt1_jax.errors import DataError
 from gpt1_jax.loop import Outcome
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _runs(out: Path, n: int) -> list[harness.Run]:
@@ -266,3 +270,20 @@ def test_every_experiment_script_parses_with_the_harness_parser():
     """A script built on argparse.ArgumentParser would hide an unknown flag behind a missing one again."""
     scripts = Path(harness.__file__).parent.rglob("*.py")
     assert not [str(p) for p in scripts if "argparse.ArgumentParser(" in p.read_text()]
+
+
+@pytest.mark.parametrize("module, scripts, readme", [
+    ("experiments.paper.release", "check_run, cost, run", "experiments/paper/README.md"),
+    ("experiments.harness", "regenerate", "README.md"),
+])
+def test_a_part_run_as_a_script_is_refused_in_one_line(module, scripts, readme):
+    """`python -m experiments.paper.release` (a stage `experiments.paper.run` imports) ran nothing and exited 0."""
+    done = subprocess.run([sys.executable, "-m", module, "--out", "x"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.splitlines() == [f"python -m {module}: not a script, a part the scripts import; the scripts "
+                                        f"beside it: {scripts} (see {readme})"]
+    assert not (ROOT / "x").exists()
+    script = subprocess.run([sys.executable, "-m", "experiments.paper.cost", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert script.returncode == 0 and script.stdout.startswith("usage: ")
