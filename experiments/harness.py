@@ -311,11 +311,14 @@ def parser(description: str, **kwargs) -> argparse.ArgumentParser:
 
 
 def seed_list(text: str) -> list[int]:
-    """A --seeds value: distinct whole numbers, comma-separated; a bad one is argparse's one-line error."""
+    """A --seeds value, the same in every experiment (comma-separated, as their other lists): distinct whole
+    numbers; a bad one is argparse's one-line error."""
     try:
         seeds = [int(s) for s in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+        seeds = []
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}")
     if len(set(seeds)) < len(seeds):
         raise argparse.ArgumentTypeError(f"a seed is given twice in {text!r}")
     return seeds

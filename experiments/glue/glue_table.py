@@ -6,7 +6,7 @@ official metric, mean ± std over seeds (x100), beside the paper's number (docs/
 --ablations full,no_pretrain,no_aux_lm it adds Table 5: no pre-training (`--init scratch:SOURCE`,
 or `none`) and no auxiliary LM (`--lm-coef 0`).
 
-    python -m experiments.glue.glue_table --init runs/pretrain --seeds 0 1 2 --out runs/glue
+    python -m experiments.glue.glue_table --init runs/pretrain --seeds 0,1,2 --out runs/glue
     python -m experiments.glue.glue_table --quick --init none --out /tmp/glue-quick   # smoke test, ~minutes
 `--set KEY=VALUE` (repeatable) changes any FinetuneConfig field of every run (e.g. `--set optim.lr=1e-4`).
 Runs go through experiments/harness.py: each is done once its OUT/<ablation>/<task>/seed<k>/record.json exists.
@@ -22,7 +22,6 @@ from experiments import harness
 from experiments.glue.common import (ABLATIONS, ablation, errors_of, mean_std, metric_values, missing_init, missing_path,
                                      table_config, write_table)
 from gpt1_jax.data.glue import GLUE_TASKS, split_available
-from gpt1_jax.cli import at_least
 from gpt1_jax.errors import ConfigError
 
 # The paper's numbers (docs/gpt1.md, "Results"): task -> [(metric, GPT-1)].
@@ -53,7 +52,7 @@ def available_tasks(data_dir: str | None) -> tuple[list[str], list[str]]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = harness.parser(description=__doc__.splitlines()[0])
     p.add_argument("--init", required=True, help="pre-training workdir, HF/original checkpoint folder, or none")
-    p.add_argument("--seeds", type=at_least(0), nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=harness.seed_list, default=[0, 1, 2], help="comma-separated (default: 0,1,2)")
     p.add_argument("--tasks", default=None, help="comma-separated (default: every task available in --data-dir)")
     p.add_argument("--ablations", default="full", help=f"comma-separated of {', '.join(ABLATIONS)}")
     p.add_argument("--data-dir", default=None, help="GLUE's official TSV distribution (<dir>/<Task>/{train,dev,test}.tsv; "
@@ -69,8 +68,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"unknown ablation(s) {bad}; known: {', '.join(ABLATIONS)}")
     if bad_path := missing_path("--data-dir", args.data_dir) or missing_init(args.init):
         p.exit(2, f"{p.prog}: error: {bad_path}\n")
-    if len(set(args.seeds)) < len(args.seeds):
-        p.error(f"a seed is given twice in --seeds {' '.join(map(str, args.seeds))}")
     try:
         args.config = table_config(args.quick, args.set)
     except ConfigError as e:

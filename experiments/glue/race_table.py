@@ -1,6 +1,6 @@
 """The paper's RACE result (Table 3: middle / high / all accuracy) for one init source and several seeds.
 
-    python -m experiments.glue.race_table --data race.tar.gz --init runs/pretrain --seeds 0 1 2 --out runs/race
+    python -m experiments.glue.race_table --data race.tar.gz --init runs/pretrain --seeds 0,1,2 --out runs/race
     python -m experiments.glue.race_table --data race.tar.gz --quick --init none --out /tmp/race-quick   # smoke test
 `--set KEY=VALUE` (repeatable) changes any FinetuneConfig field of every run; runs go through
 experiments/harness.py. RACE has 88k training questions of
@@ -16,7 +16,6 @@ from pathlib import Path
 from experiments import harness
 from experiments.glue.common import (ABLATIONS, ablation, errors_of, mean_std, metric_values, missing_init, missing_path,
                                      table_config, write_table)
-from gpt1_jax.cli import at_least
 from gpt1_jax.errors import ConfigError
 
 PAPER = [("accuracy_middle", "RACE-m", 62.9), ("accuracy_high", "RACE-h", 57.4), ("accuracy", "RACE", 59.0)]
@@ -25,7 +24,7 @@ PAPER = [("accuracy_middle", "RACE-m", 62.9), ("accuracy_high", "RACE-h", 57.4),
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = harness.parser(description=__doc__.splitlines()[0])
     p.add_argument("--init", required=True, help="pre-training workdir, HF/original checkpoint folder, or none")
-    p.add_argument("--seeds", type=at_least(0), nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=harness.seed_list, default=[0, 1, 2], help="comma-separated (default: 0,1,2)")
     p.add_argument("--ablations", default="full", help=f"comma-separated of {', '.join(ABLATIONS)}")
     p.add_argument("--data", required=True, help="race.tar.gz or its unpacked folder")
     p.add_argument("--out", required=True)
@@ -37,8 +36,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"unknown ablation(s) {bad}; known: {', '.join(ABLATIONS)}")
     if missing := missing_path("--data", args.data) or missing_init(args.init):
         p.exit(2, f"{p.prog}: error: {missing}\n")
-    if len(set(args.seeds)) < len(args.seeds):
-        p.error(f"a seed is given twice in --seeds {' '.join(map(str, args.seeds))}")
     try:
         args.config = dataclasses.replace(table_config(args.quick, args.set), task="race")
     except ConfigError as e:

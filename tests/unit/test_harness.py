@@ -287,3 +287,25 @@ def test_a_part_run_as_a_script_is_refused_in_one_line(module, scripts, readme):
     script = subprocess.run([sys.executable, "-m", "experiments.paper.cost", "--help"], cwd=ROOT, capture_output=True,
                             text=True, timeout=60)
     assert script.returncode == 0 and script.stdout.startswith("usage: ")
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("experiments.glue.glue_table", ["--init", "none", "--out", "o"]),
+    ("experiments.glue.race_table", ["--init", "none", "--out", "o", "--data", "d"]),
+    ("experiments.optimizers.run_study", ["pretrain", "--out", "o"]),
+])
+def test_every_experiment_takes_its_seeds_in_one_syntax(module, argv, capsys):
+    """glue_table and race_table took `--seeds 0 1 2`, run_study and check_run `--seeds 0,1,2` (as every other list
+    flag: --tasks, --ablations, --optimizers): now all four take the comma-separated form (harness.seed_list), and
+    say what is wrong with any other in one line."""
+    parse = importlib.import_module(module).parse_args
+    for seeds, said in (("0 1", "argument --seeds: expected comma-separated whole numbers, got '0 1'"),
+                        ("-1", "argument --seeds: expected comma-separated whole numbers, got '-1'"),
+                        ("2,2", "argument --seeds: a seed is given twice in '2,2'")):
+        with pytest.raises(SystemExit) as e:
+            parse([*argv, "--seeds", seeds])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and f": error: {said} (see " in err[0], err
+    with pytest.raises(SystemExit):
+        parse([*argv, "--seeds", "0", "1"])
+    assert "unrecognized arguments: 1 (see " in capsys.readouterr().err
