@@ -207,6 +207,21 @@ def check_given_optim(optim: OptimConfig, given: set[str] | None = None) -> None
         raise ConfigError(f"optim.sf_weight_lr_power must be a number >= 0, got {optim.sf_weight_lr_power}")
 
 
+# The optimizers that divide by a root of second moments plus eps. Their state takes the parameters' dtype, and in
+# float16 eps and the small moments are 0: each of them (tiny, lr 3e-3) had NaN parameters after its first update,
+# where sgd, sgd_nesterov and lion ended 50 steps within 0.01 of their float32 losses.
+SECOND_MOMENT_OPTIMIZERS = ("gpt1_adam", "adamw", "adafactor", "lamb", "schedule_free_adamw", "muon")
+
+
+def check_storage(model: ModelConfig, optim: OptimConfig) -> None:
+    """A training run whose optimizer cannot update parameters stored in model.param_dtype is refused."""
+    if model.param_dtype == "float16" and optim.name in SECOND_MOMENT_OPTIMIZERS:
+        raise ConfigError(f"model.param_dtype=float16 cannot train with optim.name={optim.name}: its state takes the "
+                          f"parameters' dtype, where eps ({optim.eps:g}) and small second moments are 0, so its first "
+                          "update divides by zero; keep model.param_dtype float32 (model.dtype=float16 still computes "
+                          "in float16) or bfloat16, or choose sgd, sgd_nesterov or lion")
+
+
 def check_pretrain_schedule(config, overrides, spec: str | None = None) -> None:
     """pretrain's schedule spans its steps (pretrain.with_schedule_span): a given optim.total_steps would be replaced
     by --steps, and a given warmup that reaches the last step by one ending before it, each without a word (and

@@ -29,7 +29,8 @@ import numpy as np
 from gpt1_jax import flops, heads
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
-from gpt1_jax.config import ConfigError, FinetuneConfig, ModelConfig, load_yaml, profile_window, to_dict
+from gpt1_jax.config import (ConfigError, FinetuneConfig, ModelConfig, check_storage, load_yaml, profile_window,
+                             to_dict)
 from gpt1_jax.data.layout import Markers, max_segment_len
 from gpt1_jax.data.pipeline import default_cache_dir
 from gpt1_jax.data.tasks import (EpochBatches, Encoded, Splits, Task, encode_task, make_task, prediction_batches,
@@ -206,6 +207,7 @@ def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, token
     source = open_source(init, config, tokenizer, init_step)
     model = source.model_config or config.model  # a pre-trained model's head size, not the preset's
     check_attention(model.attention, model.attn_dropout, True, model.head_dim)
+    check_storage(model, config.optim)
     task = make_task(config, data_dir, tfds_dir)
     prepare_once(task, ("train", *task.dev_splits, *(task.test_splits if predict_test else ())))
     tok = source.tokenizer

@@ -21,7 +21,8 @@ from jax.experimental import multihost_utils
 from gpt1_jax import flops
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
-from gpt1_jax.config import RUNTIME_FIELDS, OptimConfig, PretrainConfig, flat_fields, load_yaml, to_dict
+from gpt1_jax.config import (RUNTIME_FIELDS, OptimConfig, PretrainConfig, check_storage, flat_fields, load_yaml,
+                             to_dict)
 from gpt1_jax.data.pipeline import build_pipeline
 from gpt1_jax.data.tokens import TOKENIZER_FILE
 from gpt1_jax.errors import ConfigError, WorkdirError
@@ -65,6 +66,7 @@ def run(config: PretrainConfig, workdir: Path, *, progress: bool = True) -> Outc
     check_batch_size(mesh, config.data.global_batch_size, config.accum_steps)
     check_mesh_divides(config.model, config.mesh, dict(mesh.shape))
     check_attention(config.model.attention, config.model.attn_dropout, True, config.model.head_dim)
+    check_storage(config.model, config.optim)
     if jax.process_count() > 1:  # every process has checked the folder before process 0 writes into it (its BPE)
         multihost_utils.sync_global_devices("pretrain: workdir checked")
     with hold(workdir, "pretrain", enabled=is_main):  # one job at a time in a run folder

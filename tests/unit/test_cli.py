@@ -15,7 +15,8 @@ import os  # noqa: E402
 import pytest
 
 from gpt1_jax import cli
-from gpt1_jax.config import DataConfig, FinetuneConfig, ModelConfig, PretrainConfig, resolve
+from gpt1_jax.config import (OPTIMIZER_NAMES, SECOND_MOMENT_OPTIMIZERS, DataConfig, FinetuneConfig, ModelConfig,
+                             OptimConfig, PretrainConfig, check_storage, resolve)
 from gpt1_jax.errors import CheckpointFormatError, DataError, DivergenceError
 from tests.support.cli import _one_error_line
 
@@ -415,3 +416,19 @@ def test_pretrain_refuses_a_schedule_it_would_replace_before_writing_anything(tm
         assert cli.main(["pretrain", "--workdir", str(tmp_path / "run"), "--config", "tiny", "--set", given]) == 2
         assert line in capsys.readouterr().err
         assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("optimizer", SECOND_MOMENT_OPTIMIZERS)
+def test_float16_parameters_are_refused_where_the_optimizer_cannot_update_them(optimizer, tmp_path, capsys):
+    """model.param_dtype=float16 with an optimizer dividing by its second moments' root plus eps trained to NaN
+    parameters in its first update, and said `(lower optim.lr?)`; now refused before anything is written. The
+    optimizers without (sgd, sgd_nesterov, lion) train float16 parameters, and evaluating them is no training."""
+    argv = ["pretrain", "--workdir", str(tmp_path / "run"), "--config", "tiny", "--set", "model.param_dtype=float16",
+            "--set", f"optim.name={optimizer}"]
+    assert cli.main(argv) == 2
+    assert (f"model.param_dtype=float16 cannot train with optim.name={optimizer}: its state takes the parameters' "
+            "dtype") in _one_error_line(capsys, "pretrain")
+    assert not (tmp_path / "run").exists()
+    for name in set(OPTIMIZER_NAMES) - set(SECOND_MOMENT_OPTIMIZERS):
+        check_storage(ModelConfig(param_dtype="float16"), OptimConfig(name=name))
+    check_storage(ModelConfig(param_dtype="bfloat16"), OptimConfig(name=optimizer))

@@ -23,6 +23,8 @@ def test_init_errors(tmp_path, data_dir, tokenizer, capsys):
     assert cli.main(argv + ["--init", "none", "--config", "tiny", "--set", "model.dtype=bfloat16",
                             "--set", "model.attention=cudnn"]) == 2
     assert "'cudnn' needs an NVIDIA GPU" in capsys.readouterr().err
+    assert cli.main(argv + ["--init", "none", "--config", "tiny", "--set", "model.param_dtype=float16"]) == 2
+    assert "model.param_dtype=float16 cannot train with optim.name=gpt1_adam" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()  # refused before the task's files are read or anything is written
 
 
