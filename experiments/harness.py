@@ -24,6 +24,7 @@ the sweep with its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -34,9 +35,11 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import NoReturn
 from pathlib import Path
+
+import jax
 
 from gpt1_jax import distributed, finetune, pretrain  # the modules: tests patch pretrain.run and finetune.run
 from gpt1_jax.cli import Parser
@@ -48,7 +51,7 @@ from gpt1_jax.integrity import DIGESTS, checkpoint_steps
 from gpt1_jax.interrupt import CtrlC, ctrl_c_passed_to_jax, unwrapped_interrupts
 from gpt1_jax.loop import Outcome
 from gpt1_jax.metrics import close_open_bars
-from gpt1_jax.workdir import RESUMABLE_WITH_OTHER
+from gpt1_jax.workdir import RESUMABLE_WITH_OTHER, hold
 
 RECORD = "record.json"
 SETTINGS = "settings"  # the record's digest of what decided its score (`settings`)
@@ -322,6 +325,17 @@ def seed_list(text: str) -> list[int]:
     if len(set(seeds)) < len(seeds):
         raise argparse.ArgumentTypeError(f"a seed is given twice in {text!r}")
     return seeds
+
+
+@contextlib.contextmanager
+def one_sweep(out: Path, prog: str) -> Iterator[None]:
+    """Holds an experiment's --out while its sweep runs (process 0 of a job), so that a second sweep started on the
+    same folder is refused in one line. Each run's folder has its own lock, so a second quick glue_table on one
+    --out skipped the run the first was training as a failure and wrote table.md from the records so far (one
+    seed's score), over the first one's if it ended last."""
+    main = not distributed.is_multi_process() or jax.process_index() == 0
+    with hold(out, prog, enabled=main, writes="the same runs' records and tables", held_by="a sweep running there now"):
+        yield
 
 
 def main(fn: Callable[[], int | None], prog: str) -> int:

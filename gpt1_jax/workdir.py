@@ -160,11 +160,13 @@ def _check_writable(workdir: Path) -> None:
 
 
 @contextmanager
-def hold(workdir: str | Path, verb: str, enabled: bool = True) -> Iterator[None]:
+def hold(workdir: str | Path, verb: str, enabled: bool = True, writes: str = "the same checkpoints and metrics",
+         held_by: str = "a job training there now") -> Iterator[None]:
     """Holds <workdir>/run.lock while a job trains there (process 0 of a job: `enabled`), so that a second job
     started on the same folder is refused in one line instead of writing the same checkpoints and metrics
-    (interleaved steps in metrics.jsonl, saves failing under each other). A lock whose holder is gone (killed on
-    this host, or silent for LOCK_STALE_S) is broken (gpt1_jax/lockfile.py)."""
+    (interleaved steps in metrics.jsonl, saves failing under each other); an experiment's sweep holds its --out
+    the same way (experiments/harness.py `one_sweep`). A lock whose holder is gone (killed on this host, or silent
+    for LOCK_STALE_S) is broken (gpt1_jax/lockfile.py)."""
     if not enabled:
         yield
         return
@@ -178,8 +180,8 @@ def hold(workdir: str | Path, verb: str, enabled: bool = True) -> Iterator[None]
         break_lock(lock)
         token = try_lock(lock)
     if token is None:
-        raise WorkdirError(f"{workdir} is in use by {read_owner(lock)} (a job training there now): wait for it to end, "
-                           f"or stop it; {verb} would write the same checkpoints and metrics")
+        raise WorkdirError(f"{workdir} is in use by {read_owner(lock)} ({held_by}): wait for it to end, or stop it; "
+                           f"{verb} would write {writes}")
     try:
         with held(lock, token):
             yield

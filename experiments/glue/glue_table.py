@@ -77,6 +77,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    with harness.one_sweep(Path(args.out), "glue_table"):
+        return run_table(args)
+
+
+def run_table(args: argparse.Namespace) -> int:
+    """The sweep, then OUT/table.md -> exit status (1 if a run failed)."""
     ablations = args.ablations
     available, missing = available_tasks(args.data_dir)
     tasks = args.tasks.split(",") if args.tasks else available

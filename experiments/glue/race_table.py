@@ -45,6 +45,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    with harness.one_sweep(Path(args.out), "race_table"):
+        return run_table(args)
+
+
+def run_table(args: argparse.Namespace) -> int:
+    """The sweep, then OUT/table.md -> exit status (1 if a run failed)."""
     ablations, out = args.ablations, Path(args.out)
     keys = [(a, s) for a in ablations for s in args.seeds]
     runs = []

@@ -553,6 +553,12 @@ def finetune_study(args, names: list[str], seeds: list[int]) -> tuple[list[dict]
 
 def main(argv=None) -> int:
     args, names = parse_args(argv)
+    with harness.one_sweep(Path(args.out) / args.study, "run_study"):
+        return execute(args, names)
+
+
+def execute(args: argparse.Namespace, names: list[str]) -> int:
+    """The study `args` ask for (or its tables alone) -> exit status."""
     seeds = args.seeds
     if args.tables:
         rewrite_tables(args, names, seeds)

@@ -37,6 +37,7 @@ from gpt1_jax.data.race import check_archive
 from gpt1_jax.data.sources import open_source
 from gpt1_jax.errors import ConfigError, GPT1JaxError
 from gpt1_jax.files import some_names
+from gpt1_jax.workdir import LOCK_FILE
 
 PER_RUN_TIMES = ("table5", "more_seeds", "layers", "diagnosis")  # their fine-tuning runs add their own time as each finishes (table5.run_all)
 
@@ -103,7 +104,8 @@ def paper_of(args: argparse.Namespace) -> Paper:
 def check_inputs(paper: Paper, stages: list[str]) -> None:
     """What a later stage needs that an earlier one will not make: fail now, not after an hour of training; and an
     --out that holds something else than a pipeline (a home folder, a checkout), which its runs would land beside."""
-    held = sorted(p.name for p in paper.out.iterdir() if not p.name.startswith(".")) if paper.out.is_dir() else []
+    held = sorted(p.name for p in paper.out.iterdir() if not p.name.startswith(".") and p.name != LOCK_FILE) \
+        if paper.out.is_dir() else []  # a lock: a pipeline killed before its first run folder, or one running now
     if held and not OUT_ENTRIES & set(held):
         raise ConfigError(f"--out {paper.out} is not empty and holds no paper pipeline ({some_names(held)}): choose a "
                           "new or empty folder")
@@ -139,16 +141,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_inputs(paper, args.stages)
         compile_cache.enable()  # the fine-tuning runs share their compilations, across sessions too
-        for stage in [s for s in STAGES if s in args.stages]:
-            print(f"== {stage}", file=sys.stderr)
-            t0 = time.perf_counter()
-            ran = run[stage](paper)  # True: it did work; False: done before; None: stopped at a checkpoint
-            if ran is not False and stage not in PER_RUN_TIMES:  # a stopped session's time counts too
-                paper.add_time(stage, time.perf_counter() - t0)
-            if ran is None:
-                print(f"{stage}: stopped at a checkpoint (SIGTERM); the same command resumes", file=sys.stderr)
-                break
-        write_readme(paper)  # a stopped pipeline's too: what its stages have found so far
+        with harness.one_sweep(paper.out, "run.py"):
+            for stage in [s for s in STAGES if s in args.stages]:
+                print(f"== {stage}", file=sys.stderr)
+                t0 = time.perf_counter()
+                ran = run[stage](paper)  # True: it did work; False: done before; None: stopped at a checkpoint
+                if ran is not False and stage not in PER_RUN_TIMES:  # a stopped session's time counts too
+                    paper.add_time(stage, time.perf_counter() - t0)
+                if ran is None:
+                    print(f"{stage}: stopped at a checkpoint (SIGTERM); the same command resumes", file=sys.stderr)
+                    break
+            write_readme(paper)  # a stopped pipeline's too: what its stages have found so far
     except (GPT1JaxError, FileNotFoundError) as e:
         print(f"{Path(__file__).name}: error: {e}", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ through it in tests/e2e (test_paper.py, test_optimizers_study.py, test_finetune.
 import dataclasses
 import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 import gpt1_jax.finetune
 from experiments import harness
 from gpt1_jax.config import FinetuneConfig
-from gpt1_jax.errors import DataError
+from gpt1_jax.errors import DataError, WorkdirError
 from gpt1_jax.loop import Outcome
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -309,3 +310,29 @@ def test_every_experiment_takes_its_seeds_in_one_syntax(module, argv, capsys):
     with pytest.raises(SystemExit):
         parse([*argv, "--seeds", "0", "1"])
     assert "unrecognized arguments: 1 (see " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module, argv, held", [
+    ("experiments.glue.glue_table", ["--init", "none", "--data-dir", "{tmp}", "--out", "{tmp}/out"], "out"),
+    ("experiments.glue.race_table", ["--init", "none", "--data", "{tmp}", "--out", "{tmp}/out"], "out"),
+    ("experiments.optimizers.run_study", ["pretrain", "--quick", "--out", "{tmp}/out"], "out/pretrain"),
+    ("experiments.paper.run", ["--quick", "--stages", "pretrain", "--corpus", "default", "--out", "{tmp}/out"], "out"),
+])
+def test_a_second_sweep_on_one_out_is_refused_in_one_line(module, argv, held, tmp_path, capsys):
+    """Each run's folder had its own lock, and no sweep held its --out: a second quick glue_table on one --out
+    skipped the run the first was training as a failure and wrote table.md from the records so far (one seed's
+    score), over the first one's when it ended last. Now the second is refused before it reads or writes a thing."""
+    folder = tmp_path / held
+    with harness.one_sweep(folder, "the first"):
+        before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+        try:
+            status = importlib.import_module(module).main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+        except WorkdirError as e:  # harness.main makes it one line and exit status 2
+            status, said = 2, str(e)
+        else:
+            said = capsys.readouterr().err
+        assert status == 2 and (f"{folder} is in use by pid {os.getpid()} on " in said
+                                and "(a sweep running there now): wait for it to end, or stop it; " in said
+                                and " would write the same runs' records and tables" in said), said
+        assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert not folder.exists()  # made for the lock, and left as it was found
