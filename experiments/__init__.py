@@ -29,4 +29,3 @@ def _refuse_a_part_run_as_a_script() -> None:
 
 
 _refuse_a_part_run_as_a_script()
-
