@@ -14,6 +14,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import matplotlib
+
 from experiments.glue.common import ablation, errors_of
 from experiments import lr_grid
 from experiments.harness import Done, Run, finetune_record, sweep
@@ -21,6 +23,7 @@ from experiments.paper import stats
 from experiments.paper.settings import ARMS, Paper, TASKS
 from gpt1_jax.data.glue import glue_task, load_split
 from gpt1_jax.data.tasks import subset
+from gpt1_jax.files import save_figure
 from gpt1_jax.interrupt import unwrapped_interrupts
 
 # Paper Table 5 (docs/gpt1.md), our five tasks: task -> (arm -> score).
@@ -215,6 +218,7 @@ def write_tables(paper: Paper, done: dict, order: list[tuple[str, str]]) -> bool
                                              **({"seed0_holdout": held_scores[t][a]} if held_scores[t] else {})}
                                          for a in ARMS} for t in paper.tasks})
     paper.save_json("table5_intervals.json", claims)
+    plot(claims, paper.results_dir / "table5.png")
     return fresh
 
 
@@ -275,6 +279,41 @@ def intervals(by_seed: dict[str, dict[str, dict[int, float]]], baseline: dict[st
         }
     pick = lambda arm: {t: arms.get(arm, {}) for t, arms in by_seed.items()}  # noqa: E731
     return {"level": 0.95, "tasks": tasks, "average_gain": row(stats.paired_average(pick("full"), pick("no_pretrain")))}
+
+
+def plot(claims: dict, out: Path) -> None:
+    """Table 5's claim as a picture: per task and for the task average, the paired gain full − no_pretrain with its
+    95% t-interval (filled where the interval is above zero), beside the paper's gain (its test-server scores)."""
+    matplotlib.use("Agg")
+    # Imported after use("Agg"), matplotlib's order: at the top, use() would set the backend for every importer.
+    import matplotlib.pyplot as plt
+
+    paper_gain = {t: PAPER[t]["full"] - PAPER[t]["no_pretrain"] for t in claims["tasks"] if t in PAPER}
+    rows = [(t, c["gain"], paper_gain.get(t)) for t, c in claims["tasks"].items()]
+    rows.append(("average", claims["average_gain"], mean(list(paper_gain.values())) if paper_gain else None))
+    rows = [r for r in rows if r[1]["n"] and math.isfinite(r[1]["mean"])][::-1]  # the first task on top
+    fig, ax = plt.subplots(figsize=(7, 1.5 + 0.45 * len(rows)), dpi=110)
+    labelled = set()
+
+    def label(name: str) -> str:  # each kind of mark once in the legend
+        return "_" if name in labelled or labelled.add(name) else name
+
+    for y, (_, gain, theirs) in enumerate(rows):
+        above = gain["n"] >= 2 and gain["low"] > 0
+        kind = "ours, interval above 0" if above else "ours, interval reaches 0"
+        ax.errorbar(gain["mean"], y, xerr=[[gain["mean"] - gain["low"]], [gain["high"] - gain["mean"]]], fmt="o",
+                    color="tab:blue", mfc="tab:blue" if above else "white", capsize=4, label=label(kind))
+        if theirs is not None:
+            ax.plot(theirs, y, "x", color="tab:red", label=label("paper (GLUE test server)"))
+    ax.axvline(0, color="gray", ls="--", lw=1)
+    ax.set_yticks(range(len(rows)), [f"{name} ({gain['n']} seeds)" for name, gain, _ in rows])
+    ax.set_xlabel("full − no_pretrain, points (x100; ours on the dev sets)")
+    ax.set_title("What pre-training adds (Table 5): paired gain, 95% t-interval over seeds", fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    save_figure(fig, out)
+    plt.close(fig)
 
 
 def interval_text(ci: dict, digits: int = 1) -> str:
