@@ -47,6 +47,11 @@ def pretrain_seconds(paper: Paper) -> float | None:
     return sum(tokens / rate for rate in rates) if rates else None
 
 
+def figure(paper: Paper, name: str, caption: str) -> list[str]:
+    """The results' plot `name` shown in README.md (where a renderer draws it), if the stage wrote it."""
+    return ["", f"![{caption}]({name})"] if (paper.results_dir / name).is_file() else []
+
+
 def pretrain_summary(paper: Paper) -> list[str]:
     """The validation curve of the pre-training run, and its loss plot copied beside the results."""
     val = [{"step": r["step"], "val_loss": r["val_loss"], "val_ppl": r["val_ppl"]}
@@ -63,7 +68,8 @@ def pretrain_summary(paper: Paper) -> list[str]:
     return [f"Validation perplexity {last['val_ppl']:.1f} (loss {last['val_loss']:.3f} nats/token) at step {last['step']}; "
             "curve: `pretrain.json`, plot: `pretrain_loss.png`.", "",
             "| step | " + " | ".join(str(r["step"]) for r in val) + " |", "|---|" + "---|" * len(val),
-            "| val ppl | " + " | ".join(f"{r['val_ppl']:.1f}" for r in val) + " |"]
+            "| val ppl | " + " | ".join(f"{r['val_ppl']:.1f}" for r in val) + " |",
+            *figure(paper, "pretrain_loss.png", "pre-training loss")]
 
 
 def table5_summary(paper: Paper) -> list[str]:
@@ -75,7 +81,8 @@ def table5_summary(paper: Paper) -> list[str]:
     claims, averages = paper.load_json("table5_intervals.json"), goal(table)["averages"]
     return [table5.verdict(paper, table, claims)[1], "",
             "Averages: " + ", ".join(f"{a} {averages[a]:.1f}" for a in ARMS) + ". Per task: `table5.md`; the gains, plotted: `table5.png`.",
-            *(["", *table5.interval_lines(claims, table5.gain_goal(paper))] if claims else [])]
+            *(["", *table5.interval_lines(claims, table5.gain_goal(paper))] if claims else []),
+            *figure(paper, "table5.png", "Table 5: pre-training's paired gain per task, 95% t-intervals")]
 
 
 def more_seeds_summary(paper: Paper) -> list[str]:
@@ -103,7 +110,7 @@ def layers_summary(paper: Paper) -> list[str]:
         scores = curve["scores"]
         lines.append(f"- {task} ({curve['metric']}, lr {curve['lr']}): "
                      + ", ".join(f"{k} blocks {cell(v)}" for k, v in scores.items()) if scores else f"- {task}: failed")
-    return lines + ["", "Plot: `layers.png`."]
+    return lines + ["", "Plot: `layers.png`.", *figure(paper, "layers.png", "Figure 2 (left): layers transferred")]
 
 
 def diagnosis_summary(paper: Paper) -> list[str]:
@@ -141,7 +148,7 @@ def zeroshot_summary(paper: Paper) -> list[str]:
         lines += ["", "Against its set's majority (constant) baseline, a score counts only more than 2 standard errors "
                   "above it (binomial for accuracy, (1 − r²)/√(n − 1) for MCC; the plot's bands are 1 standard error): "
                   + "; ".join(_left(zs, n) for n in names) + "."]
-    return lines
+    return lines + figure(paper, "zeroshot.png", "Figure 2 (right): zero-shot scores over pre-training")
 
 
 def _left(zs: dict, key: str) -> str:
