@@ -176,7 +176,18 @@ def metric_label(kind: str, runs: list[dict]) -> str:
     return "validation loss (nats/token)" if kind == "pretrain" else f"dev {dev_metric(runs)}"
 
 
-def results_md(kind: str, rows: list[dict], runs: list[dict], args, title: str) -> str:
+# What each plot of `plot` shows, as results.md captions it.
+CAPTIONS = {"val_vs_tokens.png": "validation loss against tokens seen, each optimizer at its best lr",
+            "val_vs_time.png": "validation loss against training seconds",
+            "loss_vs_lr.png": "final validation loss against lr: the sweep",
+            "dev_vs_epoch.png": "dev score against epoch, each optimizer at its best lr",
+            "dev_vs_time.png": "dev score against training seconds",
+            "dev_vs_lr.png": "best-epoch dev score against lr: the sweep",
+            "update_ratio.png": "per-layer update size relative to the parameters"}
+
+
+def results_md(kind: str, rows: list[dict], runs: list[dict], args, title: str, figures: list[str] = ()) -> str:
+    """`figures`: the plots written beside it, shown at its end."""
     lines = [f"# {title}{' (quick)' if args.quick else ''}", "", _protocol(kind, runs, args), "", _compute_line(runs), "",
              *_table(kind, rows, runs),
              "", "Rows are best first. *> next?*: yes when this row's mean ± std interval does not overlap the next "
@@ -190,6 +201,8 @@ def results_md(kind: str, rows: list[dict], runs: list[dict], args, title: str) 
                      "and dev evaluation; it trains with warmup then a constant lr, the others warmup then "
                      + ("cosine." if kind == "pretrain" else "linear decay."))
     lines += ["", "## What the numbers say", "", *(f"- {c}" for c in findings(kind, rows, runs))]
+    if figures:
+        lines += ["", "## Plots", *(f"\n![{CAPTIONS.get(name, name)}]({name})" for name in figures)]
     return "\n".join(lines) + "\n"
 
 
@@ -502,8 +515,8 @@ def write_outputs(study: Path, kind: str, runs: list[dict], names: list[str], se
     atomic_write_text(study / "results.json", json.dumps(
         {"study": kind, "quick": args.quick, "seeds": seeds, "cpu_kinds": cpu_kinds(runs), "summary": rows, "runs": shown},
         indent=2) + "\n")
-    atomic_write_text(study / "results.md", results_md(kind, rows, runs, args, title))
     drawn = plot(study, kind, runs, rows, seeds) if plots else []
+    atomic_write_text(study / "results.md", results_md(kind, rows, runs, args, title, [p.name for p in drawn]))
     if args.results:  # the copy that is committed: the same files, nothing else
         dest = Path(args.results) / study.relative_to(Path(args.out))
         dest.mkdir(parents=True, exist_ok=True)
