@@ -426,3 +426,27 @@ def test_the_model_card_names_code_changes_but_not_the_pipelines_own_outputs(tmp
     assert source_commit(paper) == head
     (paper / "run.py").write_text("changed\n")
     assert source_commit(paper) == f"{head} (with uncommitted changes)"
+
+
+def test_table5_png_draws_the_tasks_with_pairs_and_leaves_out_the_rest(tmp_path, monkeypatch):
+    """table5.png: one row per task with paired seeds and one for the average, each at its gain and interval; a task
+    without pairs yet (n 0, NaN) is left out rather than drawn at NaN, and the paper's gain sits beside each row."""
+    gain = lambda m, lo, hi, n: {"mean": m, "low": lo, "high": hi, "n": n}  # noqa: E731
+    claims = {"level": 0.95, "average_gain": gain(6.5, 5.0, 8.1, 5), "tasks": {
+        "cola": {"gain": gain(8.6, 3.6, 13.6, 5)}, "mrpc": {"gain": gain(-0.1, -0.5, 0.2, 5)},
+        "rte": {"gain": gain(float("nan"), float("nan"), float("nan"), 0)}}}
+    drawn = {}
+    import matplotlib.axes
+
+    def errorbar(self, x, y, xerr=None, **kw):
+        drawn[y] = (x, xerr, kw["mfc"])
+        return original(self, x, y, xerr=xerr, **kw)
+
+    original = matplotlib.axes.Axes.errorbar
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", errorbar)
+    table5.plot(claims, tmp_path / "table5.png")
+    assert (tmp_path / "table5.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # bottom to top: the average, then the tasks in reverse (cola on top); rte has no pairs
+    assert drawn == {0: (6.5, [[1.5], [pytest.approx(1.6)]], "tab:blue"),
+                     1: (-0.1, [[pytest.approx(0.4)], [pytest.approx(0.3)]], "white"),
+                     2: (8.6, [[pytest.approx(5.0)], [pytest.approx(5.0)]], "tab:blue")}
