@@ -80,7 +80,8 @@ def table5_summary(paper: Paper) -> list[str]:
                 "them)."] if partial.is_file() else ["Not run yet."]
     claims, averages = paper.load_json("table5_intervals.json"), goal(table)["averages"]
     return [table5.verdict(paper, table, claims)[1], "",
-            "Averages: " + ", ".join(f"{a} {averages[a]:.1f}" for a in ARMS) + ". Per task: `table5.md`; the gains, plotted: `table5.png`.",
+            "Averages: " + ", ".join(f"{a} {averages[a]:.1f}" for a in ARMS)
+            + ". Per task: `table5.md`; the gains, plotted: `table5.png`.",
             *(["", *table5.interval_lines(claims, table5.gain_goal(paper))] if claims else []),
             *figure(paper, "table5.png", "Table 5: pre-training's paired gain per task, 95% t-intervals")]
 

@@ -262,7 +262,8 @@ def prediction_batches(enc: Encoded, batch_size: int, n_ctx: int, markers: Marke
     by_length = eval_order(enc)
     for first in range(0, len(enc.seqs), batch_size):
         rows = by_length[first: first + batch_size]
-        yield rows, {k: v[process_rows(batch_size)] for k, v in make_batch(enc, rows, batch_size, n_ctx, markers).items()}
+        batch = make_batch(enc, rows, batch_size, n_ctx, markers)
+        yield rows, {k: v[process_rows(batch_size)] for k, v in batch.items()}
 
 
 class EpochBatches:

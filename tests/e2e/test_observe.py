@@ -19,8 +19,8 @@ from tests.support.pretrain import cache  # noqa: F401 (a pytest fixture)
 
 def _config(cache, profile: str = "", stats_every: int = 0) -> PretrainConfig:
     base = preset(PretrainConfig, "tiny")
-    return dataclasses.replace(base, steps=5, eval_every=2, checkpoint_every=0, profile=profile, stats_every=stats_every,
-                               data=dataclasses.replace(base.data, cache_dir=str(cache)))
+    return dataclasses.replace(base, steps=5, eval_every=2, checkpoint_every=0, profile=profile,
+                               stats_every=stats_every, data=dataclasses.replace(base.data, cache_dir=str(cache)))
 
 
 @pytest.mark.fusion_emitters

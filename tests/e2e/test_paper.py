@@ -70,8 +70,8 @@ def test_quick_pipeline_writes_every_output(quick, glue_dir):
     out, _ = quick
     results = out / "results"
     for name in ("README.md", "timings.json", "pretrain.json", "pretrain_loss.png", "table5.json", "table5.md",
-                 "lr_grid.json", "table5.png", "layers.json", "layers.png", "zeroshot.json", "zeroshot.png", "diagnosis.json",
-                 "diagnosis.md"):
+                 "table5.png", "lr_grid.json", "layers.json", "layers.png", "zeroshot.json", "zeroshot.png",
+                 "diagnosis.json", "diagnosis.md"):
         assert (results / name).is_file(), name
     table = json.loads((results / "table5.json").read_text())
     assert list(table) == ["sst2"] and list(table["sst2"]) == ["full", "no_pretrain", "no_aux_lm"]
