@@ -1,6 +1,6 @@
 """Shared by the GLUE tables (glue_table.py, race_table.py) and the paper's Table 5 (experiments/paper/): what
-makes each of Table 5's arms, the --quick fine-tuning config, and the mean ± std cells. The runs themselves go
-through experiments/harness.py.
+makes each of Table 5's arms, the --quick fine-tuning config, the mean ± std cells and the tables' plots. The runs
+themselves go through experiments/harness.py.
 """
 
 from __future__ import annotations
@@ -9,8 +9,11 @@ import dataclasses
 import statistics
 from pathlib import Path
 
+import matplotlib
+
 from experiments.harness import Done
 from gpt1_jax.config import FinetuneConfig, apply_overrides, preset
+from gpt1_jax.files import atomic_write_text, save_figure
 
 # Table 5 (docs/gpt1.md): no_pretrain starts from random weights at the init source's architecture and
 # vocabulary (--init scratch:SOURCE; `none` stays none), no_aux_lm fine-tunes without the auxiliary LM loss.
@@ -68,5 +71,36 @@ def errors_of(dones: list[Done]) -> str:
 def write_table(path: Path, title: str, lines: list[str]) -> str:
     text = f"# {title}\n\n" + "\n".join(lines) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    atomic_write_text(path, text)
     return text
+
+
+def plot_table(path: Path, title: str, rows: list[tuple[str, dict[str, list[float]], float | None]],
+               paper: str) -> None:
+    """The table as a picture: per row (label, {ablation: scores over seeds}, the paper's number), each ablation's
+    mean x100 with its seeds' std, beside the paper's number (`paper`: its legend); an ablation without a score
+    leaves its bar out."""
+    matplotlib.use("Agg")
+    # Imported after use("Agg"), matplotlib's order: at the top, use() would set the backend for every importer.
+    import matplotlib.pyplot as plt
+
+    ablations = list(dict.fromkeys(a for _, arms, _ in rows for a in arms))
+    width = 0.8 / max(len(ablations), 1)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(rows) + 2), 3.6), dpi=110)
+    for i, arm in enumerate(ablations):
+        bars = [(j + (i - (len(ablations) - 1) / 2) * width, [100 * v for v in arms.get(arm, [])])
+                for j, (_, arms, _) in enumerate(rows)]
+        bars = [(x, v) for x, v in bars if v]
+        ax.bar([x for x, _ in bars], [statistics.mean(v) for _, v in bars], width,
+               yerr=[statistics.stdev(v) if len(v) > 1 else 0.0 for _, v in bars], capsize=3, label=arm)
+    theirs = [(j, number) for j, (_, _, number) in enumerate(rows) if number is not None]
+    ax.plot([j for j, _ in theirs], [n for _, n in theirs], "x", color="tab:red", ms=9, label=paper)
+    ax.set_xticks(range(len(rows)), [label for label, _, _ in rows])
+    ax.set_ylabel("score x100 (mean ± std over seeds)")
+    ax.set_title(title, fontsize=10)
+    ax.axhline(0, color="gray", lw=0.8)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)

@@ -2,7 +2,7 @@
 
 Runs every GLUE task whose train and dev files are in --data-dir (GLUE's official TSV distribution), or
 every GLUE task without it (tensorflow-datasets downloads them), then writes OUT/table.md: each task's
-official metric, mean ± std over seeds (x100), beside the paper's number (docs/gpt1.md). With
+official metric, mean ± std over seeds (x100), beside the paper's number (docs/gpt1.md), and OUT/table.png. With
 --ablations full,no_pretrain,no_aux_lm it adds Table 5: no pre-training (`--init scratch:SOURCE`,
 or `none`) and no auxiliary LM (`--lm-coef 0`).
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from experiments import harness
 from experiments.glue.common import (ABLATIONS, ablation, errors_of, mean_std, metric_values, missing_init, missing_path,
-                                     table_config, write_table)
+                                     plot_table, table_config, write_table)
 from gpt1_jax.data.glue import GLUE_TASKS, split_available
 from gpt1_jax.errors import ConfigError
 
@@ -102,15 +102,18 @@ def run_table(args: argparse.Namespace) -> int:
              "", NOTE, "", "| task | metric | paper | " + " | ".join(ablations) + " |",
              "|---|---|---|" + "---|" * len(ablations)]
     averages: dict[str, list[float]] = {a: [] for a in ablations}
+    plotted = []  # each task's first metric: (label, ablation -> scores, the paper's)
     for task in tasks:
         for i, (metric, paper) in enumerate(PAPER.get(task, [("accuracy", None)])):
-            cells = []
+            cells, scores = [], {}
             for a in ablations:
                 group = [d for (ka, kt, _), d in by_key.items() if kt == task and ka == a]
-                values = metric_values(group, metric)
+                values = scores[a] = metric_values(group, metric)
                 cells.append(mean_std(values) if values else f"failed: {errors_of(group)}" if errors_of(group) else "–")
                 if i == 0 and values:
                     averages[a].append(sum(values) / len(values) * 100)
+            if i == 0:
+                plotted.append((f"{task}\n{metric}", scores, paper))
             paper_cell = f"{paper:.1f}" if paper is not None else "–"
             lines.append(f"| {task} | {metric} | {paper_cell} | " + " | ".join(cells) + " |")
     lines.append("| **average** (first metric) | | " + (f"{PAPER_TABLE5['full']:.1f}" if "full" in ablations else "–") + " | "
@@ -119,7 +122,8 @@ def run_table(args: argparse.Namespace) -> int:
         lines += ["", "Table 5 (paper's averages): " + ", ".join(f"{a} {PAPER_TABLE5[a]}" for a in ablations)]
     if missing and not args.tasks:
         lines += ["", f"Not run (train or dev split not in {args.data_dir}): {', '.join(missing)}"]
-    text = write_table(out / "table.md", "GPT-1 fine-tuning on GLUE (dev)", lines)
+    text = write_table(out / "table.md", "GPT-1 fine-tuning on GLUE (dev)", lines + ["", "Plot: `table.png`."])
+    plot_table(out / "table.png", "GPT-1 fine-tuning on GLUE (dev)", plotted, "the paper's GPT-1 (GLUE test server)")
     print(text)
     return 0 if all(d.record for d in dones) else 1
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from experiments import harness
 from experiments.glue.common import (ABLATIONS, ablation, errors_of, mean_std, metric_values, missing_init, missing_path,
-                                     table_config, write_table)
+                                     plot_table, table_config, write_table)
 from gpt1_jax.errors import ConfigError
 
 PAPER = [("accuracy_middle", "RACE-m", 62.9), ("accuracy_high", "RACE-h", 57.4), ("accuracy", "RACE", 59.0)]
@@ -64,14 +64,17 @@ def run_table(args: argparse.Namespace) -> int:
     lines = [f"init: `{args.init}`; seeds: {args.seeds}" + ("; **quick mode**" if args.quick else ""), "",
              "Accuracy x100 on RACE's dev set (paper: test set).", "",
              "| | paper | " + " | ".join(ablations) + " |", "|---|---|" + "---|" * len(ablations)]
+    plotted = []
     for metric, name, paper in PAPER:
-        cells = []
+        cells, scores = [], {}
         for a in ablations:
             group = [d for (ka, _), d in zip(keys, dones) if ka == a]
-            values = metric_values(group, metric)
+            values = scores[a] = metric_values(group, metric)
             cells.append(mean_std(values) if values else f"failed: {errors_of(group)}" if errors_of(group) else "–")
         lines.append(f"| {name} | {paper:.1f} | " + " | ".join(cells) + " |")
-    print(write_table(out / "table.md", "GPT-1 fine-tuning on RACE", lines))
+        plotted.append((name, scores, paper))
+    print(write_table(out / "table.md", "GPT-1 fine-tuning on RACE", lines + ["", "Plot: `table.png`."]))
+    plot_table(out / "table.png", "GPT-1 fine-tuning on RACE (dev)", plotted, "the paper's GPT-1 (RACE test set)")
     return 0 if all(d.record for d in dones) else 1
 
 

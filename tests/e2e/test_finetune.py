@@ -286,6 +286,7 @@ def test_glue_table_script_quick(tmp_path, data_dir):
     assert proc.returncode == 0, proc.stderr[-2000:]
     table = (out / "table.md").read_text()
     assert "| cola | matthews_corr | 45.4 |" in table and (out / "full" / "cola" / "seed0" / "results.json").is_file()
+    assert "Plot: `table.png`." in table and (out / "table.png").read_bytes()[:4] == b"\x89PNG"
     record = json.loads((out / "full" / "cola" / "seed0" / "record.json").read_text())  # the harness's done mark
     assert record["metrics"] == json.loads((out / "full" / "cola" / "seed0" / "results.json").read_text())["metrics"]
     assert "lm_coef: 0.25" in (out / "full" / "cola" / "seed0" / "config.yaml").read_text()  # --set reached the run
