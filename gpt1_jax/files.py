@@ -1,7 +1,7 @@
 """The one way gpt1-jax writes a small file that others may read while it is written (run identity, configs,
 tokenizers, metadata, plots): whole or not at all; the one way it writes a folder so (`staging_folder`: models,
-token caches, kept BPEs, unpacked GLUE); where its caches live by default (`user_cache`); and how an error names
-what a folder holds (`some_names`)."""
+token caches, kept BPEs, unpacked GLUE); where its caches live by default (`user_cache`); how an error names
+what a folder holds (`some_names`); and matplotlib for the plots (`pyplot`, `save_figure`)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,18 @@ def staging_folder(final: Path, *, dead_quiet_s: float = 0.0, stale_s: float | N
         yield tmp
     finally:  # renamed onto `final`: nothing here any more
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pyplot():
+    """matplotlib.pyplot on its file-only backend (Agg: no display on servers and CI), imported here on first use:
+    it takes ~1 s, for the few commands that draw."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    # Imported after use("Agg"), matplotlib's order: before it, pyplot would have chosen the backend itself.
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def save_figure(fig, path: Path, **kwargs) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from gpt1_jax.files import save_figure
+from gpt1_jax.files import pyplot, save_figure
 
 
 def json_safe(value: Any) -> Any:
@@ -119,11 +119,7 @@ class Progress:
 def plot_losses(workdir: str | Path, out: str | Path | None = None) -> Path:
     """`loss.png` beside metrics.jsonl: train loss (raw and smoothed) and validation loss against step; for a
     fine-tuning run, beside it, the dev (and held-out) scores of each epoch's end."""
-    # Imported here: matplotlib takes ~1 s to import, for a plot few runs ask for (and after use("Agg")).
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on servers and CI
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     records = read_metrics(workdir)
     train = [(r["step"], r["loss"]) for r in records if isinstance(r.get("loss"), float)]

@@ -9,11 +9,10 @@ import dataclasses
 import statistics
 from pathlib import Path
 
-import matplotlib
 
 from experiments.harness import Done
 from gpt1_jax.config import FinetuneConfig, apply_overrides, preset
-from gpt1_jax.files import atomic_write_text, save_figure
+from gpt1_jax.files import atomic_write_text, pyplot, save_figure
 
 # Table 5 (docs/gpt1.md): no_pretrain starts from random weights at the init source's architecture and
 # vocabulary (--init scratch:SOURCE; `none` stays none), no_aux_lm fine-tunes without the auxiliary LM loss.
@@ -80,9 +79,7 @@ def plot_table(path: Path, title: str, rows: list[tuple[str, dict[str, list[floa
     """The table as a picture: per row (label, {ablation: scores over seeds}, the paper's number), each ablation's
     mean x100 with its seeds' std, beside the paper's number (`paper`: its legend); an ablation without a score
     leaves its bar out."""
-    matplotlib.use("Agg")
-    # Imported after use("Agg"), matplotlib's order: at the top, use() would set the backend for every importer.
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     ablations = list(dict.fromkeys(a for _, arms, _ in rows for a in arms))
     width = 0.8 / max(len(ablations), 1)

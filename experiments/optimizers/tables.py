@@ -9,10 +9,9 @@ import shutil
 import statistics
 from pathlib import Path
 
-import matplotlib
 from matplotlib.ticker import MaxNLocator
 
-from gpt1_jax.files import atomic_write_text, save_figure
+from gpt1_jax.files import atomic_write_text, pyplot, save_figure
 from experiments.optimizers.sweep import best_lr, bracket_gap, finite, median, score
 
 REFERENCE = "gpt1_adam"  # state memory and token speed-ups are reported relative to this one
@@ -397,7 +396,7 @@ def _best_run(runs: list[dict], row: dict, seeds: list[int]) -> dict | None:
 def _plot_update_ratios(path: Path, best: list[dict]) -> None:
     """|update| / |params| per parameter group over training, one panel per optimizer's best run: which layers
     each optimizer moves, and how fast (LayerNorms left out; embeddings in black and gray, blocks darker as they go up)."""
-    plt = _pyplot()
+    plt = pyplot()
     cols = min(4, len(best))
     rows_n = -(-len(best) // cols)
     fig, axes = plt.subplots(rows_n, cols, figsize=(3.6 * cols, 3.0 * rows_n), dpi=110, squeeze=False, sharey=True)
@@ -426,14 +425,6 @@ def _plot_update_ratios(path: Path, best: list[dict]) -> None:
     _save(plt, fig, path)
 
 
-def _pyplot():
-    matplotlib.use("Agg")  # files only: no display on servers and CI
-    # Imported after use("Agg"), matplotlib's order: at the top, use() would set the backend for every importer.
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _save(plt, fig, path: Path) -> None:
     fig.tight_layout()
     save_figure(fig, path)
@@ -442,7 +433,7 @@ def _save(plt, fig, path: Path) -> None:
 
 def _plot_curves(path: Path, field: str, xlabel: str, kind: str, runs: list[dict], rows: list[dict],
                  seeds: list[int]) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
     for i, row in enumerate(rows):
@@ -476,7 +467,7 @@ def _curve_points(field: str, kind: str, r: dict, row: dict) -> list[tuple[float
 
 
 def _plot_lr_sweep(path: Path, kind: str, runs: list[dict], rows: list[dict], seeds: list[int]) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
     scores = [s for r in runs if (s := score(r)) is not None]

@@ -10,12 +10,11 @@ import statistics
 import sys
 from pathlib import Path
 
-import matplotlib
 
 from experiments.glue.common import errors_of
 from experiments.paper.settings import Paper
 from experiments.paper.table5 import best_lr, cell, metric_name, ran_now, run_all, run_of, score
-from gpt1_jax.files import save_figure
+from gpt1_jax.files import pyplot, save_figure
 from gpt1_jax.weights import load_pretrained
 
 
@@ -53,9 +52,7 @@ def layers_stage(paper: Paper) -> bool | None:
 
 
 def plot(curves: dict, out: Path) -> None:
-    matplotlib.use("Agg")
-    # Imported after use("Agg"), matplotlib's order: at the top, use() would set the backend for every importer.
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, max(len(curves), 1), figsize=(4.5 * max(len(curves), 1), 3.6), dpi=110, squeeze=False)
     for ax, (task, curve) in zip(axes[0], curves.items()):

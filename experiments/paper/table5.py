@@ -14,7 +14,6 @@ import statistics
 import sys
 from pathlib import Path
 
-import matplotlib
 
 from experiments.glue.common import ablation, errors_of
 from experiments import lr_grid
@@ -23,7 +22,7 @@ from experiments.paper import stats
 from experiments.paper.settings import ARMS, Paper, TASKS
 from gpt1_jax.data.glue import glue_task, load_split
 from gpt1_jax.data.tasks import subset
-from gpt1_jax.files import save_figure
+from gpt1_jax.files import pyplot, save_figure
 from gpt1_jax.interrupt import unwrapped_interrupts
 
 # Paper Table 5 (docs/gpt1.md), our five tasks: task -> (arm -> score).
@@ -284,9 +283,7 @@ def intervals(by_seed: dict[str, dict[str, dict[int, float]]], baseline: dict[st
 def plot(claims: dict, out: Path) -> None:
     """Table 5's claim as a picture: per task and for the task average, the paired gain full − no_pretrain with its
     95% t-interval (filled where the interval is above zero), beside the paper's gain (its test-server scores)."""
-    matplotlib.use("Agg")
-    # Imported after use("Agg"), matplotlib's order: at the top, use() would set the backend for every importer.
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     paper_gain = {t: PAPER[t]["full"] - PAPER[t]["no_pretrain"] for t in claims["tasks"] if t in PAPER}
     rows = [(t, c["gain"], paper_gain.get(t)) for t, c in claims["tasks"].items()]

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import matplotlib
 import numpy as np
 
 from experiments.paper.release import pretrain_config, pretraining_finished
@@ -30,7 +29,7 @@ from gpt1_jax.data.glue import METRICS, load_split
 from gpt1_jax.data.race import load_race
 from gpt1_jax.data.tasks import bucket_len, subset
 from gpt1_jax.data.tokens import eod_id
-from gpt1_jax.files import save_figure
+from gpt1_jax.files import pyplot, save_figure
 from gpt1_jax.generate import init_cache
 from gpt1_jax.model import GPT1
 from gpt1_jax.tokenizer import find_tokenizer
@@ -296,9 +295,7 @@ def tick_labels(xs: list[str], min_ratio: float = 1.25) -> list[str]:
 def plot(zs: dict, out: Path) -> None:
     """The three curves with one-standard-error bands, each set's chance and (where it differs) its majority
     baseline; the y-axis spans at least 5 points either side of the baseline, so noise does not look like a trend."""
-    matplotlib.use("Agg")
-    # Imported after use("Agg"), matplotlib's order: at the top, use() would set the backend for every importer.
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     steps = zs["steps"]
     xs = sorted(steps, key=int)

@@ -20,10 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-import matplotlib
 
 from experiments import harness
-from gpt1_jax.files import atomic_write_text, save_figure
+from gpt1_jax.files import atomic_write_text, pyplot, save_figure
 from gpt1_jax.flops import cpu_flags
 
 HERE = Path(__file__).resolve().parent
@@ -224,9 +223,7 @@ def markdown(rows: list[dict], levers: list[dict]) -> str:
 
 
 def plot(rows: list[dict], out: Path) -> None:
-    matplotlib.use("Agg")
-    # Imported after use("Agg"), matplotlib's order: at the top, use() would set the backend for every importer.
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     pods = list(PODS)
     models = [f"{m} b{b}" for m, b in MODELS]
