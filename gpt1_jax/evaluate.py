@@ -70,7 +70,7 @@ def pretraining_run(source: Path, *, required: bool) -> bool:
     if not source.exists():
         raise FileNotFoundError(f"{source} does not exist: give a pre-training run's workdir")
     if held is None or not (source / "config.yaml").is_file():
-        raise FileNotFoundError(f"{source} is not a pre-training workdir (no config.yaml)")
+        raise FileNotFoundError(f"{source} is not a pre-training workdir (it holds no run)")
     if held.kind != "pretrain":
         raise WorkdirError(f"{source} holds {held.describe()}, not a pre-training run: evaluate measures a "
                            f"pre-training checkpoint's LM loss; this run's dev scores are in {source / 'results.json'}")

@@ -95,7 +95,7 @@ def read(workdir: str | Path) -> Identity | None:
         except (ValueError, KeyError, TypeError):
             raise WorkdirError(f"{path} is damaged (not the JSON gpt1-jax wrote): restore it, or start the run in "
                                "another folder") from None
-    if (workdir / "config.yaml").is_file():  # a run from before run.json
+    if (workdir / "config.yaml").is_file() and _trained_here(workdir):  # a run from before run.json
         try:
             saved = read_yaml(guarded_text(workdir / "config.yaml"))
         except yaml.YAMLError:
@@ -104,6 +104,14 @@ def read(workdir: str | Path) -> Identity | None:
             return Identity("finetune", _task(str(saved["task"])))
         return Identity("pretrain")
     return None
+
+
+def _trained_here(workdir: Path) -> bool:
+    """What a run from before run.json left beside its config.yaml. A config.yaml alone is not one: a folder
+    `convert --to jax` wrote (config.yaml + params/) and a folder holding the config a user wrote by hand
+    were taken for pre-training runs, and `pretrain` overwrote their config.yaml."""
+    checkpoints = workdir / "checkpoints"
+    return (workdir / "metrics.jsonl").is_file() or (checkpoints.is_dir() and any(checkpoints.iterdir()))
 
 
 def _task(name: str | None) -> str | None:

@@ -110,9 +110,23 @@ def test_an_unwritable_folder_is_refused_before_anything_runs(tmp_path):
 
 def test_runs_from_before_run_json_are_recognised_by_their_config(tmp_path):
     save_yaml(FinetuneConfig(task="sst2"), tmp_path / "config.yaml")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n')
     assert wd.read(tmp_path) == wd.Identity("finetune", "sst2")
     with pytest.raises(WorkdirError, match="holds a fine-tuning run of sst2"):
         wd.check(tmp_path, PRETRAIN, "pretrain")
+
+
+@pytest.mark.parametrize("beside", ["params", "notes.md"])
+def test_a_config_yaml_alone_is_not_a_run(tmp_path, beside):
+    """A `convert --to jax` folder (config.yaml + params/) and a folder holding a hand-written config were taken for
+    runs from before run.json: `pretrain` wrote its run into them and replaced their config.yaml."""
+    save_yaml(PretrainConfig(), tmp_path / "config.yaml")
+    (tmp_path / beside).mkdir() if beside == "params" else (tmp_path / beside).write_text("my notes")
+    before = (tmp_path / "config.yaml").read_text()
+    assert wd.read(tmp_path) is None
+    with pytest.raises(WorkdirError, match=f"holds no gpt1-jax run \\(config.yaml, {beside}\\)"):
+        wd.check(tmp_path, PRETRAIN, "pretrain")
+    assert (tmp_path / "config.yaml").read_text() == before
 
 
 def test_a_task_recorded_as_typed_is_the_same_task(tmp_path):
