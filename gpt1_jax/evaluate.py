@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from gpt1_jax.metrics import Bar
 from gpt1_jax.sharding import batch_divisor, batch_rows_shared_by_processes, make_mesh
 from gpt1_jax.step import lm_trainer
 from gpt1_jax.workdir import read as workdir_identity
+from gpt1_jax.workdir import DATA_INFO_FIX, read_record
 
 
 def split_rows(mesh, rows: int) -> int:
@@ -87,7 +87,7 @@ def check_same_tokens(run: Path, digest: str | None) -> None:
     file now (a relative path, from another folder) or edited files. Runs and caches from before the digest
     was kept are not compared."""
     info = run / "data_info.json"
-    trained_on = json.loads(info.read_text()).get("tokens_sha256") if info.is_file() else None
+    trained_on = read_record(info, DATA_INFO_FIX).get("tokens_sha256") if info.is_file() else None
     if trained_on and digest and trained_on != digest:
         raise DataError(f"{run}'s corpus gives other tokens now than the run trained on (its files changed, or a "
                         "relative path names another file from this folder): its validation split would be another "

@@ -46,7 +46,7 @@ from gpt1_jax.sharding import make_mesh
 from gpt1_jax.step import check_batch_size, make_trainer
 from gpt1_jax.tokenizer import GPT1Tokenizer, find_tokenizer
 from gpt1_jax.weights import load_pretrained
-from gpt1_jax.workdir import Identity, check_same_settings, hold, init_identity
+from gpt1_jax.workdir import DATA_INFO_FIX, Identity, check_same_settings, hold, init_identity, read_record
 from gpt1_jax.workdir import check as check_workdir
 
 
@@ -308,7 +308,7 @@ def check_same_examples(workdir: Path, splits: Splits) -> dict:
     trained_on = {"n_train": len(splits.train.seqs), "train_sha256": splits.train.digest()}
     info = workdir / DATA_INFO
     if info.is_file() and newest_checkpoint(workdir / "checkpoints") is not None:
-        before = json.loads(info.read_text())
+        before = read_record(info, DATA_INFO_FIX)
         if before.get("train_sha256", trained_on["train_sha256"]) != trained_on["train_sha256"]:
             raise WorkdirError(f"{workdir} holds a fine-tuning run trained on other examples ({before.get('n_train')} "
                                f"there, {trained_on['n_train']} now, or other tokens or labels: another --data-dir, or "

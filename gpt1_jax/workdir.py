@@ -33,7 +33,7 @@ from gpt1_jax.errors import ConfigError, WorkdirError
 from gpt1_jax.files import atomic_write_text, some_names
 from gpt1_jax.lockfile import LOCK_STALE_S, break_lock, held, mtime_ns, owner_is_gone, read_owner, try_lock
 
-__all__ = ["Identity", "WorkdirError", "check", "claim", "read", "check_same_settings", "init_identity", "check_same_data", "hold"]
+__all__ = ["Identity", "WorkdirError", "check", "claim", "read", "read_record", "check_same_settings", "init_identity", "check_same_data", "hold"]
 
 RUN_FILE = "run.json"
 LOCK_FILE = "run.lock"  # held by the job training in the folder (`hold`)
@@ -89,12 +89,11 @@ def read(workdir: str | Path) -> Identity | None:
     workdir = Path(workdir)
     path = workdir / RUN_FILE
     if path.is_file():
+        raw = read_record(path)
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
             return Identity(raw["kind"], _task(raw.get("task")), raw.get("init"))
-        except (ValueError, KeyError, TypeError):
-            raise WorkdirError(f"{path} is damaged (not the JSON gpt1-jax wrote): restore it, or start the run in "
-                               "another folder") from None
+        except (KeyError, TypeError):
+            raise _damaged(path) from None
     if (workdir / "config.yaml").is_file() and _trained_here(workdir):  # a run from before run.json
         try:
             saved = read_yaml(guarded_text(workdir / "config.yaml"))
@@ -104,6 +103,25 @@ def read(workdir: str | Path) -> Identity | None:
             return Identity("finetune", _task(str(saved["task"])))
         return Identity("pretrain")
     return None
+
+
+# data_info.json only lets a run check that its data did not change: without it the check is skipped.
+DATA_INFO_FIX = "restore it, or delete it (the check that the run's data did not change is then skipped)"
+
+
+def read_record(path: Path, fix: str = "restore it, or start the run in another folder") -> dict[str, Any]:
+    """A JSON object a run wrote into its folder (run.json, data_info.json); WorkdirError if it is not one."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:  # not JSON, or not UTF-8
+        raw = None
+    if not isinstance(raw, dict):
+        raise _damaged(path, fix)
+    return raw
+
+
+def _damaged(path: Path, fix: str = "restore it, or start the run in another folder") -> WorkdirError:
+    return WorkdirError(f"{path} is damaged (not the JSON gpt1-jax wrote): {fix}")
 
 
 def _trained_here(workdir: Path) -> bool:

@@ -14,6 +14,7 @@ from gpt1_jax.config import GUARD_LINE, FinetuneConfig, PretrainConfig, load_yam
 from gpt1_jax.data.sources import open_source
 from gpt1_jax.data.tokens import tokenizer_for
 from gpt1_jax.errors import ConfigError, DataError, WorkdirError
+from gpt1_jax.evaluate import check_same_tokens
 from gpt1_jax.tokenizer import GPT1Tokenizer
 from tests.support.workdir import PRETRAIN
 
@@ -134,6 +135,15 @@ def test_a_task_recorded_as_typed_is_the_same_task(tmp_path):
     "a fine-tuning run of RTE ..., not of rte"."""
     (tmp_path / wd.RUN_FILE).write_text(json.dumps({"kind": "finetune", "task": "RTE", "init": "none"}))
     assert wd.check(tmp_path, wd.Identity("finetune", "rte", "none"), "finetune") == wd.Identity("finetune", "rte", "none")
+
+
+@pytest.mark.parametrize("text", [b"", b"[1]", b'{"kind": "pre', b"\xff\xfe"])
+def test_a_damaged_data_info_json_is_named(tmp_path, text):
+    """evaluate and a fine-tuning rerun read data_info.json: empty, cut short, a list or not UTF-8, it ended in a
+    JSONDecodeError, AttributeError or UnicodeDecodeError traceback."""
+    (tmp_path / "data_info.json").write_bytes(text)
+    with pytest.raises(WorkdirError, match="data_info.json is damaged"):
+        check_same_tokens(tmp_path, "0" * 64)
 
 
 def test_a_damaged_run_json_is_named(tmp_path):
