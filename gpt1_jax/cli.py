@@ -586,10 +586,15 @@ def _verify(args: argparse.Namespace) -> int:
     if not directory.is_dir():
         raise FileNotFoundError(f"{args.workdir}: no checkpoints/ folder (not a run directory)")
     if args.record_missing:
+        from gpt1_jax.checkpoint import unreadable
+
         for step in checkpoint_steps(directory):
             if not (directory / str(step) / DIGESTS).exists():
-                record(directory / str(step))
-                print(f"step {step}: digests recorded (saved without them)", flush=True)
+                problem = unreadable(directory, step)
+                if problem is None:
+                    record(directory / str(step))
+                print(f"step {step}: " + ("digests recorded (saved without them)" if problem is None else
+                                          f"not recorded: it does not read back ({problem})"), flush=True)
     results = verify_checkpoints(directory)
     if not results:
         raise FileNotFoundError(f"{directory}: no checkpoint")

@@ -5,6 +5,7 @@ SIGTERM that saves, stops and leaves the signal handlers as it found them.
 Real orbax on disk, real `gpt1-jax` subprocesses, real tmpfs mounts (we run as root)."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -233,6 +234,19 @@ def test_verify_records_digests_of_checkpoints_saved_without_them(run40, tmp_pat
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["step 40: digests recorded (saved without them)", "step 36: ok", "step 39: ok",
                                         "step 40: ok", "config.yaml: ok"]
+
+    # A save cut short is not vouched for: its digests were recorded, and every later read was an orbax traceback.
+    (workdir / "checkpoints" / "39" / "integrity.json").unlink()
+    with open(largest_file(workdir / "checkpoints" / "39" / "state"), "r+b") as f:
+        f.truncate(5)
+    done = run("verify", "--workdir", str(workdir), "--record-missing")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert re.fullmatch(r"step 39: not recorded: it does not read back \(\w+: .*\)", done.stdout.splitlines()[0])
+    assert done.stdout.splitlines()[1:] == ["step 36: ok", "step 39: damaged: no integrity.json (a save that never "
+                                            "finished, or one made before checkpoints kept digests: `gpt1-jax verify "
+                                            "--workdir RUN --record-missing` records them for those)", "step 40: ok",
+                                            "config.yaml: ok"]
+    assert "TensorStore" not in done.stdout and not (workdir / "checkpoints" / "39" / "integrity.json").exists()
 
 
 def test_load_pretrained_refuses_a_damaged_checkpoint(run40, tmp_path):
