@@ -309,9 +309,9 @@ MeshAxes = str | tuple[str, ...] | None  # one logical axis -> mesh axes (None: 
 LOGICAL_AXES = ("batch", "vocab", "heads", "mlp", "embed", "positions", "length", "qkv", "kv", "layers")
 
 
-def rule_axes(value: Any) -> MeshAxes:
+def rule_axes(value: Any, name: str | None = None) -> MeshAxes:
     """A `mesh.rules` entry's mesh axes ("fsdp", "data,fsdp", a list of them; None, "" or "none": replicated),
-    each checked against MESH_AXES."""
+    each checked against MESH_AXES, none twice; `name`: the logical axis they are for, named in the error."""
     if value in (None, "", "none", "None"):
         return None
     if not isinstance(value, (str, list, tuple)):
@@ -320,6 +320,10 @@ def rule_axes(value: Any) -> MeshAxes:
     for p in parts:
         if p not in MESH_AXES:
             raise ConfigError(f"mesh.rules: unknown mesh axis {p!r}; known: {', '.join(MESH_AXES)}")
+    # jax refuses such a spec (DuplicateSpecError) only once the run has written its tokenizer
+    if twice := next((p for i, p in enumerate(parts) if p in parts[:i]), None):
+        raise ConfigError(f"mesh.rules: {name or 'a logical axis'} maps to mesh axis {twice!r} twice "
+                          f"({', '.join(parts)}); a dimension is split over each mesh axis at most once")
     return parts[0] if len(parts) == 1 else parts
 
 
@@ -353,7 +357,7 @@ class MeshConfig:
         for name, axes in self.rules:
             if name not in LOGICAL_AXES:
                 raise ConfigError(f"mesh.rules: unknown logical axis {name!r}; known: {', '.join(LOGICAL_AXES)}")
-            rule_axes(axes)  # checked with the config, not once the run has written its tokenizer
+            rule_axes(axes, name)  # checked with the config, not once the run has written its tokenizer
 
     def axis_sizes(self, n_devices: int) -> dict[str, int]:
         """{'data': .., 'fsdp': .., 'tensor': ..} resolving -1, checked against the device count."""
@@ -721,6 +725,10 @@ class _ConfigLoader(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, typing.Hashable):  # `? [a, b]` or `{[a]: 1}`: a TypeError in `seen` below
+                kind = {"dict": "mapping"}.get(type(key).__name__, type(key).__name__)  # still empty here: no repr
+                raise yaml.constructor.ConstructorError(None, None, f"a key must be a name, not a {kind}",
+                                                        key_node.start_mark)
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
                                                         key_node.start_mark)
@@ -755,11 +763,18 @@ def read_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_ConfigLoader)
 
 
+def _is_empty(text: str) -> bool:
+    """Whether a YAML file's text holds nothing but blank lines and comments (it reads as null)."""
+    return all(not line.strip() or line.lstrip().startswith("#") for line in text.splitlines())
+
+
 def guarded_text(path: Path) -> str:
     """The YAML of `path`, verified against its digest line when it carries the guard line."""
     data = path.read_bytes()
     text = data.decode("utf-8", errors="replace")
     if not text.startswith(GUARD_LINE):
+        if _is_empty(text):  # it read as the defaults: a run resumed as another model, with misleading errors
+            raise ConfigError(f"{path} is empty: restore it, or start the run in another folder")
         return text
     body, _, last = text.rstrip("\n").rpartition("\n")
     if not last.startswith(_DIGEST_PREFIX):
@@ -771,11 +786,15 @@ def guarded_text(path: Path) -> str:
     return body
 
 
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """A YAML config file's mapping, as written (guarded files verified), or one line saying what is wrong."""
+def read_config_file(path: str | Path, *, given: bool = False) -> dict[str, Any]:
+    """A YAML config file's mapping, as written (guarded files verified), or one line saying what is wrong.
+    `given`: a file of the user's `--config` (else a run's own config.yaml), whose fix differs when it is empty."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} " + ("is a folder, not a file" if path.is_dir() else "does not exist"))
+    if given and _is_empty(path.read_text(encoding="utf-8", errors="replace")):
+        raise ConfigError(f"config file {path} is empty: write in it the settings to change (e.g. `seed: 1`), "
+                          f"or give --config a preset ({', '.join(MODEL_PRESETS)})")
     try:
         values = read_yaml(guarded_text(path)) or {}
     except yaml.YAMLError as e:
@@ -798,9 +817,10 @@ def _merged(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_yaml(cls: type[T], path: str | Path, over: T | None = None) -> T:
-    """`cls` from a YAML file; the fields it leaves out are `over`'s (a run's defaults), else the classes'."""
-    values = read_config_file(path)
+def load_yaml(cls: type[T], path: str | Path, over: T | None = None, *, given: bool = False) -> T:
+    """`cls` from a YAML file (`given`: the user's `--config`, see read_config_file); the fields it leaves out are
+    `over`'s (a run's defaults), else the classes'."""
+    values = read_config_file(path, given=given)
     return from_dict(cls, values if over is None else _spanned(_merged(to_dict(over), values)))
 
 
@@ -816,7 +836,7 @@ def hand_written(spec: str | None, cls: type | None = None) -> dict[str, Any]:
     guard, or with it deleted, holds every field of `cls`, as no file written by hand does)."""
     if not is_config_file(spec) or written_by_gpt1_jax(spec):
         return {}
-    values = read_config_file(spec)
+    values = read_config_file(spec, given=True)
     if cls is not None and {f.name for f in dataclasses.fields(cls)} <= set(values):
         return {}
     return flat_fields({k: v for k, v in values.items() if v is not None})  # `optim: null` gives nothing (_merged)
@@ -848,7 +868,8 @@ def resolve(cls: type[T], spec: str | None, *, saved: str | Path | None = None, 
     elif spec in MODEL_PRESETS:
         config = preset(cls, spec)
     elif is_config_file(spec):
-        config = load_yaml(cls, spec, over=cls())  # the fields a file leaves out are those the job runs by default
+        # the fields a file leaves out are those the job runs by default
+        config = load_yaml(cls, spec, over=cls(), given=True)
         if hasattr(config, "optim"):
             check_given_optim(config.optim)
     else:

@@ -42,7 +42,7 @@ class MetricsWriter:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():  # the steps a resume replays come again; so does a record the last session tore
-            kept = [json.dumps(r) for r in _records(self.path) if r.get("step", 0) <= resume_step]
+            kept = [json.dumps(r) for r in _records(self.path) if r["step"] <= resume_step]
             self.path.write_text("".join(l + "\n" for l in kept))
         self._file = open(self.path, "a", buffering=1)
 
@@ -70,14 +70,15 @@ class MetricsWriter:
 
 def _records(path: Path) -> list[dict]:
     """metrics.jsonl's records. A line that is not one (the last, torn by a kill or a full disk; a note a user
-    added) is left out: it stopped every resume and plot with a JSONDecodeError traceback."""
+    added; an object without an integer step, which a resume compares and the plot draws against) is left out: it
+    stopped every resume and plot with a traceback."""
     records = []
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict):
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and not isinstance(record["step"], bool):
             records.append(record)
     return records
 

@@ -181,7 +181,8 @@ def _load_trained(source: TextSource, workdir: Path, vocab_size: int) -> GPT1Tok
         if meta.get("vocab_size") != vocab_size:
             raise ConfigError(
                 f"{path} was trained with vocab_size={meta.get('vocab_size')}, not {vocab_size}, and the run's "
-                "checkpoints use it: set data.vocab_size (--vocab-size) back, or start a new run in another workdir"
+                f"checkpoints use it: set data.vocab_size back to {meta.get('vocab_size')}, or start a new run in "
+                "another workdir"
             )
         check_recorded_digest(workdir)
         if meta.get("source") != source.spec or meta.get("fingerprint", source.fingerprint()) != source.fingerprint():

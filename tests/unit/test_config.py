@@ -2,7 +2,9 @@
 by the modules holding those registries, so it keeps the names itself; these tests keep the two as one); and
 values from `--set` and YAML files become the fields' types, or one error naming the key."""
 
+import flax.linen as nn
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from gpt1_jax import config
 from gpt1_jax.config import (PretrainConfig, apply_overrides, check_pretrain_schedule, load_yaml, preset, resolve,
@@ -10,7 +12,7 @@ from gpt1_jax.config import (PretrainConfig, apply_overrides, check_pretrain_sch
 from gpt1_jax.errors import ConfigError
 from gpt1_jax.data.glue import GLUE_TASKS
 from gpt1_jax.optim import OPTIMIZERS, SCHEDULES
-from gpt1_jax.sharding import DEFAULT_RULES
+from gpt1_jax.sharding import DEFAULT_RULES, logical_rules
 
 
 def test_optimizer_and_schedule_names_are_the_registries():
@@ -60,6 +62,10 @@ def test_list_and_pair_fields_are_typed_from_set_and_yaml():
     # tracebacks where the value was first used, or a folder named 'None'
     ("mesh.rules={vocab: 5}", "mesh.rules[0][1] must be str or tuple or null, got 5"),
     ("mesh.rules={vocab: bogus}", "mesh.rules: unknown mesh axis 'bogus'"),  # was found after the tokenizer was written
+    # jax's DuplicateSpecError traceback, after the tokenizer was written
+    ("mesh.rules={embed: [data, data]}", "mesh.rules: embed maps to mesh axis 'data' twice (data, data); a dimension"),
+    ("mesh.rules={batch: 'fsdp,data, fsdp'}", "mesh.rules: batch maps to mesh axis 'fsdp' twice (fsdp, data, fsdp)"),
+    ("steps={[a]: 1}", "override 'steps={[a]: 1}': the value is not valid YAML (a key must be a name, not a list)"),
     ("data.cache_dir=5", "data.cache_dir must be str or null, got 5"),
     ("seed=0x10", "seed must be int, got '0x10'"),
     ("optim.muon_consistent_rms=nan", "optim.muon_consistent_rms must be a number, got nan"),
@@ -288,3 +294,43 @@ def test_gpt1_adam_refuses_constants_it_would_not_use_but_a_saved_run_stays_read
         apply_overrides(preset(PretrainConfig, "tiny"), ["optim={lr: 0, eps: 0, warmup_steps: 0}"])
     with pytest.raises(ConfigError, match="optim.name=gpt1_adam is the paper's Adam"):
         resolve(PretrainConfig, str(tmp_path / "config.yaml"))  # as --config: the user's choice, refused
+
+
+def test_two_logical_axes_may_share_a_mesh_axis_and_no_array_gets_it_twice():
+    """Only one rule naming a mesh axis twice reaches jax's DuplicateSpecError (refused above): flax gives a mesh
+    axis to one dimension of an array at most, so embed and mlp both on data leave a [embed, mlp] kernel valid."""
+    rules = apply_overrides(preset(PretrainConfig, "tiny"), ["mesh.rules={embed: data, mlp: data}"]).mesh.rules
+    assert nn.logical_to_mesh_axes(("embed", "mlp"), logical_rules(rules)) == P(None, "data")
+
+
+def test_a_yaml_key_that_is_a_list_or_a_mapping_is_one_line_naming_the_place(tmp_path):
+    """`? [a, b]` was a TypeError traceback (unhashable type: 'list') from the key-given-twice check."""
+    for text, kind, where in (("? [a, b]\n: 1\n", "list", "line 1, column 3"),
+                              ("model:\n  ? {x: 1}\n  : 2\n", "mapping", "line 2, column 5")):
+        path = tmp_path / "k.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError) as e:
+            resolve(PretrainConfig, str(path))
+        assert str(e.value) == f"config file {path} is not valid YAML: a key must be a name, not a {kind} ({where})"
+
+
+@pytest.mark.parametrize("text", ["", "  \n\n", "# steps: 5\n  # seed: 1\n"], ids=["empty", "blank", "comments"])
+def test_an_empty_config_is_one_line_not_the_defaults(tmp_path, text):
+    """A run's config.yaml emptied (a full disk, an editor) read as the default config: its resume, sample and
+    evaluate then spoke of vocabulary sizes and parameter shapes. A --config file with nothing in it is refused too."""
+    run = tmp_path / "run" / "config.yaml"
+    run.parent.mkdir()
+    run.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        resolve(PretrainConfig, None, saved=run)
+    assert str(e.value) == f"{run} is empty: restore it, or start the run in another folder"
+    with pytest.raises(ConfigError, match="is empty: restore it"):
+        config.guarded_text(run)  # what `verify` and workdir.read use
+    given = tmp_path / "mine.yaml"
+    given.write_text(text)
+    message = (f"config file {given} is empty: write in it the settings to change (e.g. `seed: 1`), or give --config "
+               "a preset (gpt1, small, tiny, ")
+    for read in (lambda: resolve(config.FinetuneConfig, str(given)), lambda: config.hand_written(str(given))):
+        with pytest.raises(ConfigError) as e:
+            read()
+        assert str(e.value).startswith(message), str(e.value)

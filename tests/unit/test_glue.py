@@ -119,6 +119,18 @@ def test_missing_column_and_missing_file(tmp_path):
         list(glue.read_tsv(tmp_path / "nope.tsv", "rte", "train"))
 
 
+def test_a_train_file_without_its_label_column_is_refused_and_a_dev_file_reads_as_unlabelled(tmp_path):
+    """A train.tsv cut to its text columns trained every example on label -1 with exit 0. A dev file so cut still
+    reads (labels -1): finetune refuses it by name, as a test file put in its place (tests/e2e/test_finetune.py)."""
+    text = "index\tsentence1\tsentence2\n0\ta\tb\n"
+    path = _write(tmp_path, "RTE", "train.tsv", text)
+    with pytest.raises(DataError) as e:
+        list(glue.read_tsv(path, "rte", "train"))
+    assert str(e.value) == f"{path}:1: header lacks column(s) ['label']; got ['index', 'sentence1', 'sentence2']"
+    dev = _write(tmp_path, "RTE", "dev.tsv", text)
+    assert [ex["label"] for ex in glue.read_tsv(dev, "rte", "validation")] == [-1]
+
+
 def test_a_file_that_is_not_text_is_one_error(tmp_path):
     path = tmp_path / "T" / "train.tsv"
     path.parent.mkdir()

@@ -95,6 +95,23 @@ def test_numbers_json_cannot_hold_are_written_as_text_and_perplexity_is_not_capp
     assert perplexity(2496.7) == math.inf and perplexity(114.0) == pytest.approx(math.exp(114.0))
 
 
+def test_metrics_records_without_an_integer_step_are_left_out_as_lines_that_are_not_records(tmp_path):
+    """`{"step": "a"}` in metrics.jsonl stopped the resume with a TypeError (the step compared with the resumed one);
+    `{"loss": 1.5}` stopped the loss plot with a KeyError. Both are left out, as a torn line or `null` is."""
+    import json
+
+    from gpt1_jax.metrics import MetricsWriter, read_metrics
+
+    good = [{"step": 1, "loss": 5.0}, {"step": 2, "loss": 4.0}, {"step": 3, "loss": 3.0}]
+    bad = ['{"step": "a", "loss": "b"}', '{"loss": 1.5}', '{"step": null}', '{"step": true}', '{"step": 1.5}',
+           "null", "[1]", '{"step": 3, "lo']
+    lines = [json.dumps(r) for r in good[:2]] + bad[:4] + [json.dumps(good[2])] + bad[4:]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert read_metrics(tmp_path) == good
+    MetricsWriter(tmp_path, resume_step=2, tracker=None).close()
+    assert read_metrics(tmp_path) == good[:2]
+
+
 def test_a_resume_that_moves_the_learning_rate_says_so():
     """Resuming a finished 30-step run for 50 stretched its cosine over 50 steps: the lr jumped x100 at step 31 and
     only "resuming at step 30" was said."""
