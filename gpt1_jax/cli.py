@@ -857,6 +857,14 @@ def _start_backend() -> None:
         raise ConfigError(f"JAX cannot start {f'JAX_PLATFORMS={asked}' if asked else 'its backend'}: {why}") from None
 
 
+def _out_of_memory(e: BaseException, kept: int | None) -> str:
+    """A batch too large for the device (`--batch-size 100000`) ended in XLA's RESOURCE_EXHAUSTED traceback."""
+    said = str(e).splitlines()[0].removeprefix("RESOURCE_EXHAUSTED: ").rstrip(".")
+    return (f"the device ran out of memory ({said}): lower --batch-size (training: or split each step with "
+            "--accum-steps), or spread the model over more devices (--mesh)"
+            + (f"; checkpoint {kept} is kept" if kept is not None else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     _standard_streams()
     args = build_parser().parse_args(argv)
@@ -892,6 +900,10 @@ def main(argv: list[str] | None = None) -> int:
             status = _error_line(args.verb, e, 2)
         except OSError as e:  # a folder it cannot write, a full or read-only disk, a file where a folder goes...
             status = _error_line(args.verb, e, 2, os_error_message(e, _last_checkpoint(args)))
+        except jax.errors.JaxRuntimeError as e:
+            if not str(e).startswith("RESOURCE_EXHAUSTED"):
+                raise
+            status = _error_line(args.verb, e, 2, _out_of_memory(e, _last_checkpoint(args)))
     return distributed.exit_status(status)  # multi-process: a failing process leaves at once
 
 

@@ -263,7 +263,10 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
         task, source, config, splits = prepare(config, workdir, init=init, init_step=init_step, data_dir=data_dir,
                                                tokenizer=tokenizer,
                                                predict_test=predict_test, tfds_dir=tfds_dir)
-        if held is not None and (workdir / "config.yaml").is_file():
+        # A run that stopped before its first checkpoint (out of memory at its first step) has nothing to resume:
+        # it was refused with its own settings, and the folder had to be deleted by hand. As pre-training does.
+        trained = newest_checkpoint(workdir / "checkpoints") is not None
+        if held is not None and (workdir / "config.yaml").is_file() and trained:
             check_same_settings(workdir, config, load_yaml(FinetuneConfig, workdir / "config.yaml"))
         check_outputs(workdir, task, splits, predict_test)
         trained_on = check_same_examples(workdir, splits)

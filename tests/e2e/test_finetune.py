@@ -36,6 +36,21 @@ def _finetune(tmp_path, data_dir, *extra, task="cola", progress=False):
     return workdir, json.loads((workdir / "results.json").read_text())
 
 
+def test_out_of_memory_is_one_line_and_a_run_that_never_saved_takes_new_settings(tmp_path, data_dir, capsys,
+                                                                                 monkeypatch):
+    """A batch too large for the machine ended in XLA's RESOURCE_EXHAUSTED traceback, and the folder it left (no
+    checkpoint) refused the same command with a sane batch: "other settings (batch_size=1000000 there, 8 now)"."""
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    argv = ["finetune", "--task", "cola", "--workdir", str(tmp_path / "run"), "--data-dir", str(data_dir), "--config",
+            "tiny", "--tfds-dir", str(tmp_path / "tfds"), "--batch-size", "1000000", "--init", "none", "--no-progress"]
+    assert cli.main(argv) == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert re.fullmatch(r"gpt1-jax finetune: error: the device ran out of memory \(Out of memory allocating \d+ "
+                        r"bytes\): lower --batch-size .*", last), last
+    assert not checkpoint_steps(tmp_path / "run" / "checkpoints")
+    _finetune(tmp_path, data_dir)
+
+
 def test_finetune_from_scratch_writes_results_predictions_and_submission(tmp_path, data_dir, capsys):
     workdir, results = _finetune(tmp_path, data_dir, "--epochs", "2", "--predict-test", "--seed", "3",
                                  "--set", "optim.lr=1e-3", progress=True)
