@@ -80,7 +80,7 @@ def _is_abandoned_read(unraisable) -> bool:
         and f"{os.sep}orbax{os.sep}" in code.co_filename
 
 
-def _quiet_orbax_echoes() -> None:
+def quiet_orbax_echoes() -> None:
     """A failed save is reported once, as CheckpointWriteError, and a read cut short is read again or reported
     once; silence their echoes: orbax's logged tracebacks (absl), at exit asyncio's reports of the writes orbax
     gave up on ("Future exception was never retrieved"), tensorstore's "Event loop is closed" for each write or
@@ -139,7 +139,7 @@ class Checkpointer:
     step `pin` names (until another is pinned)."""
 
     def __init__(self, directory: str | Path, *, keep: int = 3, save_every: int = 0, keep_steps=(), async_save: bool = True):
-        _quiet_orbax_echoes()
+        quiet_orbax_echoes()
         _one_replica_writes_each_shard()
         self.directory = Path(directory).absolute()
         self.save_every = save_every
@@ -342,7 +342,7 @@ def _reader(directory: Path) -> ocp.CheckpointManager:
     """A manager that creates and sweeps nothing, with a handler for each item of the layout, so that
     orbax lists, describes and restores without complaints. A read cut short (the run it reads deleted the
     checkpoint meanwhile: gpt1_jax/weights.py reads the next) echoes as a write does, and more: quieted."""
-    _quiet_orbax_echoes()
+    quiet_orbax_echoes()
     handlers = {"state": ocp.PyTreeCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),
                 "meta": ocp.JsonCheckpointHandler()}
     return ocp.CheckpointManager(directory.absolute(), item_handlers=handlers,

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import json
 import os
-import pickle
 import re
 import shutil
 import time
@@ -119,6 +119,11 @@ def expected_hf_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 def hf_state_to_params(config: ModelConfig, state: dict[str, np.ndarray], source: str = "checkpoint"):
     """HF's flat state dict -> our (unboxed) parameter tree, after checking every name and shape."""
     state = {k.removeprefix("transformer."): v for k, v in state.items()}
+    layers = {int(m.group(1)) for k in state if (m := re.match(r"h\.(\d+)\.", k))}
+    if layers and max(layers) >= config.n_layers:  # else dropped without a word
+        raise CheckpointFormatError(f"{source}: the weights hold {max(layers) + 1} layers (h.0 ... h.{max(layers)}) "
+                                    f"but the config has n_layers={config.n_layers} (config.json: n_layer): fix the "
+                                    "config")
     for key, shape in expected_hf_shapes(config).items():
         if key not in state:
             raise CheckpointFormatError(f"{source}: missing tensor {key!r}")
@@ -144,7 +149,24 @@ def hf_state_to_params(config: ModelConfig, state: dict[str, np.ndarray], source
 # Hugging Face directories
 
 
+HF_INT_FIELDS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
+HF_FLOAT_FIELDS = ("embd_pdrop", "attn_pdrop", "resid_pdrop", "layer_norm_epsilon", "initializer_range")
+
+
+def _check_hf_types(hf: Any, source: str) -> None:
+    """config.json's sizes are integers and its rates numbers (JSON's true is neither), before ModelConfig compares
+    them: a "64" or a null there was a TypeError from deep in its checks."""
+    if not isinstance(hf, dict):
+        raise CheckpointFormatError(f"{source}/config.json holds a JSON {type(hf).__name__}, not an object of settings")
+    for key in HF_INT_FIELDS + HF_FLOAT_FIELDS:
+        kinds = (int,) if key in HF_INT_FIELDS else (int, float)
+        if key in hf and (isinstance(hf[key], bool) or not isinstance(hf[key], kinds)):
+            kind = "an integer" if key in HF_INT_FIELDS else "a number"
+            raise ConfigError(f"{source}/config.json: {key} must be {kind}, not {json.dumps(hf[key])[:40]}")
+
+
 def _config_from_hf(hf: dict, source: str) -> ModelConfig:
+    _check_hf_types(hf, source)
     if hf.get("afn", "gelu") not in ("gelu", "gelu_new"):
         raise ConfigError(f"{source}: activation {hf['afn']!r} is not GPT-1's tanh GELU")
     try:
@@ -199,10 +221,24 @@ def _read_hf_files(path: Path) -> dict[str, np.ndarray]:
             raise CheckpointFormatError(f"{path}/pytorch_model.bin needs torch to read: pip install torch") from None
         try:
             state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        except (RuntimeError, pickle.UnpicklingError, EOFError) as e:
-            raise CheckpointFormatError(f"{path}/pytorch_model.bin is unreadable ({e}): truncated or corrupt") from None
+        except OSError:
+            raise
+        except Exception as e:  # noqa: BLE001 - unpickling garbage raises anything (KeyError, ...): pickle's docs
+            raise CheckpointFormatError(f"{path}/pytorch_model.bin is not a PyTorch state dict ({_torch_reason(e)}): "
+                                        "truncated or corrupt") from None
+        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise CheckpointFormatError(f"{path}/pytorch_model.bin holds a {type(state).__name__}, not a state dict of "
+                                        "tensors")
         return {k: v.float().numpy() for k, v in state.items()}
     raise CheckpointFormatError(f"{path}: has config.json but neither model.safetensors nor pytorch_model.bin")
+
+
+def _torch_reason(e: Exception) -> str:
+    """One line of torch.load's error: its weights-only message is a page whose one useful line follows
+    "WeightsUnpickler error:"."""
+    text = str(e).split("WeightsUnpickler error:", 1)[-1]
+    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"{type(e).__name__}: {line}" if line else type(e).__name__
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -215,19 +251,51 @@ def read_original_arrays(path: Path) -> list[np.ndarray]:
         shapes = json.loads((path / "params_shapes.json").read_text())
     except json.JSONDecodeError as e:
         raise CheckpointFormatError(f"{path}/params_shapes.json is not valid JSON: {e}") from None
+    _check_shapes(shapes, path)
     indices = sorted(int(m.group(1)) for p in path.glob("params_*.npy") if (m := re.fullmatch(r"params_(\d+)", p.stem)))
     if not indices:
         raise CheckpointFormatError(f"{path}: no params_0.npy ... shards beside params_shapes.json")
     missing = sorted(set(range(max(indices) + 1)) - set(indices))
     if missing:
         raise CheckpointFormatError(f"{path}: shard params_{missing[0]}.npy is missing (found {len(indices)} of {max(indices) + 1})")
-    flat = np.concatenate([np.load(path / f"params_{i}.npy").reshape(-1) for i in range(max(indices) + 1)])
+    flat = np.concatenate([_read_shard(path / f"params_{i}.npy") for i in range(max(indices) + 1)])
     sizes = [int(np.prod(s)) for s in shapes]
     if sum(sizes) != flat.size:
         raise CheckpointFormatError(
             f"{path}: params_shapes.json describes {sum(sizes):,} values but the shards hold {flat.size:,}"
         )
     return [a.reshape(s) for a, s in zip(np.split(flat, np.cumsum(sizes)[:-1]), shapes)]
+
+
+def _check_shapes(shapes: Any, path: Path) -> None:
+    """params_shapes.json: a list of shapes, each a list of non-negative integers (the release's is 146 of them)."""
+    def is_shape(s: Any) -> bool:
+        return isinstance(s, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in s)
+
+    if not isinstance(shapes, list):
+        raise CheckpointFormatError(f"{path}/params_shapes.json holds {type(shapes).__name__} {shapes!r:.40}, not a "
+                                    "list of shapes (lists of sizes): damaged; fetch the release again")
+    bad = next((i for i, s in enumerate(shapes) if not is_shape(s)), None)
+    if bad is not None:
+        raise CheckpointFormatError(f"{path}/params_shapes.json: entry {bad} ({shapes[bad]!r:.40}) is not a shape, a "
+                                    "list of non-negative integers: damaged; fetch the release again")
+
+
+def _read_shard(file: Path) -> np.ndarray:
+    """One params_{i}.npy, flat: a float array, never unpickled."""
+    try:
+        shard = np.load(file, allow_pickle=False)
+    except (ValueError, EOFError) as e:  # truncated ("EOF: reading array header"), a text file, an object array
+        with open(file, "rb") as f:  # numpy calls all but an .npy "pickled data" and says to load it unsafely
+            why = str(e).split(". ")[0] if f.read(6) == b"\x93NUMPY" else "not a .npy file"
+        raise CheckpointFormatError(f"{file} is unreadable ({why}): truncated or corrupt; fetch the release "
+                                    "again") from None
+    if not isinstance(shard, np.ndarray):  # an .npz archive under the shard's name
+        raise CheckpointFormatError(f"{file} is not a .npy array but a {type(shard).__name__}: fetch the release again")
+    if not np.issubdtype(shard.dtype, np.floating):
+        raise CheckpointFormatError(f"{file} holds {shard.dtype} values, not floating-point weights: not a shard of "
+                                    "the release; fetch it again")
+    return shard.reshape(-1)
 
 
 def original_arrays_to_hf_state(arrays: list[np.ndarray], source: str) -> dict[str, np.ndarray]:
@@ -244,6 +312,15 @@ def original_arrays_to_hf_state(arrays: list[np.ndarray], source: str) -> dict[s
 
 def _config_from_original(state: dict[str, np.ndarray], overrides: Sequence[str], source: str) -> ModelConfig:
     """The release's shapes give every size but the head count: GPT-1's head size unless `n_heads=` is given."""
+    sized = {"tokens_embed.weight": "the token embedding", "positions_embed.weight": "the position embedding",
+             "h.0.mlp.c_fc.weight": "the first layer's MLP weight"}
+    for key, what in sized.items():
+        if key not in state:
+            raise CheckpointFormatError(f"{source}/params_shapes.json lists no layer, only the embeddings: damaged; "
+                                        "fetch the release again")
+        if state[key].ndim != 2:
+            raise CheckpointFormatError(f"{source}/params_shapes.json: {what} ({key}) has shape "
+                                        f"{list(state[key].shape)}, not a matrix: damaged; fetch the release again")
     V, D = state["tokens_embed.weight"].shape
     shapes = ModelConfig(  # one head divides any width; the real count is decided below
         vocab_size=V, n_positions=state["positions_embed.weight"].shape[0], d_model=D,
@@ -374,7 +451,9 @@ def read_model(path: str | os.PathLike, config: ModelConfig | None = None, *, st
     """
     path = Path(path)
     if not path.is_dir():
-        raise CheckpointFormatError(f"{path}: no such checkpoint directory")
+        raise CheckpointFormatError(f"{path}: " + ("a file, not a model's folder (a run, an HF folder, OpenAI's release "
+                                                   "or a convert --to jax folder)" if path.is_file() else
+                                                   "no such checkpoint directory"))
     fmt = detect_format(path)
     if step is not None and fmt != "run":
         raise ConfigError(f"{path}: step={step} only applies to a run workdir's checkpoints/")
@@ -393,11 +472,8 @@ def read_model(path: str | os.PathLike, config: ModelConfig | None = None, *, st
         final = _runtime_config(saved, config, overrides, str(path))
         return final, _check_finite(hf_state_to_params(final, _read_hf_state(path), source=str(path)), str(path), fmt), None
     if fmt == "jax":
-        import orbax.checkpoint as ocp  # see the note at the top
-
         saved = load_yaml(ModelConfig, path / "config.yaml")
-        with ocp.StandardCheckpointer() as ckptr:
-            params = ckptr.restore(path.absolute() / "params")
+        params = _read_jax_params(path)
         source = str(path)
     else:
         saved, params, step = _load_run(path, step)
@@ -408,6 +484,45 @@ def read_model(path: str | os.PathLike, config: ModelConfig | None = None, *, st
     if (final.scan_layers, final.param_dtype) != (saved.scan_layers, saved.param_dtype):
         params = hf_state_to_params(final, params_to_hf_state(saved, params), source=source)
     return final, params, step
+
+
+def _read_index(folder: Path) -> None:
+    """Reads an OCDBT checkpoint's index (manifest.ocdbt and the tree under d/) once: orbax reads it once per array,
+    all at once, and a damaged one failed them all, the reads still running when the first failure closed orbax's
+    event loop echoing "Event loop is closed" as late as the interpreter's exit (past any hook)."""
+    import tensorstore as ts  # orbax's own storage layer
+
+    if not (folder / "manifest.ocdbt").is_file():
+        return  # not OCDBT (an older orbax's layout): orbax reports whatever is wrong with it
+    store = ts.KvStore.open({"driver": "ocdbt", "base": {"driver": "file", "path": f"{folder}/"}}).result()
+    if not store.list().result():
+        raise ValueError("its index (manifest.ocdbt) lists no arrays")
+
+
+def _read_jax_params(path: Path) -> dict:
+    """`save_jax`'s params/; a damaged one (a file of it truncated, corrupt or deleted) is one error naming the folder,
+    not orbax's traceback."""
+    import orbax.checkpoint as ocp  # see the note at the top
+
+    from gpt1_jax.checkpoint import quiet_orbax_echoes
+
+    quiet_orbax_echoes()  # orbax's reads abandoned when one fails echo as for a run's checkpoint: quieted the same way
+    try:
+        _read_index(path.absolute() / "params")
+        with ocp.StandardCheckpointer() as ckptr:
+            return ckptr.restore(path.absolute() / "params")
+    except Exception as e:  # noqa: BLE001 - narrowed below: orbax wraps an array's failed read in a bare Exception
+        # tensorstore's read errors (NOT_FOUND, DATA_LOSS, OUT_OF_RANGE, ...) and json's are ValueErrors; a missing
+        # _METADATA is orbax's FileNotFoundError. Anything else (a permission error, a bug) keeps its own report.
+        if not (isinstance(e, (ValueError, FileNotFoundError)) or type(e) is Exception):
+            raise
+        cause = e.__cause__ if type(e) is Exception and e.__cause__ is not None else e
+        reason = str(cause).split(" [tensorstore_spec=")[0].splitlines()[0] if str(cause) else type(cause).__name__
+    # Raised out here, not from the handler, whose exception would hold orbax's abandoned reads up to exit (as its
+    # context): they are closed now, while the hook above quiets them, and not echoed at exit past it.
+    gc.collect()
+    raise CheckpointFormatError(f"{path}: its weights (params/) are damaged and cannot be read ({reason}): truncated "
+                                f"or corrupt; export the model again (gpt1-jax convert SRC {path} --to jax)")
 
 
 def _check_finite(params: dict, source: str, fmt: str) -> dict:

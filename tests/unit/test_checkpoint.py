@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from gpt1_jax import integrity
-from gpt1_jax.checkpoint import _one_replica_writes_each_shard, _quiet_orbax_echoes
+from gpt1_jax.checkpoint import _one_replica_writes_each_shard, quiet_orbax_echoes
 from gpt1_jax.errors import DivergenceError, Interrupted
 from tests.support.checkpoint import corrupt, largest_file
 
@@ -222,8 +222,8 @@ def test_a_result_handed_to_a_closed_event_loop_is_dropped_and_other_unraisables
             reported.append(str(unraisable.exc_value))
 
     monkeypatch.setattr(sys, "unraisablehook", record)
-    _quiet_orbax_echoes()
-    _quiet_orbax_echoes()  # a second Checkpointer wraps nothing twice
+    quiet_orbax_echoes()
+    quiet_orbax_echoes()  # a second Checkpointer wraps nothing twice
     closed = asyncio.new_event_loop()
     closed.close()
 

@@ -85,6 +85,9 @@ def test_not_a_checkpoint_and_no_overwrite(tmp_path):
         load_pretrained(tmp_path / "empty")
     with pytest.raises(CheckpointFormatError, match="no such checkpoint directory"):
         load_pretrained(tmp_path / "nowhere")
+    (tmp_path / "afile").write_text("x")  # was "no such checkpoint directory" too
+    with pytest.raises(CheckpointFormatError, match="afile: a file, not a model's folder"):
+        load_pretrained(tmp_path / "afile")
     params = random_params(SMALL)
     out = tmp_path / "out"
     out.mkdir()
@@ -171,3 +174,103 @@ def test_a_reader_that_lost_the_older_of_two_checkpoints_reads_again(tmp_path, m
     with pytest.raises(FileNotFoundError):  # a step asked for by number is not another one
         weights._load_run(tmp_path, 9)
     assert calls == [9]
+
+
+@pytest.mark.parametrize("damage", ["truncate d/*", "remove d/*", "truncate manifest.ocdbt", "truncate _METADATA",
+                                    "truncate _sharding", "truncate array_metadatas/process_0", "remove _METADATA",
+                                    "truncate ocdbt.process_0/d/*"])
+def test_a_damaged_jax_folder_is_one_error_naming_it(tmp_path, damage):
+    """`convert --to jax` folders with a file of params/ truncated or deleted gave orbax's traceback (ValueError
+    OUT_OF_RANGE/DATA_LOSS, JSONDecodeError, a bare Exception around an array's read) and "Event loop is closed"."""
+    import jax
+
+    import gpt1_jax.weights as weights
+
+    # device arrays, as `convert` saves them: numpy ones leave _sharding out
+    weights.save_jax(SMALL, jax.tree.map(jax.numpy.asarray, random_params(SMALL)), tmp_path / "ours")
+    how, pattern = damage.split()
+    for file in sorted((tmp_path / "ours" / "params").glob(pattern)):  # every data file: one holds the arrays
+        file.write_bytes(file.read_bytes()[:5]) if how == "truncate" else file.unlink()
+    with pytest.raises(CheckpointFormatError, match=r"ours: its weights \(params/\) are damaged and cannot be read "
+                                                    r"\(.+\): truncated or corrupt; export the model again"):
+        load_pretrained(tmp_path / "ours")
+
+
+
+
+@pytest.mark.parametrize("shard, why", [
+    (lambda f: f.write_bytes(f.read_bytes()[:100]), r"EOF: reading array header"),
+    (lambda f: f.write_bytes(f.read_bytes()[:-7]), r"Failed to read all data"),
+    (lambda f: f.write_text("hello\n"), r"not a .npy file"),
+    (lambda f: np.save(f, np.array([1.0, None], dtype=object)), r"Object arrays cannot be loaded"),
+])
+def test_an_unreadable_release_shard_is_one_error_naming_it(small_release, shard, why):
+    shard(small_release / "params_1.npy")
+    with pytest.raises(CheckpointFormatError, match=rf"params_1.npy is unreadable \({why}.*\): truncated or corrupt; "
+                                                    r"fetch the release again"):
+        load_pretrained(small_release)
+
+
+def test_a_release_shard_of_integers_is_refused(small_release):
+    """An int64 params_1.npy was read as weights without a word."""
+    np.save(small_release / "params_1.npy", np.zeros(np.load(small_release / "params_1.npy").size, np.int64))
+    with pytest.raises(CheckpointFormatError, match=r"params_1.npy holds int64 values, not floating-point weights"):
+        load_pretrained(small_release)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: 5, r"params_shapes.json holds int 5, not a list of shapes"),
+    (lambda s: {"a": 1}, r"params_shapes.json holds dict \{'a': 1\}, not a list of shapes"),
+    (lambda s: s[:2] + [[1, -64, 192]] + s[3:], r"params_shapes.json: entry 2 \(\[1, -64, 192\]\) is not a shape"),
+    (lambda s: s[:3] + [[192.0]] + s[4:], r"params_shapes.json: entry 3 \(\[192.0\]\) is not a shape"),
+    (lambda s: s[:3] + ["abc"] + s[4:], r"params_shapes.json: entry 3 \('abc'\) is not a shape"),
+    (lambda s: [s[0], [s[1][0] * s[1][1]]] + s[2:], r"params_shapes.json: the token embedding \(tokens_embed.weight\) "
+                                                    r"has shape \[13504\], not a matrix"),
+])
+def test_a_malformed_params_shapes_json_is_one_error(small_release, edit, message):
+    """A shapes file that is not a list of lists of sizes was a TypeError, a numpy ufunc error or 'not enough values
+    to unpack'."""
+    shapes = json.loads((small_release / "params_shapes.json").read_text())
+    (small_release / "params_shapes.json").write_text(json.dumps(edit(shapes)))
+    with pytest.raises(CheckpointFormatError, match=message):
+        load_pretrained(small_release)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: {**c, "n_embd": "64"}, r"config.json: n_embd must be an integer, not \"64\""),
+    (lambda c: {**c, "n_head": True}, r"config.json: n_head must be an integer, not true"),
+    (lambda c: {**c, "layer_norm_epsilon": None}, r"config.json: layer_norm_epsilon must be a number, not null"),
+    (lambda c: {**c, "attn_pdrop": "0.1"}, r"config.json: attn_pdrop must be a number, not \"0.1\""),
+    (lambda c: [1, 2], r"config.json holds a JSON list, not an object of settings"),
+])
+def test_an_hf_config_of_the_wrong_types_is_one_error(tmp_path, edit, message):
+    """"n_embd": "64" or a null epsilon was a TypeError from ModelConfig's checks; a list, an AttributeError."""
+    write_hf_dir(tmp_path / "hf", SMALL)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(edit(config)))
+    with pytest.raises((ConfigError, CheckpointFormatError), match=message):
+        load_pretrained(tmp_path / "hf")
+
+
+def test_weights_of_more_layers_than_the_config_are_refused(tmp_path, small_release):
+    """n_layer 3 of 4 layers loaded the first three and dropped the last without a word."""
+    write_hf_dir(tmp_path / "hf", SMALL)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "n_layer": 3}))
+    with pytest.raises(CheckpointFormatError, match=r"hf: the weights hold 4 layers \(h.0 ... h.3\) but the config has "
+                                                    r"n_layers=3"):
+        load_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    load_pretrained(tmp_path / "hf")  # lm_head.weight and the attention's bias buffers are no extra layer
+
+
+def test_a_garbage_pytorch_bin_is_one_line(tmp_path):
+    """torch's weights-only error is a page; unpickling garbage can also raise a KeyError (a text file)."""
+    write_hf_dir(tmp_path / "hf", SMALL)
+    (tmp_path / "hf" / "model.safetensors").unlink()
+    for garbage in (np.random.default_rng(0).bytes(3000), b"hello\n"):
+        (tmp_path / "hf" / "pytorch_model.bin").write_bytes(garbage)
+        with pytest.raises(CheckpointFormatError, match=r"pytorch_model.bin is not a PyTorch state dict \(\w+: .+\): "
+                                                        r"truncated or corrupt$") as caught:
+            load_pretrained(tmp_path / "hf")
+        assert "\n" not in str(caught.value)
