@@ -85,9 +85,10 @@ def test_not_a_checkpoint_and_no_overwrite(tmp_path):
         load_pretrained(tmp_path / "empty")
     with pytest.raises(CheckpointFormatError, match="no such checkpoint directory"):
         load_pretrained(tmp_path / "nowhere")
-    (tmp_path / "afile").write_text("x")  # was "no such checkpoint directory" too
+    (tmp_path / "empty" / "afile").write_text("x")  # was "no such checkpoint directory" too
     with pytest.raises(CheckpointFormatError, match="afile: a file, not a model's folder"):
-        load_pretrained(tmp_path / "afile")
+        load_pretrained(tmp_path / "empty" / "afile")
+    (tmp_path / "empty" / "afile").unlink()
     params = random_params(SMALL)
     out = tmp_path / "out"
     out.mkdir()
