@@ -561,8 +561,10 @@ def _convert_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    config, out = convert(args.src, args.dst, to=args.to, overwrite=args.overwrite,
-                          overrides=_overrides(args, ModelConfig), step=args.step)
+    # Every other verb spells a model field `model.dtype`; here the config is the model's own: both spellings go.
+    overrides = [o.removeprefix("model.") for o in _overrides(args, ModelConfig)]
+    config, out = convert(args.src, args.dst, to=args.to, overwrite=args.overwrite, overrides=overrides,
+                          step=args.step)
     tokenizer = "with its tokenizer" if (out / "tokenizer.json").is_file() else "without a tokenizer (none in SRC)"
     print(f"wrote {args.to} checkpoint of {config.num_params():,} parameters ({config.n_layers} layers x "
           f"{config.d_model}) {tokenizer} to {out}")

@@ -539,7 +539,10 @@ def _check_finite(params: dict, source: str, fmt: str) -> dict:
 
 
 def _only_runtime(overrides: Sequence[str], source: str) -> None:
-    fixed = [o for o in overrides if override_key(o) not in RUNTIME_FIELDS]
+    """Architecture fields are refused; a key that is no field at all is left to `apply_overrides`, which names it
+    as unknown (it was "records its architecture ... not 'foo'")."""
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    fixed = [o for o in overrides if override_key(o) not in RUNTIME_FIELDS and override_key(o).split(".")[0] in fields]
     if fixed:
         raise ConfigError(f"{source} records its architecture; only run-time fields ({', '.join(RUNTIME_FIELDS)}) "
                           f"can be set, not {override_key(fixed[0])!r}")

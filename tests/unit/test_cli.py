@@ -19,6 +19,7 @@ from gpt1_jax.config import (OPTIMIZER_NAMES, SECOND_MOMENT_OPTIMIZERS, DataConf
                              OptimConfig, PretrainConfig, check_storage, resolve)
 from gpt1_jax.errors import CheckpointFormatError, DataError, DivergenceError
 from tests.support.cli import _one_error_line
+from tests.support.weights import SMALL, write_hf_dir
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -224,6 +225,20 @@ def test_convert_into_a_non_empty_folder_is_one_line_and_writes_nothing(tmp_path
     assert _one_error_line(capsys, "convert") == (f"gpt1-jax convert: error: convert: {out} is SRC or holds it; "
                                                   "--overwrite would delete what is read: pick a new or empty folder")
     assert (out / "precious.txt").read_text() == "keep me"
+
+
+def test_convert_takes_a_model_field_as_every_verb_spells_it_and_names_an_unknown_key(tmp_path, capsys, monkeypatch):
+    """`--set model.dtype=...` was refused as "only run-time fields (dtype, ...) can be set, not 'model.dtype'", and
+    `--set foo=1` as a field of the architecture."""
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    write_hf_dir(tmp_path / "src", SMALL)
+    assert cli.main(["convert", str(tmp_path / "src"), str(tmp_path / "jax"), "--to", "jax",
+                     "--set", "model.param_dtype=bfloat16"]) == 0
+    assert "param_dtype: bfloat16" in (tmp_path / "jax" / "config.yaml").read_text()
+    capsys.readouterr()
+    assert cli.main(["convert", str(tmp_path / "src"), str(tmp_path / "out"), "--set", "foo=1"]) == 2
+    assert _one_error_line(capsys, "convert").startswith("gpt1-jax convert: error: unknown config key 'foo'; known: ")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("make_error, expected", [
