@@ -344,6 +344,9 @@ def test_evaluate_takes_any_model_source_as_sample_does(tmp_path, capsys):
     (["evaluate", "--workdir", "w", "--max-batches", "-1"], "argument --max-batches: must be >= 0, got -1"),
     (["bench", "--peak-flops", "-1"], "argument --peak-flops: must be a finite number > 0, got -1"),
     (["pretrain", "--workdir", "w", "--simulate-devices", "0"], "argument --simulate-devices: must be >= 1, got 0"),
+    # ran for minutes, or aborted in C++ (pthread_create failed)
+    (["sample", "--workdir", "w", "--simulate-devices", "100000"],
+     "argument --simulate-devices: must be <= 8192, got 100000"),
     (["convert", "a", "b", "--to", "onnx"], "argument --to: invalid choice: 'onnx' (choose from 'hf', 'jax')"),
 ])
 def test_a_bad_flag_value_is_one_line_naming_the_flag_not_a_usage_block(capsys, argv, message):
