@@ -148,7 +148,10 @@ def plot_losses(workdir: str | Path, out: str | Path | None = None) -> Path:
     ax.set_ylabel("task + lm_coef x LM loss" if scores else "cross-entropy (nats/token)")
     ax.set_title(Path(workdir).name)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if train or val:
+        ax.legend()
+    else:  # a run that diverged at its first step: matplotlib warned of a legend with nothing in it
+        ax.text(0.5, 0.5, "no finite loss recorded", ha="center", va="center", transform=ax.transAxes)
     if scores:
         for name, points in scores.items():
             right.plot(*zip(*points), "o-", lw=2, label=name)

@@ -112,6 +112,19 @@ def test_metrics_records_without_an_integer_step_are_left_out_as_lines_that_are_
     assert read_metrics(tmp_path) == good[:2]
 
 
+def test_the_loss_plot_of_a_run_with_no_finite_loss_says_so_without_a_warning(tmp_path):
+    """A run that diverged at step 1 (model.init_std=1e30) printed matplotlib's "No artists with labels found to put
+    in legend" warning between its lines."""
+    import warnings
+
+    from gpt1_jax.metrics import plot_losses
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": "nan"}\n')
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plot_losses(tmp_path).is_file()
+
+
 def test_a_resume_that_moves_the_learning_rate_says_so():
     """Resuming a finished 30-step run for 50 stretched its cosine over 50 steps: the lr jumped x100 at step 31 and
     only "resuming at step 30" was said."""
