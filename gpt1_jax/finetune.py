@@ -90,6 +90,15 @@ def with_marker_rows(model_config: ModelConfig, params, tok, seed: int):
     return dataclasses.replace(model_config, vocab_size=tok.vocab_size), params
 
 
+def check_init_layers(init_layers: int, source: Source) -> None:
+    """`transplant` keeps every pre-trained block for any init_layers at or above the model's depth: a larger one
+    (a typo, or another model's depth) ran as -1 and said nothing."""
+    if source.params is not None and init_layers > source.model_config.n_layers:
+        n = source.model_config.n_layers
+        raise ConfigError(f"init_layers={init_layers} exceeds the {n} layer{'s' * (n != 1)} of --init "
+                          f"{source.described}: give 0 to {n} (-1: all)")
+
+
 def transplant(fresh, pretrained, model_config: ModelConfig, n_layers: int):
     """Fresh transformer params with the pre-trained embeddings and first `n_layers` blocks (-1: all):
     Figure 2 (left) of the paper."""
@@ -205,6 +214,7 @@ def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, token
             init_step: int | None = None):
     """-> (task, source, the resolved config, encoded splits): everything before the model is built."""
     source = open_source(init, config, tokenizer, init_step)
+    check_init_layers(config.init_layers, source)
     model = source.model_config or config.model  # a pre-trained model's head size, not the preset's
     check_attention(model.attention, model.attn_dropout, True, model.head_dim)
     check_storage(model, config.optim)

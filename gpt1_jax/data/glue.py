@@ -58,6 +58,7 @@ class GlueTask:
     dev_splits: tuple[str, ...] = ("validation",)
     test_splits: tuple[tuple[str, str], ...] = (("test", ""),)  # split -> submission file stem ("" = dirname)
     headerless_columns: tuple[tuple[str, int], ...] = ()  # CoLA train/dev: column positions, no header
+    score_range: tuple[float, float] | None = None  # a regression label's bounds (STS-B's 0..5 similarity)
 
     @property
     def n_outputs(self) -> int:
@@ -86,7 +87,7 @@ GLUE_TASKS: dict[str, GlueTask] = {
         GlueTask("qqp", "QQP", "similarity", ("question1", "question2"), ("question1", "question2"), "is_duplicate",
                  ("not_duplicate", "duplicate"), ("f1", "accuracy"), _STD_FILES),
         GlueTask("stsb", "STS-B", "similarity", ("sentence1", "sentence2"), ("sentence1", "sentence2"), "score",
-                 None, ("pearson", "spearman"), _STD_FILES),
+                 None, ("pearson", "spearman"), _STD_FILES, score_range=(0.0, 5.0)),
         GlueTask("mnli", "MNLI", "entailment", ("premise", "hypothesis"), ("sentence1", "sentence2"), "gold_label",
                  ("entailment", "neutral", "contradiction"), ("accuracy",),
                  (("train", "train.tsv"), ("validation_matched", "dev_matched.tsv"),
@@ -120,9 +121,14 @@ def glue_task(name: str) -> GlueTask:
 def _parse_label(task: GlueTask, raw: str, where: str) -> int | float:
     if task.label_classes is None:
         try:
-            return float(raw)
+            score = float(raw)
         except ValueError:
             raise DataError(f"{where}: label {raw!r} is not a number") from None
+        # a score off the scale (or nan) trained and was scored silently, where a class index off the classes is refused
+        if task.score_range and not task.score_range[0] <= score <= task.score_range[1]:
+            lo, hi = task.score_range
+            raise DataError(f"{where}: label {raw!r} is not a {task.dirname} score in [{lo:g}, {hi:g}]")
+        return score
     if raw in task.label_classes:
         return task.label_classes.index(raw)
     try:

@@ -31,7 +31,7 @@ import numpy as np
 
 from gpt1_jax.config import DataConfig
 from gpt1_jax.data.sources import TextSource, open_source
-from gpt1_jax.data.tokens import TokenStream, tokenize_to_cache, tokenizer_for
+from gpt1_jax.data.tokens import TokenStream, check_cache_dir, tokenize_to_cache, tokenizer_for
 from gpt1_jax.errors import CheckpointFormatError, CheckpointMismatchError, ConfigError
 from gpt1_jax.files import user_cache
 from gpt1_jax.tokenizer import GPT1Tokenizer
@@ -316,10 +316,11 @@ def tokenize_source(config: DataConfig, workdir: str | Path | None) -> tuple[Tex
     What ``pretrain`` does before packing, and all ``gpt1-jax tokenize`` does: the same cache key, so
     a cache built ahead of a job is the one the job reads.
     """
-    source = open_source(config.source)
     if workdir is None and config.tokenizer == "train":
         raise ConfigError("data.tokenizer=train needs a workdir to keep the trained tokenizer.json in")
     cache_dir = Path(config.cache_dir).expanduser() if config.cache_dir else default_cache_dir()
+    check_cache_dir(cache_dir, workdir)  # before the BPE is trained, the corpus read or a cache written
+    source = open_source(config.source)
     tokenizer = tokenizer_for(source, workdir or ".", config.vocab_size, config.tokenizer, progress=config.progress,
                               wait_s=config.cache_wait_s, cache_dir=cache_dir)
     stream = tokenize_to_cache(source, tokenizer, cache_dir, progress=config.progress, wait_s=config.cache_wait_s)

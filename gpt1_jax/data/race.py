@@ -13,7 +13,7 @@ from typing import Any
 
 from gpt1_jax.errors import ConfigError, DataError
 
-__all__ = ["LEVELS", "SPLITS", "load_race"]
+__all__ = ["LEVELS", "SPLITS", "load_race", "parse_levels"]
 
 LEVELS = ("middle", "high")
 SPLITS = {"train": "train", "validation": "dev", "test": "test"}  # our split names -> the archive's folders
@@ -42,10 +42,7 @@ def load_race(path: str | Path, split: str, levels: tuple[str, ...] | str = LEVE
     folder = SPLITS.get(split, split)
     if folder not in SPLITS.values():
         raise ConfigError(f"unknown RACE split {split!r}; known: {', '.join(SPLITS)}")
-    levels = tuple(levels.split(",")) if isinstance(levels, str) else tuple(levels)
-    bad = [lv for lv in levels if lv not in LEVELS]
-    if bad:
-        raise ConfigError(f"unknown RACE level(s) {bad}; known: {', '.join(LEVELS)}")
+    levels = parse_levels(levels)
     docs: list[tuple[str, str, dict]] = []
     if path.is_dir():
         root = path / "race" if (path / "race").is_dir() else path
@@ -71,6 +68,19 @@ def load_race(path: str | Path, split: str, levels: tuple[str, ...] | str = LEVE
     for i, ex in enumerate(examples):
         ex["idx"] = i
     return examples
+
+
+def parse_levels(levels: tuple[str, ...] | str) -> tuple[str, ...]:
+    """race_levels ("middle,high", or a tuple) -> the levels, each known and named once: a level named twice read
+    its folder's passages twice (the archive's members once), so the same data made two training sets."""
+    levels = tuple(levels.split(",")) if isinstance(levels, str) else tuple(levels)
+    bad = [lv for lv in levels if lv not in LEVELS]
+    if bad:
+        raise ConfigError(f"unknown RACE level(s) {bad}; known: {', '.join(LEVELS)}")
+    if twice := sorted({lv for lv in levels if levels.count(lv) > 1}, key=LEVELS.index):
+        raise ConfigError(f"race_levels={','.join(levels)} names RACE level(s) {twice} more than once: name each "
+                          f"level once (known: {', '.join(LEVELS)})")
+    return levels
 
 
 def check_archive(path: str | Path) -> None:

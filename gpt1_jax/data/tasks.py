@@ -23,7 +23,7 @@ from jax.experimental import multihost_utils
 from gpt1_jax.config import ConfigError, FinetuneConfig, task_key
 from gpt1_jax.data import glue
 from gpt1_jax.data.layout import Markers, layout, max_segment_len, pad_sequences
-from gpt1_jax.data.race import load_race
+from gpt1_jax.data.race import load_race, parse_levels
 from gpt1_jax.files import atomic_write_text
 
 
@@ -69,7 +69,7 @@ def _race_task(config: FinetuneConfig, data_dir: str | None) -> Task:
     if not data_dir:
         raise ConfigError("task race reads RACE from a local race.tar.gz: pass --data-dir PATH")
     path = Path(data_dir)
-    levels = tuple(config.race_levels.split(","))
+    levels = parse_levels(config.race_levels)  # refused now, before the passages are read
 
     def segments(toks, keep):
         # Context = article then question ([z; q] in the paper); the article gives way so the

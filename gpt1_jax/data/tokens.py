@@ -51,10 +51,11 @@ from pathlib import Path
 import numpy as np
 import tokenizers
 
+from gpt1_jax import workdir as run_folder
 from gpt1_jax.data.once import LOCK_STALE_S, Peers, build_once
 from gpt1_jax.data.sources import TextSource
 from gpt1_jax.errors import ConfigError, DataError
-from gpt1_jax.files import atomic_write_text, staging_folder, sweep_staging_folders
+from gpt1_jax.files import atomic_write_text, staging_folder, sweep_staging_folders, user_cache
 from gpt1_jax.metrics import Bar
 from gpt1_jax.tokenizer import TOKENIZER_META, GPT1Tokenizer, check_recorded_digest
 
@@ -66,6 +67,7 @@ __all__ = [
     "tokenizer_for",
     "tokenize_to_cache",
     "encode_documents",
+    "check_cache_dir",
 ]
 
 log = logging.getLogger(__name__)
@@ -460,6 +462,36 @@ def _open(path: Path, from_cache: bool) -> TokenStream:
     meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
     tokens = np.load(path / "tokens.npy", mmap_mode="r")
     return TokenStream(tokens=tokens, path=path, meta=meta, from_cache=from_cache)
+
+
+_RUN_DEPTH = 3  # folders above a cache dir read for a run.json: a run's checkpoints/<step>/<item> at most
+
+
+def check_cache_dir(cache_dir: str | Path, workdir: str | Path | None = None) -> None:
+    """Refuses in one line a token cache folder that cannot take a cache (a file, a path through one, an unwritable
+    folder that holds none) or that lies in a run's folder (the job's own `workdir` too: it becomes one). Checked
+    before a BPE is trained: the first kind failed only when the BPE was kept, minutes in, and the second filled
+    other runs' folders with bpe-*/tokens-* folders."""
+    path = Path(cache_dir).expanduser().absolute()
+    where = f"token cache folder {cache_dir} (data.cache_dir, --cache-dir)"
+    fix = f"give another folder (default: {user_cache('tokens')})"
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        what = "is a file, not a folder" if existing == path else f"lies under {existing}, which is a file"
+        raise ConfigError(f"{where} {what}: {fix}")
+    # A read-only cache built ahead of the job (`gpt1-jax tokenize`) is read, never written; only process 0 writes.
+    writes = Peers.current().builds and not (existing == path and any(path.glob("tokens-*")))
+    if writes and (not os.access(existing, os.W_OK | os.X_OK) or os.statvfs(existing).f_flag & os.ST_RDONLY):
+        raise ConfigError(f"{where} cannot be written ({existing} is not writable) and holds no token cache: {fix}")
+    real = path.resolve()
+    own = None if workdir is None else Path(workdir).expanduser().resolve()
+    if own is not None and (own == real or own in real.parents):
+        raise ConfigError(f"{where} lies in --workdir {workdir}, the run's own folder: caches are shared by runs and "
+                          f"kept apart from them; {fix}")
+    for folder in (real, *real.parents[:_RUN_DEPTH]):
+        if (job := run_folder.read(folder)) is not None:
+            raise ConfigError(f"{where} lies in {folder}, the folder of {job.describe()}: its bpe-*/tokens-* folders "
+                              f"would be written into that run; {fix}")
 
 
 def tokenize_to_cache(

@@ -168,3 +168,23 @@ def test_step_is_refused_where_init_reads_no_weights(tmp_path, capsys):
     assert cli.main(["finetune", "--task", "cola", "--init", "none", "--step", "5", "--workdir", str(tmp_path / "r")]) == 2
     assert "--step picks a checkpoint of the --init run, and --init none reads no weights" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_init_layers_beyond_the_init_models_depth_is_refused(tmp_path, data_dir, tokenizer, capsys):
+    """init_layers above the --init model's layer count ran as -1 (all kept: `transplant`) with exit 0, so a Figure 2
+    sweep point with a typo trained the full transfer. Refused in one line once the weights are read, before anything
+    is written; the model's own depth is all of it and stays allowed."""
+    hf, model, params = _hf_dir(tmp_path, tokenizer)
+    tokenizer.save(hf / "tokenizer.json")
+    argv = ["finetune", "--task", "cola", "--workdir", str(tmp_path / "w"), "--data-dir", str(data_dir),
+            "--tfds-dir", str(tmp_path / "tfds"), "--no-progress", "--init", str(hf)]
+    assert cli.main(argv + ["--set", f"init_layers={model.n_layers + 3}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(f"error: init_layers={model.n_layers + 3} exceeds the {model.n_layers} "
+                                             f"layers of --init {hf}: give 0 to {model.n_layers} (-1: all)"), err
+    assert not (tmp_path / "w").exists()
+    from gpt1_jax.finetune import Source, check_init_layers
+
+    for n in (-1, 0, model.n_layers):
+        check_init_layers(n, Source(str(hf), model, params))
+    check_init_layers(model.n_layers + 3, Source("scratch", model, None))  # no weights: nothing is transplanted

@@ -342,3 +342,38 @@ def test_race_reader(tmp_path):
                                                 r"folder\)"):
                 read(tmp_path / bad)
     check_archive(path)  # a good one passes
+
+
+def test_a_race_level_named_twice_is_refused_from_the_archive_and_the_folder(tmp_path):
+    """race_levels=high,high read the unpacked folder's high passages twice (two copies of every example) and the
+    archive's once: the same data made two training sets. Refused in one line, from either, and by the task before
+    any passage is read."""
+    from gpt1_jax.config import FinetuneConfig
+    from gpt1_jax.data.tasks import make_task
+    from gpt1_jax.errors import ConfigError
+
+    path = _race_tar(tmp_path)
+    with tarfile.open(path) as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    message = "race_levels=high,middle,high names RACE level(s) ['high'] more than once: name each level once " \
+              "(known: middle, high)"
+    for where in (path, tmp_path / "unpacked"):
+        with pytest.raises(ConfigError) as e:
+            load_race(where, "dev", "high,middle,high")
+        assert str(e.value) == message
+        assert len(load_race(where, "dev", "high,middle")) == len(load_race(where, "dev")) == 3
+    with pytest.raises(ConfigError, match=r"names RACE level\(s\) \['high'\] more than once"):
+        make_task(FinetuneConfig(task="race", race_levels="high,high"), str(tmp_path / "nowhere"))
+
+
+def test_an_stsb_score_off_its_scale_names_file_and_line(tmp_path):
+    """STS-B's labels are similarities from 0 to 5: a 7.5 (or nan) trained and was scored with exit 0, where a CoLA or
+    RTE label outside its classes is refused by file and line."""
+    head = "index\tsentence1\tsentence2\tscore\n"
+    for bad in ("7.5", "-0.5", "nan"):
+        path = _write(tmp_path, "STS-B", "train.tsv", f"{head}0\ta\tb\t5.000\n1\ta\tb\t{bad}\n")
+        with pytest.raises(DataError) as e:
+            list(glue.read_tsv(path, "stsb", "train"))
+        assert str(e.value) == f"{path}:3: label {bad!r} is not a STS-B score in [0, 5]"
+    dev = _write(tmp_path, "STS-B", "dev.tsv", f"{head}0\ta\tb\t0\n1\ta\tb\t5\n2\ta\tb\t2.4\n")
+    assert [ex["label"] for ex in glue.read_tsv(dev, "stsb", "validation")] == [0.0, 5.0, 2.4]

@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 
 from gpt1_jax import cli
+from gpt1_jax import workdir as run_folder
 from gpt1_jax.config import DataConfig
 from gpt1_jax.data.once import Peers, build_once
 from gpt1_jax.data.pipeline import build_pipeline
 from gpt1_jax.data.sources import open_source
 from gpt1_jax.data.tokens import tokenize_to_cache
+from gpt1_jax.errors import ConfigError
 from gpt1_jax.tokenizer import GPT1Tokenizer
 from tests.support.tokenize_once import ERROR, HeldLock, cache_name, corpus, tok_path  # noqa: F401 (pytest fixtures)
 
@@ -137,3 +139,74 @@ def test_tokenize_verb_bad_input_is_one_line_and_writes_nothing(tmp_path, corpus
     err = capsys.readouterr().err
     assert status == 2 and err.count("\n") == 1 and err.startswith(ERROR) and message in err, err
     assert not [p for p in cache.rglob("*") if p.is_file()] if cache.exists() else True
+
+
+def _runs(tmp_path: Path) -> tuple[Path, Path]:
+    """A pre-training and a fine-tuning run folder, as run.json makes them, each with a checkpoint folder."""
+    pre, fine = tmp_path / "pre", tmp_path / "fine"
+    for run, record in ((pre, {"kind": "pretrain"}), (fine, {"kind": "finetune", "task": "rte", "init": "none"})):
+        (run / "checkpoints" / "20").mkdir(parents=True)
+        (run / run_folder.RUN_FILE).write_text(json.dumps(record))
+    return pre, fine
+
+
+@pytest.mark.parametrize("case", ["a file", "under a file", "a pre-training run", "its checkpoint", "a fine-tuning run",
+                                  "its own workdir"])
+def test_a_cache_dir_that_cannot_hold_a_cache_or_lies_in_a_run_is_refused_before_the_bpe_trains(
+        tmp_path, corpus, capsys, monkeypatch, case):
+    """A file as --cache-dir failed only when the trained BPE was kept (three lines, the workdir's tokenizer.json
+    written); a run's folder (or the job's own workdir) took bpe-*/tokens-* folders with exit 0."""
+    from gpt1_jax.data import tokens
+
+    (tmp_path / "afile").write_text("not a folder")
+    pre, fine = _runs(tmp_path)
+    workdir = tmp_path / "w"
+    cache, message = {
+        "a file": ("afile", "afile (data.cache_dir, --cache-dir) is a file, not a folder: give another folder"),
+        "under a file": ("afile/sub", f"lies under {tmp_path / 'afile'}, which is a file"),
+        "a pre-training run": ("pre", f"lies in {pre}, the folder of a pre-training run: its bpe-*/tokens-* folders"),
+        "its checkpoint": ("pre/checkpoints/20", f"lies in {pre}, the folder of a pre-training run"),
+        "a fine-tuning run": ("fine/cache", f"lies in {fine}, the folder of a fine-tuning run of rte from none"),
+        "its own workdir": ("w/cache", f"lies in --workdir {workdir}, the run's own folder"),
+    }[case]
+    monkeypatch.setattr(tokens, "_train_bpe", lambda *a, **k: pytest.fail("the BPE was trained"))
+    status = cli.main(["tokenize", "--data", str(corpus), "--tokenizer", "train", "--workdir", str(workdir),
+                       "--vocab-size", "300", "--cache-dir", str(tmp_path / cache), "--no-progress"])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and err.startswith(ERROR) and message in err, err
+    assert not workdir.exists()
+    assert [sorted(p.name for p in run.iterdir()) for run in (pre, fine)] == [["checkpoints", "run.json"]] * 2
+
+
+def test_a_cache_beside_run_folders_and_the_default_one_are_taken(tmp_path, corpus, tok_path, capsys):
+    from gpt1_jax.data.pipeline import default_cache_dir
+    from gpt1_jax.data.tokens import check_cache_dir
+
+    _runs(tmp_path)
+    argv = ["tokenize", "--data", str(corpus), "--tokenizer", str(tok_path), "--cache-dir", str(tmp_path / "cache"),
+            "--no-progress"]
+    assert cli.main(argv) == 0 and Path(json.loads(capsys.readouterr().out)["cache"]).parent == tmp_path / "cache"
+    check_cache_dir(default_cache_dir())
+    check_cache_dir(tmp_path / "cache", tmp_path / "run")  # a workdir beside it
+
+
+def test_pretrain_refuses_a_file_as_its_cache_dir_before_writing(tmp_path, capsys):
+    (tmp_path / "afile").write_text("not a folder")
+    status = cli.main(["pretrain", "--config", "tiny", "--workdir", str(tmp_path / "w"), "--steps", "2",
+                       "--no-progress", "--set", f"data.cache_dir={tmp_path / 'afile'}"])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and "afile (data.cache_dir, --cache-dir) is a file" in err, err
+    assert not (tmp_path / "w").exists()
+
+
+def test_an_unwritable_cache_dir_is_refused_unless_it_holds_a_cache_to_read(tmp_path, monkeypatch):
+    """Found before the BPE is trained; a read-only cache built ahead of the job (`gpt1-jax tokenize`) is still read.
+    os.access is the check's: a test run as root may write anywhere."""
+    from gpt1_jax.data.tokens import check_cache_dir
+
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    for cache in (tmp_path, tmp_path / "new"):
+        with pytest.raises(ConfigError, match=rf"cannot be written \({tmp_path} is not writable\) and holds no token "):
+            check_cache_dir(cache)
+    (tmp_path / "tokens-0123").mkdir()
+    check_cache_dir(tmp_path)
