@@ -43,15 +43,15 @@ import jax
 
 from gpt1_jax import distributed, finetune, pretrain  # the modules: tests patch pretrain.run and finetune.run
 from gpt1_jax.cli import Parser
-from gpt1_jax.config import FinetuneConfig, PretrainConfig, flat_fields, to_dict
+from gpt1_jax.config import FinetuneConfig, PretrainConfig, check_not_derived, flat_fields, given_keys, to_dict
 from gpt1_jax.data.glue import GlueDownloadError, glue_task
-from gpt1_jax.errors import DEBUG_ENV, GPT1JaxError, Interrupted, os_error_message
+from gpt1_jax.errors import DEBUG_ENV, ConfigError, GPT1JaxError, Interrupted, WorkdirError, os_error_message
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps
 from gpt1_jax.interrupt import CtrlC, ctrl_c_passed_to_jax, unwrapped_interrupts
 from gpt1_jax.loop import Outcome
 from gpt1_jax.metrics import close_open_bars
-from gpt1_jax.workdir import RESUMABLE_WITH_OTHER, hold
+from gpt1_jax.workdir import RESUMABLE_WITH_OTHER, hold, read as run_held
 
 RECORD = "record.json"
 SETTINGS = "settings"  # the record's digest of what decided its score (`settings`)
@@ -327,14 +327,55 @@ def seed_list(text: str) -> list[int]:
     return seeds
 
 
+def name_list(kind: str) -> Callable[[str], list[str]]:
+    """The type of a list flag of names (--tasks, --ablations, --optimizers), the same in every experiment: comma-
+    separated `kind`s, none empty, none twice; a bad one is argparse's one-line error. An empty value read as no
+    list at all: `run_study --optimizers ''` ran every optimizer, `glue_table --tasks ''` every task."""
+    def parse(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",")]
+        if not all(names):
+            raise argparse.ArgumentTypeError(f"expected comma-separated {kind} names, got {text!r}")
+        if len(set(names)) < len(names):
+            raise argparse.ArgumentTypeError(f"a {kind} is given twice in {text!r}")
+        return names
+    parse.__name__ = f"{kind} list"  # argparse names the type in some errors
+    return parse
+
+
+def check_sets(sets: list[str], owned: dict[str, str]) -> None:
+    """Refuses (ConfigError, one line) a --set of every run of a sweep that no run would keep: a field fine-tuning
+    derives, or one the sweep sets per run (`owned`: key -> what sets it), which replaced the --set silently."""
+    given = given_keys(sets)
+    check_not_derived(given)
+    if taken := sorted(given & set(owned)):
+        raise ConfigError(f"{taken[0]} is set for each run by {owned[taken[0]]}, not by --set")
+
+
+def check_out(out: Path, init: str | None = None) -> None:
+    """Refuses (WorkdirError, one line) an --out that is a gpt1-jax run folder, or the --init source itself: the
+    sweep's run folders, tables and plots landed among that run's checkpoints (`glue_table --init RUN --out RUN`
+    exited 0). Reads, writes nothing."""
+    out = Path(out)
+    source = None if init in (None, "none") else Path(init.removeprefix("scratch:"))
+    if source is not None and out.is_dir() and out.resolve() == source.resolve():
+        raise WorkdirError(f"--out {out} is the --init source: the sweep would write its runs and tables into the "
+                           "model it starts from; choose another --out")
+    if out.is_dir() and (held := run_held(out)) is not None:
+        raise WorkdirError(f"--out {out} holds {held.describe()}: the sweep would write its runs and tables into "
+                           "it; choose another --out (a new or empty folder, or an earlier sweep's)")
+
+
 @contextlib.contextmanager
-def one_sweep(out: Path, prog: str) -> Iterator[None]:
-    """Holds an experiment's --out while its sweep runs (process 0 of a job), so that a second sweep started on the
-    same folder is refused in one line. Each run's folder has its own lock, so a second quick glue_table on one
-    --out skipped the run the first was training as a failure and wrote table.md from the records so far (one
-    seed's score), over the first one's if it ended last."""
+def one_sweep(out: Path, prog: str, *, init: str | None = None, under: str = "") -> Iterator[None]:
+    """Holds an experiment's --out (its folder `under` it) while its sweep runs (process 0 of a job), so that a
+    second sweep started on the same folder is refused in one line, after `check_out` refused an --out that is a run
+    folder or the --init source. Each run's folder has its own lock, so a second quick glue_table on one --out
+    skipped the run the first was training as a failure and wrote table.md from the records so far (one seed's
+    score), over the first one's if it ended last."""
+    check_out(out, init)
     main = not distributed.is_multi_process() or jax.process_index() == 0
-    with hold(out, prog, enabled=main, writes="the same runs' records and tables", held_by="a sweep running there now"):
+    with hold(Path(out) / under, prog, enabled=main, writes="the same runs' records and tables",
+              held_by="a sweep running there now"):
         yield
 
 

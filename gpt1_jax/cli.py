@@ -47,8 +47,9 @@ import jax
 
 from gpt1_jax import compile_cache, distributed, hugepages
 from gpt1_jax import workdir as run_folder
-from gpt1_jax.config import (SEED_RANGE, DataConfig, FinetuneConfig, ModelConfig, PretrainConfig, TRACKER_NAMES,
-                             apply_overrides, check_pretrain_schedule, given_keys, guarded_text, hand_written, resolve)
+from gpt1_jax.config import (FINETUNE_DERIVED, SEED_RANGE, DataConfig, FinetuneConfig, ModelConfig, PretrainConfig,
+                             TRACKER_NAMES, apply_overrides, check_not_derived, check_pretrain_schedule, given_keys,
+                             guarded_text, hand_written, resolve)
 from gpt1_jax.errors import (DEBUG_ENV, ConfigError, DataError, DivergenceError, GPT1JaxError, Interrupted, WorkdirError,
                              os_error_message)
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps, newest_checkpoint, record, verify_checkpoints
@@ -418,13 +419,12 @@ def _finetune(args: argparse.Namespace) -> int:
     overrides = _overrides(args, FinetuneConfig)
     # a flag, --set, or a hand-written --config file (one written before config.yaml had its guard line holds the
     # placeholders FinetuneConfig's optim has: not given)
-    placeholders = {f"optim.{k}": getattr(FinetuneConfig().optim, k) for k in ("total_steps", "warmup_steps")}
+    placeholders = {k: getattr(FinetuneConfig().optim, k.removeprefix("optim.")) for k in FINETUNE_DERIVED}
     given = given_keys(overrides) | {k for k, v in hand_written(args.config, FinetuneConfig).items()
                                      if k not in placeholders or v != placeholders[k]}
-    derived = given & set(placeholders)
-    if derived:  # the placeholder total (1) refused a large warmup; a small one was replaced without a word
-        raise ConfigError(f"{min(derived)} is derived in fine-tuning: total_steps from --epochs and the training "
-                          "examples, warmup_steps from warmup_fraction (the paper's 0.2%): set those instead")
+    check_not_derived(given)  # the placeholder total (1) refused a large warmup; a small one was replaced silently
+    if "task" in given_keys(args.set):  # it won over --task: `--task rte --set task=cola` fine-tuned CoLA
+        raise ConfigError("--set task=...: the task is --task's; give it there")
     source = Path(args.init.removeprefix("scratch:"))
     if args.init != "none" and source.is_dir():  # its architecture is the files' own (scratch: too)
         check_model_sets(source, [f"{k.removeprefix('model.')}=" for k in sorted(given) if k.startswith("model.")])

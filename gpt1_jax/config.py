@@ -183,6 +183,18 @@ def flat_fields(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# What a fine-tuning run derives from its data (gpt1_jax/finetune.py): a value given for it was replaced silently.
+FINETUNE_DERIVED = ("optim.total_steps", "optim.warmup_steps")
+
+
+def check_not_derived(given: set[str]) -> None:
+    """Refuses (one line) a fine-tuning setting the run derives, of the keys a user gave: `gpt1-jax finetune`'s and
+    the experiments' tables' (a sweep's --set of one was replaced in every run without a word)."""
+    if derived := sorted(given & set(FINETUNE_DERIVED)):
+        raise ConfigError(f"{derived[0]} is derived in fine-tuning: total_steps from --epochs and the training "
+                          "examples, warmup_steps from warmup_fraction (the paper's 0.2%): set those instead")
+
+
 def _given(field: str, given: set[str] | None) -> bool:
     """Whether `optim.<field>` is one a user gave (None: every one, a YAML file of theirs)."""
     return given is None or "optim" in given or f"optim.{field}" in given

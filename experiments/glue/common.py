@@ -10,9 +10,11 @@ import statistics
 from pathlib import Path
 
 
-from experiments.harness import Done
+from experiments.harness import Done, check_sets
 from gpt1_jax.config import FinetuneConfig, apply_overrides, preset
+from gpt1_jax.errors import CheckpointFormatError
 from gpt1_jax.files import atomic_write_text, pyplot, save_figure
+from gpt1_jax.weights import detect_format
 
 # Table 5 (docs/gpt1.md): no_pretrain starts from random weights at the init source's architecture and
 # vocabulary (--init scratch:SOURCE; `none` stays none), no_aux_lm fine-tunes without the auxiliary LM loss.
@@ -28,9 +30,11 @@ def ablation(arm: str, config: FinetuneConfig, init: str) -> tuple[FinetuneConfi
     return config, init
 
 
-def table_config(quick: bool, sets: list[str]) -> FinetuneConfig:
+def table_config(quick: bool, sets: list[str], owned: dict[str, str]) -> FinetuneConfig:
     """The GLUE/RACE tables' base config: the paper's recipe, or --quick's (the `tiny` model, one epoch of 64
-    examples, 32 dev examples), then the user's --set KEY=VALUE (checked now, before any run starts)."""
+    examples, 32 dev examples), then the user's --set KEY=VALUE (checked now, before any run starts; a key no run
+    keeps, derived or `owned` by the table's own flags, is refused: harness.check_sets)."""
+    check_sets(sets, owned)
     config = FinetuneConfig()
     if quick:
         config = dataclasses.replace(preset(FinetuneConfig, "tiny"), epochs=1, batch_size=8, max_train_examples=64,
@@ -46,8 +50,19 @@ def missing_path(flag: str, path: str | None) -> str | None:
 
 
 def missing_init(init: str) -> str | None:
-    """missing_path for --init: `none` needs no folder, and scratch:DIR needs DIR."""
-    return None if init == "none" else missing_path("--init", init.removeprefix("scratch:"))
+    """missing_path for --init, and the one line for a folder that holds no model (each run failed on it in turn,
+    then an empty table was written): `none` needs no folder, and scratch:DIR needs DIR, a model too (its
+    architecture and tokenizer)."""
+    if init == "none":
+        return None
+    source = init.removeprefix("scratch:")
+    if missing := missing_path("--init", source):
+        return missing
+    try:
+        detect_format(Path(source))
+    except CheckpointFormatError as e:  # its line names the folder and the formats it looked for
+        return f"--init {e}"
+    return None
 
 
 def mean_std(values: list[float], scale: float = 100.0) -> str:

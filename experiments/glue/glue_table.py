@@ -8,7 +8,8 @@ or `none`) and no auxiliary LM (`--lm-coef 0`).
 
     python -m experiments.glue.glue_table --init runs/pretrain --seeds 0,1,2 --out runs/glue
     python -m experiments.glue.glue_table --quick --init none --out /tmp/glue-quick   # smoke test, ~minutes
-`--set KEY=VALUE` (repeatable) changes any FinetuneConfig field of every run (e.g. `--set optim.lr=1e-4`).
+`--set KEY=VALUE` (repeatable) changes any FinetuneConfig field of every run (e.g. `--set optim.lr=1e-4`), but
+task and seed (--tasks, --seeds) and what fine-tuning derives (optim.total_steps, optim.warmup_steps).
 Runs go through experiments/harness.py: each is done once its OUT/<ablation>/<task>/seed<k>/record.json exists.
 """
 
@@ -21,6 +22,7 @@ from pathlib import Path
 from experiments import harness
 from experiments.glue.common import (ABLATIONS, ablation, errors_of, mean_std, metric_values, missing_init, missing_path,
                                      plot_table, table_config, write_table)
+from gpt1_jax.config import task_key
 from gpt1_jax.data.glue import GLUE_TASKS, split_available
 from gpt1_jax.errors import ConfigError
 
@@ -49,12 +51,37 @@ def available_tasks(data_dir: str | None) -> tuple[list[str], list[str]]:
     return ok, missing
 
 
+def task_list(tasks: list[str] | None, data_dir: str | None) -> list[str] | None:
+    """--tasks in their canonical spelling, each a GLUE task with its train and dev files in --data-dir (None: every
+    such task), or one ConfigError: each run failed on its own, then a table without scores was written (exit 0
+    where --data-dir held no task at all)."""
+    available, _ = available_tasks(data_dir)
+    layout = "(GLUE's TSV distribution: <dir>/<Task>/train.tsv, dev.tsv)"
+    if tasks is None:
+        if not available:
+            raise ConfigError(f"--data-dir {data_dir}: no GLUE task's train and dev files in it {layout}")
+        return None
+    try:
+        names = [task_key(t) for t in tasks]
+    except ConfigError as e:
+        raise ConfigError(f"--tasks: {e}") from None
+    if not_glue := [t for t in names if t not in GLUE_TASKS]:
+        raise ConfigError(f"--tasks: {not_glue[0]} is not a GLUE task (race_table makes RACE's table)")
+    if len(set(names)) < len(names):
+        raise ConfigError(f"--tasks: a task is given twice in {','.join(tasks)!r}")
+    if lacking := [t for t in names if t not in available]:
+        raise ConfigError(f"--data-dir {data_dir}: no train and dev files of {', '.join(lacking)} in it {layout}")
+    return names
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = harness.parser(description=__doc__.splitlines()[0])
     p.add_argument("--init", required=True, help="pre-training workdir, HF/original checkpoint folder, or none")
     p.add_argument("--seeds", type=harness.seed_list, default=[0, 1, 2], help="comma-separated (default: 0,1,2)")
-    p.add_argument("--tasks", default=None, help="comma-separated (default: every task available in --data-dir)")
-    p.add_argument("--ablations", default="full", help=f"comma-separated of {', '.join(ABLATIONS)}")
+    p.add_argument("--tasks", type=harness.name_list("task"), default=None,
+                   help="comma-separated (default: every task available in --data-dir)")
+    p.add_argument("--ablations", type=harness.name_list("ablation"), default="full",
+                   help=f"comma-separated of {', '.join(ABLATIONS)}")
     p.add_argument("--data-dir", default=None, help="GLUE's official TSV distribution (<dir>/<Task>/{train,dev,test}.tsv; "
                    "default: tensorflow-datasets downloads GLUE)")
     p.add_argument("--out", required=True, help="folder for runs (OUT/<ablation>/<task>/seed<k>/) and table.md")
@@ -62,14 +89,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a FinetuneConfig field of every run")
     p.add_argument("--tfds-dir", default=None, help="where tensorflow-datasets prepares GLUE (default: ~/.cache/gpt1_jax/tfds)")
     args = p.parse_args(argv)
-    args.ablations = args.ablations.split(",")
     bad = [a for a in args.ablations if a not in ABLATIONS]
     if bad:
         p.error(f"unknown ablation(s) {bad}; known: {', '.join(ABLATIONS)}")
     if bad_path := missing_path("--data-dir", args.data_dir) or missing_init(args.init):
         p.exit(2, f"{p.prog}: error: {bad_path}\n")
     try:
-        args.config = table_config(args.quick, args.set)
+        args.tasks = task_list(args.tasks, args.data_dir)
+    except ConfigError as e:
+        p.exit(2, f"{p.prog}: error: {e}\n")
+    try:
+        args.config = table_config(args.quick, args.set, {"task": "--tasks", "seed": "--seeds"})
     except ConfigError as e:
         p.exit(2, f"{p.prog}: error: --set: {e}\n")
     return args
@@ -77,7 +107,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with harness.one_sweep(Path(args.out), "glue_table"):
+    with harness.one_sweep(Path(args.out), "glue_table", init=args.init):
         return run_table(args)
 
 
@@ -85,7 +115,7 @@ def run_table(args: argparse.Namespace) -> int:
     """The sweep, then OUT/table.md -> exit status (1 if a run failed)."""
     ablations = args.ablations
     available, missing = available_tasks(args.data_dir)
-    tasks = args.tasks.split(",") if args.tasks else available
+    tasks = args.tasks or available
     out = Path(args.out)
     keys = [(a, t, s) for a in ablations for t in tasks for s in args.seeds]
     runs = []

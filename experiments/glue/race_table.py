@@ -2,7 +2,8 @@
 
     python -m experiments.glue.race_table --data race.tar.gz --init runs/pretrain --seeds 0,1,2 --out runs/race
     python -m experiments.glue.race_table --data race.tar.gz --quick --init none --out /tmp/race-quick   # smoke test
-`--set KEY=VALUE` (repeatable) changes any FinetuneConfig field of every run; runs go through
+`--set KEY=VALUE` (repeatable) changes any FinetuneConfig field of every run (but task, seed and the derived
+optim.total_steps, optim.warmup_steps); runs go through
 experiments/harness.py. RACE has 88k training questions of
 4 x 512 tokens: a full run wants an accelerator; --quick uses a tiny model and 64 questions.
 """
@@ -25,19 +26,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = harness.parser(description=__doc__.splitlines()[0])
     p.add_argument("--init", required=True, help="pre-training workdir, HF/original checkpoint folder, or none")
     p.add_argument("--seeds", type=harness.seed_list, default=[0, 1, 2], help="comma-separated (default: 0,1,2)")
-    p.add_argument("--ablations", default="full", help=f"comma-separated of {', '.join(ABLATIONS)}")
+    p.add_argument("--ablations", type=harness.name_list("ablation"), default="full",
+                   help=f"comma-separated of {', '.join(ABLATIONS)}")
     p.add_argument("--data", required=True, help="race.tar.gz or its unpacked folder")
     p.add_argument("--out", required=True)
     p.add_argument("--quick", action="store_true", help="tiny model, 64 train / 32 dev questions, 1 epoch")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a FinetuneConfig field of every run")
     args = p.parse_args(argv)
-    args.ablations = args.ablations.split(",")
     if bad := [a for a in args.ablations if a not in ABLATIONS]:
         p.error(f"unknown ablation(s) {bad}; known: {', '.join(ABLATIONS)}")
     if missing := missing_path("--data", args.data) or missing_init(args.init):
         p.exit(2, f"{p.prog}: error: {missing}\n")
     try:
-        args.config = dataclasses.replace(table_config(args.quick, args.set), task="race")
+        owned = {"task": "race_table (RACE's table)", "seed": "--seeds"}
+        args.config = dataclasses.replace(table_config(args.quick, args.set, owned), task="race")
     except ConfigError as e:
         p.exit(2, f"{p.prog}: error: --set: {e}\n")
     return args
@@ -45,7 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with harness.one_sweep(Path(args.out), "race_table"):
+    with harness.one_sweep(Path(args.out), "race_table", init=args.init):
         return run_table(args)
 
 

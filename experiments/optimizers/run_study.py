@@ -362,8 +362,8 @@ def missing_data(args) -> str | None:
 
 def finetune_optimizers(args) -> list[str]:
     """--optimizers, or the best four of the pre-training study in --out plus gpt1_adam."""
-    if args.optimizers:
-        return args.optimizers.split(",")
+    if args.optimizers is not None:
+        return args.optimizers
     results = Path(args.out) / "pretrain" / "results.json"
     if not results.is_file():
         raise SystemExit(f"{results}: no pre-training study to take the best four optimizers from; pass --optimizers")
@@ -371,13 +371,13 @@ def finetune_optimizers(args) -> list[str]:
     return ranked[:4] + ([REFERENCE] if REFERENCE not in ranked[:4] else [])
 
 
-def task_list(text: str) -> list[str]:
-    """--tasks: known fine-tuning tasks, comma-separated, in their canonical spelling (SST-2 -> sst2), or one
-    ConfigError: checked with the flags, as each task's study folder was made before its first run read the task
-    (`--tasks sst3` left an empty <out>/finetune/sst3 behind)."""
-    tasks = [task_key(t) for t in text.split(",")]
+def task_list(names: list[str]) -> list[str]:
+    """--tasks: known fine-tuning tasks in their canonical spelling (SST-2 -> sst2), or one ConfigError: checked
+    with the flags, as each task's study folder was made before its first run read the task (`--tasks sst3` left an
+    empty <out>/finetune/sst3 behind)."""
+    tasks = [task_key(t) for t in names]
     if len(set(tasks)) < len(tasks):
-        raise ConfigError(f"a task is given twice in {text!r}")
+        raise ConfigError(f"a task is given twice in {','.join(names)!r}")
     return tasks
 
 
@@ -386,10 +386,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("study", choices=["pretrain", "bench", "finetune"])
     p.add_argument("--out", required=True, help="study root; outputs go to <out>/<study>/")
     p.add_argument("--quick", action="store_true", help="minutes: tiny model, a short pre-training / a small GLUE subset")
-    p.add_argument("--optimizers", default=None, help=f"comma-separated subset of {','.join(SPECS)} (finetune's "
-                   "default: the pre-training study's best four plus gpt1_adam)")
+    p.add_argument("--optimizers", type=harness.name_list("optimizer"), default=None,
+                   help=f"comma-separated subset of {','.join(SPECS)} (finetune's default: the pre-training study's "
+                   "best four plus gpt1_adam)")
     p.add_argument("--seeds", type=harness.seed_list, default=[0, 1, 2], help="first: the lr sweep; others: repeats at the best lr")
-    p.add_argument("--lr-points", type=at_least(1), default=3, help="initial lrs per optimizer (the 1-3-10 log ladder)")
+    # a whole number here, its floor (3; --quick's 2) after the parse, where --quick is known: a floor here said
+    # ">= 1", then ">= 3" for 1
+    p.add_argument("--lr-points", type=int, default=3, help="initial lrs per optimizer (the 1-3-10 log ladder; "
+                   "at least 3, --quick: 2)")
     p.add_argument("--lr-scale", type=number_at_least(0.0, above=True), default=1.0, help="multiplies every centre lr")
     p.add_argument("--max-extensions", type=at_least(0), default=None,
                    help="lrs added per optimizer to bracket its best (default: 4 for pretrain, 2 for finetune)")
@@ -412,7 +416,8 @@ def parser() -> argparse.ArgumentParser:
                    "(its best run); default: experiments/paper/release (--quick: <out>/pretrain)")
     p.add_argument("--data-dir", default=None, help="finetune: GLUE's official TSV distribution "
                    "(<dir>/<Task>/{train,dev}.tsv; default: tensorflow-datasets downloads GLUE)")
-    p.add_argument("--tasks", default=None, help="finetune: GLUE tasks (default sst2,mrpc)")
+    p.add_argument("--tasks", type=harness.name_list("task"), default=None,
+                   help="finetune: GLUE tasks (default sst2,mrpc)")
     return p
 
 
@@ -420,8 +425,9 @@ def parse_args(argv) -> tuple[argparse.Namespace, list[str]]:
     """The checked flags, with the defaults that depend on the study filled in, and the optimizers to compare."""
     p = parser()
     args = p.parse_args(argv)
-    if args.lr_points < (2 if args.quick else 3):
-        p.error("--lr-points must be >= 3 (a log grid of at least 3 values; --quick allows 2, for tests)")
+    if args.lr_points < (low := 2 if args.quick else 3):
+        why = "--quick's floor, for tests" if args.quick else "a log grid of at least 3 values; --quick allows 2"
+        p.error(f"argument --lr-points: must be >= {low} ({why}), got {args.lr_points}")
     if args.max_extensions is None:
         args.max_extensions = 2 if args.study == "finetune" else 4
     if args.study == "finetune" and args.init is None:
@@ -433,8 +439,7 @@ def parse_args(argv) -> tuple[argparse.Namespace, list[str]]:
         args.tasks = task_list(args.tasks) if args.tasks is not None else None
     except ConfigError as e:
         p.exit(2, f"{p.prog}: error: --tasks: {e}\n")
-    names = finetune_optimizers(args) if args.study == "finetune" else (
-        args.optimizers.split(",") if args.optimizers else list(SPECS))
+    names = finetune_optimizers(args) if args.study == "finetune" else args.optimizers or list(SPECS)
     unknown = [n for n in names if n not in SPECS]
     if unknown:
         p.exit(2, f"{p.prog}: error: unknown optimizer(s) {', '.join(unknown)}; known: {', '.join(SPECS)}\n")
@@ -553,7 +558,7 @@ def finetune_study(args, names: list[str], seeds: list[int]) -> tuple[list[dict]
 
 def main(argv=None) -> int:
     args, names = parse_args(argv)
-    with harness.one_sweep(Path(args.out) / args.study, "run_study"):
+    with harness.one_sweep(Path(args.out), "run_study", init=args.init, under=args.study):
         return execute(args, names)
 
 

@@ -44,6 +44,10 @@ def test_settings_finetuning_would_drop_are_refused(tmp_path, data_dir, tokenize
         assert cli.main(argv + ["--init", "none", "--set", key]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"{key.partition('=')[0]} is derived in fine-tuning" in err[0], err
+    # --set won over --task: `--task cola --set task=rte` fine-tuned RTE, exit 0
+    assert cli.main(argv + ["--init", "none", "--set", "task=rte"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "gpt1-jax finetune: error: --set task=...: the task is --task's; give it there"]
     assert not (tmp_path / "w").exists()
 
 

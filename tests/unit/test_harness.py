@@ -323,6 +323,7 @@ def test_a_second_sweep_on_one_out_is_refused_in_one_line(module, argv, held, tm
     skipped the run the first was training as a failure and wrote table.md from the records so far (one seed's
     score), over the first one's when it ended last. Now the second is refused before it reads or writes a thing."""
     folder = tmp_path / held
+    _glue_files(tmp_path, "RTE")  # a --data-dir without a task is refused before the lock (glue_table.task_list)
     with harness.one_sweep(folder, "the first"):
         before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
         try:
@@ -336,3 +337,127 @@ def test_a_second_sweep_on_one_out_is_refused_in_one_line(module, argv, held, tm
                                 and " would write the same runs' records and tables" in said), said
         assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
     assert not folder.exists()  # made for the lock, and left as it was found
+
+
+def _glue_files(root: Path, *dirnames: str) -> Path:
+    """A GLUE TSV distribution with these tasks' train and dev files (empty: nothing here reads them)."""
+    for name in dirnames:
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for split in ("train.tsv", "dev.tsv"):
+            (root / name / split).write_text("")
+    return root
+
+
+def _run_folder(path: Path, kind: str = "pretrain") -> Path:
+    """What gpt1_jax.workdir.read and weights.detect_format take for a run folder, nothing trained in it."""
+    (path / "checkpoints").mkdir(parents=True)
+    (path / "config.yaml").write_text("")
+    task = {"task": "rte", "init": "none"} if kind == "finetune" else {}
+    (path / "run.json").write_text(json.dumps({"format": 1, "kind": kind, **task}))
+    return path
+
+
+OUT_SCRIPTS = [
+    ("experiments.glue.glue_table", ["--quick", "--seeds", "0", "--tasks", "rte", "--data-dir", "{tmp}/glue"]),
+    ("experiments.glue.race_table", ["--quick", "--seeds", "0", "--data", "{tmp}/glue"]),
+    ("experiments.optimizers.run_study", ["finetune", "--quick", "--optimizers", "adamw", "--data-dir", "{tmp}/glue"]),
+]
+
+
+@pytest.mark.parametrize("module, argv", OUT_SCRIPTS)
+@pytest.mark.parametrize("out, init, said", [
+    ("base", "base", "--out {tmp}/base is the --init source: the sweep would write its runs and tables into the model "
+                     "it starts from; choose another --out"),
+    ("other", "base", "--out {tmp}/other holds a pre-training run: the sweep would write its runs and tables into it"),
+    ("ft", "base", "--out {tmp}/ft holds a fine-tuning run of rte from none: the sweep would write its runs and "),
+])
+def test_an_out_that_is_a_run_folder_or_the_init_source_is_refused_before_a_write(module, argv, out, init, said,
+                                                                                 tmp_path, monkeypatch):
+    """`glue_table --init RUN --out RUN` exited 0 with full/, table.md and table.png in the pre-training run's
+    folder (the same with a fine-tuning run's folder as --out); race_table and run_study the same. Now one line
+    (harness.check_out, in one_sweep) before a thing is written."""
+    monkeypatch.setattr(gpt1_jax.finetune, "run", lambda *a, **k: pytest.fail("a run started"))
+    _glue_files(tmp_path / "glue", "RTE")
+    _run_folder(tmp_path / "base"), _run_folder(tmp_path / "other"), _run_folder(tmp_path / "ft", "finetune")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    flags = [*argv, "--init", f"{{tmp}}/{init}", "--out", f"{{tmp}}/{out}"]
+    with pytest.raises(WorkdirError) as e:  # harness.main makes it one line and exit status 2
+        importlib.import_module(module).main([a.replace("{tmp}", str(tmp_path)) for a in flags])
+    assert str(e.value).startswith(said.replace("{tmp}", str(tmp_path))), str(e.value)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("experiments.glue.glue_table", ["--init", "none", "--out", "o"]),
+    ("experiments.glue.race_table", ["--init", "none", "--out", "o", "--data", "."]),
+])
+@pytest.mark.parametrize("sets, said", [
+    (["optim.total_steps=5"], "--set: optim.total_steps is derived in fine-tuning: total_steps from --epochs and the "
+                              "training examples, warmup_steps from warmup_fraction (the paper's 0.2%): set those "
+                              "instead"),
+    (["optim={warmup_steps: 3}"], "--set: optim.warmup_steps is derived in fine-tuning: "),
+    (["task=cola"], "--set: task is set for each run by "),
+    (["lm_coef=0.25", "seed=4"], "--set: seed is set for each run by --seeds, not by --set"),
+])
+def test_a_set_that_no_run_would_keep_is_one_line(module, argv, sets, said, capsys):
+    """glue_table ran with `--set optim.total_steps=5` (which `gpt1-jax finetune` refuses: fine-tuning derives it)
+    and `--set task=cola` / `seed=4` (each run's own from --tasks, --seeds) as if they were not there."""
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(module).parse_args([*argv, *[f for s in sets for f in ("--set", s)]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and f": error: {said}" in err[0], err
+    args = importlib.import_module(module).parse_args([*argv, "--set", "lm_coef=0.25"])  # one a run keeps: taken
+    assert args.config.lm_coef == 0.25
+
+
+@pytest.mark.parametrize("module, argv, flag, kind", [
+    ("experiments.glue.glue_table", ["--init", "none", "--out", "o"], "--tasks", "task"),
+    ("experiments.glue.glue_table", ["--init", "none", "--out", "o"], "--ablations", "ablation"),
+    ("experiments.glue.race_table", ["--init", "none", "--out", "o", "--data", "."], "--ablations", "ablation"),
+    ("experiments.optimizers.run_study", ["pretrain", "--out", "o"], "--optimizers", "optimizer"),
+    ("experiments.optimizers.run_study", ["finetune", "--out", "o", "--init", "."], "--tasks", "task"),
+])
+def test_an_empty_list_flag_is_one_line(module, argv, flag, kind, capsys):
+    """`run_study --optimizers ''` ran every optimizer (55 runs), `glue_table --tasks ''` every task: an empty list
+    read as none given. Every list flag now parses with harness.name_list: no empty name, none twice."""
+    parse = importlib.import_module(module).parse_args
+    for value, said in (("", f"expected comma-separated {kind} names, got ''"),
+                        ("a,", f"expected comma-separated {kind} names, got 'a,'"),
+                        ("a,a", f"a {kind} is given twice in 'a,a'")):
+        with pytest.raises(SystemExit) as e:
+            parse([*argv, flag, value])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and f": error: argument {flag}: {said} (see " in err[0], err
+
+
+@pytest.mark.parametrize("module, argv, said", [
+    ("experiments.glue.glue_table", ["--init", "{tmp}/notmodel", "--data-dir", "{tmp}/glue"],
+     "--init {tmp}/notmodel: not a GPT-1 checkpoint (expected "),
+    ("experiments.glue.glue_table", ["--init", "scratch:{tmp}/notmodel", "--data-dir", "{tmp}/glue"],
+     "--init {tmp}/notmodel: not a GPT-1 checkpoint (expected "),
+    ("experiments.glue.race_table", ["--init", "{tmp}/notmodel", "--data", "{tmp}/glue"],
+     "--init {tmp}/notmodel: not a GPT-1 checkpoint (expected "),
+    ("experiments.glue.glue_table", ["--init", "none", "--data-dir", "{tmp}/notmodel"],
+     "--data-dir {tmp}/notmodel: no GLUE task's train and dev files in it (GLUE's TSV distribution: "),
+    ("experiments.glue.glue_table", ["--init", "none", "--data-dir", "{tmp}/glue", "--tasks", "rte,CoLA"],
+     "--data-dir {tmp}/glue: no train and dev files of cola in it (GLUE's TSV distribution: "),
+    ("experiments.glue.glue_table", ["--init", "none", "--data-dir", "{tmp}/glue", "--tasks", "rte,race"],
+     "--tasks: race is not a GLUE task (race_table makes RACE's table)"),
+    ("experiments.glue.glue_table", ["--init", "none", "--data-dir", "{tmp}/glue", "--tasks", "sst3"],
+     "--tasks: unknown task 'sst3'; known: cola, "),
+])
+def test_a_bad_init_or_data_is_one_line_before_the_first_run(module, argv, said, tmp_path, monkeypatch, capsys):
+    """A folder that holds no model as --init, or a --data-dir without the tasks: each run failed on it in turn, then
+    a table of failures (or, without a task, an empty table and exit 0) was written. Now one line, exit 2, nothing
+    written."""
+    monkeypatch.setattr(gpt1_jax.finetune, "run", lambda *a, **k: pytest.fail("a run started"))
+    _glue_files(tmp_path / "glue", "RTE")
+    (tmp_path / "notmodel").mkdir()
+    (tmp_path / "notmodel" / "notes.txt").write_text("")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    flags = [*argv, "--quick", "--seeds", "0,1", "--out", "{tmp}/out"]
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(module).main([a.replace("{tmp}", str(tmp_path)) for a in flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and f": error: {said.replace('{tmp}', str(tmp_path))}" in err[0], err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

@@ -272,9 +272,16 @@ def test_an_optimizer_on_the_unigram_plateau_is_not_ranked_and_speedups_read_the
     (["--seeds", "0,0"], "argument --seeds: a seed is given twice in '0,0'"),
     (["--lr-scale", "0"], "argument --lr-scale: must be a finite number > 0, got 0"),
     (["--steps", "0"], "argument --steps: must be >= 1, got 0"),
+    (["--lr-points", "0"], "argument --lr-points: must be >= 3 (a log grid of at least 3 values; --quick allows 2), "
+                           "got 0"),
+    (["--lr-points", "1"], "argument --lr-points: must be >= 3 (a log grid of at least 3 values; --quick allows 2), "
+                           "got 1"),
+    (["--quick", "--lr-points", "1"], "argument --lr-points: must be >= 2 (--quick's floor, for tests), got 1"),
+    (["--lr-points", "x"], "argument --lr-points: invalid int value: 'x'"),
 ])
 def test_flags_it_cannot_honour_are_one_line(flags, message, capsys):
-    """--lr-scale 0 was a ZeroDivisionError, --seeds a a ValueError; --steps 0 ran the default budget, 0,0 twice."""
+    """--lr-scale 0 was a ZeroDivisionError, --seeds a a ValueError; --steps 0 ran the default budget, 0,0 twice.
+    --lr-points 0 said "must be >= 1", then 1 said "must be >= 3": its first line names the real floor."""
     with pytest.raises(SystemExit) as e:
         rs.parse_args(["pretrain", "--out", "o", *flags])
     err = capsys.readouterr().err.strip().splitlines()  # one line, as gpt1-jax's (experiments/harness.py parser)
