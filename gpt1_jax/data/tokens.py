@@ -481,8 +481,10 @@ def check_cache_dir(cache_dir: str | Path, workdir: str | Path | None = None) ->
         raise ConfigError(f"{where} {what}: {fix}")
     # A read-only cache built ahead of the job (`gpt1-jax tokenize`) is read, never written; only process 0 writes.
     writes = Peers.current().builds and not (existing == path and any(path.glob("tokens-*")))
-    if writes and (not os.access(existing, os.W_OK | os.X_OK) or os.statvfs(existing).f_flag & os.ST_RDONLY):
-        raise ConfigError(f"{where} cannot be written ({existing} is not writable) and holds no token cache: {fix}")
+    read_only = writes and os.statvfs(existing).f_flag & os.ST_RDONLY
+    if writes and (read_only or not os.access(existing, os.W_OK | os.X_OK)):
+        why = "is on a read-only file system" if read_only else "is not writable"
+        raise ConfigError(f"{where} cannot be written ({existing} {why}) and holds no token cache: {fix}")
     real = path.resolve()
     own = None if workdir is None else Path(workdir).expanduser().resolve()
     if own is not None and (own == real or own in real.parents):

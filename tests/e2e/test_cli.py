@@ -23,8 +23,8 @@ RELEASE = Path(__file__).resolve().parents[2] / "experiments" / "paper" / "relea
 
 @pytest.mark.parametrize("where", ["workdir", "cache_dir"])
 def test_a_read_only_disk_is_one_line(tmp_path, capsys, monkeypatch, mount_tmpfs, vocab_dir, where):
-    """A real read-only file system (a tmpfs remounted ro; needs root). The token cache has no up-front check:
-    its OSError reaches the command line's own catch."""
+    """A real read-only file system (a tmpfs remounted ro; needs root): the run folder's check, and the token cache
+    folder's (gpt1_jax/data/tokens.py `check_cache_dir`), both before anything is written."""
     monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
     disk = mount_tmpfs(tmp_path / "disk", 1 << 20)
     subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
