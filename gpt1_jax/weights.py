@@ -451,9 +451,9 @@ def read_model(path: str | os.PathLike, config: ModelConfig | None = None, *, st
     """
     path = Path(path)
     if not path.is_dir():
-        raise CheckpointFormatError(f"{path}: " + ("a file, not a model's folder (a run, an HF folder, OpenAI's release "
-                                                   "or a convert --to jax folder)" if path.is_file() else
-                                                   "no such checkpoint directory"))
+        what = ("a file, not a model's folder (a run, an HF folder, OpenAI's release or a convert --to jax folder)"
+                if path.is_file() else "no such checkpoint directory")
+        raise CheckpointFormatError(f"{path}: {what}")
     fmt = detect_format(path)
     if step is not None and fmt != "run":
         raise ConfigError(f"{path}: step={step} only applies to a run workdir's checkpoints/")

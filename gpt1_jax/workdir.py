@@ -33,7 +33,8 @@ from gpt1_jax.errors import ConfigError, WorkdirError
 from gpt1_jax.files import atomic_write_text, some_names
 from gpt1_jax.lockfile import LOCK_STALE_S, break_lock, held, mtime_ns, owner_is_gone, read_owner, try_lock
 
-__all__ = ["Identity", "WorkdirError", "check", "claim", "read", "read_record", "check_same_settings", "init_identity", "check_same_data", "hold"]
+__all__ = ["Identity", "WorkdirError", "check", "claim", "read", "read_record", "check_same_settings", "init_identity",
+           "check_same_data", "hold", "DATA_INFO_FIX"]
 
 RUN_FILE = "run.json"
 LOCK_FILE = "run.lock"  # held by the job training in the folder (`hold`)
