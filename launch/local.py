@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import errno
 import os
 import shlex
 import shutil
@@ -132,22 +133,37 @@ def launch(cmd: list[str], n: int, devices: int | None = None, port: int | None 
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, forward)
 
+    try:
+        for i in range(n):
+            procs.append(subprocess.Popen(cmd, env=child_env(os.environ, i, n, port, devices), stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                          preexec_fn=_die_with_parent))
+    except OSError as e:  # found on the PATH, yet not startable: a script without #!, or whose interpreter is gone
+        for p in procs:  # they would wait for peers that never come
+            p.kill()
+            p.wait()
+        print(f"launch/local.py: error: {cmd[0]}: cannot be started ({_why_not_started(e)})", file=sys.stderr)
+        return 127 if isinstance(e, FileNotFoundError) else 126  # as a shell says
     _say(out, lock, f"{n} processes, coordinator {LOOPBACK}:{port}{f', {devices} CPU devices each' if devices else ''}: "
                     f"{shlex.join(cmd)}")
-    pumps = []
-    for i in range(n):
-        p = subprocess.Popen(cmd, env=child_env(os.environ, i, n, port, devices), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                             preexec_fn=_die_with_parent)
-        procs.append(p)
-        pumps.append(threading.Thread(target=_pump, args=(p.stdout, f"[p{i}] ".encode(), out, lock), daemon=True))
-        pumps[-1].start()
+    pumps = [threading.Thread(target=_pump, args=(p.stdout, f"[p{i}] ".encode(), out, lock), daemon=True)
+             for i, p in enumerate(procs)]
+    for t in pumps:
+        t.start()
     first_failure, failed_at, ended = _watch(procs, grace, out, lock)
     for t in pumps:
         t.join(timeout=5)
     after = f" (last exit {ended - failed_at:.1f}s after the first failure)" if failed_at else ""
     _say(out, lock, f"exit statuses {[status_of(p.returncode) for p in procs]}{after}")
     return first_failure[1] if first_failure else 0
+
+
+def _why_not_started(e: OSError) -> str:
+    if e.errno == errno.ENOEXEC:
+        return f"{e.strerror}: a script without a #! line?"
+    if isinstance(e, FileNotFoundError):  # the file is there (shutil.which found it): its #! names what is not
+        return "its #! interpreter was not found"
+    return e.strerror or str(e)
 
 
 def _watch(procs: list[subprocess.Popen], grace: float, out, lock: threading.Lock):

@@ -52,6 +52,21 @@ def test_local_launcher_refuses_what_it_cannot_start_in_one_line(args, status, m
     assert "[launcher]" not in done.stdout  # nothing started
 
 
+@pytest.mark.parametrize("script, status, why", [
+    ("#!/no/such/python\nprint(1)\n", 127, "its #! interpreter was not found"),
+    ("echo hi\n", 126, "Exec format error: a script without a #! line?"),
+])
+def test_a_command_found_but_not_startable_is_one_line(tmp_path, script, status, why):
+    """On the PATH and executable, yet the fork's exec failed: a FileNotFoundError or OSError traceback, exit 1."""
+    command = tmp_path / "job"
+    command.write_text(script)
+    command.chmod(0o755)
+    done = local("-n", "2", "--", str(command))
+    assert done.returncode == status and done.stderr.splitlines() == [
+        f"launch/local.py: error: {command}: cannot be started ({why})"]
+    assert "[launcher]" not in done.stdout
+
+
 def test_a_reader_that_goes_away_leaves_the_processes_running_to_their_end(tmp_path):
     """`local.py ... | head -3`: both pump threads died with BrokenPipeError tracebacks and the launcher exited 1
     though every process finished with 0."""
