@@ -432,6 +432,11 @@ def exit_status(status: int) -> int:
 if __name__ == "__main__":  # `python -m gpt1_jax.distributed`: what a gpt1-jax command would use here, one JSON line
     import json
 
+    # It reads the GPT1_* environment and the cluster, not flags: `--num-processes 2` printed the defaults, exit 0.
+    argparse.ArgumentParser(prog="python -m gpt1_jax.distributed", description="What a gpt1-jax command would use "
+                            "here to start its processes, as one JSON line: from the GPT1_* environment (the flags' "
+                            "twins, launch/README.md) and the cluster JAX detects. Takes no flags.").parse_args()
+
     try:
         cfg = resolve()
     except DistributedConfigError as e:

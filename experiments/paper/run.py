@@ -77,6 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--quick is --budget quick")
     args.budget = "quick" if args.quick else args.budget or "laptop"
     args.stages = [s for s in args.stages.split(",") if s]
+    if not args.stages:  # ran nothing, exit 0
+        p.error(f"--stages names no stage; stages: {', '.join(STAGES)}")
     tasks = args.tasks.split(",") + (args.layer_tasks.split(",") if args.layer_tasks else [])
     bad = [s for s in args.stages if s not in STAGES] + [t for t in tasks if t not in TASKS]
     if bad:

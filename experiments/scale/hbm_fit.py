@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import nnls
 
+from experiments import harness
 from experiments.scale.plan_table import PODS, RECORDS, RUN_AS
 from gpt1_jax import plan
 from gpt1_jax.config import PretrainConfig, resolve
@@ -97,6 +98,7 @@ def rankings(plans, coefficients: dict[str, dict[str, dict[str, float]]]) -> dic
 
 
 def main() -> None:
+    harness.parser(description=__doc__.splitlines()[0]).parse_args()  # --help; a flag it has not (it has none)
     plans = load()
     ratios = features(plans) @ np.array([plan.HBM_BYTES_PER[k] for k in TERMS]) / \
         np.array([r["xla_bytes_accessed_per_chip"] for _, _, r in plans])

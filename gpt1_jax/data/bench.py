@@ -65,6 +65,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--batches", type=int, default=200)
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    if args.batches < 1:  # found after the tokenizer and the tokens, as a report of 0 tokens/s
+        ap.error(f"--batches must be >= 1, got {args.batches}")
     cfg = DataConfig(
         source=args.source,
         seq_len=args.seq_len,
