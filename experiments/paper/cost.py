@@ -56,6 +56,16 @@ def runs_per_arm(budget: Budget, arm: str, extensions: int) -> int:
     return len(budget.lrs) + extensions + len(budget.seeds_of(arm)) - 1
 
 
+def _json_target_problem(path: Path) -> str | None:
+    if path.is_dir():
+        return "is a folder; give a file"
+    if not path.parent.is_dir():
+        return f"its folder {path.parent} does not exist"
+    if path.exists() and path.suffix != ".json":  # `--json README.md` replaced the README with numbers
+        return "exists and is not a .json file: it would be replaced; give a .json file"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = harness.parser(description=__doc__.splitlines()[0])
     p.add_argument("--budget", choices=sorted(BUDGETS), default="full_sets")
@@ -75,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--startup-s", type=number_at_least(0.0), default=25.0, help="per run: data, init and compilation")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the numbers there")
     args = p.parse_args(argv)
+    if args.json and (problem := _json_target_problem(Path(args.json))):  # found after the work, as a temp file's name
+        p.error(f"--json {args.json}: {problem}")
     budget = BUDGETS[args.budget]
     n_ctx = load_pretrained(args.release)[0].n_positions
     tok = GPT1Tokenizer.load(f"{args.release}/tokenizer.json")

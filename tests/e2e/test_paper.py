@@ -247,6 +247,9 @@ def test_options_sharing_their_context_score_as_separate_sequences_do():
     (["--tasks", "sst3"], "cost: error: unknown task 'sst3'; known: cola, sst2"),
     (["--tasks", "rte", "--release", "nowhere"], "cost: error: nowhere: no such checkpoint directory"),
     (["--train-tokens-per-s", "0"], "argument --train-tokens-per-s: must be a finite number > 0, got 0"),
+    # README.md replaced by the numbers; a missing folder named a temp file, after the work
+    (["--json", "README.md"], "--json README.md: exists and is not a .json file: it would be replaced"),
+    (["--json", "nodir/x.json"], "--json nodir/x.json: its folder nodir does not exist"),
 ])
 def test_the_cost_command_refuses_what_it_cannot_count_in_one_line(tmp_path, flags, message):
     """experiments.paper.cost ended in a traceback for an unknown task, a missing release, GLUE out of reach
