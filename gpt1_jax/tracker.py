@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any, Protocol
@@ -60,20 +61,62 @@ def _summary_writer_class():
     return SummaryWriter
 
 
+# What killed tensorboardX's writer threads (their uncaught exceptions), for the TensorBoard that owns each to raise.
+_WRITER_FAILURES: dict[threading.Thread, BaseException] = {}
+
+
+def _keep_writer_thread_failures() -> None:
+    """A writer thread's failure (a full disk) is kept for its run to raise as one error, not printed as a thread's
+    traceback between the run's lines; every other thread's still reaches the hook that was there before."""
+    previous = threading.excepthook
+    if getattr(previous, "_keeps_tensorboard_failures", False):
+        return
+
+    def hook(args) -> None:
+        if type(args.thread).__name__ == "_EventLoggerThread" and args.exc_value is not None:
+            _WRITER_FAILURES[args.thread] = args.exc_value
+        else:
+            previous(args)
+
+    hook._keeps_tensorboard_failures = True
+    threading.excepthook = hook
+
+
 class TensorBoard:
     def __init__(self, workdir: Path, resume_step: int):
         SummaryWriter = _summary_writer_class()
+        self._dir = Path(workdir) / "tensorboard"
         # purge_step: a resumed run drops the events past its checkpoint, as metrics.jsonl does
-        self._writer = SummaryWriter(str(Path(workdir) / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
+        self._writer = SummaryWriter(str(self._dir), purge_step=resume_step + 1 if resume_step else None)
+        self._events = self._writer._get_file_writer().event_writer  # its queue and the thread that writes it
+        _keep_writer_thread_failures()
+
+    def _check_writer(self) -> None:
+        """tensorboardX writes from a thread of its own. One that died (a full disk) left every later add_scalar
+        waiting forever on its full queue, and the run with it: SIGTERM did nothing, Ctrl-C's line came and the
+        process stayed, in the close at exit. Its failure is raised here instead (an OSError: the CLI's one line)."""
+        worker = self._events._worker
+        if worker is None or worker.is_alive():
+            return
+        self._events._closed = True  # its close (ours, and the one tensorboardX runs at exit) would wait on it
+        failure = _WRITER_FAILURES.pop(worker, None)
+        if isinstance(failure, OSError):
+            raise OSError(failure.errno, failure.strerror, failure.filename or str(self._dir)) from failure
+        raise OSError(f"TensorBoard's writer stopped writing to {self._dir}: {failure!r}")
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         for key, value in _finite(scalars).items():
+            self._check_writer()  # each add_scalar may be the one that fills the queue
             self._writer.add_scalar(key, value, step)
 
     def flush(self) -> None:
+        self._check_writer()
         self._writer.flush()
 
     def close(self) -> None:
+        if self._events._worker is not None and not self._events._worker.is_alive():
+            self._events._closed = True  # a failure already said (log, flush): nothing left to write, no thread to stop
+            return
         self._writer.close()
 
 
