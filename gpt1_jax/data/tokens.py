@@ -517,10 +517,9 @@ def tokenize_to_cache(
     final = cache_dir / f"tokens-{key}"
     peers = Peers.current()
 
-    if peers.builds and not (final / "tokens.npy").is_file():
+    if peers.builds:
         cache_dir.mkdir(parents=True, exist_ok=True)  # the lock lives there
-    elif peers.builds:  # a build killed just before another finished this one: its gigabytes were never swept
-        sweep_staging_folders(final, **_SWEEP)
+        _sweep_killed_builds(cache_dir)
     return build_once(
         ready=(final / "tokens.npy").is_file,
         build=lambda: _build_cache(source, tokenizer, final, sep, dtype, peers, progress),
@@ -537,6 +536,14 @@ def tokenize_to_cache(
         stale_s=stale_s,
         on_wait=_say if progress else None,
     )
+
+
+def _sweep_killed_builds(cache_dir: Path) -> None:
+    """The token caches killed builds left half-written in `cache_dir` (`staging_folder`'s
+    `.tmp-tokens-<key>-<pid>-<random>`), of any corpus: only this run's own key was swept, and only when it built,
+    so a build killed before another finished it, or of a corpus not tokenized again, kept its gigabytes."""
+    for final in {left.name.removeprefix(".tmp-").rsplit("-", 2)[0] for left in cache_dir.glob(".tmp-tokens-*-*-*")}:
+        sweep_staging_folders(cache_dir / final, **_SWEEP)
 
 
 def _build_cache(

@@ -77,6 +77,28 @@ def test_a_builder_killed_on_this_host_is_not_waited_for(tmp_path, corpus, tok_p
     assert sorted(p.name for p in cache.iterdir()) == [final.name]
 
 
+def test_builds_killed_of_any_corpus_are_swept_when_a_cache_is_read(tmp_path, corpus, tok_path):
+    """Only the run's own corpus's half-written tokens were swept, and only when it built them: a build killed of a
+    corpus not tokenized again kept its (gigabytes of) tokens.bin through every later run."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    tokenize_to_cache(open_source(str(corpus)), GPT1Tokenizer.load(tok_path), cache, progress=False)
+    built = sorted(p.name for p in cache.iterdir())
+    gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    quiet = time.time() - 30
+    left = [cache / f".tmp-tokens-{'0f' * 8}-{gone}-0123abcd", cache / f".tmp-tokens-{'ab' * 8}-{os.getpid()}-0123abcd"]
+    for folder in left:  # a killed build of another corpus; a live one (this process) is left alone
+        folder.mkdir()
+        (folder / "tokens.bin").write_bytes(b"\0" * 64)
+        for path in (folder / "tokens.bin", folder):
+            os.utime(path, (quiet, quiet))
+    stream = tokenize_to_cache(open_source(str(corpus)), GPT1Tokenizer.load(tok_path), cache, progress=False)
+    assert stream.from_cache and sorted(p.name for p in cache.iterdir()) == sorted(built + [left[1].name])
+
+
 def test_a_builders_heartbeat_keeps_its_lock_alive_and_it_goes_after(tmp_path):
     lock, result, mtimes = tmp_path / ".x.lock", tmp_path / "x", []
 
