@@ -230,7 +230,9 @@ class Checkpointer:
 
     def _write_error(self, step: int, e: BaseException) -> CheckpointWriteError:
         self._failed, self._in_flight = True, None
-        earlier = [s for s in self.manager.all_steps() if s != step]
+        # What is on disk: orbax's list had already dropped the one its keep rule would delete after this save
+        # ("steps 2" where 1 and 2 were there, intact)
+        earlier = [s for s in integrity.checkpoint_steps(self.directory) if s != step]
         return CheckpointWriteError(
             f"could not write checkpoint {step} in {self.directory}: {_os_reason(e)}; the earlier checkpoints "
             f"are untouched ({'steps ' + ', '.join(map(str, earlier)) if earlier else 'there are none'})")

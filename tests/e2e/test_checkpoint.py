@@ -147,7 +147,8 @@ def test_finetune_falls_back_too(tmp_path):
 
 def test_full_disk_during_a_save_is_one_line_and_earlier_checkpoints_restore(run40, cache, tmp_path, mount_tmpfs):
     """The checkpoints folder is a tmpfs with room for two and a half checkpoints of this model: the
-    third save runs out of space."""
+    third save runs out of space. keep_checkpoints=2: orbax's own list had dropped checkpoint 1 (the one its keep
+    rule deletes after the third save), and the line said "steps 2" where 1 and 2 were on disk, intact."""
     import jax
 
     from gpt1_jax.checkpoint import restore_params
@@ -155,7 +156,7 @@ def test_full_disk_during_a_save_is_one_line_and_earlier_checkpoints_restore(run
     one = sum(p.stat().st_size for p in (run40 / "checkpoints" / "40").rglob("*") if p.is_file())
     workdir = tmp_path / "run"
     checkpoints = mount_tmpfs(workdir / "checkpoints", int(2.5 * one) // 4096 * 4096)
-    done = pretrain(workdir, cache, 40, "--set", "checkpoint_every=1", "--set", "keep_checkpoints=10")
+    done = pretrain(workdir, cache, 40, "--set", "checkpoint_every=1", "--set", "keep_checkpoints=2")
     assert done.returncode == 2, done.stderr[-3000:]
     line = last_line(done)
     assert line.startswith(f"gpt1-jax pretrain: error: could not write checkpoint 3 in {checkpoints}: "
