@@ -549,6 +549,19 @@ def _sweep_killed_builds(cache_dir: Path) -> None:
 def _build_cache(
     source: TextSource, tokenizer: GPT1Tokenizer, final: Path, sep: int, dtype: np.dtype, peers: Peers, progress: bool
 ) -> TokenStream:
+    """`_tokenize_into` ``final``; a write's error that names no file (a full disk: "No space left on device", where
+    the run's folder may be on another disk) names the cache folder."""
+    try:
+        return _tokenize_into(source, tokenizer, final, sep, dtype, peers, progress)
+    except OSError as e:
+        if e.filename is None and e.errno is not None:
+            raise OSError(e.errno, e.strerror, str(final.parent)) from e
+        raise
+
+
+def _tokenize_into(
+    source: TextSource, tokenizer: GPT1Tokenizer, final: Path, sep: int, dtype: np.dtype, peers: Peers, progress: bool
+) -> TokenStream:
     """Tokenise into a temporary directory beside ``final``, then rename it into place."""
     with staging_folder(final, **_SWEEP) as tmp:
         n_tokens = n_docs = n_unk = 0

@@ -51,6 +51,18 @@ def test_the_tools_beside_the_verbs_refuse_what_they_would_ignore(tmp_path, argv
     assert not list(tmp_path.iterdir())
 
 
+def test_a_full_token_cache_disk_is_named(tmp_path, capsys, monkeypatch, mount_tmpfs, vocab_dir):
+    """A write's ENOSPC names no file: the line said only "No space left on device", where the run's folder is on
+    another disk than the full one."""
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    cache = mount_tmpfs(tmp_path / "cache", 64 << 10)
+    status = cli.main(["pretrain", "--config", "tiny", "--data", "default", "--workdir", str(tmp_path / "run"),
+                       "--set", f"data.cache_dir={cache}", "--set", f"data.tokenizer={vocab_dir}", "--no-progress"])
+    assert status == 2 and _one_error_line(capsys, "pretrain") == (
+        f"gpt1-jax pretrain: error: cannot write {cache}: No space left on device; free some space or choose a folder "
+        "on another disk")
+
+
 # A verb whose run prints far more than a pipe holds: what `gpt1-jax sample --num-samples 8000 | head -1` does, in
 # a second instead of a minute.
 CHATTY = """
