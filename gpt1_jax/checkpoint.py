@@ -424,8 +424,9 @@ def restore_params(directory: str | Path, subtrees: Sequence[KeyPath] = (("param
     return [_subtree(restored, path, str(directory)) for path in subtrees], step
 
 
-def _read_state(manager: ocp.CheckpointManager, step: int, subtrees: Sequence[KeyPath]) -> Any:
-    metadata = manager.item_metadata(step)["state"].tree
+def _read_state(manager: ocp.CheckpointManager, step: int, subtrees: Sequence[KeyPath], metadata: Any = None) -> Any:
+    """The arrays under `subtrees` of checkpoint `step`'s state (`metadata`: its tree, when the caller has it)."""
+    metadata = manager.item_metadata(step)["state"].tree if metadata is None else metadata
     for path in subtrees:
         _subtree(metadata, path, f"{manager.directory}/{step}")
     sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -442,14 +443,22 @@ def unreadable(directory: str | Path, step: int) -> str | None:
     of it ended in an orbax traceback."""
     try:
         with _reader(Path(directory)) as manager:
+            metadata = manager.item_metadata(step)["state"].tree
             # One array at a time: a failed read of the whole tree left orbax's other reads pending, and each
             # printed a traceback at exit.
-            for keys, _ in jax.tree_util.tree_flatten_with_path(manager.item_metadata(step)["state"].tree)[0]:
-                _read_state(manager, step, [tuple(getattr(k, "key", getattr(k, "idx", None)) for k in keys)])
+            for keys, _ in jax.tree_util.tree_flatten_with_path(metadata)[0]:
+                _read_state(manager, step, [tuple(getattr(k, "key", getattr(k, "idx", None)) for k in keys)], metadata)
             manager.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
     except Exception as e:  # noqa: BLE001 - whatever orbax or tensorstore raises, the answer is "cannot be read"
         while (e.__cause__ or e.__context__) is not None:  # orbax wraps tensorstore's error in a generic Exception
             e = e.__cause__ or e.__context__
-        reason = re.split(r" \[tensorstore_spec=|\. See full TensorStore details", _os_reason(e))[0]  # not its spec
-        return f"{type(e).__name__}: {reason}"
+        return f"{type(e).__name__}: {orbax_error_line(e)}"
     return None
+
+
+def orbax_error_line(e: BaseException) -> str:
+    """One line of an error orbax or tensorstore raised while reading: its first line, without the page of
+    tensorstore's JSON spec that follows it (`unreadable`; gpt1_jax/weights.py's reader of convert --to jax folders)."""
+    if not str(e) and not getattr(e, "strerror", None):
+        return type(e).__name__
+    return re.split(r" \[tensorstore_spec=|\. See full TensorStore details", _os_reason(e))[0]

@@ -17,8 +17,8 @@ from gpt1_jax.errors import ConfigError, DataError, WorkdirError
 from gpt1_jax.metrics import Bar
 from gpt1_jax.sharding import batch_divisor, batch_rows_shared_by_processes, make_mesh
 from gpt1_jax.step import lm_trainer
-from gpt1_jax.workdir import read as workdir_identity
 from gpt1_jax.workdir import DATA_INFO_FIX, read_record
+from gpt1_jax.workdir import read as workdir_identity
 
 
 def split_rows(mesh, rows: int) -> int:

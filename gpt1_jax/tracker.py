@@ -91,14 +91,22 @@ class TensorBoard:
         self._events = self._writer._get_file_writer().event_writer  # its queue and the thread that writes it
         _keep_writer_thread_failures()
 
+    def _writer_died(self) -> bool:
+        """Whether tensorboardX's writer thread died; then its writer counts as closed: its close (ours, and the one
+        tensorboardX runs at exit) would wait on the thread forever."""
+        worker = self._events._worker
+        if worker is None or worker.is_alive():
+            return False
+        self._events._closed = True
+        return True
+
     def _check_writer(self) -> None:
         """tensorboardX writes from a thread of its own. One that died (a full disk) left every later add_scalar
         waiting forever on its full queue, and the run with it: SIGTERM did nothing, Ctrl-C's line came and the
         process stayed, in the close at exit. Its failure is raised here instead (an OSError: the CLI's one line)."""
         worker = self._events._worker
-        if worker is None or worker.is_alive():
+        if not self._writer_died():
             return
-        self._events._closed = True  # its close (ours, and the one tensorboardX runs at exit) would wait on it
         failure = _WRITER_FAILURES.pop(worker, None)
         if isinstance(failure, OSError):
             raise OSError(failure.errno, failure.strerror, failure.filename or str(self._dir)) from failure
@@ -114,10 +122,8 @@ class TensorBoard:
         self._writer.flush()
 
     def close(self) -> None:
-        if self._events._worker is not None and not self._events._worker.is_alive():
-            self._events._closed = True  # a failure already said (log, flush): nothing left to write, no thread to stop
-            return
-        self._writer.close()
+        if not self._writer_died():  # else a failure already said (log, flush): nothing left to write, no thread to stop
+            self._writer.close()
 
 
 class WandB:

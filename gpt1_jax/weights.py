@@ -504,7 +504,7 @@ def _read_jax_params(path: Path) -> dict:
     not orbax's traceback."""
     import orbax.checkpoint as ocp  # see the note at the top
 
-    from gpt1_jax.checkpoint import quiet_orbax_echoes
+    from gpt1_jax.checkpoint import orbax_error_line, quiet_orbax_echoes
 
     quiet_orbax_echoes()  # orbax's reads abandoned when one fails echo as for a run's checkpoint: quieted the same way
     try:
@@ -516,8 +516,7 @@ def _read_jax_params(path: Path) -> dict:
         # _METADATA is orbax's FileNotFoundError. Anything else (a permission error, a bug) keeps its own report.
         if not (isinstance(e, (ValueError, FileNotFoundError)) or type(e) is Exception):
             raise
-        cause = e.__cause__ if type(e) is Exception and e.__cause__ is not None else e
-        reason = str(cause).split(" [tensorstore_spec=")[0].splitlines()[0] if str(cause) else type(cause).__name__
+        reason = orbax_error_line(e.__cause__ if type(e) is Exception and e.__cause__ is not None else e)
     # Raised out here, not from the handler, whose exception would hold orbax's abandoned reads up to exit (as its
     # context): they are closed now, while the hook above quiets them, and not echoed at exit past it.
     gc.collect()

@@ -110,7 +110,10 @@ def read(workdir: str | Path) -> Identity | None:
 DATA_INFO_FIX = "restore it, or delete it (the check that the run's data did not change is then skipped)"
 
 
-def read_record(path: Path, fix: str = "restore it, or start the run in another folder") -> dict[str, Any]:
+RECORD_FIX = "restore it, or start the run in another folder"  # what to do about a damaged record of a run
+
+
+def read_record(path: Path, fix: str = RECORD_FIX) -> dict[str, Any]:
     """A JSON object a run wrote into its folder (run.json, data_info.json); WorkdirError if it is not one."""
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
@@ -121,7 +124,7 @@ def read_record(path: Path, fix: str = "restore it, or start the run in another 
     return raw
 
 
-def _damaged(path: Path, fix: str = "restore it, or start the run in another folder") -> WorkdirError:
+def _damaged(path: Path, fix: str = RECORD_FIX) -> WorkdirError:
     return WorkdirError(f"{path} is damaged (not the JSON gpt1-jax wrote): {fix}")
 
 
