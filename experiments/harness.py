@@ -43,7 +43,8 @@ import jax
 
 from gpt1_jax import distributed, finetune, pretrain  # the modules: tests patch pretrain.run and finetune.run
 from gpt1_jax.cli import Parser
-from gpt1_jax.config import FinetuneConfig, PretrainConfig, check_not_derived, flat_fields, given_keys, to_dict
+from gpt1_jax.config import (FinetuneConfig, PretrainConfig, check_not_derived, flat_fields, given_keys, task_key,
+                             to_dict)
 from gpt1_jax.data.glue import GlueDownloadError, glue_task
 from gpt1_jax.errors import DEBUG_ENV, ConfigError, GPT1JaxError, Interrupted, WorkdirError, os_error_message
 from gpt1_jax.files import atomic_write_text
@@ -340,6 +341,15 @@ def name_list(kind: str) -> Callable[[str], list[str]]:
         return names
     parse.__name__ = f"{kind} list"  # argparse names the type in some errors
     return parse
+
+
+def task_names(names: list[str]) -> list[str]:
+    """--tasks: known fine-tuning tasks in their canonical spelling (SST-2 -> sst2), none twice (SST-2,sst2), or one
+    ConfigError: checked with the flags, before a study folder or a run is made for one."""
+    tasks = [task_key(t) for t in names]
+    if len(set(tasks)) < len(tasks):
+        raise ConfigError(f"a task is given twice in {','.join(names)!r}")
+    return tasks
 
 
 def check_sets(sets: list[str], owned: dict[str, str]) -> None:

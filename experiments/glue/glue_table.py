@@ -22,7 +22,6 @@ from pathlib import Path
 from experiments import harness
 from experiments.glue.common import (ABLATIONS, ablation, errors_of, mean_std, metric_values, missing_init, missing_path,
                                      plot_table, table_config, write_table)
-from gpt1_jax.config import task_key
 from gpt1_jax.data.glue import GLUE_TASKS, split_available
 from gpt1_jax.errors import ConfigError
 
@@ -62,13 +61,11 @@ def task_list(tasks: list[str] | None, data_dir: str | None) -> list[str] | None
             raise ConfigError(f"--data-dir {data_dir}: no GLUE task's train and dev files in it {layout}")
         return None
     try:
-        names = [task_key(t) for t in tasks]
+        names = harness.task_names(tasks)
     except ConfigError as e:
         raise ConfigError(f"--tasks: {e}") from None
     if not_glue := [t for t in names if t not in GLUE_TASKS]:
         raise ConfigError(f"--tasks: {not_glue[0]} is not a GLUE task (race_table makes RACE's table)")
-    if len(set(names)) < len(names):
-        raise ConfigError(f"--tasks: a task is given twice in {','.join(tasks)!r}")
     if lacking := [t for t in names if t not in available]:
         raise ConfigError(f"--data-dir {data_dir}: no train and dev files of {', '.join(lacking)} in it {layout}")
     return names

@@ -52,7 +52,7 @@ from experiments.optimizers.tables import REFERENCE, UNIGRAM, load_bench, load_u
 from experiments.paper.settings import shown
 from gpt1_jax import bench, compile_cache
 from gpt1_jax.cli import at_least, number_at_least
-from gpt1_jax.config import FinetuneConfig, PretrainConfig, load_yaml, preset, resolve, task_key
+from gpt1_jax.config import FinetuneConfig, PretrainConfig, load_yaml, preset, resolve
 from gpt1_jax.data.pipeline import build_pipeline, unigram_loss
 from gpt1_jax.data.sources import open_source
 from gpt1_jax.data.tokens import tokenizer_for
@@ -371,16 +371,6 @@ def finetune_optimizers(args) -> list[str]:
     return ranked[:4] + ([REFERENCE] if REFERENCE not in ranked[:4] else [])
 
 
-def task_list(names: list[str]) -> list[str]:
-    """--tasks: known fine-tuning tasks in their canonical spelling (SST-2 -> sst2), or one ConfigError: checked
-    with the flags, as each task's study folder was made before its first run read the task (`--tasks sst3` left an
-    empty <out>/finetune/sst3 behind)."""
-    tasks = [task_key(t) for t in names]
-    if len(set(tasks)) < len(tasks):
-        raise ConfigError(f"a task is given twice in {','.join(names)!r}")
-    return tasks
-
-
 def parser() -> argparse.ArgumentParser:
     p = harness.parser(description=__doc__.split("\n\n")[0])
     p.add_argument("study", choices=["pretrain", "bench", "finetune"])
@@ -436,7 +426,8 @@ def parse_args(argv) -> tuple[argparse.Namespace, list[str]]:
     if missing:  # one line, before any compilation; not a usage error, so no usage text
         p.exit(2, f"{p.prog}: error: {missing}\n")
     try:
-        args.tasks = task_list(args.tasks) if args.tasks is not None else None
+        # `--tasks sst3` left an empty <out>/finetune/sst3 behind: checked with the flags
+        args.tasks = harness.task_names(args.tasks) if args.tasks is not None else None
     except ConfigError as e:
         p.exit(2, f"{p.prog}: error: --tasks: {e}\n")
     names = finetune_optimizers(args) if args.study == "finetune" else args.optimizers or list(SPECS)
