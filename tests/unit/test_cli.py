@@ -6,8 +6,6 @@ its traceback. One model runs: evaluate on the committed 5M release, seconds."""
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 import errno  # noqa: E402
 import os  # noqa: E402
@@ -19,6 +17,7 @@ from gpt1_jax.config import (OPTIMIZER_NAMES, SECOND_MOMENT_OPTIMIZERS, DataConf
                              OptimConfig, PretrainConfig, check_storage, resolve)
 from gpt1_jax.errors import CheckpointFormatError, DataError, DivergenceError
 from tests.support.cli import _one_error_line
+from tests.support.killed import gone_pid
 from tests.support.weights import SMALL, write_hf_dir
 
 
@@ -388,10 +387,10 @@ def test_convert_overwrite_replaces_a_model_folder_but_never_a_run_or_a_stranger
     # a model folder (a previous conversion) is what --overwrite replaces
     assert cli.main(["convert", str(RELEASE), str(dst)]) == 0
     (dst / "stale.txt").write_text("from the last conversion")
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (tmp_path / f".tmp-dst-{int(gone.stdout)}-x1").mkdir()  # what a convert killed mid-write left
-    (tmp_path / f".dst.old-{int(gone.stdout)}").mkdir()  # and one killed while deleting the folder it replaced
-    (tmp_path / f".dst.old-{int(gone.stdout)}" / "model.safetensors").write_text("half deleted")
+    gone = gone_pid()
+    (tmp_path / f".tmp-dst-{gone}-x1").mkdir()  # what a convert killed mid-write left
+    (tmp_path / f".dst.old-{gone}").mkdir()  # and one killed while deleting the folder it replaced
+    (tmp_path / f".dst.old-{gone}" / "model.safetensors").write_text("half deleted")
     old = os.umask(0o022)
     try:
         assert cli.main(["convert", str(RELEASE), str(dst), "--overwrite"]) == 0

@@ -1,13 +1,12 @@
 """gpt1_jax/files.py: a file, or a folder, is replaced whole or not at all, text and plots alike."""
 
 import os
-import subprocess
-import sys
 
 import matplotlib
 import pytest
 
 from gpt1_jax.files import atomic_write, atomic_write_text, save_figure, staging_folder
+from tests.support.killed import gone_pid
 
 matplotlib.use("Agg")
 
@@ -40,8 +39,7 @@ def test_a_figure_is_saved_in_the_format_its_name_says(tmp_path):
 
 def test_a_staging_folder_is_renamed_whole_or_removed_and_sweeps_what_killed_writers_left(tmp_path):
     final = tmp_path / "cache" / "tokens-abc"
-    gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                              text=True).stdout)
+    gone = gone_pid()
     with staging_folder(final) as tmp:  # the parent is made
         assert tmp.parent == final.parent and tmp.name.startswith(f".tmp-{final.name}-{os.getpid()}-")
         (tmp / "half").write_text("x")

@@ -22,6 +22,7 @@ from gpt1_jax.data.sources import open_source
 from gpt1_jax.data.tokens import tokenize_to_cache
 from gpt1_jax.errors import ConfigError
 from gpt1_jax.tokenizer import GPT1Tokenizer
+from tests.support.killed import gone_pid
 from tests.support.tokenize_once import ERROR, HeldLock, cache_name, corpus, tok_path  # noqa: F401 (pytest fixtures)
 
 
@@ -56,16 +57,14 @@ def test_a_builder_killed_on_this_host_is_not_waited_for(tmp_path, corpus, tok_p
     silence, and its half-written tokens for good: a lock whose holder ran on this host and is gone is broken at once,
     and the folder it was writing is removed."""
     import socket
-    import subprocess
-    import sys
 
     cache = tmp_path / "cache"
     final = cache / cache_name(corpus, tok_path, tmp_path / "probe")
     cache.mkdir()
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (cache / f".{final.name}.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": int(gone.stdout),
+    gone = gone_pid()
+    (cache / f".{final.name}.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": gone,
                                                            "started": 0}))
-    left = cache / f".tmp-{final.name}-{int(gone.stdout)}-0123abcd"  # and the half-written tokens it left (13 MB there)
+    left = cache / f".tmp-{final.name}-{gone}-0123abcd"  # and the half-written tokens it left (13 MB there)
     left.mkdir()
     (left / "tokens.bin").write_bytes(b"\0" * 64)
     quiet = time.time() - 30
@@ -80,14 +79,10 @@ def test_a_builder_killed_on_this_host_is_not_waited_for(tmp_path, corpus, tok_p
 def test_builds_killed_of_any_corpus_are_swept_when_a_cache_is_read(tmp_path, corpus, tok_path):
     """Only the run's own corpus's half-written tokens were swept, and only when it built them: a build killed of a
     corpus not tokenized again kept its (gigabytes of) tokens.bin through every later run."""
-    import subprocess
-    import sys
-
     cache = tmp_path / "cache"
     tokenize_to_cache(open_source(str(corpus)), GPT1Tokenizer.load(tok_path), cache, progress=False)
     built = sorted(p.name for p in cache.iterdir())
-    gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                              text=True).stdout)
+    gone = gone_pid()
     quiet = time.time() - 30
     left = [cache / f".tmp-tokens-{'0f' * 8}-{gone}-0123abcd", cache / f".tmp-tokens-{'ab' * 8}-{os.getpid()}-0123abcd"]
     for folder in left:  # a killed build of another corpus; a live one (this process) is left alone
