@@ -11,4 +11,8 @@ fi
 n=$1; shift
 m=1
 if [[ $1 != "--" ]]; then m=$1; shift; fi
+if [[ $1 != "--" ]]; then  # else a command without the -- read its name as M: "invalid int value: 'gpt1-jax'"
+  echo "$0: put -- before the command: $0 N [M] -- COMMAND ..." >&2
+  exit 2
+fi
 exec "${PYTHON:-python3}" "$(dirname "${BASH_SOURCE[0]}")/local.py" -n "$n" -d "$m" "$@"

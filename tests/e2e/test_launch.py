@@ -88,6 +88,16 @@ def test_local_sh_wrapper():
     assert sorted(l for l in done.stdout.splitlines() if l.endswith("hi")) == ["[p0] hi", "[p1] hi"]
 
 
+@pytest.mark.parametrize("args", [["2"], ["2", "4"]])
+def test_local_sh_without_the_separator_says_where_it_goes(args):
+    """The command's name was read as M, the devices per process: `invalid int value: 'python3'`."""
+    done = subprocess.run([str(LAUNCH / "local.sh"), *args, sys.executable, "-c", "print('hi')"],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHON": sys.executable})
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [f"{LAUNCH / 'local.sh'}: put -- before the command: {LAUNCH / 'local.sh'} N [M] "
+                                        "-- COMMAND ..."]
+
+
 def test_local_launcher_failure_stops_the_others():
     child = "import os, sys, time; i = int(os.environ['GPT1_PROCESS_ID']); time.sleep(0.5); sys.exit(3) if i == 1 else time.sleep(60)"
     t0 = time.monotonic()
