@@ -42,7 +42,7 @@ from pathlib import Path
 import jax
 
 from gpt1_jax import distributed, finetune, pretrain  # the modules: tests patch pretrain.run and finetune.run
-from gpt1_jax.cli import Parser
+from gpt1_jax.arguments import Parser
 from gpt1_jax.config import (FinetuneConfig, PretrainConfig, check_not_derived, flat_fields, given_keys, task_key,
                              to_dict)
 from gpt1_jax.data.glue import GlueDownloadError, glue_task
@@ -307,10 +307,10 @@ def leave(status: int) -> NoReturn:
 
 
 def parser(description: str, **kwargs) -> argparse.ArgumentParser:
-    """Every experiment script's argument parser: `gpt1-jax`'s (gpt1_jax/cli.py Parser), so a script's flags read as
-    the command line's. With argparse's own, a missing required flag hid an unknown one (`run_study --bogus` said
-    only "the following arguments are required: study, --out"); Parser names the unknown one first, and each error
-    is one line, exit status 2. No abbreviations: a misspelt flag is an error, not another flag."""
+    """Every experiment script's argument parser: `gpt1-jax`'s (gpt1_jax/arguments.py Parser), so a script's flags
+    read as the command line's. With argparse's own, a missing required flag hid an unknown one (`run_study --bogus`
+    said only "the following arguments are required: study, --out"); Parser names the unknown one first, and each
+    error is one line, exit status 2. No abbreviations: a misspelt flag is an error, not another flag."""
     return Parser(description=description, allow_abbrev=False, **kwargs)
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import select
 import signal
@@ -47,6 +46,7 @@ import jax
 
 from gpt1_jax import compile_cache, distributed, hugepages
 from gpt1_jax import workdir as run_folder
+from gpt1_jax.arguments import Parser, at_least, number_at_least
 from gpt1_jax.config import (FINETUNE_DERIVED, SEED_RANGE, DataConfig, FinetuneConfig, ModelConfig, PretrainConfig,
                              TRACKER_NAMES, apply_overrides, check_not_derived, check_pretrain_schedule, given_keys,
                              guarded_text, hand_written, resolve)
@@ -77,36 +77,6 @@ def on_off(text: str) -> bool:
     if text.lower() in ("off", "false"):
         return False
     raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
-
-
-def at_least(low: int, *, at_most: int | None = None) -> Callable[[str], int]:
-    """An integer flag's type that refuses values below `low` (or above `at_most`) in argparse's own error line."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        if at_most is not None and value > at_most:
-            raise argparse.ArgumentTypeError(f"must be <= {at_most}, got {value}")
-        return value
-    parse.__name__ = "int"  # argparse names the type in some errors
-    return parse
-
-
-def number_at_least(low: float, *, above: bool = False) -> Callable[[str], float]:
-    """A float flag's type: finite and >= `low` (> `low` with `above`)."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not (math.isfinite(value) and (value > low if above else value >= low)):
-            raise argparse.ArgumentTypeError(f"must be a finite number {'>' if above else '>='} {low:g}, got {text}")
-        return value
-    parse.__name__ = "float"
-    return parse
 
 
 SEED_HELP = ("one seed for every random choice the verb makes: initial weights, dropout, the order of the "
@@ -303,8 +273,9 @@ def simulate_devices(n: int | None) -> None:
 # ---- pretrain -------------------------------------------------------------------------------------
 
 def _pretrain_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workdir", required=True, help="run directory: config, tokenizer, checkpoints, metrics "
-                   "(a saved config.yaml there is the default --config: running again resumes)")
+    p.add_argument("--workdir", default=None, help="run directory: config, tokenizer, checkpoints, metrics "
+                   "(a saved config.yaml there is the default --config: running again resumes); required but with "
+                   "--dry-run, which writes nothing")
     for name in ("--data", "--steps", "--batch-size", "--seq-len", "--seed", "--profile", "--tracker"):
         _flag(p, PretrainConfig, name)
     p.add_argument("--dry-run", action="store_true", help="compile the step for the mesh, print per-device memory "
@@ -321,16 +292,21 @@ def _check_config_kept(workdir: Path) -> None:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
-    workdir = Path(args.workdir)
-    run_folder.check(workdir, run_folder.Identity("pretrain"), "pretrain")  # before its config.yaml is read as ours
+    if args.workdir is None and not args.dry_run:
+        raise ConfigError("--workdir is required: the run's folder (only --dry-run, which writes nothing, runs "
+                          "without one)")
+    workdir = None if args.workdir is None else Path(args.workdir)
+    if workdir is not None:  # before its config.yaml is read as ours
+        run_folder.check(workdir, run_folder.Identity("pretrain"), "pretrain")
     overrides = _overrides(args, PretrainConfig)
     if not args.dry_run and "model.vocab_size" in given_keys(overrides):
         # The run would replace it with its tokenizer's size without a word (a dry run has no tokenizer: it sizes it).
         raise ConfigError("model.vocab_size follows the run's tokenizer (the BPE's entries + 3 fine-tuning markers): "
                           "set data.vocab_size for the size of the BPE trained on the corpus, or data.tokenizer")
-    if args.config is None:
+    if args.config is None and workdir is not None:
         _check_config_kept(workdir)
-    config = resolve(PretrainConfig, args.config, saved=workdir / "config.yaml", overrides=overrides, mesh=args.mesh)
+    config = resolve(PretrainConfig, args.config, saved=None if workdir is None else workdir / "config.yaml",
+                     overrides=overrides, mesh=args.mesh)
     check_pretrain_schedule(config, overrides, args.config)
     from gpt1_jax.pretrain import run, with_schedule_span
 
@@ -719,51 +695,6 @@ VERBS: dict[str, Verb] = {
 }
 
 
-class _Unparsed(Exception):
-    """An argparse error while Parser looks for unknown flags alone: the parse proper says it."""
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with a wrong flag as one line (`gpt1-jax VERB: error: ...`, exit 2), as every other error of the
-    command line, not under a usage block of a dozen lines; the line says where the usage is. The experiment
-    scripts parse with it too (experiments/harness.py `parser`)."""
-
-    probing = False  # class-wide: each verb has a parser of its own
-
-    def error(self, message: str):
-        if Parser.probing:
-            raise _Unparsed(message)
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-    def parse_args(self, args=None, namespace=None):
-        args = sys.argv[1:] if args is None else list(args)
-        # argparse checks a verb's required flags before it returns the unknown ones: `gpt1-jax --bogus pretrain`
-        # said "the following arguments are required: --workdir", not a word of --bogus
-        known, extra = self._unknown_flags(args)
-        if extra:  # argparse finds a verb's unknown flags in the top parser, which named no verb in the line
-            prog = f"{self.prog} {known.verb}" if getattr(known, "verb", None) else self.prog
-            self.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extra)} (see {prog} --help)\n")
-        return super().parse_args(args, namespace)
-
-    def _unknown_flags(self, args: list[str]) -> tuple[argparse.Namespace | None, list[str]]:
-        """(what parses, the arguments no parser of the line knows), read with no flag or verb required; (None, [])
-        where the line has another error, which the parse proper then names."""
-        verbs = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
-        parsers = [self, *(p for a in verbs for p in a.choices.values())]
-        required = [x for p in parsers for x in [*p._actions, *p._mutually_exclusive_groups] if x.required]
-        try:
-            Parser.probing = True
-            for x in required:
-                x.required = False
-            return self.parse_known_args(args)
-        except _Unparsed:
-            return None, []
-        finally:
-            Parser.probing = False
-            for x in required:
-                x.required = True
-
-
 def build_parser() -> argparse.ArgumentParser:
     # No abbreviations: `evaluate --init DIR` must not be read as `--init-timeout DIR`.
     parser = Parser(prog="gpt1-jax", description=__doc__.split(". ")[0] + ".", allow_abbrev=False)
@@ -779,7 +710,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _last_checkpoint(args: argparse.Namespace) -> int | None:
     """The newest finished checkpoint of a training verb's workdir (None: none, or not a training verb)."""
-    if args.verb not in ("pretrain", "finetune"):
+    if args.verb not in ("pretrain", "finetune") or args.workdir is None:  # None: a dry run's
         return None
     return newest_checkpoint(Path(args.workdir) / "checkpoints")
 

@@ -42,6 +42,7 @@ import traceback
 
 import jax
 
+from gpt1_jax.arguments import Parser
 from gpt1_jax.errors import DistributedConfigError
 
 ENV_COORDINATOR = "GPT1_COORDINATOR"
@@ -433,7 +434,7 @@ if __name__ == "__main__":  # `python -m gpt1_jax.distributed`: what a gpt1-jax 
     import json
 
     # It reads the GPT1_* environment and the cluster, not flags: `--num-processes 2` printed the defaults, exit 0.
-    argparse.ArgumentParser(prog="python -m gpt1_jax.distributed", description="What a gpt1-jax command would use "
+    Parser(prog="python -m gpt1_jax.distributed", description="What a gpt1-jax command would use "
                             "here to start its processes, as one JSON line: from the GPT1_* environment (the flags' "
                             "twins, launch/README.md) and the cluster JAX detects. Takes no flags.").parse_args()
 

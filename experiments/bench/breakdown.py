@@ -31,7 +31,7 @@ from gpt1_jax.attention import causal_attention
 from gpt1_jax.config import PretrainConfig, resolve
 from gpt1_jax.model import layer_norm
 from gpt1_jax.bench import seeded_batches
-from gpt1_jax.cli import at_least
+from gpt1_jax.arguments import at_least
 
 
 def median_seconds(fn, *args, repeats: int = 5) -> float:

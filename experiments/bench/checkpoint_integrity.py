@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from experiments import harness
 from gpt1_jax import integrity
 from gpt1_jax.checkpoint import Checkpointer
-from gpt1_jax.cli import at_least
+from gpt1_jax.arguments import at_least
 from gpt1_jax.config import MeshConfig, OptimConfig, model_preset
 from gpt1_jax.flops import cpu_flags
 from gpt1_jax.step import lm_trainer

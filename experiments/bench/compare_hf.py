@@ -43,7 +43,7 @@ import numpy as np
 
 from experiments import harness
 from gpt1_jax import flops, heads, hugepages
-from gpt1_jax.cli import at_least
+from gpt1_jax.arguments import at_least
 from gpt1_jax.config import MeshConfig, OptimConfig, PretrainConfig, resolve
 from gpt1_jax.generate import generate
 from gpt1_jax.step import lm_batch, lm_trainer, make_trainer

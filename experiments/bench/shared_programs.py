@@ -18,7 +18,7 @@ from experiments import harness
 from experiments.harness import Run
 from experiments.paper.settings import FULL_SETS, PAPER_DIR, TASKS
 from gpt1_jax import flops
-from gpt1_jax.cli import at_least
+from gpt1_jax.arguments import at_least
 
 RUNS = ((1e-4, 0), (3e-4, 0), (1e-4, 1))  # another lr, then another seed (its batch order brings new padded shapes)
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from experiments import harness
 from gpt1_jax import flops, sizing
-from gpt1_jax.cli import at_least
+from gpt1_jax.arguments import at_least
 from gpt1_jax.config import PretrainConfig, preset
 from gpt1_jax.step import lm_batch
 

@@ -51,7 +51,7 @@ from experiments.optimizers.sweep import finite, median, run_name, study_loop
 from experiments.optimizers.tables import REFERENCE, UNIGRAM, load_bench, load_unigram, write_outputs
 from experiments.paper.settings import shown
 from gpt1_jax import bench, compile_cache
-from gpt1_jax.cli import at_least, number_at_least
+from gpt1_jax.arguments import at_least, number_at_least
 from gpt1_jax.config import FinetuneConfig, PretrainConfig, load_yaml, preset, resolve
 from gpt1_jax.data.pipeline import build_pipeline, unigram_loss
 from gpt1_jax.data.sources import open_source

@@ -18,7 +18,7 @@ import numpy as np
 
 from experiments import harness
 from experiments.paper.settings import ARMS, BUDGETS, PAPER_DIR, TASKS, Budget
-from gpt1_jax.cli import number_at_least
+from gpt1_jax.arguments import number_at_least
 from gpt1_jax.data.tasks import bucket_len, encode_task, epoch_order, eval_order, example_lengths, make_task
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.tokenizer import GPT1Tokenizer

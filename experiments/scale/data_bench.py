@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from experiments import harness
-from gpt1_jax.cli import at_least, number_at_least
+from gpt1_jax.arguments import at_least, number_at_least
 from gpt1_jax.config import MODEL_PRESETS
 from gpt1_jax.data.bench import benchmark_iterator
 from gpt1_jax.data.pipeline import BatchIterator, PackedWindows, split_windows

@@ -7,13 +7,13 @@ beside them (gpt1_jax/flops.py), as every speed number of the project.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from gpt1_jax.arguments import Parser, at_least
 from gpt1_jax.data.pipeline import BatchIterator, DataConfig, PackedWindows, default_cache_dir, split_windows
 from gpt1_jax.data.sources import open_source
 from gpt1_jax.data.tokens import tokenize_to_cache, tokenizer_for
@@ -54,7 +54,7 @@ def benchmark_iterator(it: BatchIterator, n_batches: int = 200, warmup: int = 5)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m gpt1_jax.data", description=__doc__, allow_abbrev=False)
+    ap = Parser(prog="python -m gpt1_jax.data", description=__doc__, allow_abbrev=False)
     ap.add_argument("--source", default="default")
     ap.add_argument("--workdir", required=True, help="where a trained tokenizer.json is kept")
     ap.add_argument("--tokenizer", default="train")
@@ -62,11 +62,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--cache-dir", default=None, help="token cache (a fresh one forces re-tokenising)")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--batches", type=int, default=200)
+    ap.add_argument("--batches", type=at_least(1), default=200)
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
-    if args.batches < 1:  # found after the tokenizer and the tokens, as a report of 0 tokens/s
-        ap.error(f"--batches must be >= 1, got {args.batches}")
     cfg = DataConfig(
         source=args.source,
         seq_len=args.seq_len,

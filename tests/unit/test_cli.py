@@ -193,6 +193,18 @@ def test_model_vocab_size_on_pretrain_is_refused_not_silently_replaced(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def test_a_dry_run_needs_no_workdir_and_a_run_says_it_needs_one(tmp_path, capsys, monkeypatch):
+    """--dry-run writes nothing, yet argparse required a --workdir for it (the README's command failed so)."""
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["pretrain", "--config", "tiny", "--dry-run", "--no-progress"]) == 0
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert report["dry_run"] is True and report["num_params"] > 0 and not list(tmp_path.iterdir())
+    assert cli.main(["pretrain", "--config", "tiny"]) == 2
+    assert _one_error_line(capsys, "pretrain") == ("gpt1-jax pretrain: error: --workdir is required: the run's folder "
+                                                   "(only --dry-run, which writes nothing, runs without one)")
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders: no error to see")
 def test_workdir_under_a_folder_without_write_permission_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
@@ -299,7 +311,7 @@ def test_flags_are_never_abbreviated(capsys):
     (["pretrain", "--bogus"], "gpt1-jax pretrain: error: unrecognized arguments: --bogus (see gpt1-jax pretrain --help)"),
     (["sample", "--bogus=1"], "gpt1-jax sample: error: unrecognized arguments: --bogus=1 (see gpt1-jax sample --help)"),
     (["--bogus"], "gpt1-jax: error: unrecognized arguments: --bogus (see gpt1-jax --help)"),
-    (["pretrain"], "gpt1-jax pretrain: error: the following arguments are required: --workdir (see gpt1-jax pretrain --help)"),
+    (["verify"], "gpt1-jax verify: error: the following arguments are required: --workdir (see gpt1-jax verify --help)"),
     (["evaluate"], "gpt1-jax evaluate: error: one of the arguments --workdir --init is required (see gpt1-jax evaluate --help)"),
 ])
 def test_an_unknown_flag_is_named_before_a_missing_one(capsys, argv, line):
