@@ -365,7 +365,8 @@ def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, sou
     loop, state = start(workdir, job, config, trainer, ckpt, batches, begin, steps=config.optim.total_steps,
                         init_state=lambda: initial_state(trainer, source, config.model, config),
                         hooks=lambda bar: [Hook("dev", functools.partial(dev, say=bar.write), every=batches.steps_per_epoch,
-                                                state=dev.state, restore=dev.restore, saves=True, prepare=dev.prepare)],
+                                                state=dev.state, restore=dev.restore, saves=True, prepare=dev.prepare,
+                                                doing="evaluating dev")],
                         desc=f"finetune {task.name}", write_files=lambda: write_run_files(workdir, source, trained_on),
                         progress=progress)
     loop.progress.write(

@@ -21,6 +21,7 @@ claim the workdir and write its config, open the metrics and the progress bar.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -103,6 +104,7 @@ class Hook:
     restore: Callable[[Any], None] | None = None
     saves: bool = False  # a checkpoint follows each run of it (fine-tuning's epoch ends)
     prepare: Callable[[Any], None] | None = None
+    doing: str = ""  # what the progress bar says while it runs ("": its name)
 
     def due(self, step: int, last: int) -> bool:
         return step == last or (self.every > 0 and step % self.every == 0)
@@ -222,13 +224,14 @@ class Loop:
         self._restart_clock()
         self._last, self._step = {}, start
         self._saved_seconds: tuple[int, float | None] | None = None  # (step, seconds) of this session's last save
-        self._dispatched: set[bool] = set()  # the step kinds (per-layer statistics or not) run in this session
+        self._dispatched: set[tuple] = set()  # the step programs (`_program`) run or compiled in this session
         self._hooks_compiled: set[str] = set()  # the hooks run (or prepared) in this session
         self._untimed = False  # the next step recorded has no tokens/s of its own (a compilation cut its interval)
         try:
             with unwrapped_interrupts():  # a second Ctrl-C that JAX's C++ wrapped in another error is one all the same
                 state, step = self._steps(state, batches, start, preemption)
-            self.checkpointer.wait()  # the last save failing fails the run
+            with self.progress.paused("saving checkpoint"):
+                self.checkpointer.wait()  # the last save failing fails the run
         except KeyboardInterrupt as e:  # a second Ctrl-C (or one in a multi-process run): stop without saving
             abort(130, e)  # multi-process: leave now; the peers may never join a collective
             cut, step = e, self._step
@@ -272,15 +275,20 @@ class Loop:
                 if pending:
                     self._record(*pending)
                     pending = None
-                self._compile_window(state, batches, step)
+                with self.progress.paused("compiling"):
+                    self._compile_window(state, batches, step)
                 self._start_trace()
             epoch = getattr(batches, "epoch", None)
-            batch = self.trainer.put_batch(next(batches))
+            local = next(batches)
+            batch = self.trainer.put_batch(local)
             stats = {"stats": True} if self._watched(step) else {}
-            state, metrics = self.trainer.step(state, batch, **stats)
-            # Its first dispatch compiled it (or loaded it from the cache; before a profile window, _compile_window did)
-            if bool(stats) not in self._dispatched:
-                self._dispatched.add(bool(stats))
+            program = self._program(step, local)
+            # Its first dispatch compiles it (or loads it from the cache); before a profile window, _compile_window did
+            compiles = program not in self._dispatched
+            with self.progress.paused("compiling") if compiles else contextlib.nullcontext():
+                state, metrics = self.trainer.step(state, batch, **stats)
+            if compiles:
+                self._dispatched.add(program)
                 self._untimed = True  # the step recorded next has the compilation in its interval: no tokens/s
             if pending:
                 self._record(*pending)  # the previous step's, while this one runs
@@ -295,10 +303,11 @@ class Loop:
                 self._stop_trace(state)
             self._run_hooks(due, step, state)
             if save:
-                position = self.position(batches)
-                self.checkpointer.save(step, state, position, self.model_config)
-                self._saved_seconds = (step, position["seconds"])
-                self.metrics.flush()
+                with self.progress.paused("saving checkpoint"):
+                    position = self.position(batches)
+                    self.checkpointer.save(step, state, position, self.model_config)
+                    self._saved_seconds = (step, position["seconds"])
+                    self.metrics.flush()
                 self._restart_clock()  # saving is not training throughput (nor the next step's time)
             if preempted:
                 if step == self.steps:
@@ -313,6 +322,11 @@ class Loop:
     def _watched(self, step: int) -> bool:
         """A step that computes (and always logs) the per-layer statistics."""
         return bool(self.stats_every) and step % self.stats_every == 0
+
+    def _program(self, step: int, batch: dict) -> tuple:
+        """What picks the compiled program a step runs: its kind (per-layer statistics or not) and its batch's
+        shapes. Fine-tuning buckets its batches by length: a run meets up to ~14 shapes, each compiling once."""
+        return (self._watched(step), *((k, v.shape) for k, v in sorted(batch.items())))
 
     def _profiled(self, step: int) -> bool:
         return self.profile is not None and self.profile[0] <= step <= self.profile[1]
@@ -329,10 +343,11 @@ class Loop:
         kinds = {}
         for step in window:
             batch = next(batches)
-            kinds.setdefault((self._watched(step), *((k, v.shape) for k, v in sorted(batch.items()))), batch)
+            kinds.setdefault(self._program(step, batch), batch)
         batches.restore(position)
-        for (stats, *_), batch in kinds.items():
-            self.trainer.compile(state, self.trainer.put_batch(batch), stats=stats)
+        for program, batch in kinds.items():
+            self.trainer.compile(state, self.trainer.put_batch(batch), stats=program[0])
+            self._dispatched.add(program)
         for hook in self.hooks:
             if (hook.prepare and hook.name not in self._hooks_compiled
                     and any(hook.due(step, self.steps) for step in window[:-1])):
@@ -354,7 +369,8 @@ class Loop:
         if state is not None:
             jax.block_until_ready(state)  # the last profiled step's update, whole
         self._tracing = False
-        jax.profiler.stop_trace()
+        with self.progress.paused("writing the profile"):
+            jax.profiler.stop_trace()
         traces = sorted(self._trace_folder.rglob("perfetto_trace.json.gz"), key=lambda p: p.stat().st_mtime)
         if traces:  # where the trace went, and what reads it
             self.progress.warn(f"profile of steps {self._trace_first}-{self._step}: {traces[-1]} (ui.perfetto.dev; "
@@ -365,7 +381,8 @@ class Loop:
         for hook in due:
             total, count = self._tally[hook.name]
             self._tally[hook.name] = [0.0, 0]
-            logged = hook.fn(step, state, total / max(count, 1))
+            with self.progress.paused(hook.doing or hook.name):
+                logged = hook.fn(step, state, total / max(count, 1))
             self._hooks_compiled.add(hook.name)
             if logged:
                 self.metrics.write(step, **logged)

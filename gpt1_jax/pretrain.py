@@ -162,7 +162,8 @@ def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, train
             first = next(iter(pipeline.val_iter()))
             trainer.compile_eval(eval_params(state.opt_state, state.params), eval_batch(trainer, first))
 
-        return [Hook("eval", evaluate, every=config.eval_every, prepare=compile_eval)] if config.eval_every else []
+        return ([Hook("eval", evaluate, every=config.eval_every, prepare=compile_eval, doing="evaluating validation")]
+                if config.eval_every else [])
 
     def write_files():
         atomic_write_text(workdir / "data_info.json", json.dumps(pipeline.info, indent=2) + "\n")

@@ -83,6 +83,9 @@ def _each_epoch_is_said_and_plotted(workdir, err: str) -> None:
     lines = [l.strip() for l in err.replace("\r", "\n").splitlines() if l.strip()]
     epochs = [l for l in lines if l.startswith("epoch ")]
     assert len(epochs) == 2, lines
+    # and the bar says what it waits for: the step's compilations (one per batch length), each epoch's evaluation
+    assert any(l.endswith(", compiling]") for l in lines), lines
+    assert all(lines[lines.index(l) - 1].endswith(", evaluating dev]") for l in epochs), lines
     for epoch, line in enumerate(epochs, 1):
         assert re.fullmatch(rf"epoch {epoch} \(step {5 * epoch}\): train_loss \d+\.\d{{4}}  matthews_corr -?\d\.\d{{4}}  "
                             r"accuracy \d\.\d{4}  \((best|best: epoch 1)\)", line), line

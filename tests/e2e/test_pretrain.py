@@ -54,6 +54,11 @@ def reference(tmp_path_factory, cache):
     workdir = tmp_path_factory.mktemp("reference")
     done = run(tiny(workdir, cache))
     assert done.returncode == 0, done.stderr[-3000:]
+    # The bar sat silent at 0/12 through step 1's compilation, and frozen through each evaluation: it says them.
+    lines = [l.strip() for l in done.stderr.replace("\r", "\n").splitlines() if l.strip()]
+    assert any(l.endswith(", compiling]") for l in lines), lines
+    evaluated = [i for i, l in enumerate(lines) if l.startswith("step ") and "val_loss" in l]
+    assert len(evaluated) == 2 and all(lines[i - 1].endswith(", evaluating validation]") for i in evaluated), lines
     return workdir
 
 

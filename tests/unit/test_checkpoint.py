@@ -5,6 +5,7 @@ echoes through sys.unraisablehook are dropped, nothing else. Damaged runs,
 full and read-only disks through `gpt1-jax`: tests/e2e/test_checkpoint.py."""
 
 import asyncio
+import contextlib
 import gc
 import os
 import re
@@ -59,6 +60,7 @@ class Quiet:
     def update(self, *args, **kw): ...
     def flush(self): ...
     def close(self): ...
+    def paused(self, doing): return contextlib.nullcontext()
 
 
 class Trainer:
@@ -150,6 +152,53 @@ def test_epoch_end_hooks_save_and_compiling_steps_log_no_throughput(tmp_path):
     assert integrity.checkpoint_steps(tmp_path / "checkpoints") == [2, 4, 5]
     timed = {step for step, scalars in metrics.rows if "tokens_per_s" in scalars}
     assert timed == {2, 4, 5}  # not 1 (its compilation), nor 3 (recorded right after step 4's stats step compiled)
+
+
+class Said(Recorded):
+    """A progress bar that adds to `said` what each pause says and when it ends (the steps and hooks add theirs)."""
+
+    def __init__(self, said):
+        super().__init__()
+        self.said = said
+
+    @contextlib.contextmanager
+    def paused(self, doing):
+        self.said.append(doing)
+        yield
+        self.said.append("resumed")
+
+
+def test_compilations_evaluations_and_saves_are_said_on_the_bar_and_left_out_of_its_clock(tmp_path):
+    """Step 1 sat at 0/N through its compilation, and fine-tuning compiled again, without a word, for each new
+    padded length (up to ~14 shapes; 5-7 s on SST-2); the bar froze through each evaluation and save, and tqdm's ETA
+    and rate counted them all. Batches of lengths 4 4 8 4 8 6; an epoch-end hook (with its save) every 3 steps."""
+    from gpt1_jax.checkpoint import Checkpointer
+    from gpt1_jax.config import ModelConfig
+    from gpt1_jax.loop import Hook, Loop
+
+    said = []
+
+    class Bucketed(Batches):
+        def __init__(self):
+            self.lengths = iter([4, 4, 8, 4, 8, 6])
+
+        def __next__(self):
+            return {"tokens": np.zeros((2, next(self.lengths)), np.int32)}
+
+    progress = Said(said)
+    dev = Hook("dev", lambda step, state, loss: said.append(f"dev at {step}"), every=3, saves=True,
+               doing="evaluating dev")
+    loop = Loop(Trainer(said.append), 6, Checkpointer(tmp_path / "checkpoints", save_every=0), ModelConfig(), progress,
+                progress, [dev], tokens_per_step=100)
+    assert loop.run(State(np.int32(0), np.zeros(4, np.float32)), Bucketed()).finished
+
+    def epoch_end(step):
+        return ["evaluating dev", f"dev at {step}", "resumed", "saving checkpoint", "resumed"]
+
+    assert said == ["compiling", 1, "resumed", 2, "compiling", 3, "resumed", *epoch_end(3),
+                    4, 5, "compiling", 6, "resumed", *epoch_end(6), "saving checkpoint", "resumed"]
+    # the steps read after a compilation log no tokens/s (the loop's, as the bar's rate, leaves it out)
+    assert {step for step, scalars in progress.rows if "tokens_per_s" in scalars} == {3, 4, 6}
 
 
 def test_throughput_is_timed_over_several_steps_so_a_late_read_is_no_spike(tmp_path):
