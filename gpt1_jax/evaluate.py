@@ -117,13 +117,16 @@ def evaluate(config: PretrainConfig, params, *, run: Path | None, data: str | No
     """LM loss and perplexity of `params` (a model of `config.model`) on every `config.data.seq_len` window of
     the text source `data`, tokenised by `tokenizer` (a path), or, with `data` None, on the validation split
     of the pre-training run `run`, cut as its config cuts it. Batches of `config.data.global_batch_size`
-    over `config.mesh`. `progress`: a bar of the batches on process 0."""
+    over `config.mesh`. `progress`: bars of the tokenizing (a text not tokenized before) and of the batches on
+    process 0."""
     # before the pipeline: each process tokenized the text (minutes for a corpus) before it found this
     check_process_share(config.data.global_batch_size, jax.process_count())
     check_attention(config.model.attention, config.model.attn_dropout, False, config.model.head_dim)
     trainer = lm_trainer(config.model, config.optim, mesh_here(config.mesh))
     params = trainer.place_params(params)
-    data_config = dataclasses.replace(config.data, progress=False)
+    speaks = progress and jax.process_index() == 0
+    # as pre-training shows it: tokenizing a corpus the cache lacks takes minutes
+    data_config = dataclasses.replace(config.data, progress=config.data.progress and speaks)
     if data is None:  # the run's held-out windows
         pipeline = build_pipeline(data_config, run)
         check_same_tokens(run, pipeline.windows.digest)
@@ -137,6 +140,6 @@ def evaluate(config: PretrainConfig, params, *, run: Path | None, data: str | No
         batches = BatchIterator(pipeline.windows, np.arange(len(pipeline.windows)), data_config.global_batch_size,
                                 shuffle=False, repeat=False, pad_last=True)
         split = "all windows"
-    loss, n_tokens = lm_loss(trainer, params, batches, max_batches, progress=progress and jax.process_index() == 0)
+    loss, n_tokens = lm_loss(trainer, params, batches, max_batches, progress=speaks)
     return {"data": data or config.data.source, "split": split, "seq_len": data_config.seq_len,
             "tokens": int(n_tokens), "loss": loss, "perplexity": perplexity(loss)}

@@ -211,14 +211,15 @@ class DevEvaluation:
 # ---- the run -----------------------------------------------------------------------------------------------
 
 def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, tokenizer, predict_test: bool, tfds_dir,
-            init_step: int | None = None):
-    """-> (task, source, the resolved config, encoded splits): everything before the model is built."""
+            init_step: int | None = None, progress: bool = False):
+    """-> (task, source, the resolved config, encoded splits): everything before the model is built. `progress`:
+    bars of reading RACE's archive, training a BPE of the task's text and encoding the splits."""
     source = open_source(init, config, tokenizer, init_step)
     check_init_layers(config.init_layers, source)
     model = source.model_config or config.model  # a pre-trained model's head size, not the preset's
     check_attention(model.attention, model.attn_dropout, True, model.head_dim)
     check_storage(model, config.optim)
-    task = make_task(config, data_dir, tfds_dir)
+    task = make_task(config, data_dir, tfds_dir, progress=progress)
     prepare_once(task, ("train", *task.dev_splits, *(task.test_splits if predict_test else ())))
     tok = source.tokenizer
     resuming = (workdir / "tokenizer.json").is_file() and (workdir / "checkpoints").is_dir()
@@ -233,7 +234,8 @@ def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, token
     if tok is None:  # no pre-training, no vocabulary to inherit: a BPE from the task's own training text
         train = task.load("train")
         texts = [t for i in train_rows(len(train), config)[0] for t in task.texts(train[i])]
-        tok = bpe_of_texts(texts, config.model.vocab_size - 3, default_cache_dir(), f"{task.name} training text")
+        tok = bpe_of_texts(texts, config.model.vocab_size - 3, default_cache_dir(), f"{task.name} training text",
+                           progress=progress)
     model_config = source.model_config or dataclasses.replace(config.model, vocab_size=tok.vocab_size)
     if source.params is not None:
         model_config, source.params = with_marker_rows(model_config, source.params, tok, config.seed)
@@ -243,7 +245,7 @@ def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, token
     n_ctx = config.n_ctx or model_config.n_positions
     if n_ctx > model_config.n_positions:
         raise ConfigError(f"n_ctx={n_ctx} exceeds the model's n_positions={model_config.n_positions}")
-    splits = encode_task(task, config, tok, n_ctx, predict_test)
+    splits = encode_task(task, config, tok, n_ctx, predict_test, progress=progress)
     steps_per_epoch = math.ceil(len(splits.train.seqs) / config.batch_size)
     total = steps_per_epoch * config.epochs
     if (window := profile_window(config.profile)) and window[1] > total:  # found before the run folder is written
@@ -271,8 +273,8 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
     check_batch_size(mesh, config.eval_batch_size or config.batch_size, 1, "eval_batch_size")
     with hold(workdir, "finetune", enabled=jax.process_index() == 0):  # one job at a time in a run folder
         task, source, config, splits = prepare(config, workdir, init=init, init_step=init_step, data_dir=data_dir,
-                                               tokenizer=tokenizer,
-                                               predict_test=predict_test, tfds_dir=tfds_dir)
+                                               tokenizer=tokenizer, predict_test=predict_test, tfds_dir=tfds_dir,
+                                               progress=progress)
         # A run that stopped before its first checkpoint (out of memory at its first step) has nothing to resume:
         # it was refused with its own settings, and the folder had to be deleted by hand. As pre-training does.
         trained = newest_checkpoint(workdir / "checkpoints") is not None

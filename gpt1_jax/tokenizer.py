@@ -22,8 +22,9 @@ import hashlib
 import json
 import os
 import re
+import sys
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,6 +34,7 @@ from tokenizers.trainers import BpeTrainer
 
 from gpt1_jax.errors import ConfigError, DataError
 from gpt1_jax.files import atomic_write_text
+from gpt1_jax.metrics import Bar
 
 __all__ = ["GPT1Tokenizer", "SPECIAL_TOKENS", "UNK_TOKEN", "EOW_SUFFIX", "MODES", "find_tokenizer", "text_standardize"]
 
@@ -212,6 +214,60 @@ def _raw_chars(texts: Iterable[str | list[str]]) -> set[str]:
     return chars
 
 
+_SLICE = 256  # texts the trainer takes from an iterator at a time (tokenizers' PyBufferedIterator): a bar's step
+
+
+def _say(line: str) -> None:
+    """A status line, as gpt1_jax/data/tokens.py says its own."""
+    print(f"gpt1-jax: {line}", file=sys.stderr, flush=True)
+
+
+def _counted(items: Iterable[Any], make_bar: Callable[[], Bar]) -> Generator[Any, None, int]:
+    """`items` (texts, or lists of texts) counted in characters on a bar -> their characters. A list comes in slices
+    of _SLICE texts, the same texts to the trainer, so that the bar moves as the trainer takes them. The bar is made
+    with the first item: a text that cannot be read at all is one error line, without a bar before it."""
+    bar = None
+    try:
+        for item in items:
+            if bar is None:
+                bar = make_bar()
+            for part in [item] if isinstance(item, str) else _slices(item):
+                bar.update(len(part) if isinstance(part, str) else sum(map(len, part)))
+                yield part
+    finally:
+        if bar is not None:
+            bar.close()
+    return 0 if bar is None else bar.n
+
+
+def _slices(texts: Iterable[str]) -> Iterator[Sequence[str]]:
+    texts = texts if isinstance(texts, (list, tuple)) else list(texts)
+    return (texts[i: i + _SLICE] for i in range(0, len(texts), _SLICE))
+
+
+class _ShownReads:
+    """The reads of the texts, each on a bar of their characters (stderr). tokenizers' own bars are left off: without
+    a length its first counts up to a total of 0 ("58576 / 0"), and its merges bar starts at the count of the bar
+    before it ("3356 / 509"). The first read (the alphabet) counts the characters, the total of the reads that
+    train; after each of those a status line, since the trainer then computes its merges in silence."""
+
+    def __init__(self, texts: Callable[[], Iterable[Any]], vocab_size: int):
+        self.texts, self.vocab_size = texts, vocab_size
+        self.chars: int | None = None
+        self.trainings = 0
+
+    def first(self) -> Iterator[Any]:
+        self.chars = yield from _counted(self.texts(), lambda: Bar(desc="BPE: reading the text", unit="char",
+                                                                   unit_scale=True))
+
+    def __call__(self) -> Iterator[Any]:
+        self.trainings += 1
+        again = " again (its alphabet grew)" if self.trainings > 1 else ""
+        if (yield from _counted(self.texts(), lambda: Bar(total=self.chars, desc=f"BPE: counting words{again}",
+                                                          unit="char", unit_scale=True))):
+            _say(f"BPE: computing the merges of a {self.vocab_size}-token vocabulary")
+
+
 def _fit_bpe(texts: Callable[[], Iterable[Any]], files: list[Path] | None,
              original_words: Callable[[str], list[str]] | None, symbols: set[str], *, vocab_size: int,
              min_frequency: int, limit_alphabet: int | None, show_progress: bool) -> dict[str, Any]:
@@ -221,14 +277,15 @@ def _fit_bpe(texts: Callable[[], Iterable[Any]], files: list[Path] | None,
     order changes from one training to the next, and it breaks ties between pairs seen equally often by those
     numbers: two trainings on the same texts learned different merges (huggingface/tokenizers issue 1794). Given
     as special tokens in sorted order, the forms of `symbols` (the alphabet it will find) are numbered before it
-    starts, so every tie is broken the same way. `original_words`: "original" mode's words, made in Python."""
+    starts, so every tie is broken the same way. `original_words`: "original" mode's words, made in Python.
+    `show_progress`: a status line where the trainer reads `files` itself (texts() shows its own bars)."""
     options: dict[str, Any] = {} if limit_alphabet is None else {"limit_alphabet": limit_alphabet}
     trainer = BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
         special_tokens=[UNK_TOKEN, *sorted(c + EOW_SUFFIX for c in symbols)],  # <unk> first, so it gets id 0
         end_of_word_suffix=EOW_SUFFIX,
-        show_progress=show_progress,
+        show_progress=False,  # _ShownReads says why
         **options,
     )
     scratch = Tokenizer(BPE(unk_token=UNK_TOKEN, end_of_word_suffix=EOW_SUFFIX))
@@ -236,6 +293,8 @@ def _fit_bpe(texts: Callable[[], Iterable[Any]], files: list[Path] | None,
         scratch.normalizer = _HF_NORMALIZER
         scratch.pre_tokenizer = _HF_PRE_TOKENIZER
         if files is not None and not any(p.suffix == ".gz" for p in files):
+            if show_progress:
+                _say(f"BPE: counting the words of {len(files)} file(s) and computing the merges")
             scratch.train([str(p) for p in files], trainer=trainer)  # Rust reads files in parallel
         else:
             scratch.train_from_iterator(texts(), trainer=trainer)
@@ -312,6 +371,8 @@ class GPT1Tokenizer:
 
         The same texts give the same BPE in every process and on every machine (`_fit_bpe` says how),
         unless ``limit_alphabet`` cuts the alphabet between symbols seen equally often.
+
+        ``show_progress``: bars of the reads of the texts and a status line while the merges are computed (stderr).
         """
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
@@ -327,11 +388,12 @@ class GPT1Tokenizer:
             def texts() -> Iterable[str]:
                 return kept
         original_words = cls._original_words_fn() if mode == "original" else None
-        chars = _raw_chars(texts())
+        shown = _ShownReads(texts, vocab_size) if show_progress else None
+        chars = _raw_chars(shown.first() if shown else texts())
         symbols = {c for raw in chars for word in (original_words or _hf_words)(raw) for c in word}
         if original_words and "\n" in chars:  # a line break is a word there, which a lone "\n" (stripped) is not
             symbols.add("\n")
-        fit = functools.partial(_fit_bpe, texts, files, original_words, vocab_size=vocab_size,
+        fit = functools.partial(_fit_bpe, shown or texts, files, original_words, vocab_size=vocab_size,
                                 min_frequency=min_frequency, limit_alphabet=limit_alphabet, show_progress=show_progress)
         model = fit(symbols)
         trained = {t for t in model["vocab"] if len(t) == 1}  # the trainer's own alphabet: merges are longer

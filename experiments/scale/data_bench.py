@@ -68,6 +68,8 @@ def generate_corpus(out: Path, docs: list[str], target_chars: int, n_files: int,
             for j, i in enumerate(order):
                 files[j % n_files].write(docs[i] + "\n\n")
                 written += len(docs[i]) + 2
+                # the last document goes past the target, and a bar past its total drops its % and its bar
+                bar.total = max(target_chars, written)
                 bar.update(len(docs[i]) + 2)
                 if written >= target_chars:
                     break

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt1_jax.errors import ConfigError, DataError
+from gpt1_jax.metrics import Bar
 
 __all__ = ["LEVELS", "SPLITS", "load_race", "parse_levels"]
 
@@ -35,30 +36,26 @@ def _examples_of(doc: dict, where: str, level: str) -> list[dict[str, Any]]:
     return out
 
 
-def load_race(path: str | Path, split: str, levels: tuple[str, ...] | str = LEVELS) -> list[dict[str, Any]]:
+def load_race(path: str | Path, split: str, levels: tuple[str, ...] | str = LEVELS,
+              progress: bool = False) -> list[dict[str, Any]]:
     """Questions of one split (`train`, `validation`/`dev`, `test`) from race.tar.gz or its unpacked
-    folder, sorted by passage file then question, each with `idx` (its position)."""
+    folder, sorted by passage file then question, each with `idx` (its position). `progress`: a bar of the
+    archive's bytes (or the folder's passages) read, on stderr: the whole archive is read for any split."""
     path = Path(path)
     folder = SPLITS.get(split, split)
     if folder not in SPLITS.values():
         raise ConfigError(f"unknown RACE split {split!r}; known: {', '.join(SPLITS)}")
     levels = parse_levels(levels)
+    desc = f"reading RACE {split}"
     docs: list[tuple[str, str, dict]] = []
     if path.is_dir():
         root = path / "race" if (path / "race").is_dir() else path
-        for level in levels:
-            for f in sorted((root / folder / level).glob("*.txt")):
+        files = [(f, level) for level in levels for f in sorted((root / folder / level).glob("*.txt"))]
+        with Bar(files, desc=desc, unit="passage", disable=not progress) as shown:
+            for f, level in shown:
                 docs.append((str(f), level, _read_json(f.read_bytes(), str(f))))
     elif path.is_file():
-        try:
-            with tarfile.open(path) as tar:
-                for member in tar:
-                    parts = member.name.split("/")
-                    if member.isfile() and len(parts) >= 3 and parts[-3] == folder and parts[-2] in levels:
-                        where = f"{path}:{member.name}"
-                        docs.append((member.name, parts[-2], _read_json(tar.extractfile(member).read(), where)))
-        except (tarfile.TarError, EOFError, zlib.error) as e:  # not an archive, or one cut short or damaged
-            raise _unreadable(path, e) from None
+        docs = _archive_passages(path, folder, levels, desc, progress)
     else:
         raise FileNotFoundError(f"{path}: RACE archive (race.tar.gz) or folder not found")
     if not docs:
@@ -68,6 +65,27 @@ def load_race(path: str | Path, split: str, levels: tuple[str, ...] | str = LEVE
     for i, ex in enumerate(examples):
         ex["idx"] = i
     return examples
+
+
+def _archive_passages(path: Path, folder: str, levels: tuple[str, ...], desc: str,
+                      progress: bool) -> list[tuple[str, str, dict]]:
+    """(member name, level, passage) of the split's folder in the archive at `path`. `progress`: a bar of its bytes
+    read (compressed ones: the file's size is the total known before reading), from once it opened as an archive:
+    a file that is none is one error line."""
+    docs = []
+    try:
+        with open(path, "rb") as raw, tarfile.open(fileobj=raw) as tar, Bar(
+                total=path.stat().st_size, desc=desc, unit="B", unit_scale=True, disable=not progress) as bar:
+            for member in tar:
+                parts = member.name.split("/")
+                if member.isfile() and len(parts) >= 3 and parts[-3] == folder and parts[-2] in levels:
+                    where = f"{path}:{member.name}"
+                    docs.append((member.name, parts[-2], _read_json(tar.extractfile(member).read(), where)))
+                bar.update(raw.tell() - bar.n)
+            bar.update(bar.total - bar.n)  # the archive's end (padding, gzip's trailer) is left unread
+    except (tarfile.TarError, EOFError, zlib.error) as e:  # not an archive, or one cut short or damaged
+        raise _unreadable(path, e) from None
+    return docs
 
 
 def parse_levels(levels: tuple[str, ...] | str) -> tuple[str, ...]:

@@ -29,12 +29,13 @@ import codecs
 import glob
 import gzip
 import hashlib
+import io
 import json
 import os
 import shlex
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -131,10 +132,13 @@ def _wide_text(p: Path, head: bytes) -> str | None:
     return None
 
 
-def read_blocks(path: str | Path) -> Iterator[str]:
-    """Blank-line separated blocks of a text file (``.gz`` decompressed), trailing newline removed."""
+def read_blocks(path: str | Path, on_read: Callable[[int], None] | None = None) -> Iterator[str]:
+    """Blank-line separated blocks of a text file (``.gz`` decompressed), trailing newline removed. `on_read`: told
+    the bytes of the file read since it was last told (compressed ones of a ``.gz``), by the end all of them: a
+    progress bar's measure whose total, the file's size, is known before it is read."""
     p = Path(path)
-    opener = gzip.open if p.name.endswith(".gz") else open
+    gzipped = p.name.endswith(".gz")
+    opener = gzip.open if gzipped else open
     block: list[str] = []
     # newline="" would keep "\r\n"; universal newlines make Windows files split the same way.
     # Bytes that are not UTF-8 are an error, not a silent U+FFFD: a corpus in another encoding would
@@ -147,7 +151,10 @@ def read_blocks(path: str | Path) -> Iterator[str]:
             raise DataError(problem)
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise DataError(f"{p}: not readable gzip data ({e}) near line 1") from None
-    with opener(p, "rt", encoding="utf-8-sig") as f:
+    told = 0
+    # gzip.open and open in text mode, over a file whose position says how far the reading is
+    with open(p, "rb") as raw, io.TextIOWrapper(gzip.GzipFile(fileobj=raw) if gzipped else raw,
+                                                encoding="utf-8-sig") as f:
         try:
             for lineno, line in enumerate(f, 1):
                 if "\0" in line:  # valid UTF-8, but no text: it would train on NULs
@@ -155,6 +162,9 @@ def read_blocks(path: str | Path) -> Iterator[str]:
                 if line.strip():
                     block.append(line)
                 elif block:
+                    if on_read is not None and (at := raw.tell()) > told:
+                        on_read(at - told)
+                        told = at
                     yield "".join(block).rstrip("\n")
                     block = []
         except UnicodeDecodeError as e:
@@ -172,6 +182,8 @@ def read_blocks(path: str | Path) -> Iterator[str]:
             raise DataError(f"{p}: not readable gzip data ({e}) near line {lineno + 1}") from None
     if block:
         yield "".join(block).rstrip("\n")
+    if on_read is not None and (rest := p.stat().st_size - told) > 0:  # the last block's, read after the loop
+        on_read(rest)
 
 
 def _expand(spec: str) -> list[Path]:
@@ -207,9 +219,10 @@ class FileSource:
     def open(cls, spec: str) -> FileSource:
         return cls(spec=spec, paths=tuple(_expand(spec)))
 
-    def documents(self) -> Iterator[str]:
+    def documents(self, on_read: Callable[[int], None] | None = None) -> Iterator[str]:
+        """`on_read`: told the bytes read (read_blocks), of `total_bytes()` in all."""
         for p in self.paths:
-            yield from read_blocks(p)
+            yield from read_blocks(p, on_read)
 
     def fingerprint(self) -> str:
         # Size + mtime rather than a content hash: hashing a multi-GB corpus on every start would

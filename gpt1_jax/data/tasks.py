@@ -25,6 +25,7 @@ from gpt1_jax.data import glue
 from gpt1_jax.data.layout import Markers, layout, max_segment_len, pad_sequences
 from gpt1_jax.data.race import load_race, parse_levels
 from gpt1_jax.files import atomic_write_text
+from gpt1_jax.metrics import Bar
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +46,12 @@ class Task:
     submit_names: bool = False  # the GLUE server wants label names (MNLI, QNLI, RTE), not indices
 
 
-def make_task(config: FinetuneConfig, data_dir: str | None, tfds_dir: str | None = None) -> Task:
+def make_task(config: FinetuneConfig, data_dir: str | None, tfds_dir: str | None = None,
+              progress: bool = False) -> Task:
+    """`progress`: a bar of the reading of RACE's archive (seconds per split), on process 0."""
     key = task_key(config.task)
     if key == "race":
-        return _race_task(config, data_dir)
+        return _race_task(config, data_dir, progress and jax.process_index() == 0)
     g = glue.glue_task(key)
 
     def score(examples, preds):
@@ -65,7 +68,7 @@ def make_task(config: FinetuneConfig, data_dir: str | None, tfds_dir: str | None
     )
 
 
-def _race_task(config: FinetuneConfig, data_dir: str | None) -> Task:
+def _race_task(config: FinetuneConfig, data_dir: str | None, progress: bool = False) -> Task:
     if not data_dir:
         raise ConfigError("task race reads RACE from a local race.tar.gz: pass --data-dir PATH")
     path = Path(data_dir)
@@ -90,7 +93,7 @@ def _race_task(config: FinetuneConfig, data_dir: str | None) -> Task:
     return Task(
         name="race", kind="multiple_choice", n_outputs=1, regression=False, metrics=("accuracy",),
         dev_splits=("validation",), test_splits=("test",), label_names=None,
-        load=lambda split: load_race(path, split, levels),
+        load=lambda split: load_race(path, split, levels, progress),
         texts=lambda ex: [ex["article"], ex["question"], *ex["options"]],
         segments=segments, score=score,
     )
@@ -113,20 +116,32 @@ class Encoded:
         return h.hexdigest()
 
 
-def encode_split(task: Task, examples: list[dict], tok, n_ctx: int, of: int = 0) -> Encoded:
+ENCODE_EXAMPLES = 1024  # examples per encode_batch call: a bar's step, enough texts to keep the Rust threads busy
+
+
+def encode_split(task: Task, examples: list[dict], tok, n_ctx: int, of: int = 0, *, progress: bool = False,
+                 split: str = "") -> Encoded:
+    """`examples` of `split` tokenised and laid out; `progress`: a bar of them on stderr (RACE's training split
+    takes minutes)."""
     markers = Markers.of(tok)
     keep = max_segment_len(n_ctx)
-    texts = [task.texts(ex) for ex in examples]
-    flat = [t for ts in texts for t in ts]
-    ids = tok.encode_batch(flat) if flat else []
-    seqs, i, cut = [], 0, 0
-    for ts in texts:
-        toks = ids[i: i + len(ts)]
-        i += len(ts)
-        seqs.append(layout(task.kind, task.segments(toks, keep), markers, n_ctx))
-        # against the same layout uncut (RACE's article gives way to its question: no single text says so)
-        whole = layout(task.kind, task.segments(toks, sum(map(len, toks))), markers, 4 * sum(map(len, toks)) + 8)
-        cut += sum(map(len, seqs[-1])) < sum(map(len, whole))
+    seqs, cut = [], 0
+    with Bar(total=len(examples), desc=f"encoding {task.name} {split}".rstrip(), unit="example",
+             disable=not progress) as bar:
+        for first in range(0, len(examples), ENCODE_EXAMPLES):
+            texts = [task.texts(ex) for ex in examples[first: first + ENCODE_EXAMPLES]]
+            flat = [t for ts in texts for t in ts]
+            ids = tok.encode_batch(flat) if flat else []
+            i = 0
+            for ts in texts:
+                toks = ids[i: i + len(ts)]
+                i += len(ts)
+                seqs.append(layout(task.kind, task.segments(toks, keep), markers, n_ctx))
+                # against the same layout uncut (RACE's article gives way to its question: no single text says so)
+                whole = layout(task.kind, task.segments(toks, sum(map(len, toks))), markers,
+                               4 * sum(map(len, toks)) + 8)
+                cut += sum(map(len, seqs[-1])) < sum(map(len, whole))
+            bar.update(len(texts))
     dtype = np.float32 if task.regression else np.int32
     labels = np.asarray([ex["label"] for ex in examples], dtype)
     return Encoded(seqs, labels, examples, cut, of or len(examples))
@@ -188,20 +203,26 @@ class Splits:
     holdout: Encoded | None = None  # the slice of the training split the best epoch is chosen on (holdout_fraction)
 
 
-def encode_task(task: Task, config: FinetuneConfig, tok, n_ctx: int, predict_test: bool) -> Splits:
+def encode_task(task: Task, config: FinetuneConfig, tok, n_ctx: int, predict_test: bool,
+                progress: bool = False) -> Splits:
+    """`progress`: a bar of each split's encoding, on process 0."""
+    shown = progress and jax.process_index() == 0
+
     def load(split, k, seed):
         examples = task.load(split)
-        return encode_split(task, [examples[i] for i in subset(len(examples), k, seed)], tok, n_ctx, len(examples))
+        return encode_split(task, [examples[i] for i in subset(len(examples), k, seed)], tok, n_ctx, len(examples),
+                            progress=shown, split=split)
 
     examples = task.load("train")
     rows, held = train_rows(len(examples), config)
-    train = encode_split(task, [examples[i] for i in rows], tok, n_ctx)
+    train = encode_split(task, [examples[i] for i in rows], tok, n_ctx, progress=shown, split="train")
     if not train.seqs:
         raise ConfigError(f"task {task.name}: the train split is empty")
     if config.holdout_fraction and not held.size:
         raise ConfigError(f"task {task.name}: holdout_fraction={config.holdout_fraction} of {len(examples)} training "
                           "examples holds none out; raise it")
-    holdout = encode_split(task, [examples[i] for i in held], tok, n_ctx) if held.size else None
+    holdout = encode_split(task, [examples[i] for i in held], tok, n_ctx, progress=shown,
+                           split="held-out train") if held.size else None
     dev = {s: load(s, config.max_eval_examples, 0) for s in task.dev_splits}
     test = {s: load(s, config.max_eval_examples, 0) for s in task.test_splits} if predict_test else {}
     return Splits(train, dev, test, n_ctx, holdout)

@@ -53,7 +53,7 @@ import tokenizers
 
 from gpt1_jax import workdir as run_folder
 from gpt1_jax.data.once import LOCK_STALE_S, Peers, build_once
-from gpt1_jax.data.sources import TextSource
+from gpt1_jax.data.sources import FileSource, TextSource
 from gpt1_jax.errors import ConfigError, DataError
 from gpt1_jax.files import atomic_write_text, staging_folder, sweep_staging_folders, user_cache
 from gpt1_jax.metrics import Bar
@@ -242,15 +242,17 @@ def _kept_bpe(folder: Path) -> tuple[GPT1Tokenizer, int] | None:
         return None  # trained again, and kept in its place
 
 
-def bpe_of_texts(texts: list[str], vocab_size: int, cache_dir: str | Path, what: str) -> GPT1Tokenizer:
+def bpe_of_texts(texts: list[str], vocab_size: int, cache_dir: str | Path, what: str,
+                 progress: bool = False) -> GPT1Tokenizer:
     """A BPE of `texts` (fine-tuning from scratch: a task's training text, `what`), trained once per text and size
-    and kept in `cache_dir` as a corpus's is (every run of the task then starts at once)."""
+    and kept in `cache_dir` as a corpus's is (every run of the task then starts at once). `progress`: the
+    training's bars and status lines, on process 0."""
     blob = {"format": BPE_FORMAT, "texts": hashlib.sha256("\0".join(texts).encode("utf-8")).hexdigest(),
             "vocab_size": vocab_size, "tokenizers": tokenizers.__version__}
     kept = Path(cache_dir) / f"bpe-{hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:24]}"
     if (found := _kept_bpe(kept)) is not None:
         return found[0]
-    tok = GPT1Tokenizer.train([texts], vocab_size=vocab_size)
+    tok = GPT1Tokenizer.train([texts], vocab_size=vocab_size, show_progress=progress and Peers.current().builds)
     return _keep_bpe(kept, tok, len(texts), what, vocab_size)[0]
 
 
@@ -559,26 +561,45 @@ def _build_cache(
         raise
 
 
+def _write_ids(source: TextSource, tokenizer: GPT1Tokenizer, raw: Path, sep: int, dtype: np.dtype,
+               progress: bool) -> tuple[int, int, int, str]:
+    """Streams the ids of `source`'s documents into `raw` -> (tokens, documents, <unk> tokens, sha256 of the ids).
+    Its bar counts a file source's bytes read, of their size, with the tokens so far and their rate beside; another
+    source (a tfds or HF dataset, whose size is not known before it is read) counts its tokens."""
+    n_tokens = n_docs = n_unk = 0
+    digest = hashlib.sha256()
+    sized = isinstance(source, FileSource)
+    shown = dict(unit="B", total=source.total_bytes()) if sized else dict(unit="tok")
+    with open(raw, "wb") as f, Bar(unit_scale=True, desc=f"tokenizing {source.spec}", disable=not progress,
+                                   **shown) as bar:
+        documents = source.documents(on_read=bar.update) if sized else source.documents()
+        for arr, docs in encode_documents(documents, tokenizer, dtype, sep):
+            f.write(arr.data)  # not ndarray.tofile, which turns a Ctrl-C inside it into a TypeError
+            digest.update(arr.data)
+            n_unk += int(np.count_nonzero(arr == 0))  # <unk>'s id (gpt1_jax/tokenizer.py)
+            n_tokens += arr.size
+            n_docs += docs
+            if not sized:
+                bar.update(arr.size)
+            elif not bar.disable:
+                bar.set_postfix_str(_tokens_and_rate(n_tokens, bar.format_dict["elapsed"]), refresh=False)
+    return n_tokens, n_docs, n_unk, digest.hexdigest()
+
+
+def _tokens_and_rate(n_tokens: int, seconds: float) -> str:
+    rate = f", {Bar.format_sizeof(n_tokens / seconds)}tok/s" if seconds > 0 else ""
+    return f"{Bar.format_sizeof(n_tokens)}tok{rate}"
+
+
 def _tokenize_into(
     source: TextSource, tokenizer: GPT1Tokenizer, final: Path, sep: int, dtype: np.dtype, peers: Peers, progress: bool
 ) -> TokenStream:
     """Tokenise into a temporary directory beside ``final``, then rename it into place."""
     with staging_folder(final, **_SWEEP) as tmp:
-        n_tokens = n_docs = n_unk = 0
-        digest = hashlib.sha256()
         # The length is unknown until the end, so stream raw ids first and prepend the .npy
         # header afterwards (one sequential copy, cheap next to tokenising).
         raw = tmp / "tokens.bin"
-        with open(raw, "wb") as f, Bar(
-            unit="tok", unit_scale=True, desc=f"tokenizing {source.spec}", disable=not progress
-        ) as bar:
-            for arr, docs in encode_documents(source.documents(), tokenizer, dtype, sep):
-                f.write(arr.data)  # not ndarray.tofile, which turns a Ctrl-C inside it into a TypeError
-                digest.update(arr.data)
-                n_unk += int(np.count_nonzero(arr == 0))  # <unk>'s id (gpt1_jax/tokenizer.py)
-                n_tokens += arr.size
-                n_docs += docs
-                bar.update(arr.size)
+        n_tokens, n_docs, n_unk, digest = _write_ids(source, tokenizer, raw, sep, dtype, progress)
         if n_tokens == 0:
             raise DataError(f"text source {source.spec!r} has no documents")
         if n_unk > UNK_WARN * n_tokens:  # a model trained on <unk> learns nothing, and nothing else would say so
@@ -599,7 +620,7 @@ def _tokenize_into(
             "vocab_size": tokenizer.vocab_size,
             "tokenizer_sha256": tokenizer_hash(tokenizer),
             # What the tokens are, whatever path the text came from: a resumed run checks it trains on the same.
-            "tokens_sha256": digest.hexdigest(),
+            "tokens_sha256": digest,
             "unk_tokens": n_unk,
             # Who tokenised it: how a pod job's log shows it was done once, and by whom.
             "built_by": {"host": socket.gethostname(), "pid": os.getpid(), "process_index": peers.index},

@@ -148,6 +148,30 @@ def test_train_on_long_texts_and_batches(mode: str) -> None:
     assert a.tokenize("lowest")[-1].endswith(EOW_SUFFIX)
 
 
+@pytest.mark.parametrize("mode", ["hf", pytest.param("original", marks=needs_original)])
+def test_training_shows_each_read_on_a_bar_with_a_total_and_then_the_merges(mode: str, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture) -> None:
+    """tokenizers' own bars (train_from_iterator without a length) read "Pre-processing sequences 58576 / 0", then
+    "Compute merges 3356 / 509" (started at the count of the bar before). Ours: the first read counts the
+    characters, the total of the read that trains, then a status line for the merges; the same BPE as without."""
+    from gpt1_jax.metrics import Bar
+
+    corpus = _tiny_corpus(600)
+    shown = Bar.format_sizeof(sum(map(len, corpus)))
+    trained = GPT1Tokenizer.train(iter([corpus[:100], corpus[100:]]), vocab_size=60, mode=mode, show_progress=True)
+    frames = [f for f in capsys.readouterr().err.replace("\r", "\n").splitlines() if f.strip()]
+    assert any(f.startswith(f"BPE: reading the text: {shown}char [") for f in frames), frames
+    assert frames[-2].startswith(f"BPE: counting words: 100%|██████████| {shown}/{shown} ["), frames
+    assert frames[-1] == "gpt1-jax: BPE: computing the merges of a 60-token vocabulary"
+    assert trained.backend.to_str() == GPT1Tokenizer.train(corpus, vocab_size=60, mode=mode).backend.to_str()
+    assert capsys.readouterr().err == ""  # show_progress=False: nothing, tokenizers' bars neither
+    if mode == "hf":  # files the trainer reads itself: a status line
+        (tmp_path / "corpus.txt").write_text("\n".join(corpus) + "\n")
+        GPT1Tokenizer.train(tmp_path / "corpus.txt", vocab_size=60, show_progress=True)
+        assert capsys.readouterr().err.splitlines()[-1] == ("gpt1-jax: BPE: counting the words of 1 file(s) and "
+                                                            "computing the merges")
+
+
 def test_train_missing_file_fails_before_training(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="nope.txt"):
         GPT1Tokenizer.train(tmp_path / "nope.txt")
