@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -19,6 +20,7 @@ from gpt1_jax import flops, hugepages, sizing
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.config import PretrainConfig
 from gpt1_jax.errors import ConfigError
+from gpt1_jax.metrics import Bar
 from gpt1_jax.step import lm_batch, lm_batch_spec
 
 
@@ -32,25 +34,9 @@ def seeded_batches(trainer, config: PretrainConfig, n: int) -> list:
     return [trainer.put_batch(lm_batch(tokens[rows])) for tokens in windows]
 
 
-def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only: bool = False,
-        peak_flops: float | None = None) -> dict[str, Any]:
-    """The sizing report of `config`'s train step plus, unless `compile_only`, the median step time,
-    tokens/s, MFU against `peak_flops` (default: gpt1_jax/flops.py's table or a measured matmul) and
-    the losses of the `steps` timed steps that follow `warmup` untimed ones."""
-    if steps < 1:
-        raise ConfigError(f"--steps must be >= 1, got {steps}")
-    if warmup < 0:
-        raise ConfigError(f"--warmup must be >= 0, got {warmup}")
-    check_attention(config.model.attention, config.model.attn_dropout, True, config.model.head_dim)
-    config = dataclasses.replace(config, model=flops.fit_compute_dtype(config.model))
-    trainer = sizing.pretrain_trainer(config)
-    B, T = config.data.global_batch_size, config.data.seq_len
-    result, compiled = sizing.size_step(trainer, lm_batch_spec(B, T), config.model)
-    if compile_only:
-        return result
-
-    state = trainer.init()
-    batches = seeded_batches(trainer, config, warmup + steps)
+def timed_steps(compiled, trainer, state, batches: list, warmup: int, bar: Bar) -> tuple[list, list]:
+    """(seconds, loss) of each step after the first `warmup` of `batches`; `bar` moves between steps, outside the
+    timed intervals."""
     times, losses = [], []
     for i, batch in enumerate(batches):
         t0 = time.perf_counter()
@@ -61,6 +47,42 @@ def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only
         if i >= warmup:
             times.append(time.perf_counter() - t0)
             losses.append(round(loss, 6))
+        bar.update(1)
+    return times, losses
+
+
+def _say(text: str) -> None:
+    """A status line of `gpt1-jax bench`, on stderr: stdout holds its one JSON line."""
+    print(f"bench: {text}", file=sys.stderr, flush=True)
+
+
+def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only: bool = False,
+        peak_flops: float | None = None, progress: bool = True) -> dict[str, Any]:
+    """The sizing report of `config`'s train step plus, unless `compile_only`, the median step time,
+    tokens/s, MFU against `peak_flops` (default: gpt1_jax/flops.py's table or a measured matmul) and
+    the losses of the `steps` timed steps that follow `warmup` untimed ones. `progress`: status lines and a
+    bar of the steps on stderr (process 0's)."""
+    if steps < 1:
+        raise ConfigError(f"--steps must be >= 1, got {steps}")
+    if warmup < 0:
+        raise ConfigError(f"--warmup must be >= 0, got {warmup}")
+    check_attention(config.model.attention, config.model.attn_dropout, True, config.model.head_dim)
+    config = dataclasses.replace(config, model=flops.fit_compute_dtype(config.model))
+    trainer = sizing.pretrain_trainer(config)
+    B, T = config.data.global_batch_size, config.data.seq_len
+    speaks = progress and jax.process_index() == 0
+    result, compiled = sizing.size_step(trainer, lm_batch_spec(B, T), config.model, _say if speaks else None)
+    if compile_only:
+        return result
+
+    if speaks:
+        _say(f"compiled in {result['lower_s'] + result['compile_s']:.1f} s; running {warmup} warm-up + {steps} timed "
+             "steps")
+    state = trainer.init()
+    batches = seeded_batches(trainer, config, warmup + steps)
+    with Bar(total=len(batches), desc="bench", unit="step", disable=not speaks, dynamic_ncols=True, file=sys.stderr,
+             mininterval=0.5) as bar:
+        times, losses = timed_steps(compiled, trainer, state, batches, warmup, bar)
     step_s = statistics.median(times)
     device = jax.devices()[0]
     # An accelerator's allocator knows the bytes the step really held at once, beside the compiler's

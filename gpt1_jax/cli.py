@@ -313,7 +313,10 @@ def _pretrain(args: argparse.Namespace) -> int:
     if args.dry_run:
         from gpt1_jax.sizing import dry_run
 
-        _print_json(dry_run(with_schedule_span(config)))
+        def say(text: str) -> None:
+            print(f"pretrain --dry-run: {text}", file=sys.stderr, flush=True)
+
+        _print_json(dry_run(with_schedule_span(config), say if _speaks() and not args.no_progress else None))
         return 0
     return _exit_status(run(config, workdir, progress=not args.no_progress))
 
@@ -519,12 +522,15 @@ def _sample(args: argparse.Namespace) -> int:
     prompt_ids = model.tokenizer.encode(args.prompt)
     if prompt_ids:  # an empty prompt is sample's own one-line error
         check_room(model.config, len(prompt_ids), args.max_new_tokens, flag="--max-new-tokens ")
-    outputs = sample(model.config, model.params, prompt_ids, max_new_tokens=args.max_new_tokens,
-                     temperature=args.temperature, top_k=args.top_k, seed=args.seed or 0, num_samples=args.num_samples)
     step = "" if model.step is None else f" step {model.step}"
     how = "greedy (temperature 0)" if args.temperature == 0 else f"temperature {args.temperature}, top-k {args.top_k}"
+    if _speaks() and prompt_ids:  # before the one compiled program that generates it all (a minute on 117M)
+        print(f"# {Path(args.workdir or args.init)}{step}, {how}", flush=True)
+        print(f"sample: generating {args.max_new_tokens} tokens x {args.num_samples} "
+              f"sample{'s' * (args.num_samples > 1)} ...", file=sys.stderr, flush=True)
+    outputs = sample(model.config, model.params, prompt_ids, max_new_tokens=args.max_new_tokens,
+                     temperature=args.temperature, top_k=args.top_k, seed=args.seed or 0, num_samples=args.num_samples)
     if _speaks():
-        print(f"# {Path(args.workdir or args.init)}{step}, {how}")
         for ids in outputs:
             print(f"{args.prompt} >> {model.tokenizer.decode(ids)}")
     return 0
@@ -579,14 +585,15 @@ def _verify(args: argparse.Namespace) -> int:
                     record(directory / str(step))
                 print(f"step {step}: " + ("digests recorded (saved without them)" if problem is None else
                                           f"not recorded: it does not read back ({problem})"), flush=True)
-    results = verify_checkpoints(directory)
-    if not results:
+    if not checkpoint_steps(directory):
         raise FileNotFoundError(f"{directory}: no checkpoint")
-    for step, problem in results:
+    damaged = 0
+    for step, problem in verify_checkpoints(directory):
+        damaged += problem is not None
         print(f"step {step}: " + ("ok" if problem is None else f"damaged: {problem}"), flush=True)
     config_problem = _config_problem(Path(args.workdir) / "config.yaml")
     print(f"config.yaml: {config_problem or 'ok'}", flush=True)
-    return 1 if config_problem or any(problem is not None for _, problem in results) else 0
+    return 1 if config_problem or damaged else 0
 
 
 def _config_problem(path: Path) -> str | None:
@@ -653,6 +660,7 @@ def _bench_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile-only", action="store_true", help="compile and report time, memory and FLOPs; do not run")
     p.add_argument("--peak-flops", type=number_at_least(0.0, above=True), default=None,
                    help="peak FLOP/s for MFU (default: the accelerator's table entry, or a measured matmul)")
+    _no_progress_flag(p)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -660,7 +668,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     config = resolve(PretrainConfig, args.config, overrides=_overrides(args, PretrainConfig), mesh=args.mesh)
     _print_json(bench.run(config, steps=args.steps, warmup=args.warmup, compile_only=args.compile_only,
-                          peak_flops=args.peak_flops))
+                          peak_flops=args.peak_flops, progress=not args.no_progress))
     return 0
 
 

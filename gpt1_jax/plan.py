@@ -521,12 +521,19 @@ def auto(config: PretrainConfig, where: Target, compile_top: int = 3, baselines:
                 chosen.append(r)
                 break
     compiled: dict[int, dict[str, Any]] = {}  # by the candidate's place in `may_fit`
+    bands = [[i for i, r in enumerate(may_fit) if r[2] == tensor and r[0] <= TENSOR_BAND * may_fit[0][0]]
+             for tensor in sorted({r[2] for r in may_fit})]
+    # what is compiled if the first tried fit: the count the progress lines give (each that does not adds one)
+    planned = len({may_fit.index(r) for r in chosen} | {band[0] for band in bands if band})
 
     def fits(i: int) -> bool:
         if i not in compiled:
             _, _, _, mesh_config, remat, est = may_fit[i]
             if progress:
-                progress(f"compiling data={mesh_config.data},fsdp={mesh_config.fsdp},tensor={mesh_config.tensor} remat={remat}")
+                n = len(compiled) + 1
+                beyond = " (an earlier one did not fit)" if n > planned else ""
+                progress(f"compiling {n}/{max(n, planned)} data={mesh_config.data},fsdp={mesh_config.fsdp},"
+                         f"tensor={mesh_config.tensor} remat={remat}{beyond}")
             compiled[i] = {**compile_plan(dataclasses.replace(config, mesh=mesh_config, model=dataclasses.replace(
                 config.model, remat=remat)), where), "analytic": est}
         return compiled[i]["fits"] is not False
@@ -534,8 +541,7 @@ def auto(config: PretrainConfig, where: Target, compile_top: int = 3, baselines:
     queue = [may_fit.index(r) for r in chosen] + [i for i, r in enumerate(may_fit) if r not in chosen]
     while queue and (len(compiled) < len(chosen) or not any(p["fits"] is not False for p in compiled.values())):
         fits(queue.pop(0))
-    for tensor in sorted({r[2] for r in may_fit}):
-        in_band = [i for i, r in enumerate(may_fit) if r[2] == tensor and r[0] <= TENSOR_BAND * may_fit[0][0]]
+    for in_band in bands:
         any(fits(i) for i in in_band)  # compiles down this tensor size's ranking until one fits
     return _best_of(list(compiled.values()), len(ranked), len(may_fit), where, time.perf_counter() - t0)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -99,7 +100,7 @@ def run_plan(config: str, batch: int, pod: str, mesh: str, extra: list[str]) -> 
     for item in RUN_AS + extra:
         argv += ["--set", item]
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True)
+    proc = _run_showing_status(argv)
     seconds = round(time.perf_counter() - t0, 1)
     if proc.returncode == 0:
         return {**json.loads(proc.stdout.strip().splitlines()[-1]), "wall_s": seconds, "argv": argv[2:]}
@@ -107,6 +108,25 @@ def run_plan(config: str, batch: int, pod: str, mesh: str, extra: list[str]) -> 
     if proc.returncode != 2 or not error:
         raise RuntimeError(f"{' '.join(argv[2:])} failed unexpectedly:\n{proc.stderr[-3000:]}")
     return {"fits": False, "error": error[-1], "wall_s": seconds, "argv": argv[2:], "cpu_flags": cpu_flags()}
+
+
+# The child's lines shown as they come (what it compiles, the package's warnings); the rest of its stderr (its table,
+# which the cell's line sums up, and libtpu's logging) is kept for the error of a cell that fails.
+SHOWN = ("plan: ", "gpt1-jax: ")
+
+
+def _run_showing_status(argv: list[str]) -> subprocess.CompletedProcess:
+    """`argv` run with its stdout (its JSON line) and stderr captured, its SHOWN lines echoed to stderr under the
+    cell's title as they come: a cell's compiles take minutes, which were silent."""
+    with tempfile.TemporaryFile("w+") as out:  # a file, not a pipe: its stdout is never read while stderr is
+        with subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, text=True) as proc:
+            err = []
+            for line in proc.stderr:
+                err.append(line)
+                if line.startswith(SHOWN):
+                    print(f"    {line.rstrip()}", file=sys.stderr, flush=True)
+        out.seek(0)
+        return subprocess.CompletedProcess(argv, proc.returncode, out.read(), "".join(err))
 
 
 def record(path: Path, produce) -> dict:
@@ -124,21 +144,24 @@ def run_all(only: str | None) -> None:
     cells = [(c, b, pod) for c, b in MODELS for pod in PODS if only in (None, c)]
     for i, (config, batch, pod) in enumerate(cells, 1):
         path = RECORDS / f"{_key(config, f'b{batch}', pod)}.json"
-        print(f"[{i}/{len(cells)}] {config} batch {batch} on {pod}", end=" ", flush=True)
-        result = record(path, lambda: run_plan(config, batch, pod, "auto", []))
-        print(_cell_text(result), flush=True)
+        _cell(f"[{i}/{len(cells)}] {config} batch {batch} on {pod}", path,
+              lambda: run_plan(config, batch, pod, "auto", []))
     for label, (config, batch, pod, mesh), extra in LEVERS:
         if only not in (None, config):
             continue
-        print(f"lever: {config} on {pod}, {label}", end=" ", flush=True)
-        result = record(_lever_path((config, batch, pod, mesh), extra), lambda: run_plan(config, batch, pod, mesh, extra))
-        print(_cell_text(result), flush=True)
+        _cell(f"lever: {config} on {pod}, {label}", _lever_path((config, batch, pod, mesh), extra),
+              lambda: run_plan(config, batch, pod, mesh, extra))
     for config, batch, pod, mesh, remat, path in probes():
         if only not in (None, config):
             continue
-        print(f"probe: {config} batch {batch} on {pod}, {mesh} remat {remat}", end=" ", flush=True)
-        result = record(path, lambda: run_plan(config, batch, pod, mesh, [f"model.remat={remat}"]))
-        print(_cell_text(result), flush=True)
+        _cell(f"probe: {config} batch {batch} on {pod}, {mesh} remat {remat}", path,
+              lambda: run_plan(config, batch, pod, mesh, [f"model.remat={remat}"]))
+
+
+def _cell(title: str, path: Path, produce) -> None:
+    """A cell's title, the child's status lines under it (a cell not yet recorded), then its outcome."""
+    print(title, flush=True)
+    print(f"    -> {_cell_text(record(path, produce))}", flush=True)
 
 
 def _cell_text(p: dict) -> str:

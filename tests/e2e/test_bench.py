@@ -4,6 +4,7 @@ in one error line and exit status 2; the FLOP count matches the documented formu
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,8 +26,14 @@ def test_bench_tiny_prints_json(capsys):
     rc = cli.main(["bench", "--config", "tiny", "--batch-size", "8", "--seq-len", "32", "--steps", "2",
                    "--mesh", "data=2,fsdp=2,tensor=2", "--peak-flops", "1e11"])
     assert rc == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
     assert len(lines) == 1
+    # stderr says what it does while it does it (117M was 48 s of silence): the compile, then a bar of the steps
+    said = err.replace("\r", "\n").splitlines()
+    assert said[0] == "bench: compiling the train step for 8 x cpu (mesh data=2,fsdp=2,tensor=2), batch 8 x 32 ..."
+    assert re.fullmatch(r"bench: compiled in \d+\.\d s; running 1 warm-up \+ 2 timed steps", said[1]), said
+    assert said[-1].startswith("bench: 100%") and " 3/3 " in said[-1], said
     result = json.loads(lines[0])
     assert KEYS <= set(result)
     assert len(result["losses"]) == 2 and all(4.0 < x < 8.0 for x in result["losses"])  # ~ln(512)=6.24
@@ -42,16 +49,22 @@ def test_bench_compile_only_is_the_dry_run_report(capsys, tmp_path, monkeypatch)
     # (rightly) compute in float32, tested in test_compile_cache.py.
     monkeypatch.setattr(flops, "cpu_flags", lambda: ["avx2", "avx512_bf16", "avx512f"])
     shape = ["--config", "tiny", "--mesh", "fsdp=4,data=2", "--set", "model.n_layers=1", "--set", "model.dtype=bfloat16"]
-    assert cli.main(["bench", *shape, "--batch", "8", "--seq", "16", "--compile-only"]) == 0
-    bench = json.loads(capsys.readouterr().out)
+    assert cli.main(["bench", *shape, "--batch", "8", "--seq", "16", "--compile-only", "--no-progress"]) == 0
+    bench, err = capsys.readouterr()
+    bench = json.loads(bench)
+    assert err == ""  # --no-progress: no status line
     assert bench["dtype"] == "bfloat16" and "tokens_per_s" not in bench and bench["compile_s"] > 0
     assert bench["num_params"] == dataclasses.replace(model_preset("tiny"), n_layers=1).num_params()
     # `pretrain --dry-run` sizes the same step through the same function: the same report.
     workdir = tmp_path / "never-created"
     assert cli.main(["pretrain", *shape, "--batch-size", "8", "--seq-len", "16", "--workdir", str(workdir),
                      "--dry-run"]) == 0
-    dry = json.loads(capsys.readouterr().out)
+    dry, err = capsys.readouterr()
+    dry = json.loads(dry)
     assert dry.pop("dry_run") is True and not workdir.exists()
+    # a dry run of 117M on 64 simulated devices was 18 s of silence before its JSON
+    assert err == ("pretrain --dry-run: compiling the train step for 8 x cpu (mesh data=2,fsdp=4,tensor=1), "
+                   "batch 8 x 16 ...\n")
     timings = ("lower_s", "compile_s")
     assert {k: v for k, v in dry.items() if k not in timings} == {k: v for k, v in bench.items() if k not in timings}
     assert dry["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1} and dry["global_batch"] == 8 and dry["seq_len"] == 16
@@ -66,8 +79,8 @@ def test_bench_lr_and_schedule_each_set_one_field(monkeypatch, capsys):
     --help did not say); --schedule constant is its own flag. --batch and --seq are --batch-size and --seq-len."""
     from gpt1_jax import bench
 
-    seen = []
-    monkeypatch.setattr(bench, "run", lambda config, **kw: seen.append(config) or {})
+    seen, options = [], []
+    monkeypatch.setattr(bench, "run", lambda config, **kw: seen.append(config) or options.append(kw) or {})
     tiny = resolve(PretrainConfig, "tiny").optim
     assert cli.main(["bench", "--config", "tiny", "--lr", "1e-4"]) == 0
     assert seen[-1].optim == dataclasses.replace(tiny, lr=1e-4)
@@ -75,6 +88,8 @@ def test_bench_lr_and_schedule_each_set_one_field(monkeypatch, capsys):
     assert seen[-1].optim == dataclasses.replace(tiny, lr=1e-4, schedule="constant")
     assert cli.main(["bench", "--config", "tiny", "--batch", "4", "--seq", "16"]) == 0
     assert (seen[-1].data.global_batch_size, seen[-1].data.seq_len) == (4, 16)
+    assert options[-1]["progress"] is True
+    assert cli.main(["bench", "--config", "tiny", "--no-progress"]) == 0 and options[-1]["progress"] is False
     assert cli.main(["bench", "--config", "tiny", "--schedule", "cosine"]) == 2
     assert "optim.schedule='cosine' is not one of" in capsys.readouterr().err
 

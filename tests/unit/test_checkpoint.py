@@ -44,7 +44,7 @@ def test_digests_catch_changed_missing_and_resized_files(tmp_path):
     (folder / "data" / "metadata").write_text('{"batches": 30}')
     (folder / "state" / "d" / "big").unlink()
     assert integrity.verify(folder) == "data/metadata has 15 bytes, 14 recorded; state/d/big is missing"
-    assert integrity.verify_checkpoints(tmp_path) == [(7, integrity.verify(folder))]
+    assert list(integrity.verify_checkpoints(tmp_path)) == [(7, integrity.verify(folder))]
 
 
 class State(NamedTuple):

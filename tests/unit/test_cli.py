@@ -12,7 +12,7 @@ import os  # noqa: E402
 
 import pytest
 
-from gpt1_jax import cli
+from gpt1_jax import cli, integrity
 from gpt1_jax.config import (OPTIMIZER_NAMES, SECOND_MOMENT_OPTIMIZERS, DataConfig, FinetuneConfig, ModelConfig,
                              OptimConfig, PretrainConfig, check_storage, resolve)
 from gpt1_jax.errors import CheckpointFormatError, DataError, DivergenceError
@@ -378,6 +378,41 @@ def test_a_prompt_that_is_not_utf8_is_one_line(capsys, monkeypatch, tmp_path):
     c_locale = b"th\xc3\xa9".decode("ascii", "surrogateescape")
     assert cli.main(["sample", "--init", str(RELEASE), "--prompt", c_locale, "--max-new-tokens", "2"]) == 0
     assert all(line.startswith("thé >> ") for line in capsys.readouterr().out.splitlines()[1:])
+
+
+def test_sample_says_what_it_generates_before_it_generates(capsys, monkeypatch):
+    """`sample --max-new-tokens 500 --num-samples 4` on 117M was silent for 44 s (one compiled program), and even its
+    header came at the end: the header first, then a status line on stderr; the samples on stdout as before."""
+    from gpt1_jax import generate
+
+    seen = []
+
+    def sample(config, params, prompt_ids, **kw):  # what the user had read when generation began
+        seen.append(capsys.readouterr())
+        return [[]] * kw["num_samples"]
+
+    monkeypatch.setattr(generate, "sample", sample)
+    assert cli.main(["sample", "--init", str(RELEASE), "--max-new-tokens", "7", "--num-samples", "2"]) == 0
+    assert seen[0].out == f"# {RELEASE}, temperature 0.8, top-k 40\n"
+    assert seen[0].err == "sample: generating 7 tokens x 2 samples ...\n"
+    assert capsys.readouterr() == ("the >> \nthe >> \n", "")
+
+
+def test_verify_says_each_checkpoint_as_it_checks_it(tmp_path, capsys, monkeypatch):
+    """verify hashed every checkpoint (seconds each on 117M) before it printed a line; the lines and the exit status
+    are the same."""
+    for step in (3, 6, 9):
+        (tmp_path / "checkpoints" / str(step)).mkdir(parents=True)
+
+    def checkpoint_damage(folder):
+        print(f"hashing {folder.name}")
+        return "state/x differs from its recorded digest" if folder.name == "6" else None
+
+    monkeypatch.setattr(integrity, "verify", checkpoint_damage)
+    assert cli.main(["verify", "--workdir", str(tmp_path)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "hashing 3", "step 3: ok", "hashing 6", "step 6: damaged: state/x differs from its recorded digest",
+        "hashing 9", "step 9: ok", "config.yaml: missing"]
 
 
 def test_convert_overwrite_replaces_a_model_folder_but_never_a_run_or_a_stranger(tmp_path, capsys, monkeypatch):

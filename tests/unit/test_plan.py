@@ -191,3 +191,52 @@ def test_the_analytic_hbm_term_comes_from_the_committed_plans_and_ranks_each_pro
     old = sorted(pods["gpt1-350m__b256__v6e-256"], key=lambda r: (r["analytic_ms (without)"], r["remat"] != "none",
                                                                    int(r["mesh"].split("x")[2])))
     assert min(r["compiled_ms"] for r in old[:2]) > 1.15 * pods["gpt1-350m__b256__v6e-256"][0]["compiled_ms"]
+
+
+def _fake_compile_plan(fits_from: int, tried: list):
+    """plan.compile_plan without a compiler: the `fits_from`-th call (from 1) and those after it fit."""
+    def compile_plan(config, where):
+        tried.append((config.mesh, config.model.remat))
+        mesh = {"data": config.mesh.data, "fsdp": config.mesh.fsdp, "tensor": config.mesh.tensor}
+        return {"fits": len(tried) >= fits_from, "mesh": mesh, "remat": config.model.remat, "peak_bytes_per_chip": 1,
+                "estimate": {"step_s_lower_bound": 1.0}}
+    return compile_plan
+
+
+@pytest.mark.parametrize("fits_from", [1, 6])
+def test_mesh_auto_numbers_its_compiles(monkeypatch, fits_from):
+    """--mesh auto compiled 6 candidates (9-17 s each for small on v5e:2x4) with a line each but no count: each line
+    says which of how many; a candidate that does not fit adds more, and the lines beyond the count say why."""
+    from gpt1_jax.config import PretrainConfig, resolve
+
+    tried, said = [], []
+    monkeypatch.setattr(plan, "compile_plan", _fake_compile_plan(fits_from, tried))
+    plan.auto(resolve(PretrainConfig, "tiny"), plan.target(None), progress=said.append)
+    planned = int(said[0].split()[1].split("/")[1])
+    assert len(said) == len(tried) and (len(tried) == planned) == (fits_from == 1) and planned > 1
+    for n, ((mesh, remat), line) in enumerate(zip(tried, said), 1):
+        assert line == (f"compiling {n}/{max(n, planned)} data={mesh.data},fsdp={mesh.fsdp},tensor={mesh.tensor} "
+                        f"remat={remat}" + (" (an earlier one did not fit)" if n > planned else ""))
+
+
+def test_plan_table_shows_what_each_cell_compiles_as_it_goes(monkeypatch, capsys, tmp_path):
+    """A cell's `gpt1-jax plan` ran with its stderr captured: 20-100 s of silence after the cell's title. Its status
+    lines (and the package's warnings) now come through under the title, its JSON still read from its stdout; its
+    table and libtpu's logging stay out, kept for the error of a cell that fails."""
+    from experiments.scale import plan_table
+
+    child = tmp_path / "child"  # stands in for `python -m gpt1_jax.cli plan ...`
+    child.write_text("#!/bin/sh\necho 'plan: compiling 1/2 data=1,fsdp=4,tensor=4 remat=none' >&2\n"
+                     "echo 'I1129 libtpu noise' >&2\necho 'target  v4:2x2x4' >&2\n"
+                     "echo '{\"fits\": true, \"mesh\": {\"data\": 1}}'\n"
+                     "echo 'plan: compiling 2/2 data=4,fsdp=4,tensor=1 remat=none' >&2\n")
+    child.chmod(0o755)
+    monkeypatch.setattr(plan_table.sys, "executable", str(child))
+    result = plan_table.run_plan("gpt1", 64, "v4-32", "auto", [])
+    assert result["fits"] is True and result["mesh"] == {"data": 1} and result["argv"][:2] == ["gpt1_jax.cli", "plan"]
+    assert capsys.readouterr().err == ("    plan: compiling 1/2 data=1,fsdp=4,tensor=4 remat=none\n"
+                                       "    plan: compiling 2/2 data=4,fsdp=4,tensor=1 remat=none\n")
+    child.write_text("#!/bin/sh\necho 'plan: compiling the train step' >&2\n"
+                     "echo 'gpt1-jax plan: error: short by 2 GB' >&2\nexit 2\n")
+    assert plan_table.run_plan("gpt1", 64, "v4-32", "auto", [])["error"] == "gpt1-jax plan: error: short by 2 GB"
+    assert capsys.readouterr().err == "    plan: compiling the train step\n"  # the error: in the cell's line
