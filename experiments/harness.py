@@ -255,20 +255,56 @@ def _digest(files: tuple[tuple[str, int, int], ...], folder: Path) -> str:
     return h.hexdigest()
 
 
+@dataclasses.dataclass
+class Count:
+    """One count over the runs of a stage that sweeps several times (Table 5: each arm's lr grid, then its seeds;
+    75 runs at the laptop budget): `total`, the runs it plans, and each run's number, given the first time one of
+    its sweeps lists it. A run two sweeps list (the seed-0 run at the chosen lr is in the grid and in the seeds)
+    keeps its one number. The stage adds the runs it decides on the way (an lr grid's extension: `total += 1`)."""
+
+    total: int
+    numbers: dict[Path, int] = dataclasses.field(default_factory=dict)
+
+    def number(self, workdir: Path) -> tuple[int, bool]:
+        """-> (the run's number, whether this is the first time it is listed)."""
+        if workdir in self.numbers:
+            return self.numbers[workdir], False
+        self.numbers[workdir] = len(self.numbers) + 1
+        self.total = max(self.total, len(self.numbers))
+        return self.numbers[workdir], True
+
+    @contextlib.contextmanager
+    def group(self, planned: int) -> Iterator[None]:
+        """A part of the stage planned as `planned` runs (one arm's grid and seeds on one task): the runs it leaves
+        unlisted leave the total too (every lr of its grid failed: no seed to run; a task --tasks leaves out that
+        no record finishes)."""
+        listed, total = len(self.numbers), self.total
+        try:
+            yield
+        finally:
+            added = self.total - total  # its grid's extensions
+            self.total -= planned + added - (len(self.numbers) - listed)
+
+
 def sweep(runs: Iterable[Run], records: Records, summarize: Summarize,
-          on_done: Callable[[Done], None] | None = None) -> list[Done] | None:
+          on_done: Callable[[Done], None] | None = None, count: Count | None = None) -> list[Done] | None:
     """make() for each run in turn, printing where it is -> every run's Done; None when one stopped at a
     checkpoint (the runs after it did not start). `on_done(done)` follows each run that ended, so a sweep stopped
-    midway has kept what finished."""
+    midway has kept what finished. `count`: the stage's count over its sweeps (default: this sweep's own); a run
+    an earlier sweep of it listed is not announced again, unless it starts now (it failed then)."""
     runs, dones = list(runs), []
-    for i, run in enumerate(runs, 1):
-        print(f"[{i}/{len(runs)}] {run.workdir}", file=sys.stderr, flush=True)
-        done = make(run, records, summarize)
+    count = count or Count(len(runs))
+    for run in runs:
+        number, first = count.number(run.workdir)
+        line = f"[{number}/{count.total}] {run.workdir}"
+        if first:
+            print(line, file=sys.stderr, flush=True)
+        done = make(run, records, summarize, announce=None if first else line)
         if done is None:
             return None
         if done.error:
             print(f"    failed: {done.error}", file=sys.stderr)
-        elif not done.seconds:
+        elif first and not done.seconds:
             print("    done before", file=sys.stderr)
         dones.append(done)
         if on_done is not None:

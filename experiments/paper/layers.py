@@ -12,6 +12,7 @@ from pathlib import Path
 
 
 from experiments.glue.common import errors_of
+from experiments.harness import Count
 from experiments.paper.settings import Paper
 from experiments.paper.table5 import best_lr, cell, metric_name, ran_now, run_all, run_of, score
 from gpt1_jax.files import pyplot, save_figure
@@ -24,20 +25,26 @@ def n_layers(paper: Paper) -> int:
 
 def layers_stage(paper: Paper) -> bool | None:
     depth, fresh, curves = n_layers(paper), False, {}
+    # The stage's count: per task, the full arm's lr grid on seed 0, then each k's seeds at the lr it chose (the
+    # run of k = depth and seed 0 is the grid's own)
+    seeds = paper.budget.layer_seeds
+    curve_runs = (depth + 1) * len(seeds) - (paper.budget.seeds[0] in seeds)
+    count = Count((len(paper.budget.lrs) + curve_runs) * len(paper.layer_tasks))
     for task in paper.layer_tasks:
-        if (best := best_lr(paper, "full", task)) is None:
+        if (best := best_lr(paper, "full", task, count)) is None:
             return None
         lr, _, grid = best
         fresh = fresh or ran_now(grid)
         if lr is None:
             curves[task] = {"metric": metric_name(task, grid), "lr": None, "scores": {}, "failed": errors_of(grid)}
+            count.total -= curve_runs  # no lr to run them at
             continue
         # k = depth is the full arm's own run; k < depth keeps k blocks (init_layers)
         runs = {k: [run_of(paper, "full", task, lr, seed) if k == depth else
                     run_of(paper, "full", task, lr, seed, paper.out / "layers" / task / f"k{k}" / f"seed{seed}",
                            init_layers=k)
                     for seed in paper.budget.layer_seeds] for k in range(depth + 1)}
-        dones = run_all(paper, [r for group in runs.values() for r in group], stage="layers")
+        dones = run_all(paper, [r for group in runs.values() for r in group], stage="layers", count=count)
         if dones is None:
             return None
         fresh = fresh or ran_now(dones)

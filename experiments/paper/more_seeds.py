@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import sys
 
+from experiments.harness import Count
 from experiments.paper import stats
 from experiments.paper.settings import Paper
-from experiments.paper.table5 import (baselines, best_lr, cell, intervals, interval_text, ran_now, run_all, run_of,
-                                      run_order, score)
+from experiments.paper.table5 import (baselines, best_lr, cell, intervals, interval_text, planned_runs, ran_now,
+                                      run_all, run_of, run_order, score)
 
 PAIR = ("full", "no_pretrain")
 
@@ -27,17 +28,21 @@ def more_seeds_stage(paper: Paper) -> bool | None:
         print(f"more_seeds: the {paper.budget_name} budget adds no seeds", file=sys.stderr)
         return False
     by_seed: dict[str, dict[str, dict[int, float]]] = {}  # task -> arm -> seed -> score
-    fresh, waiting = False, []
-    for arm, task in [(a, t) for a, t in run_order(paper.tasks) if a in PAIR]:
-        seeds, runs_paper = paper.budget.seeds_of(arm) + paper.budget.more_seeds, paper.for_task(task)
+    fresh, waiting, order = False, [], [(a, t) for a, t in run_order(paper.tasks) if a in PAIR]
+    seeds_of = {arm: paper.budget.seeds_of(arm) + paper.budget.more_seeds for arm in PAIR}
+    count = Count(sum(planned_runs(paper, seeds_of[arm]) for arm, _ in order))
+    for arm, task in order:
+        seeds, runs_paper = seeds_of[arm], paper.for_task(task)
         try:
-            # Table 5's own choice, from its seed-0 grid (the kept records; a grid run missing is made, as there)
-            if (best := best_lr(runs_paper, arm, task)) is None:
-                write(paper, by_seed)
-                return None
-            if (lr := best[0]) is None:  # every run of its grid failed: no seed to add
-                continue
-            dones = run_all(runs_paper, [run_of(paper, arm, task, lr, s) for s in seeds], stage="more_seeds")
+            with count.group(planned_runs(paper, seeds)):
+                # Table 5's own choice, from its seed-0 grid (the kept records; a grid run missing is made, as there)
+                if (best := best_lr(runs_paper, arm, task, count)) is None:
+                    write(paper, by_seed)
+                    return None
+                if (lr := best[0]) is None:  # every run of its grid failed: no seed to add
+                    continue
+                dones = run_all(runs_paper, [run_of(paper, arm, task, lr, s) for s in seeds], stage="more_seeds",
+                                count=count)
         except FileNotFoundError:
             if not paper.left_out(task):
                 raise

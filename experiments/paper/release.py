@@ -186,9 +186,12 @@ def novel_text(paper: Paper) -> tuple[Path, int]:
 def novel_perplexity(paper: Paper, run: PretrainConfig, params) -> dict:
     """`gpt1-jax evaluate --init RELEASE --data OUT/race_dev_passages.txt`: every window of the pre-training's
     length (`run`, with the released model), in the release's tokenizer -> evaluate's dict, plus the passage
-    count."""
+    count. Said first: evaluate's bar starts only once the passages are read and tokenized."""
+    print("release: measuring the model card's perplexity on novel text (RACE's dev passages)", file=sys.stderr,
+          flush=True)
     path, passages = novel_text(paper)
-    result = evaluate(run, params, run=None, data=str(path), tokenizer=str(paper.release_dir / "tokenizer.json"))
+    result = evaluate(run, params, run=None, data=str(path), tokenizer=str(paper.release_dir / "tokenizer.json"),
+                      progress=True)
     return {**result, "documents": passages}
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from experiments.glue.common import ablation, errors_of
 from experiments import lr_grid
-from experiments.harness import Done, Run, finetune_record, sweep
+from experiments.harness import Count, Done, Run, finetune_record, sweep
 from experiments.paper import stats
 from experiments.paper.settings import ARMS, Paper, TASKS
 from gpt1_jax.data.glue import glue_task, load_split
@@ -57,14 +57,15 @@ def run_of(paper: Paper, arm: str, task: str, lr: float, seed: int, workdir: Pat
     return Run(config, workdir, init, paper.data_dir, paper.tfds_dir)
 
 
-def run_all(paper: Paper, runs: list[Run], stage: str = "table5") -> list[Done] | None:
+def run_all(paper: Paper, runs: list[Run], stage: str = "table5", count: Count | None = None) -> list[Done] | None:
     """Each run's Done (made now, or found here or in a kept record), adding each one's wall-clock to `stage` as
-    it finishes (a stage spanning sessions keeps its time); None when one stopped at a checkpoint (SIGTERM)."""
+    it finishes (a stage spanning sessions keeps its time); None when one stopped at a checkpoint (SIGTERM).
+    `count`: the stage's count its runs are numbered in (harness.Count; default: these runs alone)."""
     def keep(done: Done) -> None:
         if done.record and done.seconds:
             paper.add_time(stage, done.seconds)
 
-    return sweep(runs, paper.records, finetune_record, on_done=keep)
+    return sweep(runs, paper.records, finetune_record, on_done=keep, count=count)
 
 
 def ran_now(dones: list[Done]) -> bool:
@@ -80,20 +81,23 @@ def selection_score(paper: Paper, done: Done) -> float | None:
     return 100.0 * value if value is not None and math.isfinite(value) else 0.0
 
 
-def best_lr(paper: Paper, arm: str, task: str) -> tuple[float | None, list[float], list[Done]] | None:
+def best_lr(paper: Paper, arm: str, task: str,
+            count: Count | None = None) -> tuple[float | None, list[float], list[Done]] | None:
     """-> (the lr best for `arm` on `task` by seed 0's selection score (None: every run failed), the lrs tried,
     sorted, and their seed-0 runs); None when a run stopped at a checkpoint. The budget's grid first, then one
     more lr at a time (experiments/lr_grid.py) while the best has no worse neighbour on one side, at most
-    `max_extensions` of them."""
+    `max_extensions` of them. `count`: the stage's (run_all), which counts each extension."""
     lrs, seed = list(paper.budget.lrs), paper.budget.seeds[0]
-    grid = run_all(paper, [run_of(paper, arm, task, lr, seed) for lr in lrs])
+    count = count or Count(len(lrs))  # the grid and its extensions, one count
+    grid = run_all(paper, [run_of(paper, arm, task, lr, seed) for lr in lrs], count=count)
     while grid is not None:
         chosen = {lr: s for lr, done in zip(lrs, grid) if (s := selection_score(paper, done)) is not None}
         more = lr_grid.bracket_gap({lr: -chosen[lr] if lr in chosen else None for lr in lrs})
         if more is None or len(lrs) - len(paper.budget.lrs) >= paper.budget.max_extensions:
             break
         lrs.append(more)
-        added = run_all(paper, [run_of(paper, arm, task, more, seed)])
+        count.total += 1
+        added = run_all(paper, [run_of(paper, arm, task, more, seed)], count=count)
         grid = None if added is None else grid + added
     if grid is None:
         return None
@@ -134,14 +138,21 @@ def run_order(tasks: tuple[str, ...]) -> list[tuple[str, str]]:
     return [(arm, task) for group in ARM_GROUPS for task in ranked for arm in group]
 
 
-def arm_runs(paper: Paper, arm: str, task: str) -> tuple[float | None, list[float], list[Done], list[Done]] | None:
+def planned_runs(paper: Paper, seeds: tuple[int, ...]) -> int:
+    """The runs one arm plans on one task: its lr grid on seed 0, then `seeds` at the lr it chooses, where seed 0's
+    run is the grid's (no extension counted: whether the grid grows is learnt as it runs)."""
+    return len(paper.budget.lrs) + len(set(seeds) - {paper.budget.seeds[0]})
+
+
+def arm_runs(paper: Paper, arm: str, task: str,
+             count: Count | None = None) -> tuple[float | None, list[float], list[Done], list[Done]] | None:
     """-> (the lr chosen, the lrs tried, their seed-0 runs, the runs of every seed at the chosen lr), running
-    what no record holds yet; None when a run stopped at a checkpoint."""
-    if (best := best_lr(paper, arm, task)) is None:
+    what no record holds yet; None when a run stopped at a checkpoint. `count`: the stage's (run_all)."""
+    if (best := best_lr(paper, arm, task, count)) is None:
         return None
     lr, lrs, grid = best
     seeds = paper.budget.seeds_of(arm) if lr is not None else ()  # every grid run failed: nothing to repeat
-    runs = run_all(paper, [run_of(paper, arm, task, lr, seed) for seed in seeds])
+    runs = run_all(paper, [run_of(paper, arm, task, lr, seed) for seed in seeds], count=count)
     return None if runs is None else (lr, lrs, grid, runs)
 
 
@@ -153,10 +164,12 @@ def table5_stage(paper: Paper) -> bool | None:
     left out (`Paper.train_tasks`) fills its cells from the kept records; one not finished there leaves its cells
     empty and the table in progress, and the stage -> whether any run ran now."""
     done, order, waiting = {}, run_order(paper.tasks), []
+    count = Count(sum(planned_runs(paper, paper.budget.seeds_of(arm)) for arm, _ in order))
     for arm, task in order:
         try:
-            with unwrapped_interrupts():  # a Ctrl-C that JAX's C++ wrapped in another error still writes the cells
-                cell_runs = arm_runs(paper.for_task(task), arm, task)
+            # a Ctrl-C that JAX's C++ wrapped in another error still writes the cells
+            with unwrapped_interrupts(), count.group(planned_runs(paper, paper.budget.seeds_of(arm))):
+                cell_runs = arm_runs(paper.for_task(task), arm, task, count)
         except FileNotFoundError:
             if not paper.left_out(task):
                 raise

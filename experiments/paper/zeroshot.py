@@ -31,6 +31,7 @@ from gpt1_jax.data.tasks import bucket_len, subset
 from gpt1_jax.data.tokens import eod_id
 from gpt1_jax.files import pyplot, save_figure
 from gpt1_jax.generate import init_cache
+from gpt1_jax.metrics import Bar
 from gpt1_jax.model import GPT1
 from gpt1_jax.tokenizer import find_tokenizer
 from gpt1_jax.weights import load_pretrained
@@ -197,6 +198,29 @@ def load_sets(paper: Paper) -> dict[str, list[dict]]:
     return {name: [examples[i] for i in subset(len(examples), n[name], 0)] for name, examples in sets.items()}
 
 
+CURVES = ("sst2", "cola", "race")  # zeroshot.json's scores of each step, in the order they are scored
+
+
+def score_step(config, params, tok, sets: dict[str, list[dict]], bar: Bar) -> dict[str, float]:
+    """One checkpoint's score on each curve's set, shown on `bar` as each one finishes."""
+    scorers = {"sst2": lambda: sst2_accuracy(config, params, tok, sets["sst2"]),
+               "cola": lambda: cola_mcc(config, params, tok, sets["cola_train"], sets["cola"]),
+               "race": lambda: race_accuracy(config, params, tok, sets["race"])}
+    scores = {}
+    for name in CURVES:
+        bar.set_postfix_str(scores_text(scores, scoring=name))
+        scores[name] = scorers[name]()
+        bar.update()
+    bar.set_postfix_str(scores_text(scores))
+    return scores
+
+
+def scores_text(scores: dict[str, float], scoring: str | None = None) -> str:
+    """The scores as "sst2 51.2  cola 3.0", then "race ..." while `scoring` is that set."""
+    shown = [f"{name} {value:.1f}" for name, value in scores.items()]
+    return "  ".join(shown + ([f"{scoring} ..."] if scoring else []))
+
+
 def kept_steps(paper: Paper) -> list[int]:
     """The run's checkpoints of the curve: the recipe's keep_steps and its last step (orbax names each folder by its
     step; unfinished saves carry a suffix). The newest periodic checkpoints, there only until the next ones, are
@@ -264,16 +288,17 @@ def zeroshot_stage(paper: Paper) -> bool:
             reference = {"n": {k: len(v) for k, v in sets.items()}, "baseline": baselines(sets)}
             if steps:
                 save()
-    for step in todo:
-        config, params = load_pretrained(paper.pretrain_dir, step=step)
-        tok = find_tokenizer(None, paper.pretrain_dir, model_vocab_size=config.vocab_size)
-        steps[str(step)] = {
-            "sst2": sst2_accuracy(config, params, tok, sets["sst2"]),
-            "cola": cola_mcc(config, params, tok, sets["cola_train"], sets["cola"]),
-            "race": race_accuracy(config, params, tok, sets["race"]),
-        }
-        print(f"zeroshot: step {step}: " + "  ".join(f"{k} {v:.1f}" for k, v in steps[str(step)].items()), file=sys.stderr)
-        save()
+    # ~45 s a checkpoint at the laptop budget: a bar over every set of every checkpoint, each score shown as it comes
+    with Bar(total=len(CURVES) * len(todo), desc="zeroshot", unit="set", file=sys.stderr, dynamic_ncols=True,
+             disable=not todo or jax.process_index() != 0) as bar:
+        for step in todo:
+            bar.set_postfix_str("", refresh=False)  # the last step's scores are not this one's
+            bar.set_description(f"zeroshot step {step}")
+            config, params = load_pretrained(paper.pretrain_dir, step=step)
+            tok = find_tokenizer(None, paper.pretrain_dir, model_vocab_size=config.vocab_size)
+            steps[str(step)] = score_step(config, params, tok, sets, bar)
+            bar.write(f"zeroshot: step {step}: " + scores_text(steps[str(step)]), file=sys.stderr)
+            save()
     if not steps:
         raise FileNotFoundError(f"{paper.pretrain_dir}/checkpoints: no checkpoint to evaluate")
     plot(paper.load_json("zeroshot.json"), paper.results_dir / "zeroshot.png")

@@ -7,6 +7,7 @@ checked directly."""
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -63,6 +64,15 @@ def quick(tmp_path_factory, glue_dir):
     # --cpu-devices: pre-training and the fine-tuning runs all train over both
     assert "over 2 devices" in done.stderr and "mesh {'data': 2," in done.stderr and "'data': 1," not in done.stderr
     assert {name: _snapshot(PAPER / name) for name in committed} == committed  # --quick never writes there
+    # what the user sees: a line before the release's perplexity on novel text, each zero-shot checkpoint's line, and
+    # one count over each stage's runs, each run announced once (Table 5's seed-0 run is in its grid and its seeds)
+    stages = {part.split("\n", 1)[0]: part for part in re.split(r"^== ", done.stderr, flags=re.M)[1:]}
+    assert "release: measuring the model card's perplexity on novel text" in stages["release"]
+    assert "zeroshot: step 20: sst2 " in stages["zeroshot"] and "| 9/9 [" in stages["zeroshot"]
+    counts = {name: re.findall(r"^\[(\d+)/(\d+)\] ", stages[name], re.M) for name in ("table5", "layers", "diagnosis")}
+    assert counts == {"table5": [("1", "3"), ("2", "3"), ("3", "3")], "layers": [("1", "3"), ("2", "3"), ("3", "3")],
+                      "diagnosis": [("1", "2"), ("2", "2")]}
+    assert stages["layers"].count("done before") == 1  # the full arm's grid run, made by Table 5
     return out, argv
 
 

@@ -54,6 +54,33 @@ def test_a_record_marks_a_run_done_and_the_kept_copy_restores_it(tmp_path, monke
     assert sorted(r["seed"] for r in records.finished()) == [0, 1]  # once each, though found twice
 
 
+def test_a_stages_sweeps_share_one_count_and_a_run_is_announced_once(tmp_path, monkeypatch, capsys):
+    """Table 5 sweeps each arm's lr grid, then its seeds at the chosen lr (seed 0's run in both): every sweep's runs
+    were headed [1/n] of that sweep alone ("[1/1]" for each grid extension), and the seed-0 run was announced again
+    as "done before" right after it ran. One count over the stage's runs, each numbered once; "done before" only
+    for a run an earlier session finished; the total drops the runs a part of the stage does not list."""
+    monkeypatch.setattr(gpt1_jax.finetune, "run", lambda config, workdir, **k: Outcome("finished", 3))
+    records = harness.Records(tmp_path / "out")
+    runs = _runs(tmp_path / "out", 4)
+    records.save(runs[3].workdir, {"seed": 3})  # an earlier session's
+    count = harness.Count(6)
+    with count.group(3):
+        assert [d.seconds > 0 for d in harness.sweep(runs[:2], records, _record, count=count)] == [True, True]
+        assert len(harness.sweep([runs[0]], records, _record, count=count)) == 1  # listed again: found, not announced
+    assert count.total == 5  # that part planned one run more than it listed
+    harness.sweep(runs[2:], records, _record, count=count)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [f"[1/6] {runs[0].workdir}", f"[2/6] {runs[1].workdir}", f"[3/5] {runs[2].workdir}",
+                     f"[4/5] {runs[3].workdir}", "    done before"]
+
+    (runs[0].workdir / "record.json").unlink()  # a run listed again that has no record (it failed) is announced
+    harness.sweep([runs[0]], records, _record, count=count)
+    assert capsys.readouterr().err.splitlines() == [f"[1/5] {runs[0].workdir}"]
+    harness.sweep(runs[:2], records, _record)  # no count: the sweep's own
+    assert capsys.readouterr().err.splitlines() == [f"[1/2] {runs[0].workdir}", "    done before",
+                                                    f"[2/2] {runs[1].workdir}", "    done before"]
+
+
 def test_a_rebuild_trains_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(gpt1_jax.finetune, "run", lambda *a, **k: pytest.fail("a rebuild started a run"))
     with pytest.raises(FileNotFoundError, match="no kept record for .*seed0: a rebuild trains nothing"):

@@ -86,6 +86,60 @@ def test_a_finished_pipelines_zero_shot_curve_needs_no_checkpoints(tmp_path, cap
     assert "no pre-training checkpoints for the zeroshot stage" in capsys.readouterr().err
 
 
+def test_zero_shot_shows_each_sets_score_as_it_finishes(tmp_path, monkeypatch, capsys):
+    """The zeroshot stage printed a checkpoint's line only once its three sets were scored (~45 s a checkpoint at the
+    laptop budget, 9 of them): a bar over every set of every checkpoint now shows each score as it comes, and the
+    line per checkpoint stays."""
+    from experiments.paper import zeroshot
+
+    paper = _paper("quick", tmp_path)
+    (paper.pretrain_dir / "checkpoints").mkdir(parents=True)
+    labelled = [{"label": i % 2} for i in range(4)]
+    monkeypatch.setattr(zeroshot, "kept_steps", lambda paper: [5, 10])
+    monkeypatch.setattr(zeroshot, "load_sets", lambda paper: dict.fromkeys(("sst2", "cola_train", "cola", "race"),
+                                                                           labelled))
+    monkeypatch.setattr(zeroshot, "load_pretrained", lambda workdir, step: (types.SimpleNamespace(vocab_size=8), step))
+    monkeypatch.setattr(zeroshot, "find_tokenizer", lambda *a, **k: None)
+    monkeypatch.setattr(zeroshot, "plot", lambda zs, out: None)
+    shown = []
+
+    def race(config, step, tok, examples):  # what the bar shows while the last set is scored
+        shown.append(capsys.readouterr().err.rsplit("\r", 1)[-1])
+        return 25.0
+
+    monkeypatch.setattr(zeroshot, "sst2_accuracy", lambda config, step, tok, examples: 50.0 + step)
+    monkeypatch.setattr(zeroshot, "cola_mcc", lambda config, step, tok, train, dev: 1.0)
+    monkeypatch.setattr(zeroshot, "race_accuracy", race)
+    assert zeroshot.zeroshot_stage(paper) is True
+    assert shown[0].startswith("zeroshot step 5:  33%") and "| 2/6 [" in shown[0]
+    assert "sst2 55.0  cola 1.0  race ...]" in shown[0]  # tqdm pads a line shorter than the last
+    assert shown[1].startswith("zeroshot step 10:  83%") and "| 5/6 [" in shown[1]
+    assert "sst2 60.0  cola 1.0  race ...]" in shown[1]
+    err = capsys.readouterr().err
+    assert "zeroshot: step 10: sst2 60.0  cola 1.0  race 25.0\n" in err and "| 6/6 [" in err
+    assert json.loads((paper.results_dir / "zeroshot.json").read_text())["steps"]["5"] == {
+        "sst2": 55.0, "cola": 1.0, "race": 25.0}
+
+
+def test_the_release_says_it_measures_novel_text_and_shows_the_evaluation(tmp_path, monkeypatch, capsys):
+    """The release stage ran the model card's perplexity on RACE's dev passages (34 s at the laptop budget) in
+    silence: a line first, then evaluate's own bar."""
+    from experiments.paper import release
+
+    paper = dataclasses.replace(_paper("quick", tmp_path), race=str(tmp_path / "race.tar.gz"))
+    monkeypatch.setattr(release, "load_race", lambda race, split: [{"article": "a passage"}, {"article": "another"}])
+    asked = {}
+
+    def evaluate(config, params, **kwargs):
+        asked.update(kwargs, said=capsys.readouterr().err)
+        return {"loss": 1.0, "perplexity": 2.7, "tokens": 4, "seq_len": 2}
+
+    monkeypatch.setattr(release, "evaluate", evaluate)
+    assert release.novel_perplexity(paper, None, None)["documents"] == 2
+    assert asked["progress"] is True
+    assert asked["said"] == "release: measuring the model card's perplexity on novel text (RACE's dev passages)\n"
+
+
 def test_a_stage_spanning_sessions_counts_the_time_of_each(tmp_path, monkeypatch):
     # The 4-epoch pre-training spans sessions, each ended by SIGTERM at a checkpoint: all of them are its time.
     sessions = iter([None, None, True])  # stopped, stopped, finished
@@ -174,7 +228,7 @@ def test_full_sets_lr_is_chosen_on_the_held_out_slice_and_its_grid_grows_until_b
     dev = {1e-4: 0.90, 3e-4: 0.50, 1e-3: 0.50, 3e-3: 0.50, 1e-2: 0.50}  # dev would pick 1e-4
     asked = []
 
-    def fake_runs(paper, runs, stage="table5"):
+    def fake_runs(paper, runs, stage="table5", count=None):
         lrs = [r.config.optim.lr for r in runs]
         asked.append(lrs)
         assert all(r.config.holdout_fraction == paper.budget.holdout_fraction for r in runs)
@@ -214,7 +268,7 @@ def test_a_stopped_table5_writes_the_cells_it_finished_marked_in_progress(tmp_pa
     paper.save_json("baselines.json", {"sst2": 50.9, "cola": 0.0})
     holdout = {1e-4: 0.6, 3e-4: 0.7, 1e-3: 0.65}  # bracketed at 3e-4: no extension
 
-    def fake_runs(paper, runs, stage="table5"):
+    def fake_runs(paper, runs, stage="table5", count=None):
         if any(r.workdir.parts[-3] == "sst2" for r in runs):  # the dearest task comes last: stop there
             if stop == "between_runs":
                 raise KeyboardInterrupt
@@ -262,9 +316,9 @@ def test_tasks_on_a_committed_pipeline_trains_those_and_keeps_every_task_in_its_
         return {"main_metric": "accuracy", "metrics": {"accuracy": (60 + gain + r.config.seed) / 100},
                 "holdout": {"accuracy": holdout[r.config.optim.lr]}}
 
-    def runs_or_records(paper, runs, stage="table5"):
+    def runs_or_records(paper, runs, stage="table5", count=None):
         if not paper.train:  # a task left out: the real lookup, records only
-            return real_run_all(paper, runs, stage)
+            return real_run_all(paper, runs, stage, count)
         new = [r for r in runs if r.workdir not in trained]
         trained.extend(r.workdir for r in new)
         return [Done(r, record(r), seconds=1.0 if r in new else 0.0) for r in runs]
@@ -289,6 +343,30 @@ def test_tasks_on_a_committed_pipeline_trains_those_and_keeps_every_task_in_its_
     assert set(table) == {"sst2", "cola"} and table["cola"]["full"] == [70.0, 71.0, 72.0, 73.0, 74.0]
 
 
+def test_table5_counts_its_runs_over_the_stage_and_announces_each_once(tmp_path, monkeypatch, capsys):
+    """Table 5 at the laptop budget sweeps each arm's lr grid, then its seeds: 5 runs an arm on a task, 75 in all.
+    Each sweep was headed [1/3] or [1/2] of its own runs, and the seed-0 run at the chosen lr, run in the grid, was
+    announced again as "[1/3] ... done before" at once. One count over the stage; a rerun says "done before" of
+    each run, once."""
+    import gpt1_jax.finetune
+    from gpt1_jax.loop import Outcome
+
+    paper = _paper("laptop", tmp_path)
+    paper.save_json("baselines.json", {"sst2": 50.9})
+    dev = {1e-4: 0.6, 3e-4: 0.8, 1e-3: 0.7}
+    monkeypatch.setattr(gpt1_jax.finetune, "run", lambda config, workdir, **k: Outcome("finished", 3, results={
+        "main_metric": "accuracy", "metrics": {"accuracy": dev[config.optim.lr] + config.seed / 100}}))
+    planned = [w for arm in ("full", "no_pretrain", "no_aux_lm")
+               for w in [(arm, lr, 0) for lr in dev] + [(arm, 3e-4, 1), (arm, 3e-4, 2)]]
+    workdirs = [tmp_path / "table5" / arm / "sst2" / f"lr{lr:g}" / f"seed{seed}" for arm, lr, seed in planned]
+    assert table5.table5_stage(paper) is True
+    heads = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
+    assert heads == [f"[{i}/15] {w}" for i, w in enumerate(workdirs, 1)]
+    assert table5.table5_stage(paper) is False
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if line.startswith("[")] == heads and err.count("    done before") == 15
+
+
 def test_more_seeds_extend_the_pairs_and_report_them_beside_the_planned_seeds(tmp_path, monkeypatch):
     """Seeds added to full and no_pretrain after Table 5 was read run at Table 5's chosen lrs, reuse the
     planned seeds' runs, and are reported apart: the gain over the planned seeds (Table 5's own) and over
@@ -307,7 +385,7 @@ def test_more_seeds_extend_the_pairs_and_report_them_beside_the_planned_seeds(tm
     gain = {"cola": lambda s: (-1) ** s, "sst2": lambda s: s + 1.0}
     asked = []
 
-    def fake_runs(paper, runs, stage="table5"):
+    def fake_runs(paper, runs, stage="table5", count=None):
         grid = stage == "table5"  # best_lr's seed-0 grid; the seeds themselves count as more_seeds' time
         assert grid or (stage == "more_seeds" and {r.config.optim.lr for r in runs} == {3e-4})
         if not grid:
