@@ -123,6 +123,16 @@ def runtime_change(saved: PretrainConfig, now: PretrainConfig, step: int) -> str
             "with them, and config.yaml records them")
 
 
+def unapplied(saved: PretrainConfig | None, now: PretrainConfig) -> str:
+    """A finished run given other settings (`--set optim.lr=6e-4`, `--mesh`) trains nothing with them: said, where
+    they were dropped without a word."""
+    if saved is None:
+        return ""
+    old, new = flat_fields(to_dict(saved)), flat_fields(to_dict(now))
+    differ = [k for k in sorted(set(new) | set(old)) if new.get(k) != old.get(k)]
+    return f" (not applied: {shown_changes(differ, old, new)}; a new --workdir trains with them)" if differ else ""
+
+
 def schedule_change(saved: OptimConfig, now: OptimConfig, step: int) -> str | None:
     """What a resume at `step` does to the learning rate when the schedule's settings changed (a larger --steps
     stretches a cosine over the new span): said, since the lr then jumps (x100 resuming a finished 30-step run
@@ -143,7 +153,8 @@ def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, train
     """`saved`: the run's config.yaml as it was before this session (None for a new run)."""
     begin = resume_step(ckpt, config.model)
     if begin >= config.steps:
-        print(f"{workdir}: already trained to step {begin} of {config.steps}; nothing to do", file=sys.stderr)
+        print(f"{workdir}: already trained to step {begin} of {config.steps}; nothing to do{unapplied(saved, config)}",
+              file=sys.stderr)
         if is_main and not (workdir / "loss.png").is_file():  # a run killed between its last save and its plot
             print(f"loss curve: {plot_losses(workdir)}", file=sys.stderr)
         return Outcome("finished", begin)

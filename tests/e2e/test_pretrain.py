@@ -78,7 +78,12 @@ def test_run_writes_everything_and_learns(reference):
 def test_rerun_of_a_finished_run_changes_nothing(reference, cache):
     before = (reference / "metrics.jsonl").read_text()
     done = run(tiny(reference, cache))
-    assert done.returncode == 0 and "nothing to do" in done.stderr
+    assert done.returncode == 0 and "nothing to do" in done.stderr and "not applied" not in done.stderr
+    assert (reference / "metrics.jsonl").read_text() == before
+    # settings given to a finished run were dropped without a word (the README's bf16 line, after its demo)
+    done = run(tiny(reference, cache, "--set", "optim.lr=6e-4"))
+    assert done.returncode == 0 and (f"{reference}: already trained to step 12 of 12; nothing to do (not applied: "
+                                     "optim.lr=0.003 there, 0.0006 now; a new --workdir trains with them)") in done.stderr
     assert (reference / "metrics.jsonl").read_text() == before
 
 
