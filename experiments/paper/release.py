@@ -236,8 +236,11 @@ def model_card(paper: Paper, config, run: PretrainConfig, info: dict, step: int,
     train_tokens = info["tokens"] * info["train_windows"] / max(info["windows"], 1)
     corpus = Path(str(info["source"])).name
     release = shown(paper.release_dir)
+    # the stages that make this folder, with what they read: the whole pipeline's command needs --data-dir too
+    inputs = [f"--{flag} {shown(value)}" for flag, value in (("corpus", info["source"]), ("race", paper.race),
+                                                             ("out", None if paper.committed else paper.out)) if value]
     command = (f"python -m experiments.paper.run --pretrain-config {shown(paper.pretrain_config)} --budget "
-               f"{paper.budget_name} --corpus {shown(info['source'])}")
+               f"{paper.budget_name} {' '.join(inputs)} --stages pretrain,release")
     ppl = (f"validation loss {val['val_loss']:.3f} nats/token, perplexity {val['val_ppl']:.1f} (step {val['step']}, "
            f"{f'{run.eval_batches} batches' if run.eval_batches else 'every window'} of the held-out "
            f"{run.data.val_fraction:.0%} of windows)") if val else "not evaluated"

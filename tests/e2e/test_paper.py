@@ -121,6 +121,8 @@ def test_release_is_a_hf_folder_that_sample_reads(quick):
     assert "pretrain_step: 20" in card and f"exported from commit\n{head[:12]}" in card  # the card is exact:
     assert "20 updates of 8 x 64 tokens = 10,240 tokens seen" in card and "that saw 0.0M tokens" in card
     assert "--budget quick --corpus default" in card and "Python Software Foundation License" in card
+    # a command that runs as written (the card's said "the zeroshot stage needs --race"): the stages that made it
+    assert "--race " in card and f"--out {out} --stages pretrain,release" in card
     done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "sample", "--init", str(release), "--prompt", "the",
                            "--max-new-tokens", "3", "--num-samples", "1"], capture_output=True, text=True, env=ENV,
                           cwd=ROOT)
