@@ -291,20 +291,22 @@ def sweep(runs: Iterable[Run], records: Records, summarize: Summarize,
     """make() for each run in turn, printing where it is -> every run's Done; None when one stopped at a
     checkpoint (the runs after it did not start). `on_done(done)` follows each run that ended, so a sweep stopped
     midway has kept what finished. `count`: the stage's count over its sweeps (default: this sweep's own); a run
-    an earlier sweep of it listed is not announced again, unless it starts now (it failed then)."""
+    an earlier sweep of it listed is not announced again, unless it starts now (it failed then). Process 0 speaks
+    for a multi-process job, as gpt1-jax's verbs do (each line came once per process)."""
     runs, dones = list(runs), []
     count = count or Count(len(runs))
+    speaks = not distributed.is_multi_process() or jax.process_index() == 0
     for run in runs:
         number, first = count.number(run.workdir)
         line = f"[{number}/{count.total}] {run.workdir}"
-        if first:
+        if first and speaks:
             print(line, file=sys.stderr, flush=True)
-        done = make(run, records, summarize, announce=None if first else line)
+        done = make(run, records, summarize, announce=None if first or not speaks else line)
         if done is None:
             return None
-        if done.error:
+        if done.error and speaks:
             print(f"    failed: {done.error}", file=sys.stderr)
-        elif first and not done.seconds:
+        elif first and not done.seconds and speaks:
             print("    done before", file=sys.stderr)
         dones.append(done)
         if on_done is not None:

@@ -79,6 +79,11 @@ def test_a_stages_sweeps_share_one_count_and_a_run_is_announced_once(tmp_path, m
     harness.sweep(runs[:2], records, _record)  # no count: the sweep's own
     assert capsys.readouterr().err.splitlines() == [f"[1/2] {runs[0].workdir}", "    done before",
                                                     f"[2/2] {runs[1].workdir}", "    done before"]
+    # a multi-process job's other processes: each of these lines came once per process ([p0] and [p1] in its log)
+    monkeypatch.setattr(harness.distributed, "is_multi_process", lambda: True)
+    monkeypatch.setattr(harness.jax, "process_index", lambda: 1)
+    (runs[0].workdir / "record.json").unlink()
+    assert len(harness.sweep(runs[:2], records, _record)) == 2 and capsys.readouterr().err == ""
 
 
 def test_a_rebuild_trains_nothing(tmp_path, monkeypatch):
