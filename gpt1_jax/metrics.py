@@ -89,6 +89,16 @@ def read_metrics(workdir: str | Path) -> list[dict]:
     return _records(path) if path.exists() else []
 
 
+def redraw_interval(stream) -> float:
+    """Seconds between a bar's redraws: a terminal redraws one line; a file or pipe (a scheduler's log, the launcher's
+    prefixed lines) keeps every frame, two a second, ~20 MB a day of a long run: one every 10 s there. What the bar
+    says between steps (compiling, evaluating) is drawn at once either way."""
+    try:
+        return 0.5 if stream.isatty() else 10.0
+    except (AttributeError, ValueError):  # no such method, or a closed stream
+        return 10.0
+
+
 class Progress:
     """A progress bar with step, loss, tokens/s and MFU; tqdm supplies the ETA. Silent off process 0.
     `speaks`: whether `warn` prints (process 0's, with or without the bar: --no-progress turns off the bar and
@@ -98,7 +108,7 @@ class Progress:
     def __init__(self, total: int, initial: int, *, enabled: bool = True, desc: str = "train",
                  speaks: bool | None = None):
         self.bar = Bar(total=total, initial=initial, desc=desc, unit="step", disable=not enabled,
-                       dynamic_ncols=True, file=sys.stderr, mininterval=0.5)
+                       dynamic_ncols=True, file=sys.stderr, mininterval=redraw_interval(sys.stderr))
         self.speaks = enabled if speaks is None else speaks
         self.last = time.perf_counter()
         self._paused = False

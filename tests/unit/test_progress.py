@@ -73,3 +73,17 @@ def test_without_a_bar_a_pause_says_nothing(capsys):
     progress.update(1, loss=2.5)
     progress.close()
     assert ran == [1] and capsys.readouterr().err == ""
+
+
+def test_a_log_file_gets_a_frame_every_ten_seconds_and_a_terminal_two_a_second(tmp_path):
+    """A scheduler's log (or the launcher's prefixed lines) kept every frame, two a second: ~20 MB a day of a long
+    run. A real terminal (a pty) still redraws twice a second."""
+    import os
+
+    from gpt1_jax.metrics import redraw_interval
+
+    leader, follower = os.openpty()
+    with os.fdopen(follower, "w") as terminal, open(tmp_path / "log", "w") as log:
+        assert (redraw_interval(terminal), redraw_interval(log)) == (0.5, 10.0)
+    os.close(leader)
+    assert redraw_interval(terminal) == 10.0  # a closed stream
