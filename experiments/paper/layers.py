@@ -29,22 +29,23 @@ def layers_stage(paper: Paper) -> bool | None:
     # run of k = depth and seed 0 is the grid's own)
     seeds = paper.budget.layer_seeds
     curve_runs = (depth + 1) * len(seeds) - (paper.budget.seeds[0] in seeds)
-    count = Count((len(paper.budget.lrs) + curve_runs) * len(paper.layer_tasks))
+    planned = len(paper.budget.lrs) + curve_runs
+    count = Count(planned * len(paper.layer_tasks))
     for task in paper.layer_tasks:
-        if (best := best_lr(paper, "full", task, count)) is None:
-            return None
-        lr, _, grid = best
-        fresh = fresh or ran_now(grid)
-        if lr is None:
-            curves[task] = {"metric": metric_name(task, grid), "lr": None, "scores": {}, "failed": errors_of(grid)}
-            count.total -= curve_runs  # no lr to run them at
-            continue
-        # k = depth is the full arm's own run; k < depth keeps k blocks (init_layers)
-        runs = {k: [run_of(paper, "full", task, lr, seed) if k == depth else
-                    run_of(paper, "full", task, lr, seed, paper.out / "layers" / task / f"k{k}" / f"seed{seed}",
-                           init_layers=k)
-                    for seed in paper.budget.layer_seeds] for k in range(depth + 1)}
-        dones = run_all(paper, [r for group in runs.values() for r in group], stage="layers", count=count)
+        with count.group(planned):  # a task whose every lr failed lists no curve runs: they leave the total
+            if (best := best_lr(paper, "full", task, count)) is None:
+                return None
+            lr, _, grid = best
+            fresh = fresh or ran_now(grid)
+            if lr is None:
+                curves[task] = {"metric": metric_name(task, grid), "lr": None, "scores": {}, "failed": errors_of(grid)}
+                continue
+            # k = depth is the full arm's own run; k < depth keeps k blocks (init_layers)
+            runs = {k: [run_of(paper, "full", task, lr, seed) if k == depth else
+                        run_of(paper, "full", task, lr, seed, paper.out / "layers" / task / f"k{k}" / f"seed{seed}",
+                               init_layers=k)
+                        for seed in paper.budget.layer_seeds] for k in range(depth + 1)}
+            dones = run_all(paper, [r for group in runs.values() for r in group], stage="layers", count=count)
         if dones is None:
             return None
         fresh = fresh or ran_now(dones)
