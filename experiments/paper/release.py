@@ -17,7 +17,7 @@ import yaml
 from experiments.paper.settings import PAPER_DIR, RELEASE_MAX_BYTES, Paper, shown
 from gpt1_jax import pretrain
 from gpt1_jax.checkpoint import latest_step
-from gpt1_jax.config import PretrainConfig, resolve
+from gpt1_jax.config import PretrainConfig, load_yaml, resolve
 from gpt1_jax.data.race import load_race
 from gpt1_jax.errors import ConfigError
 from gpt1_jax.evaluate import evaluate
@@ -63,11 +63,12 @@ def pretrain_stage(paper: Paper) -> bool | None:
     if step is None:  # a fresh clone: a finished pipeline's release, or a stopped run's kept copy
         released = card_step(paper.release_dir)
         if released is not None and released >= config.steps:
-            print(f"pretrain: {shown(paper.release_dir)} is released from step {released}", file=sys.stderr)
+            print(f"pretrain: {shown(paper.release_dir)} is released from step {released}{unread_corpus(paper)}",
+                  file=sys.stderr)
             return False
         step = restore_pretraining(paper)
     if step is not None and step >= config.steps:
-        print(f"pretrain: {paper.pretrain_dir} is trained to step {step}", file=sys.stderr)
+        print(f"pretrain: {paper.pretrain_dir} is trained to step {step}{unread_corpus(paper)}", file=sys.stderr)
         return False
     outcome = pretrain.run(config, paper.pretrain_dir)
     if outcome.status == "diverged":
@@ -77,6 +78,17 @@ def pretrain_stage(paper: Paper) -> bool | None:
         return True
     keep_pretraining(paper)  # preempted (SIGTERM): the pipeline stops; the same command resumes, in a fresh clone too
     return None
+
+
+def unread_corpus(paper: Paper) -> str:
+    """A --corpus that a finished pre-training will not read (another text than the run's): said, where it was
+    dropped without a word."""
+    saved = paper.pretrain_dir / "config.yaml"
+    source = load_yaml(PretrainConfig, saved).data.source if saved.is_file() else None
+    if not paper.corpus or paper.corpus == source:
+        return ""
+    trained = f"the run trained on {source}" if source else "the release is trained"
+    return f" (--corpus {paper.corpus} not read: {trained}; a new --out pre-trains on it)"
 
 
 KEPT_RUN_FILES = ("config.yaml", "run.json", "data_info.json", "metrics.jsonl", "tokenizer.json")  # + the newest checkpoint

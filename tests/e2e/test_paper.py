@@ -190,7 +190,7 @@ def test_continuation_logprobs_match_the_models_logits():
         assert count == c and total == pytest.approx(want, abs=1e-4)
 
 
-def test_a_stopped_pretraining_is_kept_beside_the_results_and_a_fresh_clone_resumes_it(tmp_path):
+def test_a_stopped_pretraining_is_kept_beside_the_results_and_a_fresh_clone_resumes_it(tmp_path, capsys):
     """Sessions end and their workdirs with them: a stopped pre-training keeps its newest checkpoint and run files
     in results/pretraining/ (committed), and the pretrain stage of an empty OUT resumes from that copy."""
     import dataclasses
@@ -225,8 +225,15 @@ def test_a_stopped_pretraining_is_kept_beside_the_results_and_a_fresh_clone_resu
     assert steps[0] == 1 and steps[-1] == 20 and sorted(set(steps)) == list(range(1, 21))  # 1-15 kept, 16-20 new
     assert release.trained_step(paper.pretrain_dir) == 20 and not kept.exists()  # finished: nothing left to resume
     assert release.release_stage(paper) is True
+    capsys.readouterr()
+    assert release.pretrain_stage(paper) is False  # the run's own corpus: nothing to say of it
+    assert "trained to step 20\n" in capsys.readouterr().err
+    other = dataclasses.replace(paper, corpus="tfds:wikipedia")  # another text, which a finished run will not read
+    assert release.pretrain_stage(other) is False
+    assert "(--corpus tfds:wikipedia not read: the run trained on default; a new --out" in capsys.readouterr().err
     shutil.rmtree(paper.pretrain_dir)  # a fresh clone of the finished pipeline: its release says it is done
-    assert release.pretrain_stage(paper) is False and not paper.pretrain_dir.exists()
+    assert release.pretrain_stage(other) is False and not paper.pretrain_dir.exists()
+    assert "(--corpus tfds:wikipedia not read: the release is trained;" in capsys.readouterr().err
 
 
 def test_options_sharing_their_context_score_as_separate_sequences_do():
