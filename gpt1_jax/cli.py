@@ -500,6 +500,7 @@ def _sample_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=number_at_least(0.0), default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=at_least(0), default=40, help="0 = the whole vocabulary")
     p.add_argument("--num-samples", type=at_least(1), default=3)
+    _no_progress_flag(p)
 
 
 def _sample(args: argparse.Namespace) -> int:
@@ -526,6 +527,7 @@ def _sample(args: argparse.Namespace) -> int:
     how = "greedy (temperature 0)" if args.temperature == 0 else f"temperature {args.temperature}, top-k {args.top_k}"
     if _speaks() and prompt_ids:  # before the one compiled program that generates it all (a minute on 117M)
         print(f"# {Path(args.workdir or args.init)}{step}, {how}", flush=True)
+    if _speaks() and prompt_ids and not args.no_progress:
         print(f"sample: generating {args.max_new_tokens} tokens x {args.num_samples} "
               f"sample{'s' * (args.num_samples > 1)} ...", file=sys.stderr, flush=True)
     outputs = sample(model.config, model.params, prompt_ids, max_new_tokens=args.max_new_tokens,

@@ -396,6 +396,8 @@ def test_sample_says_what_it_generates_before_it_generates(capsys, monkeypatch):
     assert seen[0].out == f"# {RELEASE}, temperature 0.8, top-k 40\n"
     assert seen[0].err == "sample: generating 7 tokens x 2 samples ...\n"
     assert capsys.readouterr() == ("the >> \nthe >> \n", "")
+    assert cli.main(["sample", "--init", str(RELEASE), "--max-new-tokens", "7", "--no-progress"]) == 0
+    assert seen[1] == (f"# {RELEASE}, temperature 0.8, top-k 40\n", "")  # the status line goes, as on other verbs
 
 
 def test_verify_says_each_checkpoint_as_it_checks_it(tmp_path, capsys, monkeypatch):
