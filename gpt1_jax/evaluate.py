@@ -137,8 +137,12 @@ def evaluate(config: PretrainConfig, params, *, run: Path | None, data: str | No
         if not len(pipeline.windows):
             raise DataError(f"--data {data}: {len(pipeline.stream)} tokens, not one window of {data_config.seq_len} + 1: "
                             "pass a smaller --seq-len, or more text")
-        batches = BatchIterator(pipeline.windows, np.arange(len(pipeline.windows)), data_config.global_batch_size,
-                                shuffle=False, repeat=False, pad_last=True)
+        # A text of fewer windows than a batch is one batch of its own size (a process's share each), not the run's
+        # batch padded: evaluating a paragraph on 117M computed 64 rows for 2.
+        processes = jax.process_count()
+        rows = min(data_config.global_batch_size, -(-len(pipeline.windows) // processes) * processes)
+        batches = BatchIterator(pipeline.windows, np.arange(len(pipeline.windows)), rows, shuffle=False, repeat=False,
+                                pad_last=True)
         split = "all windows"
     loss, n_tokens = lm_loss(trainer, params, batches, max_batches, progress=speaks)
     return {"data": data or config.data.source, "split": split, "seq_len": data_config.seq_len,

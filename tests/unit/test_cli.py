@@ -347,6 +347,34 @@ def test_evaluate_takes_any_model_source_as_sample_does(tmp_path, capsys):
                                                     "devices are cpu; set attention=auto")
 
 
+def test_evaluate_scores_a_text_shorter_than_a_batch_in_one_batch_of_its_own_size(tmp_path, capsys, monkeypatch):
+    """A text of fewer windows than the batch was padded to the run's whole batch (a paragraph on 117M: 64 rows
+    computed for 2); the same loss, over rows of the text only."""
+    from gpt1_jax import evaluate
+    from gpt1_jax.data.pipeline import BatchIterator
+
+    rows = []
+
+    class Seen(BatchIterator):
+        def __init__(self, windows, order, global_batch_size, **kw):
+            rows.append(global_batch_size)
+            super().__init__(windows, order, global_batch_size, **kw)
+
+    monkeypatch.setattr(evaluate, "BatchIterator", Seen)
+    text = tmp_path / "text.txt"
+    text.write_text("the module defines a class and a function that returns the value of the name\n" * 6)
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    scores = []
+    for batch in ("16", "2"):
+        assert cli.main(["evaluate", "--init", str(RELEASE), "--data", str(text), "--seq-len", "32", "--batch-size",
+                         batch, "--set", cache, "--no-progress"]) == 0
+        scores.append(json.loads(capsys.readouterr().out))
+    windows = scores[0]["tokens"] // 32
+    assert 2 < windows < 16 and rows == [windows, 2]  # one batch of the text's windows; batch 2 kept as given
+    assert scores[1]["tokens"] == scores[0]["tokens"]
+    assert scores[1]["loss"] == pytest.approx(scores[0]["loss"], rel=1e-5)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["sample", "--workdir", "w", "--num-samples", "0"], "argument --num-samples: must be >= 1, got 0"),
     (["sample", "--workdir", "w", "--temperature", "nan"], "argument --temperature: must be a finite number >= 0, got nan"),
