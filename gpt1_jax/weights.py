@@ -36,7 +36,7 @@ from gpt1_jax.config import (RUNTIME_FIELDS, ConfigError, FinetuneConfig, ModelC
                              given_keys, load_yaml, override_key, read_yaml, save_yaml)
 from gpt1_jax.errors import CheckpointFormatError, OutputExistsError
 from gpt1_jax.files import some_names, staging_folder
-from gpt1_jax.integrity import checkpoint_steps
+from gpt1_jax.integrity import DIGESTS, checkpoint_steps, record, verify
 from gpt1_jax.lockfile import remove_abandoned
 from gpt1_jax.model import init_params
 from gpt1_jax.optim import eval_params, uses_eval_params
@@ -472,6 +472,7 @@ def read_model(path: str | os.PathLike, config: ModelConfig | None = None, *, st
         final = _runtime_config(saved, config, overrides, str(path))
         return final, _check_finite(hf_state_to_params(final, _read_hf_state(path), source=str(path)), str(path), fmt), None
     if fmt == "jax":
+        _check_digests(path)
         saved = load_yaml(ModelConfig, path / "config.yaml")
         params = _read_jax_params(path)
         source = str(path)
@@ -497,6 +498,18 @@ def _read_index(folder: Path) -> None:
     store = ts.KvStore.open({"driver": "ocdbt", "base": {"driver": "file", "path": f"{folder}/"}}).result()
     if not store.list().result():
         raise ValueError("its index (manifest.ocdbt) lists no arrays")
+
+
+def _check_digests(path: Path) -> None:
+    """`save_jax`'s params/ whose files differ from the digests they were written with are refused: a flipped byte
+    in an array file was read as other weights without a word (orbax does not check its data). Folders written
+    before the digests are read as they are."""
+    if not (path / "params" / DIGESTS).is_file():
+        return
+    problem = verify(path / "params")
+    if problem is not None:
+        raise CheckpointFormatError(f"{path}: its weights (params/) are damaged ({problem}); export the model again "
+                                    f"(gpt1-jax convert SRC {path} --to jax)")
 
 
 def _read_jax_params(path: Path) -> dict:
@@ -650,7 +663,7 @@ def save_pretrained(config: ModelConfig, params, path: str | os.PathLike, *, ove
 def save_jax(config: ModelConfig, params, path: str | os.PathLike, *, overwrite: bool = False,
              tokenizer=None) -> Path:
     """Our own format: config.yaml + an orbax checkpoint of the (unboxed) parameter tree, and the
-    tokenizer (a GPT1Tokenizer) as tokenizer.json."""
+    tokenizer (a GPT1Tokenizer) as tokenizer.json; params/integrity.json holds each of its files' digests."""
     import orbax.checkpoint as ocp  # see the note at the top
 
     path = _destination(path).absolute()
@@ -661,6 +674,7 @@ def save_jax(config: ModelConfig, params, path: str | os.PathLike, *, overwrite:
         with ocp.StandardCheckpointer() as ckptr:
             ckptr.save(tmp / "params", nn.meta.unbox(params))
             ckptr.wait_until_finished()
+        record(tmp / "params")  # each weights file's digest, checked where the folder is read (_check_digests)
         _commit_dir(tmp, path)
     return path
 

@@ -192,8 +192,33 @@ def test_a_damaged_jax_folder_is_one_error_naming_it(tmp_path, damage):
     how, pattern = damage.split()
     for file in sorted((tmp_path / "ours" / "params").glob(pattern)):  # every data file: one holds the arrays
         file.write_bytes(file.read_bytes()[:5]) if how == "truncate" else file.unlink()
+    with pytest.raises(CheckpointFormatError,
+                       match=r"ours: its weights \(params/\) are damaged \(.+ (recorded|missing)"):
+        load_pretrained(tmp_path / "ours")  # its digests say which file
+    (tmp_path / "ours" / "params" / "integrity.json").unlink()  # a folder saved before the digests: orbax's failure
     with pytest.raises(CheckpointFormatError, match=r"ours: its weights \(params/\) are damaged and cannot be read "
                                                     r"\(.+\): truncated or corrupt; export the model again"):
+        load_pretrained(tmp_path / "ours")
+
+
+def test_a_flipped_byte_in_a_jax_folders_weights_is_refused_not_read_as_other_weights(tmp_path):
+    """orbax does not check its data: one bit changed in an array file of a `convert --to jax` folder was read as
+    other weights (`sample` printed other text, exit 0). The folder keeps each file's digest and is checked."""
+    import jax
+
+    import gpt1_jax.weights as weights
+
+    params = jax.tree.map(jax.numpy.asarray, random_params(SMALL))
+    weights.save_jax(SMALL, params, tmp_path / "ours")
+    _, read = load_pretrained(tmp_path / "ours")
+    assert all(jax.tree.leaves(jax.tree.map(lambda a, b: bool((a == b).all()), params, read)))
+    data = max((tmp_path / "ours" / "params").rglob("d/*"), key=lambda f: f.stat().st_size)  # the arrays' file
+    flipped = bytearray(data.read_bytes())
+    flipped[len(flipped) // 2] ^= 1
+    data.write_bytes(bytes(flipped))
+    with pytest.raises(CheckpointFormatError, match=rf"ours: its weights \(params/\) are damaged \("
+                                                    rf"{data.relative_to(tmp_path / 'ours' / 'params')} differs from "
+                                                    r"its recorded digest\); export the model again"):
         load_pretrained(tmp_path / "ours")
 
 
