@@ -52,7 +52,7 @@ from gpt1_jax.config import (FINETUNE_DERIVED, SEED_RANGE, DataConfig, FinetuneC
                              guarded_text, hand_written, resolve)
 from gpt1_jax.errors import (DEBUG_ENV, ConfigError, DataError, DivergenceError, GPT1JaxError, Interrupted, WorkdirError,
                              os_error_message)
-from gpt1_jax.integrity import DIGESTS, checkpoint_steps, newest_checkpoint, record, verify_checkpoints
+from gpt1_jax.integrity import DIGESTS, checkpoint_steps, newest_checkpoint, record, verify, verify_checkpoints
 from gpt1_jax.interrupt import CtrlC, unwrapped_interrupts
 from gpt1_jax.metrics import close_open_bars, json_safe
 from gpt1_jax.weights import check_model_sets, convert, read_model
@@ -564,10 +564,11 @@ def _convert(args: argparse.Namespace) -> int:
 # ---- verify ---------------------------------------------------------------------------------------
 
 def _verify_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workdir", required=True, help="a pre-training or fine-tuning run directory")
+    p.add_argument("--workdir", required=True,
+                   help="a pre-training or fine-tuning run directory, or a `convert --to jax` folder")
     p.add_argument("--record-missing", action="store_true",
-                   help="trust the checkpoints saved without digests (before gpt1-jax recorded them) and record "
-                        "their digests now, so runs resume from them")
+                   help="trust the checkpoints (or a `convert --to jax` folder's weights) saved without digests "
+                        "(before gpt1-jax recorded them) and record their digests now, so runs resume from them")
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -575,6 +576,8 @@ def _verify(args: argparse.Namespace) -> int:
     directory = Path(args.workdir) / "checkpoints"
     if not Path(args.workdir).exists():
         raise FileNotFoundError(f"{args.workdir} does not exist: give a run's workdir")
+    if not directory.is_dir() and (Path(args.workdir) / "params").is_dir():
+        return _verify_weights_folder(Path(args.workdir), args.record_missing)
     if not directory.is_dir():
         raise FileNotFoundError(f"{args.workdir}: no checkpoints/ folder (not a run directory)")
     if args.record_missing:
@@ -596,6 +599,24 @@ def _verify(args: argparse.Namespace) -> int:
     config_problem = _config_problem(Path(args.workdir) / "config.yaml")
     print(f"config.yaml: {config_problem or 'ok'}", flush=True)
     return 1 if config_problem or damaged else 0
+
+
+def _verify_weights_folder(folder: Path, record_missing: bool) -> int:
+    """A `convert --to jax` folder: its weights (params/) against their digests, as a run's checkpoints."""
+    params = folder / "params"
+    if not (params / DIGESTS).exists():
+        if not record_missing:
+            print(f"params: no {DIGESTS} (written before `convert --to jax` kept digests: --record-missing records "
+                  "them once it reads back)", flush=True)
+            return 1
+        read_model(folder)  # a folder that does not read back is one error line, and nothing is recorded
+        record(params)
+        print("params: digests recorded (written without them)", flush=True)
+    problem = verify(params)
+    print("params: " + ("ok" if problem is None else f"damaged: {problem}"), flush=True)
+    config_problem = _config_problem(folder / "config.yaml")
+    print(f"config.yaml: {config_problem or 'ok'}", flush=True)
+    return 1 if config_problem or problem else 0
 
 
 def _config_problem(path: Path) -> str | None:

@@ -445,6 +445,29 @@ def test_verify_says_each_checkpoint_as_it_checks_it(tmp_path, capsys, monkeypat
         "hashing 9", "step 9: ok", "config.yaml: missing"]
 
 
+def test_verify_checks_a_converted_folders_weights_and_records_an_older_ones(tmp_path, capsys):
+    """`verify --workdir` on a `convert --to jax` folder said "no checkpoints/ folder": its weights keep digests
+    now, checked as a run's checkpoints are; one written before them is recorded once it reads back."""
+    ours = tmp_path / "ours"
+    assert cli.main(["convert", str(RELEASE), str(ours), "--to", "jax"]) == 0
+    capsys.readouterr()
+    assert cli.main(["verify", "--workdir", str(ours)]) == 0
+    assert capsys.readouterr().out.splitlines() == ["params: ok", "config.yaml: ok"]
+    (ours / "params" / "integrity.json").unlink()  # as convert wrote it before the digests
+    assert cli.main(["verify", "--workdir", str(ours)]) == 1
+    assert capsys.readouterr().out.startswith("params: no integrity.json (written before `convert --to jax` kept")
+    assert cli.main(["verify", "--workdir", str(ours), "--record-missing"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["params: digests recorded (written without them)", "params: ok",
+                                                    "config.yaml: ok"]
+    data = max((ours / "params").rglob("d/*"), key=lambda f: f.stat().st_size)
+    flipped = bytearray(data.read_bytes())
+    flipped[len(flipped) // 2] ^= 1
+    data.write_bytes(bytes(flipped))
+    assert cli.main(["verify", "--workdir", str(ours)]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == (f"params: damaged: {data.relative_to(ours / 'params')} differs "
+                                                       "from its recorded digest")
+
+
 def test_convert_overwrite_replaces_a_model_folder_but_never_a_run_or_a_stranger(tmp_path, capsys, monkeypatch):
     """--overwrite deleted whatever DST held: a fine-tuning run's checkpoints and results, a pre-training run."""
     monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
