@@ -8,6 +8,7 @@ run that executable on fixed seeded tokens, so `losses` are comparable between r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import sys
 import time
@@ -20,7 +21,7 @@ from gpt1_jax import flops, hugepages, sizing
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.config import PretrainConfig
 from gpt1_jax.errors import ConfigError
-from gpt1_jax.metrics import Bar
+from gpt1_jax.metrics import Bar, say
 from gpt1_jax.step import lm_batch, lm_batch_spec
 
 
@@ -51,11 +52,6 @@ def timed_steps(compiled, trainer, state, batches: list, warmup: int, bar: Bar) 
     return times, losses
 
 
-def _say(text: str) -> None:
-    """A status line of `gpt1-jax bench`, on stderr: stdout holds its one JSON line."""
-    print(f"bench: {text}", file=sys.stderr, flush=True)
-
-
 def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only: bool = False,
         peak_flops: float | None = None, progress: bool = True) -> dict[str, Any]:
     """The sizing report of `config`'s train step plus, unless `compile_only`, the median step time,
@@ -71,13 +67,14 @@ def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only
     trainer = sizing.pretrain_trainer(config)
     B, T = config.data.global_batch_size, config.data.seq_len
     speaks = progress and jax.process_index() == 0
-    result, compiled = sizing.size_step(trainer, lm_batch_spec(B, T), config.model, _say if speaks else None)
+    status = functools.partial(say, who="bench")  # stdout holds its one JSON line
+    result, compiled = sizing.size_step(trainer, lm_batch_spec(B, T), config.model, status if speaks else None)
     if compile_only:
         return result
 
     if speaks:
-        _say(f"compiled in {result['lower_s'] + result['compile_s']:.1f} s; running {warmup} warm-up + {steps} timed "
-             "steps")
+        status(f"compiled in {result['lower_s'] + result['compile_s']:.1f} s; running {warmup} warm-up + {steps} "
+               "timed steps")
     state = trainer.init()
     batches = seeded_batches(trainer, config, warmup + steps)
     with Bar(total=len(batches), desc="bench", unit="step", disable=not speaks, dynamic_ncols=True, file=sys.stderr,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import select
@@ -54,7 +55,7 @@ from gpt1_jax.errors import (DEBUG_ENV, ConfigError, DataError, DivergenceError,
                              os_error_message)
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps, newest_checkpoint, record, verify, verify_checkpoints
 from gpt1_jax.interrupt import CtrlC, unwrapped_interrupts
-from gpt1_jax.metrics import close_open_bars, json_safe
+from gpt1_jax.metrics import close_open_bars, json_safe, say
 from gpt1_jax.weights import check_model_sets, convert, read_model
 
 # ---- flags that set config fields: the one table -------------------------------------------------
@@ -313,10 +314,8 @@ def _pretrain(args: argparse.Namespace) -> int:
     if args.dry_run:
         from gpt1_jax.sizing import dry_run
 
-        def say(text: str) -> None:
-            print(f"pretrain --dry-run: {text}", file=sys.stderr, flush=True)
-
-        _print_json(dry_run(with_schedule_span(config), say if _speaks() and not args.no_progress else None))
+        said = functools.partial(say, who="pretrain --dry-run") if _speaks() and not args.no_progress else None
+        _print_json(dry_run(with_schedule_span(config), said))
         return 0
     return _exit_status(run(config, workdir, progress=not args.no_progress))
 
@@ -356,10 +355,11 @@ def _plan(args: argparse.Namespace) -> int:
     config = resolve(PretrainConfig, args.config, overrides=_overrides(args, PretrainConfig),
                      mesh=None if mesh_auto else args.mesh)
     where = plan.target(args.topology, args.num_slices)
-    say = lambda text: print(f"plan: {text}", file=sys.stderr, flush=True)  # noqa: E731
-    say(f"compiling the train step for {where.name} ({len(where.devices)} x {where.device_kind})")
+    status = functools.partial(say, who="plan")
+    status(f"compiling the train step for {where.name} ({len(where.devices)} x {where.device_kind})")
     if mesh_auto:
-        result = plan.auto(config, where, compile_top=args.compile_top, baselines=not args.skip_baselines, progress=say)
+        result = plan.auto(config, where, compile_top=args.compile_top, baselines=not args.skip_baselines,
+                           progress=status)
     else:
         result = plan.plan(config, where)
     print(plan.table(result), file=sys.stderr, flush=True)

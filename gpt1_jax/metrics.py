@@ -216,6 +216,11 @@ class Bar(tqdm):
 _closing: set[int] = set()
 
 
+def say(line: str, who: str = "gpt1-jax") -> None:
+    """A status line on stderr (stdout is kept for results: a verb's JSON, samples), e.g. `bench: compiling ...`."""
+    print(f"{who}: {line}", file=sys.stderr, flush=True)
+
+
 def close_open_bars() -> None:
     """A bar a job left open (stopped before its loop closed it) redraws itself when garbage-collected, after
     the one line that must come last: close every open one first, and end the line of one stopped while closing."""

@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import re
-import sys
 import warnings
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -34,7 +33,7 @@ from tokenizers.trainers import BpeTrainer
 
 from gpt1_jax.errors import ConfigError, DataError
 from gpt1_jax.files import atomic_write_text
-from gpt1_jax.metrics import Bar
+from gpt1_jax.metrics import Bar, say
 
 __all__ = ["GPT1Tokenizer", "SPECIAL_TOKENS", "UNK_TOKEN", "EOW_SUFFIX", "MODES", "find_tokenizer", "text_standardize"]
 
@@ -217,11 +216,6 @@ def _raw_chars(texts: Iterable[str | list[str]]) -> set[str]:
 _SLICE = 256  # texts the trainer takes from an iterator at a time (tokenizers' PyBufferedIterator): a bar's step
 
 
-def _say(line: str) -> None:
-    """A status line, as gpt1_jax/data/tokens.py says its own."""
-    print(f"gpt1-jax: {line}", file=sys.stderr, flush=True)
-
-
 def _counted(items: Iterable[Any], make_bar: Callable[[], Bar]) -> Generator[Any, None, int]:
     """`items` (texts, or lists of texts) counted in characters on a bar -> their characters. A list comes in slices
     of _SLICE texts, the same texts to the trainer, so that the bar moves as the trainer takes them. The bar is made
@@ -265,7 +259,7 @@ class _ShownReads:
         again = " again (its alphabet grew)" if self.trainings > 1 else ""
         if (yield from _counted(self.texts(), lambda: Bar(total=self.chars, desc=f"BPE: counting words{again}",
                                                           unit="char", unit_scale=True))):
-            _say(f"BPE: computing the merges of a {self.vocab_size}-token vocabulary")
+            say(f"BPE: computing the merges of a {self.vocab_size}-token vocabulary")
 
 
 def _fit_bpe(texts: Callable[[], Iterable[Any]], files: list[Path] | None,
@@ -294,7 +288,7 @@ def _fit_bpe(texts: Callable[[], Iterable[Any]], files: list[Path] | None,
         scratch.pre_tokenizer = _HF_PRE_TOKENIZER
         if files is not None and not any(p.suffix == ".gz" for p in files):
             if show_progress:
-                _say(f"BPE: counting the words of {len(files)} file(s) and computing the merges")
+                say(f"BPE: counting the words of {len(files)} file(s) and computing the merges")
             scratch.train([str(p) for p in files], trainer=trainer)  # Rust reads files in parallel
         else:
             scratch.train_from_iterator(texts(), trainer=trainer)

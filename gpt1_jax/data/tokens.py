@@ -42,7 +42,6 @@ import os
 import re
 import shutil
 import socket
-import sys
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -56,7 +55,7 @@ from gpt1_jax.data.once import LOCK_STALE_S, Peers, build_once
 from gpt1_jax.data.sources import FileSource, TextSource
 from gpt1_jax.errors import ConfigError, DataError
 from gpt1_jax.files import atomic_write_text, staging_folder, sweep_staging_folders, user_cache
-from gpt1_jax.metrics import Bar
+from gpt1_jax.metrics import Bar, say
 from gpt1_jax.tokenizer import TOKENIZER_META, GPT1Tokenizer, check_recorded_digest
 
 __all__ = [
@@ -77,11 +76,6 @@ UNK_WARN = 0.05  # a share of <unk> tokens above this is said when the cache is 
 _CHUNK_CHARS = 1 << 20  # text per encode_batch call: big enough to keep both Rust threads busy
 TOKENIZER_FILE = "tokenizer.json"
 DEFAULT_WAIT_S = 3600.0  # = DataConfig.cache_wait_s: process 0 tokenising ~1B tokens takes tens of minutes
-
-
-def _say(line: str) -> None:
-    """A waiting host says once why it is idle: silence for minutes on a pod looks like a hang."""
-    print(f"gpt1-jax: {line}", file=sys.stderr, flush=True)
 
 
 def eod_id(tokenizer: GPT1Tokenizer) -> int:
@@ -141,7 +135,7 @@ def tokenizer_for(
         remedy="put the workdir on a disk every host shares, or train it ahead (`gpt1-jax tokenize --tokenizer "
                "train --workdir DIR ...` on one host) and set data.tokenizer to a copy of DIR/tokenizer.json "
                "every host can read",
-        on_wait=_say if progress else None,
+        on_wait=say if progress else None,
     )
 
 
@@ -161,7 +155,7 @@ def _meta(workdir: Path) -> dict | None:
                         "retrain (only if no checkpoint of the run uses them)") from None
 
 
-def _still_fits(source: TextSource, workdir: Path, vocab_size: int, say: bool) -> bool:
+def _still_fits(source: TextSource, workdir: Path, vocab_size: int, speak: bool) -> bool:
     """Whether a saved BPE is the one this corpus would train. One that no checkpoint uses yet is retrained when
     the corpus or the size changed (a BPE trained on an empty or half-filled file must not outlive it); one a
     checkpoint was trained with stays, since the model's ids mean its tokens (`_load_trained` checks the size)."""
@@ -170,9 +164,9 @@ def _still_fits(source: TextSource, workdir: Path, vocab_size: int, say: bool) -
         return True
     # No recorded fingerprint: written before there was one, possibly by a run that then failed on its corpus.
     fits = meta.get("vocab_size") == vocab_size and meta.get("fingerprint") == source.fingerprint()
-    if not fits and say:
-        _say(f"retraining {workdir / TOKENIZER_FILE}: the corpus or vocab_size changed since it was trained, and no "
-             "checkpoint uses it yet")
+    if not fits and speak:
+        say(f"retraining {workdir / TOKENIZER_FILE}: the corpus or vocab_size changed since it was trained, and no "
+            "checkpoint uses it yet")
     return fits
 
 
@@ -201,8 +195,8 @@ def _train_tokenizer(source: TextSource, workdir: Path, vocab_size: int, progres
     if found is not None:
         tok, n_docs = found
         if progress:
-            _say(f"reusing the BPE trained before on {source.spec!r} with vocab_size={vocab_size} ({kept}): runs on "
-                 "one corpus read the same tokens")
+            say(f"reusing the BPE trained before on {source.spec!r} with vocab_size={vocab_size} ({kept}): runs on "
+                "one corpus read the same tokens")
     else:
         tok, n_docs = _train_bpe(source, vocab_size, progress)
         if kept is not None:
@@ -277,8 +271,8 @@ def _keep_bpe(folder: Path, tok: GPT1Tokenizer, n_docs: int, spec: str, vocab_si
     except OSError as e:
         if (theirs := _kept_bpe(folder)) is not None:
             return theirs
-        _say(f"could not keep the BPE in {folder.parent} ({e.strerror or e}): a run in another workdir will train "
-             "its own")
+        say(f"could not keep the BPE in {folder.parent} ({e.strerror or e}): a run in another workdir will train "
+            "its own")
     return tok, n_docs
 
 
@@ -536,7 +530,7 @@ def tokenize_to_cache(
         lock=cache_dir / f".{final.name}.lock",
         peers=peers,
         stale_s=stale_s,
-        on_wait=_say if progress else None,
+        on_wait=say if progress else None,
     )
 
 
@@ -603,8 +597,8 @@ def _tokenize_into(
         if n_tokens == 0:
             raise DataError(f"text source {source.spec!r} has no documents")
         if n_unk > UNK_WARN * n_tokens:  # a model trained on <unk> learns nothing, and nothing else would say so
-            _say(f"{n_unk / n_tokens:.0%} of the {n_tokens:,} tokens of {source.spec!r} are <unk>: the tokenizer cannot "
-                 "read much of this text (another script or alphabet than it was trained on?)")
+            say(f"{n_unk / n_tokens:.0%} of the {n_tokens:,} tokens of {source.spec!r} are <unk>: the tokenizer cannot "
+                "read much of this text (another script or alphabet than it was trained on?)")
         with open(tmp / "tokens.npy", "wb") as out, open(raw, "rb") as f:
             header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n_tokens,)}
             np.lib.format.write_array_header_1_0(out, header)
