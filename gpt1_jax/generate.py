@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -24,15 +25,16 @@ def init_cache(config: ModelConfig, batch: int):
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
-def _choose(logits_BV, temperature, top_k: int, rng):
+def _choose(logits_BV, allowed_V, temperature, top_k: int, rng):
+    logits_BV = jnp.where(allowed_V, logits_BV, -jnp.inf)
     kth_B1 = jnp.sort(logits_BV, axis=-1)[:, -top_k][:, None]
     logits_BV = jnp.where(logits_BV < kth_B1, -jnp.inf, logits_BV)
     sampled_B = jax.random.categorical(rng, logits_BV / jnp.maximum(temperature, 1e-6), axis=-1)
     return jnp.where(temperature > 0, sampled_B, jnp.argmax(logits_BV, axis=-1)).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3, 5))
-def _generate(config: ModelConfig, params, prompt_BP, total: int, temperature, top_k: int, rng):
+@functools.partial(jax.jit, static_argnums=(0, 3, 6))
+def _generate(config: ModelConfig, params, prompt_BP, total: int, allowed_V, temperature, top_k: int, rng):
     model = GPT1(config)
     B, P = prompt_BP.shape
 
@@ -47,7 +49,7 @@ def _generate(config: ModelConfig, params, prompt_BP, total: int, temperature, t
     def body(t, carry):  # choose the token at position t, then feed it to get the logits for t + 1
         cache, logits_BV, out_BL, rng = carry
         rng, step_rng = jax.random.split(rng)
-        next_B = _choose(logits_BV, temperature, top_k, step_rng)
+        next_B = _choose(logits_BV, allowed_V, temperature, top_k, step_rng)
         cache, logits_BV = forward(cache, next_B[:, None], t)
         return cache, logits_BV, out_BL.at[:, t].set(next_B), rng
 
@@ -69,9 +71,10 @@ def check_room(config: ModelConfig, prompt_len: int, max_new_tokens: int, flag: 
 
 
 def generate(config: ModelConfig, params, prompts, *, max_new_tokens: int = 50, temperature: float = 1.0,
-             top_k: int = 40, seed: int = 0) -> jax.Array:
+             top_k: int = 40, seed: int = 0, never: Sequence[int] = ()) -> jax.Array:
     """Token ids [B, P + new] continuing each row of `prompts` ([B, P] ids, one length for all rows);
-    temperature 0 is greedy. P + max_new_tokens must fit the context (n_positions): see `check_room`."""
+    temperature 0 is greedy. P + max_new_tokens must fit the context (n_positions): see `check_room`. Ids in
+    `never` are not generated (the fine-tuning markers: not text; ids past the model's vocabulary are ignored)."""
     prompts = np.asarray(prompts, np.int32)  # checked on the host: ids come from a tokenizer there
     if prompts.ndim != 2 or prompts.shape[1] == 0:
         raise DataError(f"prompts must be ids [batch, length >= 1], got shape {list(prompts.shape)}")
@@ -90,7 +93,11 @@ def generate(config: ModelConfig, params, prompts, *, max_new_tokens: int = 50, 
     check_room(config, P, max_new_tokens)
     total = P + max_new_tokens
     top_k = max(1, min(top_k or config.vocab_size, config.vocab_size))
-    return _generate(config, params, prompts, total, jnp.float32(temperature), top_k, jax.random.key(seed))
+    allowed = np.ones(config.vocab_size, bool)
+    allowed[[i for i in never if 0 <= i < config.vocab_size]] = False
+    if not allowed.any():
+        raise ConfigError("never= leaves no token id to generate")
+    return _generate(config, params, prompts, total, allowed, jnp.float32(temperature), top_k, jax.random.key(seed))
 
 
 def sample(
@@ -103,13 +110,15 @@ def sample(
     top_k: int = 40,
     seed: int = 0,
     num_samples: int = 1,
+    never: Sequence[int] = (),
 ) -> list[list[int]]:
-    """`num_samples` continuations (new tokens only) of one prompt; temperature 0 is greedy."""
+    """`num_samples` continuations (new tokens only) of one prompt; temperature 0 is greedy; ids in `never` are
+    not generated."""
     if not prompt_ids:
         raise DataError("the prompt is empty: give at least one token")
     if num_samples < 1:
         raise ConfigError(f"num_samples must be >= 1, got {num_samples}")
     prompts = [list(prompt_ids)] * num_samples
     out = generate(config, params, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                   seed=seed)
+                   seed=seed, never=never)
     return [row[len(prompt_ids):] for row in jax.device_get(out).tolist()]

@@ -34,3 +34,23 @@ def test_settings_that_would_sample_garbage_are_refused(setting, message):
     params = nn.meta.unbox(gpt1_jax.init_params(config, 0))
     with pytest.raises(ConfigError, match=message):
         sample(config, params, [1, 2], max_new_tokens=2, **setting)
+
+
+def test_ids_it_is_told_never_to_generate_are_not_generated():
+    """A model fine-tuned from the release sampled its markers as text (`_delimiter_` 10 times in 8 samples): the
+    `sample` verb passes the markers as `never`. Here a marker's embedding row (tied to the output layer) is made a
+    multiple of the row of the token greedy decoding chose first, so the marker's logit there is the largest."""
+    config = model_preset("tiny")
+    params = nn.meta.unbox(gpt1_jax.init_params(config, 0))
+    first = int(np.argmax(gpt1_jax.lm_logits(config, params, np.asarray([[1, 2]]))[0, -1]))
+    marker = config.vocab_size - 1
+    assert first != marker
+    table = params["tokens_embed"]["embedding"]
+    logit = gpt1_jax.lm_logits(config, params, np.asarray([[1, 2]]))[0, -1, first]
+    params = {**params, "tokens_embed": {"embedding": table.at[marker].set(table[first] * (10 if logit > 0 else -10))}}
+    for how in ({"temperature": 0.0}, {"temperature": 1.0, "top_k": 1}):  # the ban comes before top-k
+        assert sample(config, params, [1, 2], max_new_tokens=4, **how)[0][0] == marker  # what the ban has to stop
+        banned = sample(config, params, [1, 2], max_new_tokens=4, never=[marker, config.vocab_size + 5], **how)
+        assert marker not in banned[0]  # an id past the vocabulary is no error: there is nothing to ban
+    with pytest.raises(ConfigError, match="leaves no token id to generate"):
+        sample(config, params, [1, 2], max_new_tokens=2, never=range(config.vocab_size))
