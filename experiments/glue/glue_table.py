@@ -38,8 +38,15 @@ PAPER = {
     "wnli": [("accuracy", None)],
 }
 PAPER_TABLE5 = {"full": 74.7, "no_pretrain": 59.9, "no_aux_lm": 75.0}  # average over GLUE-style tasks
-NOTE = ("Paper numbers are on GLUE's test server, ours on the dev sets (x100). The paper's Table 5 averages over "
-        "its 8 GLUE-style tasks; ours over the tasks run here, so compare differences between columns, not levels.")
+NOTE = ("Paper numbers are on GLUE's test server, ours on the dev sets (x100). Each average is over the tasks run "
+        "here (the paper's over its 8 GLUE-style tasks is Table 5's 74.7).")
+
+
+def paper_average(tasks: list[str]) -> str:
+    """The paper's first metrics averaged over `tasks`, as our columns are: beside ours, Table 5's 74.7 (its 8
+    tasks) compared a level over other tasks (71.4 over the 5 small ones)."""
+    scores = [PAPER[t][0][1] for t in tasks if t in PAPER and PAPER[t][0][1] is not None]
+    return f"{sum(scores) / len(scores):.1f}" if scores else "–"
 
 
 def available_tasks(data_dir: str | None) -> tuple[list[str], list[str]]:
@@ -143,7 +150,7 @@ def run_table(args: argparse.Namespace) -> int:
                 plotted.append((f"{task}\n{metric}", scores, paper))
             paper_cell = f"{paper:.1f}" if paper is not None else "–"
             lines.append(f"| {task} | {metric} | {paper_cell} | " + " | ".join(cells) + " |")
-    lines.append("| **average** (first metric) | | " + (f"{PAPER_TABLE5['full']:.1f}" if "full" in ablations else "–") + " | "
+    lines.append("| **average** (first metric) | | " + paper_average(tasks) + " | "
                  + " | ".join(f"{sum(v) / len(v):.1f}" if v else "–" for v in averages.values()) + " |")
     if len(ablations) > 1:
         lines += ["", "Table 5 (paper's averages): " + ", ".join(f"{a} {PAPER_TABLE5[a]}" for a in ablations)]
