@@ -109,7 +109,9 @@ class Records:
     def load(self, workdir: Path, same: dict | None = None) -> dict | None:
         """The run's record (a kept copy is put back into the workdir), or None. A record whose fields differ
         from `same` was made under another budget or with other settings: its score is not comparable, and the
-        sweep stops with one line. (Records from before `settings` was kept are not compared on it.)"""
+        sweep stops with one line, a ConfigError: `main`'s "PROG: error: ..." and exit status 2, as every other
+        refusal (a SystemExit printed its bare text, exit 1). (Records from before `settings` was kept are not
+        compared on it.)"""
         done, kept = Path(workdir) / RECORD, self.kept_path(workdir)
         if not done.is_file() and kept is not None and kept.is_file():
             done.parent.mkdir(parents=True, exist_ok=True)
@@ -118,13 +120,14 @@ class Records:
             return None
         record = json.loads(done.read_text())
         if SETTINGS in (same or {}) and record.get(SETTINGS, same[SETTINGS]) != same[SETTINGS]:
-            raise SystemExit(f"{workdir}: finished with other settings than this sweep's (its config, the model its "
-                             "--init holds or its data differ): give this sweep its own --out (and records), or "
-                             "repeat that sweep's own flags")
+            raise ConfigError(f"{workdir}: finished with other settings than this sweep's (its config, the model its "
+                              "--init holds or its data differ): give this sweep its own --out (and records), or "
+                              "repeat that sweep's own flags")
         other = {k: record.get(k) for k, v in (same or {}).items() if k != SETTINGS and record.get(k) != v}
         if other:
-            raise SystemExit(f"{workdir}: finished under another budget ({', '.join(f'{k}={v}' for k, v in other.items())}; "
-                             f"this sweep: {', '.join(f'{k}={same[k]}' for k in other)}); give it its own --out and records")
+            theirs, ours = (", ".join(f"{k}={values[k]}" for k in other) for values in (other, same))
+            raise ConfigError(f"{workdir}: finished under another budget ({theirs}; this sweep: {ours}); give it its "
+                              "own --out and records")
         return record
 
     def save(self, workdir: Path, record: dict) -> None:

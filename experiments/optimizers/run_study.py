@@ -62,7 +62,7 @@ from gpt1_jax.flops import cpu_flags
 from gpt1_jax.loop import Outcome
 from gpt1_jax.metrics import read_metrics
 from gpt1_jax.model import init_params
-from gpt1_jax.optim import optimizer_state_bytes, uses_eval_params
+from gpt1_jax.optim import OPTIMIZERS, optimizer_state_bytes, uses_eval_params
 from gpt1_jax.tokenizer import GPT1Tokenizer
 from gpt1_jax.weights import load_pretrained
 
@@ -93,7 +93,9 @@ SPECS: dict[str, dict[str, Any]] = {
 PRETRAIN = {
     "full": dict(config=str(RECIPE), steps=800, warmup_share=300 / 800, eval_every=100, eval_batches=0,
                  data={}),
-    "quick": dict(config="tiny", steps=24, eval_every=8, eval_batches=4, bench_steps=1, bench_warmup=0,
+    # benched as the full budget is (BENCH_STEPS after BENCH_WARMUP): the time columns are scaled by the bench step,
+    # and the single cold step --quick once timed took ~10x a warm one (tokens/s 5x below what the runs measured)
+    "quick": dict(config="tiny", steps=24, eval_every=8, eval_batches=4,
                   bench_shapes={"study": None, "tiny_1x64": ("tiny", 1, 64)},
                   data=dict(global_batch_size=8, seq_len=64)),
 }
@@ -107,6 +109,7 @@ FINETUNE = {
 # context). --quick benches a tiny preset shape in its place (compiling the 117M step would be most of a test's
 # time): its tables' 117M column reads "-".
 BENCH_SHAPES = {"study": None, "gpt1_117M": ("gpt1", 2, 512)}
+BENCH_STEPS, BENCH_WARMUP = 5, 2  # each bench column: the median of 5 steps after 2 untimed ones, in either budget
 
 
 def step_times(records: list[dict], tokens_per_step: int) -> dict[int, float]:
@@ -205,7 +208,8 @@ def pretrain_record(run: harness.Run, outcome: Outcome, wall: float, *, study: P
         "val_curve": curve_with_time(val, times),
         "eval_at": "x (schedule_free_eval_params)" if uses_eval_params(name) else "params",
         "tokens_per_s": median(r.get("tokens_per_s") for r in metrics if r.get("step", 0) > 1),
-        "train_seconds": round(sum(times.values()), 2), "wall_seconds": round(wall, 2),
+        # ms, as the curve's: a quick run trains in ~0.3 s, which 0.01 s steps cut into ties
+        "train_seconds": round(sum(times.values()), 3), "wall_seconds": round(wall, 2),
         "optimizer_state_bytes": optimizer_state_bytes(config.optim, _abstract_params(model)),
         "diverged": diverged, "error": f"DivergenceError: {outcome.message}" if diverged else None,
         "cpu_flags": " ".join(cpu_flags()),  # a study spanning sessions may span CPU kinds: its seconds differ
@@ -257,7 +261,7 @@ def bench_optimizer(study: Path, budget: dict, name: str, tokenizer_vocab: int, 
                 config, data=dataclasses.replace(config.data, global_batch_size=batch, seq_len=seq),
                 optim=dataclasses.replace(config.optim, name=name, **SPECS[name]["overrides"]))
         print(f"== bench {name} at {shape}", file=sys.stderr, flush=True)
-        r = bench.run(config, steps=budget.get("bench_steps", 5), warmup=budget.get("bench_warmup", 2))
+        r = bench.run(config, steps=BENCH_STEPS, warmup=BENCH_WARMUP)
         B, T = config.data.global_batch_size, config.data.seq_len
         result[shape] = {"batch": B, "seq": T, "step_s": r["step_s_median"], "tokens_per_s": r["tokens_per_s"],
                          "mfu": r["mfu"], "compile_s": r.get("compile_s")}
@@ -411,6 +415,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def optimizers_problem(names: list[str]) -> str | None:
+    """Why the study cannot compare `names`, or None. A name gpt1-jax trains with (gpt1_jax.optim.OPTIMIZERS: sgd)
+    but that has no SPECS entry is no typo: it lacks the centre lrs and hyper-parameters the study chose for each
+    of its optimizers (a default centre would start plain SGD's bracket far from its optimum), and is said so."""
+    if unknown := [n for n in names if n not in OPTIMIZERS]:
+        return f"unknown optimizer(s) {', '.join(unknown)}; the study's: {', '.join(SPECS)}"
+    if unlisted := [n for n in names if n not in SPECS]:
+        return (f"{', '.join(unlisted)} {'is' if len(unlisted) == 1 else 'are'} not in the study's specs "
+                f"({', '.join(SPECS)}): each has its centre lrs and own hyper-parameters in "
+                "experiments/optimizers/run_study.py SPECS; add an entry there to study another")
+    return None
+
+
 def parse_args(argv) -> tuple[argparse.Namespace, list[str]]:
     """The checked flags, with the defaults that depend on the study filled in, and the optimizers to compare."""
     p = parser()
@@ -431,9 +448,8 @@ def parse_args(argv) -> tuple[argparse.Namespace, list[str]]:
     except ConfigError as e:
         p.exit(2, f"{p.prog}: error: --tasks: {e}\n")
     names = finetune_optimizers(args) if args.study == "finetune" else args.optimizers or list(SPECS)
-    unknown = [n for n in names if n not in SPECS]
-    if unknown:
-        p.exit(2, f"{p.prog}: error: unknown optimizer(s) {', '.join(unknown)}; known: {', '.join(SPECS)}\n")
+    if problem := optimizers_problem(names):
+        p.exit(2, f"{p.prog}: error: {problem}\n")
     args.corpus_shown, args.init_shown = shown(args.corpus), shown(args.init) if args.init else None
     return args, names
 

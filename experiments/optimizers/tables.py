@@ -13,6 +13,7 @@ from matplotlib.ticker import MaxNLocator
 
 from gpt1_jax.files import atomic_write_text, pyplot, save_figure
 from experiments.optimizers.sweep import best_lr, bracket_gap, finite, median, score
+from experiments.paper.report import duration
 
 REFERENCE = "gpt1_adam"  # state memory and token speed-ups are reported relative to this one
 UNIGRAM = "unigram.json"  # the pre-training study's unigram loss, beside its bench folder
@@ -26,8 +27,9 @@ def summarize(runs: list[dict], names: list[str], seeds: list[int], bench: dict[
     """One row per optimizer, best first; `distinct_from_next`: its mean ± std interval and the next row's do not
     overlap (a difference larger than the seed noise). Pre-training, given the study's `unigram` loss: an
     optimizer whose best validation loss at every lr is not PLATEAU_NATS below it did not train at this budget
-    (`trained` False): it is not ranked, its row comes last; `token_speedup`: the tokens REFERENCE's curve needs
-    to reach the row's mean loss, over the row's tokens (`speedup_bound` "<" or ">" where the curve cannot say)."""
+    (`trained` False): it is not ranked, its row comes last; `token_speedup`: the tokens REFERENCE's mean curve
+    needs to reach the row's mean loss, over the row's tokens (`speedup_bound` "<" or ">" where the curve cannot
+    say)."""
     ref_bytes = next((r["optimizer_state_bytes"] for r in runs if r["optimizer"] == REFERENCE), None)
     sign = -1.0 if runs and runs[0]["study"] == "finetune" else 1.0  # rows ascend in `score`
     rows, factors = [], machine_factors(runs, bench or {})
@@ -36,7 +38,7 @@ def summarize(runs: list[dict], names: list[str], seeds: list[int], bench: dict[
         if not mine:
             continue
         lr = best_lr(runs, n, seeds[0])
-        at_best = sorted((r for r in mine if r["lr"] == lr and score(r) is not None), key=lambda r: r["seed"])
+        at_best = _at_best(mine, n, lr)
         vals = [sign * score(r) for r in at_best]
         state = mine[0]["optimizer_state_bytes"]
         rows.append({
@@ -56,9 +58,9 @@ def summarize(runs: list[dict], names: list[str], seeds: list[int], bench: dict[
     rows.sort(key=lambda r: (r.get("trained") is False, math.inf if r["mean"] is None else sign * r["mean"]))
     if sign > 0:
         ref = next((r for r in rows if r["optimizer"] == REFERENCE), None)
-        ref_curve = _curve(runs, ref, seeds) if ref is not None else ([], None)
+        ref_curve = _curve(runs, ref) if ref is not None else ([], None)
         for row in rows:
-            row["token_speedup"], row["speedup_bound"] = _token_speedup(row, ref, ref_curve, runs, seeds)
+            row["token_speedup"], row["speedup_bound"] = _token_speedup(row, ref, ref_curve, runs)
     for a, b in zip(rows, rows[1:] + [None]):
         if b is None or a["mean"] is None or b["mean"] is None or False in (a.get("trained"), b.get("trained")):
             a["distinct_from_next"] = False
@@ -78,17 +80,17 @@ def _trained(mine: list[dict], unigram: float | None) -> bool | None:
 
 
 def _token_speedup(row: dict, ref: dict | None, ref_curve: tuple[list[tuple[float, float]], int | None],
-                   runs: list[dict], seeds: list[int]) -> tuple[float | None, str | None]:
+                   runs: list[dict]) -> tuple[float | None, str | None]:
     """(tokens REFERENCE needs to reach the row's mean loss / the tokens the row trained on, "=" | "<" | ">"), read
-    off REFERENCE's validation curve at its best lr and first seed, linear between evaluations. A row better than
-    REFERENCE ever got: read off the row's own curve instead, the tokens it needs to reach REFERENCE's mean loss
-    ("=", or ">" the curve's end if it never does). Above REFERENCE's first evaluation: "<" that share."""
+    off REFERENCE's mean validation curve at its best lr (`_curve`), linear between evaluations. A row better than
+    REFERENCE ever got: read off the row's own mean curve instead, the tokens it needs to reach REFERENCE's mean
+    loss ("=", or ">" the curve's end if it never does). Above REFERENCE's first evaluation: "<" that share."""
     if ref is None or row["mean"] is None or row.get("trained") is False or ref["mean"] is None:
         return None, None
     if row is ref:
         return 1.0, "="
     ref_curve, ref_tokens = ref_curve
-    mine, tokens = _curve(runs, row, seeds)
+    mine, tokens = _curve(runs, row)
     if not ref_curve or not tokens:
         return None, None
     if row["mean"] >= ref_curve[0][1]:
@@ -100,14 +102,25 @@ def _token_speedup(row: dict, ref: dict | None, ref_curve: tuple[list[tuple[floa
     return ref_tokens / tokens, ">"
 
 
-def _curve(runs: list[dict], row: dict, seeds: list[int]) -> tuple[list[tuple[float, float]], int | None]:
-    """(tokens, validation loss) points of the row's run at its best lr and first seed, and its tokens in all."""
-    run = next((r for r in runs if r["optimizer"] == row["optimizer"] and r["lr"] == row["best_lr"]
-                and r["seed"] == seeds[0]), None)
-    if run is None:
+def _at_best(runs: list[dict], name: str, lr: float | None) -> list[dict]:
+    """`name`'s scored runs at `lr`, in seed order: those the row's mean is over."""
+    return sorted((r for r in runs if r["optimizer"] == name and r["lr"] == lr and score(r) is not None),
+                  key=lambda r: r["seed"])
+
+
+def _curve(runs: list[dict], row: dict) -> tuple[list[tuple[float, float]], int | None]:
+    """(tokens, validation loss) points of the row's mean curve, and its tokens in all: the mean over the runs
+    its mean loss is over (`_at_best`), at the evaluations they all made. The curve then ends at the row's mean,
+    which the speed-up compares with: one seed's curve against another row's mean put seed noise into it (the
+    reference's seed-0 curve never reached its own 3-seed mean, so a row within the noise of it read "> 1.00x")."""
+    at_best = _at_best(runs, row["optimizer"], row["best_lr"])
+    curves = [{p["step"]: p["val_loss"] for p in r.get("val_curve") or [] if finite(p.get("val_loss"))}
+              for r in at_best]
+    if not curves:
         return [], None
-    points = [(p["step"] * run["tokens_per_step"], p["val_loss"]) for p in run.get("val_curve") or [] if finite(p.get("val_loss"))]
-    return points, run.get("tokens")
+    steps = sorted(set(curves[0]).intersection(*curves[1:]))
+    per_step = at_best[0]["tokens_per_step"]
+    return [(step * per_step, statistics.fmean(c[step] for c in curves)) for step in steps], at_best[0].get("tokens")
 
 
 def _tokens_to(curve: list[tuple[float, float]], loss: float) -> float | None:
@@ -133,7 +146,11 @@ def cpu_kinds(records) -> list[str]:
 
 def machine_factors(runs: list[dict], bench: dict[str, dict]) -> dict[str, float]:
     """CPU kind -> how long its updates take relative to the bench machine's: the median, over that kind's
-    finished runs, of (the run's seconds per update) / (its optimizer's bench step at the study's shape)."""
+    finished runs, of (the run's seconds per update) / (its optimizer's bench step at the study's shape). No factor
+    at all when the runs and the bench share one CPU kind: no other machine's seconds to convert, and the runs' own are
+    the measurement (a conversion only traded them for the bench's few steps and the median overhead)."""
+    if len(kinds := cpu_kinds(runs)) == 1 and cpu_kinds(bench.values()) == kinds:
+        return {}
     ratios: dict[str, list[float]] = {}
     for r in runs:
         b = (bench.get(r["optimizer"]) or {}).get("study", {}).get("step_s")
@@ -147,7 +164,8 @@ def _training_time(at_best: list[dict], factors: dict[str, float]) -> dict:
     another's tokens/s), so each run's own summed step times are converted to the bench machine's seconds
     with its CPU kind's factor (`machine_factors`; `time_basis` "bench machine"): what an optimizer's
     training loop costs beyond its bench step still counts, the machine's speed does not. Without a factor
-    (no bench column for that kind's runs): the runs' own seconds (`time_basis` "measured")."""
+    (no bench column for that kind's runs, or every run and bench on one kind): the runs' own seconds
+    (`time_basis` "measured")."""
     if not at_best:
         return {"train_seconds": None, "tokens_per_s": None, "time_basis": None}
     per_step = at_best[0].get("tokens_per_step")
@@ -227,7 +245,9 @@ def _protocol(kind: str, runs: list[dict], args) -> str:
 def _compute_line(runs: list[dict]) -> str:
     total = sum(r["wall_seconds"] for r in runs if finite(r.get("wall_seconds")))
     kinds = len(cpu_kinds(runs))
-    return (f"Compute: {len(runs)} runs, {total / 3600:.1f} h of wall-clock in all"
+    # hours to one decimal, as the committed studies' (15.9 h); a --quick study's minutes read "0.0 h" that way
+    spent = f"{total / 3600:.1f} h" if total >= 360 else duration(total)
+    return (f"Compute: {len(runs)} runs, {spent} of wall-clock in all"
             + (f", on {kinds} CPU kinds (each run's flags in results.json)." if kinds > 1 else "."))
 
 
@@ -256,13 +276,19 @@ def _row(kind: str, r: dict, last: bool, runs: list[dict]) -> str:
     state = [f"{r['state_bytes'] / 2**20:.2f}", f"{_fmt(r['state_vs_ref'], '.2f')}×"]
     if kind == "pretrain":
         bench = r["bench"] or {}
-        cells += [_fmt(r["tokens_per_s"], ",.0f"), _fmt(r["train_seconds"], ".0f"),
+        cells += [_fmt(r["tokens_per_s"], ",.0f"), _seconds(r["train_seconds"]),
                   _fmt(_nats_per_minute(r, runs), ".3f"), _speedup_text(r), *state,
                   _fmt(bench.get("study", {}).get("step_s"), ".3f"), _fmt(bench.get("gpt1_117M", {}).get("step_s"), ".2f"),
                   tried]
     else:
-        cells += [_fmt(r["train_seconds"], ".0f"), *state, tried]
+        cells += [_seconds(r["train_seconds"]), *state, tried]
     return "| " + " | ".join(cells) + " |"
+
+
+def _seconds(x: float | None) -> str:
+    """A train s cell: whole seconds, as every committed table's (65 s and up); below 10 s, a --quick run's, to
+    the hundredth (whole seconds showed 0, 1 or 2 for each optimizer)."""
+    return _fmt(x, ".0f" if x is None or x >= 10 else ".2f")
 
 
 def _speedup_text(r: dict) -> str:
@@ -345,10 +371,10 @@ def _pretrain_findings(rows: list[dict], runs: list[dict], done: list[dict], fin
                    "that ignores its context reaches: `unigram.json`).")
     sped = [f"{r['optimizer']} {_speedup_text(r)}" for r in done if r.get("token_speedup") is not None]
     if sped:
-        out.append(f"Token speed-up over {REFERENCE} (the tokens {REFERENCE}'s curve at its best lr needs to reach "
-                   f"each optimizer's final loss, over the tokens that optimizer trained on; for an optimizer "
-                   f"below {REFERENCE}'s whole curve, {REFERENCE}'s tokens over those its own curve needs to reach "
-                   f"{REFERENCE}'s final loss): {', '.join(sped)}.")
+        out.append(f"Token speed-up over {REFERENCE} (the tokens {REFERENCE}'s curve at its best lr, the mean over "
+                   "its seeds, needs to reach each optimizer's mean final loss, over the tokens that optimizer "
+                   f"trained on; for an optimizer below {REFERENCE}'s whole curve, {REFERENCE}'s tokens over those "
+                   f"its own mean curve needs to reach {REFERENCE}'s mean final loss): {', '.join(sped)}.")
     best = finished[0]
     met = best["mean"] <= TARGET_LOSS
     out.append(f"Budget rule: the best optimizer's final validation loss is {best['mean']:.3f} nats/token, "

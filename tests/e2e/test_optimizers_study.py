@@ -128,8 +128,9 @@ def test_rerun_skips_finished_runs_even_without_their_run_dirs(quick_study):
     longer = list(argv)
     longer[longer.index("--steps") + 1] = "8"  # another budget over the same records: refused, not mixed in
     done = subprocess.run(longer, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
-    assert done.returncode != 0 and "==" not in done.stderr
-    assert "another budget (steps=6; this sweep: steps=8)" in done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "==" not in done.stderr  # a project error's status and line (harness.main)
+    assert ": error: " in (last := done.stderr.strip().splitlines()[-1]), done.stderr[-3000:]
+    assert "another budget (steps=6; this sweep: steps=8)" in last
     assert {p: p.read_text() for p in (study.parent / "records").rglob("*.json")} == records
 
 
@@ -207,5 +208,6 @@ def test_quick_finetune_study_scores_each_optimizer_and_refuses_another_budget(q
 
     shutil.rmtree(out / "finetune" / "sst2" / "runs")
     done = subprocess.run(ft, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
-    assert done.returncode != 0 and "== finetune" not in done.stderr
-    assert "another budget (epochs=2; this sweep: epochs=1)" in done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "== finetune" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "error: " in last and "another budget (epochs=2; this sweep: epochs=1)" in last

@@ -17,7 +17,7 @@ import pytest
 import gpt1_jax.finetune
 from experiments import harness
 from gpt1_jax.config import FinetuneConfig
-from gpt1_jax.errors import DataError, WorkdirError
+from gpt1_jax.errors import ConfigError, DataError, WorkdirError
 from gpt1_jax.loop import Outcome
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,12 +92,19 @@ def test_a_rebuild_trains_nothing(tmp_path, monkeypatch):
         harness.sweep(_runs(tmp_path, 1), harness.Records(tmp_path, tmp_path / "kept", train=False), _record)
 
 
-def test_a_record_of_another_budget_stops_the_sweep_in_one_line(tmp_path):
+def test_a_record_of_another_budget_stops_the_sweep_in_one_line(tmp_path, capsys):
+    """The refusal is a ConfigError, which harness.main prints as "PROG: error: ..." with exit status 2, as every
+    other one: it was a SystemExit, its bare text and exit status 1."""
     records = harness.Records(tmp_path)
-    records.save(tmp_path / "run", {"steps": 6})
-    assert records.load(tmp_path / "run", {"steps": 6}) == {"steps": 6}
-    with pytest.raises(SystemExit, match=r"finished under another budget \(steps=6; this sweep: steps=8\)"):
+    records.save(tmp_path / "run", {"steps": 6, "epochs": 1})
+    assert records.load(tmp_path / "run", {"steps": 6}) == {"steps": 6, "epochs": 1}
+    with pytest.raises(ConfigError, match=r"finished under another budget \(steps=6; this sweep: steps=8\)"):
         records.load(tmp_path / "run", {"steps": 8})
+    with pytest.raises(ConfigError, match=r"budget \(steps=6, epochs=1; this sweep: steps=8, epochs=2\); give it"):
+        records.load(tmp_path / "run", {"steps": 8, "epochs": 2})
+    assert harness.main(lambda: records.load(tmp_path / "run", {"steps": 8}), "run_study") == 2
+    assert capsys.readouterr().err == (f"run_study: error: {tmp_path / 'run'}: finished under another budget (steps=6; "
+                                       "this sweep: steps=8); give it its own --out and records\n")
 
 
 def test_one_runs_error_is_its_line_and_the_sweep_goes_on(tmp_path, monkeypatch):
@@ -194,10 +201,10 @@ def test_a_record_made_with_other_settings_is_not_this_runs(tmp_path, monkeypatc
     records = harness.Records(tmp_path / "out")
     assert harness.make(run(), records, _record).seconds > 0
     assert harness.make(run(), records, _record).seconds == 0  # done before
-    with pytest.raises(SystemExit, match=r"seed0: finished with other settings than this sweep's \(its config, the "
+    with pytest.raises(ConfigError, match=r"seed0: finished with other settings than this sweep's \(its config, the "
                                          r"model its --init holds or its data differ\): give this sweep its own --out"):
         harness.make(run(optim=dataclasses.replace(FinetuneConfig().optim, lr=1e-3)), records, _record)
-    with pytest.raises(SystemExit, match="finished with other settings"):
+    with pytest.raises(ConfigError, match="finished with other settings"):
         harness.make(run(init="none"), records, _record)
 
     # what does not decide the score does not count: how it runs, the model card, the model folder's path

@@ -306,3 +306,103 @@ def test_tasks_are_read_in_their_canonical_spelling(tmp_path):
     args, _ = rs.parse_args(["finetune", "--out", str(tmp_path), "--init", str(tmp_path), "--optimizers", "adamw",
                              "--tasks", "SST-2,mrpc"])
     assert [t[0].name for t in rs.study_tables(args)] == ["sst2", "mrpc"]
+
+
+def test_the_quick_bench_times_warm_steps_as_the_full_one(tmp_path, monkeypatch):
+    """--quick timed 1 step with no warm-up: a cold step ~10x a warm one, and the tables, which scale the runs'
+    seconds by the bench step, showed tokens/s 5x below what the runs measured."""
+    asked = []
+
+    def fake_bench(config, *, steps, warmup):
+        asked.append((steps, warmup))
+        return {"step_s_median": 0.01, "tokens_per_s": 1.0, "mfu": 0.0, "cpu_flags": ["avx"]}
+
+    monkeypatch.setattr(rs.bench, "run", fake_bench)
+    for name in ("quick", "full"):
+        rs.bench_optimizer(tmp_path / name, dict(rs.PRETRAIN[name], source="default"), "adamw", 512)
+    quick = asked[:len(rs.PRETRAIN["quick"]["bench_shapes"])]
+    assert quick and all(steps >= 3 and warmup >= 1 for steps, warmup in quick)
+    assert set(asked) == {(5, 2)}  # the full budget's, which the committed bench records were timed with
+
+
+def test_one_cpu_kind_keeps_the_runs_own_seconds():
+    """Runs and bench on one CPU kind: no machine to convert from, so the runs' own seconds and tokens/s
+    ("measured"); converted, every optimizer got the median overhead's seconds and tokens/s tied across rows."""
+
+    def run(name, seed, seconds, rate):
+        return dict(_rec(name, 1e-3, 4.0, seed), steps=24, tokens_per_step=512, train_seconds=seconds,
+                    tokens_per_s=rate, cpu_flags="avx avx2")
+
+    runs = [run("a", 0, 0.30, 41_000.0), run("a", 1, 0.32, 39_000.0), run("b", 0, 0.26, 47_000.0),
+            run("b", 1, 0.27, 46_000.0)]
+    bench = {n: {"study": {"step_s": 0.0125}, "cpu_flags": ["avx", "avx2"]} for n in ("a", "b")}
+    assert tb.machine_factors(runs, bench) == {}
+    rows = {r["optimizer"]: r for r in tb.summarize(runs, ["a", "b"], [0, 1], bench)}
+    assert (rows["a"]["time_basis"], rows["a"]["train_seconds"]) == ("measured", 0.31)
+    assert rows["a"]["tokens_per_s"] == 40_000.0
+    assert (rows["b"]["train_seconds"], rows["b"]["tokens_per_s"]) == (0.265, 46_500.0)
+    bench["b"]["cpu_flags"] = ["avx", "avx2", "avx512f"]  # a bench on another kind: the runs' seconds convert
+    assert set(tb.machine_factors(runs, bench)) == {"avx avx2"}
+
+
+def test_a_run_records_its_training_seconds_to_the_millisecond(tmp_path, monkeypatch):
+    """A quick run trains in ~0.3 s: kept to 0.01 s, its seconds tied with other optimizers'."""
+    import gpt1_jax.pretrain
+    from gpt1_jax.loop import Outcome
+
+    def short_run(config, workdir, **options):
+        workdir.mkdir(parents=True, exist_ok=True)
+        rows = [{"step": s, "loss": 5.0, "tokens_per_s": 512 / 0.0123, "step_s": 0.0123} for s in range(1, 5)]
+        rows.append({"step": 4, "val_loss": 5.1})
+        (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return Outcome("finished", 4)
+
+    monkeypatch.setattr(gpt1_jax.pretrain, "run", short_run)
+    budget = dict(rs.PRETRAIN["quick"], steps=4, source="default")
+    rec = rs.pretrain_run(tmp_path, budget, "adamw", 1e-3, 0, "train", None)
+    assert rec["train_seconds"] == 0.049 and rec["final_val_loss"] == 5.1
+
+
+def test_the_token_speedup_reads_mean_curves_as_the_means_it_compares():
+    """The speed-up compares a row's mean loss: it read gpt1_adam's seed-0 curve, which (seed 0 its worst seed)
+    never reached gpt1_adam's own mean, so a row within the seed noise of gpt1_adam read "> 1.00x". Read off the
+    mean curves, both end at their means."""
+
+    def rec(name, seed, losses):
+        curve = [{"step": s, "val_loss": v} for s, v in enumerate(losses, 1)]
+        return dict(_rec(name, 1e-3, losses[-1], seed), tokens=400, tokens_per_step=100, steps=4, val_curve=curve)
+
+    ref_finals, a_finals = (5.2, 5.0, 4.9), (5.05, 5.03, 5.04)
+    runs = [rec("gpt1_adam", s, [7.0, 6.0, 5.5, f]) for s, f in enumerate(ref_finals)]
+    runs += [rec("a", s, [6.5, 5.8, 5.3, f]) for s, f in enumerate(a_finals)]
+    rows = {r["optimizer"]: r for r in tb.summarize(runs, ["gpt1_adam", "a"], [0, 1, 2])}
+    ref_mean, a_mean = rows["gpt1_adam"]["mean"], rows["a"]["mean"]
+    assert a_mean > ref_mean  # a is (slightly) worse: gpt1_adam's mean curve reaches a's mean before its end
+    needed = 300 + 100 * (5.5 - a_mean) / (5.5 - ref_mean)
+    assert rows["a"]["speedup_bound"] == "=" and rows["a"]["token_speedup"] == pytest.approx(needed / 400)
+    assert rows["a"]["token_speedup"] < 1 and rows["gpt1_adam"]["token_speedup"] == 1.0
+    assert tb._curve(runs, rows["gpt1_adam"])[0][-1][1] == ref_mean  # the reference's curve ends at its mean
+
+
+def test_small_times_keep_their_digits_and_large_ones_read_as_before():
+    """--quick's train s read 0, 1 or 2 and its compute "0.0 h"; the committed studies' cells are unchanged."""
+    assert [tb._seconds(x) for x in (0.2345, 2.8254, 9.994, 65.4, 1333.2, None)] == ["0.23", "2.83", "9.99", "65",
+                                                                                      "1333", "-"]
+    quick = [dict(_rec("a", 1e-3, 4.0), wall_seconds=w) for w in (40.0, 31.5)]
+    assert tb._compute_line(quick) == "Compute: 2 runs, 1 min 12 s of wall-clock in all."
+    full = [dict(_rec("a", 1e-3, 4.0), wall_seconds=w) for w in (30_000.0, 27_240.0)]
+    assert tb._compute_line(full) == "Compute: 2 runs, 15.9 h of wall-clock in all."
+
+
+@pytest.mark.parametrize("optimizers, message", [
+    ("sgd", "sgd is not in the study's specs (gpt1_adam, adamw, adafactor, lion, sgd_nesterov, muon, "
+            "schedule_free_adamw, lamb): each has its centre lrs and own hyper-parameters in "
+            "experiments/optimizers/run_study.py SPECS; add an entry there to study another"),
+    ("adamw,sgdd", "unknown optimizer(s) sgdd; the study's: gpt1_adam, adamw"),
+])
+def test_an_optimizer_outside_the_study_is_named_for_what_it_is(optimizers, message, tmp_path, capsys):
+    """`--optimizers sgd` said "unknown optimizer(s) sgd" although gpt1-jax trains with it (gpt1_jax.optim)."""
+    with pytest.raises(SystemExit) as e:
+        rs.parse_args(["pretrain", "--quick", "--out", str(tmp_path), "--optimizers", optimizers])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and f": error: {message}" in err[0], err
