@@ -200,7 +200,8 @@ def _model_source_flags(p: argparse.ArgumentParser, workdir_help: str) -> None:
     where.add_argument("--workdir", help=workdir_help)
     where.add_argument("--init", metavar="SOURCE", help=INIT_SOURCES)
     p.add_argument("--step", type=at_least(0), default=None, metavar="N",
-                   help="checkpoint step of a run workdir (default: the latest)")
+                   help="checkpoint step of a run workdir (default: the latest; a finished fine-tuning run's best "
+                        "epoch, its results.json's `step`)")
     _flag(p, None, "--tokenizer", note="default: the one in the workdir or SOURCE")
 
 
@@ -375,8 +376,8 @@ def _finetune_flags(p: argparse.ArgumentParser) -> None:
                    help=f"{INIT_SOURCES}; none (random init), or scratch:DIR (random init with DIR's architecture "
                         f"and tokenizer)")
     p.add_argument("--step", type=at_least(0), default=None, metavar="N",
-                   help="checkpoint step of an --init run workdir (default: its latest; a fine-tuning run's best "
-                        "epoch is its results.json's `step`)")
+                   help="checkpoint step of an --init run workdir (default: its latest; a finished fine-tuning "
+                        "run's best epoch, its results.json's `step`)")
     p.add_argument("--workdir", required=True, help="where config, results.json and predictions go")
     p.add_argument("--data-dir", default=None,
                    help="GLUE's TSV distribution (<dir>/<Task>/{train,dev,test}.tsv) or, for race, race.tar.gz; "
@@ -406,7 +407,8 @@ def _finetune(args: argparse.Namespace) -> int:
         raise ConfigError("--set task=...: the task is --task's; give it there")
     source = Path(args.init.removeprefix("scratch:"))
     if args.init != "none" and source.is_dir():  # its architecture is the files' own (scratch: too)
-        check_model_sets(source, [f"{k.removeprefix('model.')}=" for k in sorted(given) if k.startswith("model.")])
+        check_model_sets(source, [f"{k.removeprefix('model.')}=" for k in sorted(given) if k.startswith("model.")],
+                         preset=args.config)
     # The run folder's own config is the default, as --help says (only a fine-tuning run's: another job's folder is
     # refused by the run itself, in one line)
     held = run_folder.read(args.workdir) if Path(args.workdir).is_dir() else None
@@ -545,7 +547,9 @@ def _convert_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("dst", help="output directory (must not exist or be empty, unless --overwrite)")
     p.add_argument("--to", choices=("hf", "jax"), default="hf", help="output format (default: hf)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty DST")
-    p.add_argument("--step", type=at_least(0), default=None, help="checkpoint step of a run workdir (default: the latest)")
+    p.add_argument("--step", type=at_least(0), default=None,
+                   help="checkpoint step of a run workdir (default: the latest; a finished fine-tuning run's best "
+                        "epoch, its results.json's `step`)")
     _flag(p, ModelConfig, "--n-heads")
     _add_set(p, "a model config field: run-time ones (dtype, scan_layers, ...) anywhere, any on an original release")
 
@@ -553,11 +557,12 @@ def _convert_flags(p: argparse.ArgumentParser) -> None:
 def _convert(args: argparse.Namespace) -> int:
     # Every other verb spells a model field `model.dtype`; here the config is the model's own: both spellings go.
     overrides = [o.removeprefix("model.") for o in _overrides(args, ModelConfig)]
-    config, out = convert(args.src, args.dst, to=args.to, overwrite=args.overwrite, overrides=overrides,
-                          step=args.step)
+    config, out, step = convert(args.src, args.dst, to=args.to, overwrite=args.overwrite, overrides=overrides,
+                                step=args.step)
     tokenizer = "with its tokenizer" if (out / "tokenizer.json").is_file() else "without a tokenizer (none in SRC)"
+    read = "" if step is None else f" from {args.src} step {step}"  # a run's: its newest, or its best epoch
     print(f"wrote {args.to} checkpoint of {config.num_params():,} parameters ({config.n_layers} layers x "
-          f"{config.d_model}) {tokenizer} to {out}")
+          f"{config.d_model}) {tokenizer}{read} to {out}")
     return 0
 
 

@@ -14,6 +14,7 @@ results.json and, with `predict_test`, GLUE's submission file DIR/<Task>.tsv.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -40,13 +41,14 @@ from gpt1_jax.errors import DataError, WorkdirError
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.integrity import checkpoint_steps, newest_checkpoint
 from gpt1_jax.loop import Hook, Outcome, resume_step, start
-from gpt1_jax.metrics import json_safe, plot_losses
+from gpt1_jax.metrics import json_safe, plot_losses, say
 from gpt1_jax.optim import eval_params
 from gpt1_jax.sharding import make_mesh
 from gpt1_jax.step import check_batch_size, make_trainer
 from gpt1_jax.tokenizer import GPT1Tokenizer, find_tokenizer
-from gpt1_jax.weights import load_pretrained
-from gpt1_jax.workdir import DATA_INFO_FIX, Identity, check_same_settings, hold, init_identity, read_record
+from gpt1_jax.weights import read_model
+from gpt1_jax.workdir import (DATA_INFO_FIX, Identity, check_same_settings, hold, init_identity, read_record,
+                              recorded_step, training_now)
 from gpt1_jax.workdir import check as check_workdir
 
 
@@ -58,26 +60,37 @@ class Source:
     model_config: ModelConfig | None = None  # None: the config's own model (`none`)
     params: dict | None = None  # transformer params; None: random init
     tokenizer: object = None  # a GPT1Tokenizer; None: trained on the task's text (`none` only)
+    step: int | None = None  # the checkpoint of a run the weights come from
 
 
-def open_source(init: str, config: FinetuneConfig, tokenizer_spec: str | None, step: int | None = None) -> Source:
-    """Reads the init source (`step`: a run workdir's checkpoint; None: its latest): before any task data, so a
-    wrong path fails at once."""
+def open_source(init: str, config: FinetuneConfig, tokenizer_spec: str | None, step: int | None = None, *,
+                weights: bool = True) -> Source:
+    """Reads the init source (`step`: a run workdir's checkpoint; None: the one `read_model` picks, a finished
+    fine-tuning run's best epoch, else the newest): before any task data, so a wrong path fails at once.
+    `weights=False`: a resumed run's own checkpoints hold its weights, only the source's architecture and tokenizer
+    are read, and a `step` the source no longer keeps is read at its newest (the run still started from `step`)."""
     if init == "none":
         return Source("none", tokenizer=find_tokenizer(tokenizer_spec, None))
     scratch = init.startswith("scratch:")
     path = Path(init.removeprefix("scratch:"))
     if not path.is_dir():
         raise FileNotFoundError(f"--init {init}: no such directory (a run workdir, a checkpoint folder, or none)")
+    gone = (not weights and step is not None and (path / "checkpoints").is_dir()
+            and step not in checkpoint_steps(path / "checkpoints"))
     # the files' architecture, the run's run-time fields
-    model_config, params = load_pretrained(path, config.model, step=step)
+    model_config, params, read = read_model(path, config.model, step=None if gone else step)
     tok = find_tokenizer(tokenizer_spec, path, model_vocab_size=model_config.vocab_size)
     if tok is None:
         raise FileNotFoundError(f"--init {init}: no tokenizer in it (tokenizer.json, encoder_bpe_40000.json + "
                                 "vocab_40000.bpe, or vocab.json + merges.txt); pass --tokenizer")
     if scratch:  # Table 5's "no pre-training" at the source's own architecture and vocabulary
         return Source(f"scratch ({path})", model_config, None, tok)
-    return Source(str(path) if step is None else f"{path} step {step}", model_config, params, tok)
+    if step is None and read is not None and (holder := training_now(path)) and jax.process_index() == 0:
+        # its newest checkpoint changes as it trains: runs (seeds of a sweep) started later would start elsewhere
+        say(f"--init {path} is training now ({holder}): this run starts from its checkpoint of step {read}; give "
+            f"--step {read} to start other runs from the same one", "gpt1-jax finetune")
+    step = read if step is None else step
+    return Source(str(path) if step is None else f"{path} step {step}", model_config, params, tok, step)
 
 
 def with_marker_rows(model_config: ModelConfig, params, tok, seed: int):
@@ -115,13 +128,16 @@ def transplant(fresh, pretrained, model_config: ModelConfig, n_layers: int):
 
 # ---- evaluation ------------------------------------------------------------------------------------------
 
-def predict_split(trainer, params, enc: Encoded, batch_size: int, n_ctx: int, markers, task: Task) -> np.ndarray:
+def predict_split(trainer, params, enc: Encoded, batch_size: int, n_ctx: int, markers, task: Task,
+                  on_batch: Callable[[], None] = lambda: None) -> np.ndarray:
     """Predictions for every example of `enc`, in order (its `prediction_batches`, the filler dropped); a causal
-    model's outputs at an example's positions do not depend on the padding after them."""
+    model's outputs at an example's positions do not depend on the padding after them. `on_batch`: after each
+    batch (a progress bar's tick)."""
     order, outs = [], []
     for rows, batch in prediction_batches(enc, batch_size, n_ctx, markers):
         order.append(rows)
         outs.append(np.asarray(jax.device_get(trainer.predict(params, trainer.put_batch(batch, train=False))))[: len(rows)])
+        on_batch()
     out = np.zeros((0, task.n_outputs), np.float32)
     if outs:
         shortest_first = np.concatenate(outs)
@@ -139,7 +155,8 @@ class DevEvaluation:
     """The epoch-end hook: score every dev split (and the held-out slice, when there is one), keep the best epoch
     by the task's first metric on the held-out slice (else on dev), and write that epoch's dev predictions (and
     test submissions); `keep(step)` hears of each new best epoch's step (its checkpoint is kept). Its history
-    is part of every checkpoint."""
+    and `seconds` (its share of the run's wall time: compiling the predictions, scoring, writing them; None
+    for a run resumed from a checkpoint that did not keep them) are part of every checkpoint."""
 
     def __init__(self, task: Task, splits: Splits, trainer, eval_batch: int, markers, workdir: Path, steps_per_epoch: int,
                  keep: Callable[[int], None] = lambda step: None):
@@ -150,6 +167,7 @@ class DevEvaluation:
         self.selected_on = "holdout" if splits.holdout is not None else "dev"
         self.history: list[dict] = []
         self.best: dict | None = None
+        self.seconds: float | None = 0.0
 
     def _score(self, enc: Encoded, preds: np.ndarray) -> dict[str, float]:
         labelled = [i for i, ex in enumerate(enc.examples) if ex["label"] != -1]
@@ -157,6 +175,19 @@ class DevEvaluation:
 
     def __call__(self, step: int, state, train_loss: float, say: Callable[[str], None] = lambda line: None) -> dict:
         """Scores the epoch that ends at `step`; `say`: where its line goes (the run's bar)."""
+        with self._timed():
+            return self._evaluate(step, state, train_loss, say)
+
+    @contextlib.contextmanager
+    def _timed(self):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.seconds is not None:
+                self.seconds += time.perf_counter() - t0
+
+    def _evaluate(self, step: int, state, train_loss: float, say: Callable[[str], None]) -> dict:
         params = eval_params(state.opt_state, state.params)  # schedule-free: evaluated at x
         predict = lambda enc: predict_split(self.trainer, params, enc, self.eval_batch, self.splits.n_ctx, self.markers, self.task)
         scores, preds = {}, {}
@@ -181,6 +212,10 @@ class DevEvaluation:
 
     def prepare(self, state) -> None:
         """Compiles the prediction program for every batch shape it meets (a few lengths), without running it."""
+        with self._timed():
+            self._compile(state)
+
+    def _compile(self, state) -> None:
         params, compiled = eval_params(state.opt_state, state.params), set()
         held = [self.splits.holdout] if self.splits.holdout is not None else []
         for enc in [*self.splits.dev.values(), *held, *self.splits.test.values()]:
@@ -199,10 +234,10 @@ class DevEvaluation:
             write_submission(self.workdir / submission_file(self.task, split), self.task, self.splits.test[split], p)
 
     def state(self) -> dict:
-        return {"history": self.history, "best": self.best}
+        return {"history": self.history, "best": self.best, "seconds": self.seconds}
 
     def restore(self, state: dict) -> None:
-        self.history, self.best = state["history"], state["best"]
+        self.history, self.best, self.seconds = state["history"], state["best"], state.get("seconds")
         if self.best is not None:  # checkpoints from before the step was kept: the epoch's end
             self.best.setdefault("step", self.best["epoch"] * self.steps_per_epoch)
             self.keep(self.best["step"])
@@ -211,10 +246,11 @@ class DevEvaluation:
 # ---- the run -----------------------------------------------------------------------------------------------
 
 def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, tokenizer, predict_test: bool, tfds_dir,
-            init_step: int | None = None, progress: bool = False):
+            init_step: int | None = None, progress: bool = False, resumed: bool = False):
     """-> (task, source, the resolved config, encoded splits): everything before the model is built. `progress`:
-    bars of reading RACE's archive, training a BPE of the task's text and encoding the splits."""
-    source = open_source(init, config, tokenizer, init_step)
+    bars of reading RACE's archive, training a BPE of the task's text and encoding the splits. `resumed`: the
+    run's own checkpoints hold its weights (`open_source`)."""
+    source = open_source(init, config, tokenizer, init_step, weights=not resumed)
     check_init_layers(config.init_layers, source)
     model = source.model_config or config.model  # a pre-trained model's head size, not the preset's
     check_attention(model.attention, model.attn_dropout, True, model.head_dim)
@@ -259,25 +295,29 @@ def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, token
 def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | None = None, tokenizer: str | None = None,
         predict_test: bool = False, progress: bool = True, tfds_dir: str | None = None,
         init_step: int | None = None) -> Outcome:
-    """Fine-tunes `config.task` from `init` (`init_step`: that run's checkpoint; None: its latest) in `workdir`
-    (resuming what is there) -> how it ended; a finished run's outcome carries its results.json as `results` (a
-    rerun of a finished run rewrites them)."""
+    """Fine-tunes `config.task` from `init` (`init_step`: that run's checkpoint; None: the one its run.json records,
+    else the one `read_model` picks, recorded) in `workdir` (resuming what is there) -> how it ended; a finished
+    run's outcome carries its results.json as `results` (a rerun of a finished run rewrites them)."""
     workdir = Path(workdir)
     if init_step is not None and (init == "none" or init.startswith("scratch:")):
         raise ConfigError(f"--step picks a checkpoint of the --init run, and --init {init} reads no weights")
-    job = Identity("finetune", config.task, init_identity(init) + ("" if init_step is None else f" step {init_step}"))
+    job = Identity("finetune", config.task, init_identity(init, init_step))
     held = check_workdir(workdir, job, "finetune", init_path=None if init == "none" else init.removeprefix("scratch:"))
+    # One step for the whole run, resolved when it began: a source training now saves newer checkpoints meanwhile
+    init_step = recorded_step(held.init) if init_step is None and held is not None else init_step
     # What needs no data is checked before the task's files are read and encoded.
     mesh = make_mesh(config.mesh)
     check_batch_size(mesh, config.batch_size, config.accum_steps, "batch_size")
     check_batch_size(mesh, config.eval_batch_size or config.batch_size, 1, "eval_batch_size")
     with hold(workdir, "finetune", enabled=jax.process_index() == 0):  # one job at a time in a run folder
+        trained = newest_checkpoint(workdir / "checkpoints") is not None
         task, source, config, splits = prepare(config, workdir, init=init, init_step=init_step, data_dir=data_dir,
                                                tokenizer=tokenizer, predict_test=predict_test, tfds_dir=tfds_dir,
-                                               progress=progress)
+                                               progress=progress, resumed=trained)
+        if source.step is not None:  # run.json records the step read (a new run), or the one it records already
+            job = dataclasses.replace(job, init=init_identity(init, source.step))
         # A run that stopped before its first checkpoint (out of memory at its first step) has nothing to resume:
         # it was refused with its own settings, and the folder had to be deleted by hand. As pre-training does.
-        trained = newest_checkpoint(workdir / "checkpoints") is not None
         if held is not None and (workdir / "config.yaml").is_file() and trained:
             check_same_settings(workdir, config, load_yaml(FinetuneConfig, workdir / "config.yaml"))
         check_outputs(workdir, task, splits, predict_test)
@@ -306,9 +346,9 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
                       "while the run trained; fine-tune again in another --workdir to have it", file=sys.stderr)
         if jax.process_index() == 0:
             atomic_write_text(workdir / "results.json", json.dumps(json_safe(results), indent=2, default=str) + "\n")
-            if progress:
-                print(f"best epoch {dev.best['epoch']}: {_scores_text(dev.best['scores'])}  -> {workdir / 'results.json'}",
-                      file=sys.stderr)
+            # a result, not progress: a batch job's log (--no-progress) has it too
+            print(f"best epoch {dev.best['epoch']}: {_scores_text(dev.best['scores'])}  -> {workdir / 'results.json'}",
+                  file=sys.stderr)
             print(f"loss curve: {plot_losses(workdir)}", file=sys.stderr)  # as pre-training's, with or without a bar
         return dataclasses.replace(outcome, results=results)
 
@@ -377,10 +417,8 @@ def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, sou
         f"{f' (+{len(splits.holdout.seqs)} held out to choose the epoch)' if splits.holdout is not None else ''}, "
         f"{', '.join(f'{len(e.seqs)} {s}' for s, e in splits.dev.items())}; "
         f"{config.optim.total_steps} steps{f', resuming at {begin}' if begin else ''}; mesh {dict(trainer.mesh.shape)}")
-    if splits.train.cut:  # the paper's layout keeps n_ctx // 2 - 2 tokens a segment; a short n_ctx cuts many
-        loop.progress.warn(f"finetune {task.name}: {splits.train.cut} of {len(splits.train.seqs)} training examples "
-                            f"have a text longer than a segment's {max_segment_len(splits.n_ctx)} tokens (n_ctx "
-                            f"{splits.n_ctx}): cut to it")
+    for line in data_warnings(task, config, splits):
+        loop.progress.warn(f"finetune {task.name}: {line}")
     if cut_tests := [s for s, enc in splits.test.items() if len(enc.seqs) < enc.of]:
         refused = ", which GLUE's server does not take" if task.submission else ""
         loop.progress.warn(f"finetune {task.name}: --max-eval-examples {config.max_eval_examples} cuts the test "
@@ -396,6 +434,23 @@ def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, sou
         except (ValueError, AttributeError):  # damaged (or not ours): the rerun writes it again whole
             pass
     return outcome, dev, seconds
+
+
+def data_warnings(task: Task, config: FinetuneConfig, splits: Splits) -> list[str]:
+    """What the run's data does that no flag said: examples cut to a segment, in every split (the paper's layout
+    keeps n_ctx // 2 - 2 tokens a segment; a short n_ctx cuts many, and RACE's dev passages were scored cut
+    without a word), and a batch larger than the training set (its rows beyond the data are filler)."""
+    lines = []
+    held = {"holdout": splits.holdout} if splits.holdout is not None else {}
+    cuts = [f"{enc.cut} of {len(enc.seqs)} {split}" for split, enc in
+            {"training": splits.train, **held, **splits.dev, **splits.test}.items() if enc.cut]
+    if cuts:
+        lines.append(f"{', '.join(cuts)} examples have a text longer than a segment's {max_segment_len(splits.n_ctx)} "
+                     f"tokens (n_ctx {splits.n_ctx}): cut to it")
+    if config.batch_size > (n := len(splits.train.seqs)):
+        lines.append(f"--batch-size {config.batch_size} is larger than the {n} training example{'s' * (n != 1)}: each "
+                     f"epoch is one step whose other {config.batch_size - n} rows are filler (weight 0)")
+    return lines
 
 
 def initial_state(trainer, source: Source, model_config: ModelConfig, config: FinetuneConfig):
@@ -423,7 +478,10 @@ def summary(task: Task, source: Source, config: FinetuneConfig, splits: Splits, 
         "n_train": len(splits.train.seqs),
         "n_dev": {s: len(e.seqs) for s, e in splits.dev.items()},
         "steps": config.optim.total_steps,
+        # the run's wall time over every session (steps, compiling, dev evaluation, saves), as it always was;
+        # dev_seconds: the dev evaluation's share of it (compiling the predictions included)
         "train_seconds": round(train_seconds, 2),
+        "dev_seconds": None if dev.seconds is None else round(dev.seconds, 2),
         "predictions": {s: f"predictions/{s}.tsv" for s in splits.dev},
         "submission": {s: submission_file(task, s) for s in splits.test},
         "config": to_dict(config),

@@ -32,8 +32,8 @@ from optax.contrib import ScheduleFreeState
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from gpt1_jax.config import (RUNTIME_FIELDS, ConfigError, FinetuneConfig, ModelConfig, PretrainConfig, apply_overrides,
-                             given_keys, load_yaml, override_key, read_yaml, save_yaml)
+from gpt1_jax.config import (MODEL_PRESETS, RUNTIME_FIELDS, ConfigError, FinetuneConfig, ModelConfig, PretrainConfig,
+                             apply_overrides, given_keys, load_yaml, override_key, read_yaml, save_yaml)
 from gpt1_jax.errors import CheckpointFormatError, OutputExistsError
 from gpt1_jax.files import some_names, staging_folder
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps, record, verify
@@ -41,6 +41,7 @@ from gpt1_jax.lockfile import remove_abandoned
 from gpt1_jax.model import init_params
 from gpt1_jax.optim import eval_params, uses_eval_params
 from gpt1_jax.tokenizer import find_tokenizer
+from gpt1_jax.workdir import read_record
 
 # orbax, and gpt1_jax.checkpoint built on it, are imported inside the functions that read or write orbax's
 # format: orbax takes ~0.5 s to import, and `import gpt1_jax` imports this module.
@@ -363,11 +364,31 @@ def _schedule_free_path(tree: Any, path: tuple = ()) -> tuple | None:
 READ_PATIENCE_S = 60.0  # how long a reader goes on reading a run that deletes each checkpoint as it saves the next
 
 
+RESULTS_FIX = "restore it, delete it (the run's newest checkpoint is then read), or give the step to read (--step)"
+
+
+def best_step(path: Path) -> int | None:
+    """The checkpoint a finished fine-tuning run's results.json describes (its best epoch's `step`, kept whatever
+    keep_checkpoints says); None: the newest is the run's (a pre-training run, a fine-tuning run still training,
+    or one whose best checkpoint a version older than pinning had rotated out: `step` null). The newest alone
+    was read, and convert, sample, evaluate and finetune --init took another epoch than the scores say."""
+    if not (path / "results.json").is_file() or not isinstance(_run_config(path), FinetuneConfig):
+        return None
+    step = read_record(path / "results.json", RESULTS_FIX).get("step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        raise CheckpointFormatError(f"{path}/results.json: step {json.dumps(step)[:40]} is not a checkpoint's step: "
+                                    f"damaged; {RESULTS_FIX}")
+    return step
+
+
 def _load_run(path: Path, step: int | None) -> tuple[ModelConfig, dict, int]:
-    """`_load_checkpoint` of a run that may be training now: its newest checkpoint (step None) can be deleted
+    """`_load_checkpoint` of a run at `step`; None: a finished fine-tuning run's best epoch (`best_step`), else
+    the newest. A run may be training now: its newest checkpoint can be deleted
     under the reader as the run saves the next (keep_checkpoints=1), which ended in orbax tracebacks; read
     again from the new newest one, as long as the run keeps moving on. Bounded in time, not in tries: a loaded
     machine lost 5 races in a row to a run saving every step."""
+    if step is None:
+        step = best_step(path)
     deadline = time.monotonic() + READ_PATIENCE_S
     while True:
         before = _checkpoints_now(path)
@@ -390,12 +411,20 @@ def _checkpoints_now(path: Path) -> list[int] | None:
 
 def _load_checkpoint(path: Path, step: int | None) -> tuple[ModelConfig, dict, int]:
     """-> (saved model config, transformer params, step). A fine-tuning run's params are
-    {"transformer", "head"}: the transformer is returned. Schedule-free runs give their x sequence
-    (`optim.eval_params`), the point they are evaluated and exported at, not the gradient point y."""
+    {"transformer", "head"}: the transformer is returned (`scored_params` reads both)."""
+    run = _run_config(path)
+    params, step = scored_params(path, run, step, ("params", "transformer") if isinstance(run, FinetuneConfig)
+                                 else ("params",))
+    return run.model, params, step
+
+
+def scored_params(path: Path, run: PretrainConfig | FinetuneConfig, step: int | None,
+                  model_path: tuple[str, ...] = ("params",)) -> tuple[dict, int]:
+    """The params under `model_path` of checkpoint `step` of the run in `path` whose config is `run` -> (params,
+    step). Schedule-free runs give their x sequence (`optim.eval_params`), the point they are evaluated and exported
+    at, not the gradient point y."""
     from gpt1_jax.checkpoint import restore_params, state_metadata  # orbax: see the note at the top
 
-    run = _run_config(path)
-    model_path = ("params", "transformer") if isinstance(run, FinetuneConfig) else ("params",)
     (params,), step = restore_params(path / "checkpoints", [model_path], step=step)
     if uses_eval_params(run.optim.name):
         sf_path = _schedule_free_path(state_metadata(path / "checkpoints", step).get("opt_state"), ("opt_state",))
@@ -406,7 +435,7 @@ def _load_checkpoint(path: Path, step: int | None) -> tuple[ModelConfig, dict, i
                                     step=step)
         sf_state = ScheduleFreeState(b1=b1, weight_sum=None, step_count=None, max_lr=None, base_optimizer_state=None, z=z)
         params = jax.tree.map(lambda x, p: x.astype(p.dtype), eval_params(sf_state, params), params)
-    return run.model, params, step
+    return params, step
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -441,13 +470,14 @@ def load_pretrained(path: str | os.PathLike, config: ModelConfig | None = None, 
 def read_model(path: str | os.PathLike, config: ModelConfig | None = None, *, step: int | None = None,
                overrides: Sequence[str] = ()) -> tuple[ModelConfig, dict, int | None]:
     """Reads any of the formats above -> (config, params, the run checkpoint's step read, else None), params as
-    plain (unboxed) jax arrays.
+    plain (unboxed) jax arrays. A run is read at `step`; None: a finished fine-tuning run's best epoch (the step
+    its results.json names), else its newest checkpoint.
 
     The architecture is the one the files record; `config` contributes its RUNTIME_FIELDS (dtype,
     attention, scan_layers, dropout, ...), and the tree is re-laid out for them. Original releases
     record no head count: there `config` is taken whole, or `n_heads=` given in `overrides`.
     `overrides` are `key=value` settings of the model config (run-time fields only, except on an
-    original release). `step` picks a run workdir's checkpoint (None: the latest).
+    original release).
     """
     path = Path(path)
     if not path.is_dir():
@@ -560,11 +590,36 @@ def _only_runtime(overrides: Sequence[str], source: str) -> None:
                           f"can be set, not {override_key(fixed[0])!r}")
 
 
-def check_model_sets(path: str | os.PathLike, overrides: Sequence[str]) -> None:
+def check_model_sets(path: str | os.PathLike, overrides: Sequence[str], preset: str | None = None) -> None:
     """Model `key=value` settings for the model folder `path`: only run-time fields, since every format but
-    OpenAI's release records its architecture (finetune dropped an architecture field without a word)."""
-    if detect_format(Path(path)) != "original":
-        _only_runtime(overrides, str(path))
+    OpenAI's release records its architecture (finetune dropped an architecture field without a word); and a
+    `--config` `preset` (a YAML file's model fields are `overrides`) only of the architecture `path` records:
+    `finetune --config tiny --init R` trained R's model, not tiny's, without a word."""
+    path = Path(path)
+    if detect_format(path) == "original":  # its architecture is the config's
+        return
+    _only_runtime(overrides, str(path))
+    if preset not in MODEL_PRESETS:
+        return
+    # The vocabulary is the tokenizer's (and a fine-tuning run's has the 3 markers more): not the preset's choice.
+    want, have = MODEL_PRESETS[preset].architecture(), _recorded_architecture(path).architecture()
+    differ = [k for k in want if k != "vocab_size" and want[k] != have[k]]
+    if differ:
+        shown = ", ".join(f"{k}={want[k]} in {preset}, {have[k]} in the files" for k in differ[:3])
+        raise ConfigError(f"--config {preset} is another architecture than {path} records ({shown}): leave --config "
+                          f"out (only the model's run-time fields, {', '.join(RUNTIME_FIELDS)}, can change), or give "
+                          "one of that architecture")
+
+
+def _recorded_architecture(path: Path) -> ModelConfig:
+    """The model a folder of any format but OpenAI's release records, read without its weights."""
+    fmt = detect_format(path)
+    if fmt == "hf":
+        try:
+            return _config_from_hf(json.loads((path / "config.json").read_text()), str(path))
+        except json.JSONDecodeError as e:
+            raise CheckpointFormatError(f"{path}/config.json is not valid JSON: {e}") from None
+    return load_yaml(ModelConfig, path / "config.yaml") if fmt == "jax" else _run_config(path).model
 
 
 def _runtime_config(saved: ModelConfig, config: ModelConfig | None, overrides: Sequence[str], source: str) -> ModelConfig:
@@ -680,9 +735,10 @@ def save_jax(config: ModelConfig, params, path: str | os.PathLike, *, overwrite:
 
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str = "hf", overwrite: bool = False,
-            overrides: Sequence[str] = (), step: int | None = None) -> tuple[ModelConfig, Path]:
-    """Any format `load_pretrained` reads -> a HF folder (`to="hf"`) or ours (`"jax"`), with the tokenizer
-    SRC holds, if any. `overrides` and `step` are load_pretrained's (e.g. `n_heads=N` for a release)."""
+            overrides: Sequence[str] = (), step: int | None = None) -> tuple[ModelConfig, Path, int | None]:
+    """Any format `read_model` reads -> a HF folder (`to="hf"`) or ours (`"jax"`), with the tokenizer SRC holds, if
+    any -> (config, the folder written, the run checkpoint's step read, else None). `overrides` and `step` are
+    read_model's (e.g. `n_heads=N` for a release)."""
     if to not in ("hf", "jax"):
         raise ConfigError(f"convert: to={to!r} is not hf or jax")
     if Path(dst).exists() and Path(dst).resolve() in (Path(src).resolve(), *Path(src).resolve().parents):
@@ -695,7 +751,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str = "hf", o
     except FileExistsError:
         raise OutputExistsError(f"{dst} is not empty; nothing was written: pass --overwrite to replace what is in "
                                 "it, or pick an empty or new folder") from None
-    config, params = load_pretrained(src, step=step, overrides=overrides)
+    config, params, step = read_model(src, step=step, overrides=overrides)
     tokenizer = find_tokenizer(None, Path(src), model_vocab_size=config.vocab_size)
     save = save_pretrained if to == "hf" else save_jax
-    return config, save(config, params, dst, overwrite=overwrite, tokenizer=tokenizer)
+    return config, save(config, params, dst, overwrite=overwrite, tokenizer=tokenizer), step

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,7 +35,7 @@ from gpt1_jax.files import atomic_write_text, some_names
 from gpt1_jax.lockfile import LOCK_STALE_S, break_lock, held, mtime_ns, owner_is_gone, read_owner, try_lock
 
 __all__ = ["Identity", "WorkdirError", "check", "claim", "read", "read_record", "check_same_settings", "init_identity",
-           "check_same_data", "hold", "DATA_INFO_FIX"]
+           "recorded_step", "check_same_data", "hold", "training_now", "DATA_INFO_FIX"]
 
 RUN_FILE = "run.json"
 LOCK_FILE = "run.lock"  # held by the job training in the folder (`hold`)
@@ -77,12 +78,26 @@ class Identity:
         return f"a fine-tuning run of {self.task}" + (f" from {self.init}" if self.init else "")
 
 
-def init_identity(init: str) -> str:
-    """`--init` as recorded: the source folder resolved, so `./run` and `run` are one source."""
+def init_identity(init: str, step: int | None = None) -> str:
+    """`--init` as recorded: the source folder resolved, so `./run` and `run` are one source; `SOURCE step N` for
+    the checkpoint of a run it started from."""
     if init == "none":
         return init
     prefix = "scratch:" if init.startswith("scratch:") else ""
-    return prefix + str(Path(init.removeprefix("scratch:")).resolve())
+    return prefix + str(Path(init.removeprefix("scratch:")).resolve()) + ("" if step is None else f" step {step}")
+
+
+def recorded_step(init: str | None) -> int | None:
+    """The step a recorded init source names (`SOURCE step N`); None: none recorded."""
+    found = re.fullmatch(r"(.*) step (\d+)", init or "", re.DOTALL)
+    return None if found is None else int(found.group(2))
+
+
+def _same_init(held: str, job: str) -> bool:
+    """A job that names no step (a rerun with the run's own command) is the run's source at whatever step the run
+    recorded: the step it resolved when it began."""
+    return held == job or (recorded_step(job) is None and recorded_step(held) is not None
+                           and held.removesuffix(f" step {recorded_step(held)}") == job)
 
 
 def read(workdir: str | Path) -> Identity | None:
@@ -166,7 +181,7 @@ def check(workdir: str | Path, job: Identity, verb: str, *, init_path: str | Pat
         raise WorkdirError(f"{where}; {verb} would overwrite it: choose another --workdir")
     if held.task is not None and job.task is not None and held.task != job.task:
         raise WorkdirError(f"{where}, not of {job.task}: choose another --workdir (one folder per task and setting)")
-    if held.init is not None and job.init is not None and held.init != job.init:
+    if held.init is not None and job.init is not None and not _same_init(held.init, job.init):
         raise WorkdirError(f"{where}, not from {job.init}: choose another --workdir (one folder per init source)")
     return held
 
@@ -205,8 +220,7 @@ def hold(workdir: str | Path, verb: str, enabled: bool = True, writes: str = "th
     workdir.mkdir(parents=True, exist_ok=True)
     lock = workdir / LOCK_FILE
     token = try_lock(lock)
-    # Another host's holder: its heartbeat's age on the shared disk, by this host's clock (skew shortens it).
-    if token is None and (owner_is_gone(lock) or time.time() - (mtime_ns(lock) or 0) / 1e9 > LOCK_STALE_S):
+    if token is None and _abandoned(lock):
         break_lock(lock)
         token = try_lock(lock)
     if token is None:
@@ -218,6 +232,21 @@ def hold(workdir: str | Path, verb: str, enabled: bool = True, writes: str = "th
     finally:
         if created and not any(workdir.iterdir()):  # a job refused before its first write leaves no folder
             workdir.rmdir()
+
+
+def _abandoned(lock: Path) -> bool:
+    """A run lock whose holder is gone: killed on this host, or silent for LOCK_STALE_S (another host's holder: its
+    heartbeat's age on the shared disk, by this host's clock; skew shortens it). A lock gone meanwhile is too."""
+    return owner_is_gone(lock) or time.time() - (mtime_ns(lock) or 0) / 1e9 > LOCK_STALE_S
+
+
+def training_now(workdir: str | Path) -> str | None:
+    """Who holds `workdir`'s run.lock (`hold`) when a job is training there now, else None: that run's newest
+    checkpoint is about to change."""
+    lock = Path(workdir) / LOCK_FILE
+    if not lock.is_file() or _abandoned(lock):
+        return None
+    return read_owner(lock)
 
 
 def claim(workdir: str | Path, job: Identity, architecture: dict[str, Any]) -> None:

@@ -74,6 +74,10 @@ def test_finetune_from_scratch_writes_results_predictions_and_submission(tmp_pat
     assert saved.optim.total_steps == 10 and saved.model.vocab_size == GPT1Tokenizer.load(workdir / "tokenizer.json").vocab_size
 
 
+def _scores(metrics: dict) -> str:
+    return "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+
+
 def _each_epoch_is_said_and_plotted(workdir, err: str) -> None:
     """Fine-tuning said nothing of its dev scores until the run's end ("best epoch 1: ..."), and drew no curve, where
     pre-training says each evaluation and plots its losses: now a line per epoch as it ends, and loss.png with the
@@ -98,10 +102,15 @@ def test_a_rerun_keeps_its_seconds_and_what_it_cannot_give_is_refused(tmp_path, 
     """A finished run's rerun rewrote train_seconds as 0.0; with --predict-test added it listed a submission file
     that no epoch wrote; a dev file without labels (a test file in its place) made a run of no scores, status 0."""
     workdir, results = _finetune(tmp_path, data_dir, "--epochs", "1")
-    assert capsys.readouterr().err == f"loss curve: {workdir / 'loss.png'}\n"  # --no-progress: as pre-training
+    # --no-progress: no bar, no epoch lines, but the run's result (it printed only the loss curve's line)
+    assert capsys.readouterr().err == (f"best epoch 1: {_scores(results['metrics'])}  -> {workdir / 'results.json'}\n"
+                                       f"loss curve: {workdir / 'loss.png'}\n")
     assert results["train_seconds"] > 0 and results["submission"] == {}
+    # train_seconds is the run's wall time; the dev evaluation's share of it (compiling included) is told apart
+    assert 0 < results["dev_seconds"] < results["train_seconds"]
     _, again = _finetune(tmp_path, data_dir, "--epochs", "1")
     assert again["train_seconds"] == results["train_seconds"] and again["metrics"] == results["metrics"]
+    assert again["dev_seconds"] == results["dev_seconds"]
     # A damaged results.json ended the rerun in a JSONDecodeError traceback; deleted dev predictions were listed
     # again as if they were there, status 0 and no word.
     (workdir / "results.json").write_text("{broken")
@@ -228,22 +237,29 @@ def test_init_from_hf_dir_appends_the_marker_rows(tmp_path, data_dir, tokenizer)
     assert scratch.described.startswith("scratch")
 
 
-def test_init_from_pretrain_workdir_restores_the_params(tmp_path, tokenizer):
+def _pretrain_folder(workdir, tokenizer, steps=(4, 6)) -> dict:
+    """A pre-training run's folder with a checkpoint of each step (no training: each a fresh init, of seed step + 1)
+    -> {step: its state}."""
     from gpt1_jax.checkpoint import Checkpointer
     from gpt1_jax.config import MeshConfig, OptimConfig, PretrainConfig, preset
     from gpt1_jax.step import lm_trainer
 
     config = dataclasses.replace(model_preset("tiny"), vocab_size=tokenizer.vocab_size)
-    workdir = tmp_path / "pre"
-    workdir.mkdir()
+    workdir.mkdir(exist_ok=True)
     trainer = lm_trainer(config, OptimConfig(total_steps=10, warmup_steps=1), MeshConfig())
-    state, later = trainer.init(seed=5), trainer.init(seed=6)
-    ckpt = Checkpointer(workdir / "checkpoints")
-    ckpt.save(4, state, {"batches": {}}, config)
-    ckpt.save(6, later, {"batches": {}}, config)
+    states = {step: trainer.init(seed=step + 1) for step in steps}
+    ckpt = Checkpointer(workdir / "checkpoints", keep=10)
+    for step, state in states.items():
+        ckpt.save(step, state, {"batches": {}}, config)
     ckpt.close()
     save_yaml(dataclasses.replace(preset(PretrainConfig, "tiny"), model=config), workdir / "config.yaml")
     tokenizer.save(workdir / "tokenizer.json")
+    return states
+
+
+def test_init_from_pretrain_workdir_restores_the_params(tmp_path, tokenizer):
+    workdir = tmp_path / "pre"
+    state = _pretrain_folder(workdir, tokenizer)[4]
     # --step picks a checkpoint (a fine-tuning run's best epoch: finetune had no --step, which its help named)
     source = open_source(str(workdir), FinetuneConfig(), None, step=4)
     assert source.described == f"{workdir} step 4"
@@ -251,6 +267,37 @@ def test_init_from_pretrain_workdir_restores_the_params(tmp_path, tokenizer):
     assert source.model_config.embd_dropout == 0.1  # run-time fields from the fine-tuning config
     for a, b in zip(jax.tree.leaves(source.params), jax.tree.leaves(state.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_source_training_now_is_said_and_the_step_read_is_kept_for_the_run(tmp_path, data_dir, tokenizer, capsys):
+    """Fine-tuning from a pre-training run still training took whichever checkpoint was newest and recorded no step
+    ("init": ".../pre"): seeds of one sweep could start from different checkpoints without a word. Now it says
+    so, and the run records the step it read, which its own command keeps to, whatever the source saved since."""
+    import socket
+
+    from gpt1_jax import workdir as wd
+
+    pre = tmp_path / "pre"
+    _pretrain_folder(pre, tokenizer)
+    with wd.hold(pre, "pretrain"):  # a pre-training job holds its folder: training now
+        workdir, results = _finetune(tmp_path, data_dir, "--init", str(pre), "--epochs", "1")
+    err = capsys.readouterr().err
+    assert (f"gpt1-jax finetune: --init {pre} is training now (pid {os.getpid()} on {socket.gethostname()}): this "
+            "run starts from its checkpoint of step 6; give --step 6 to start other runs from the same one\n") in err
+    assert results["init"] == f"{pre} step 6"
+    assert json.loads((workdir / "run.json").read_text())["init"] == f"{pre.resolve()} step 6"
+    _pretrain_folder(pre, tokenizer, steps=(8,))  # it trained on; then step 6 rotated out
+    shutil.rmtree(pre / "checkpoints" / "6")
+    _, again = _finetune(tmp_path, data_dir, "--init", str(pre), "--epochs", "1")  # the run's own command
+    assert again["init"] == f"{pre} step 6" and again["metrics"] == results["metrics"]
+    assert "training now" not in capsys.readouterr().err
+    argv = ["finetune", "--task", "cola", "--workdir", str(workdir), "--data-dir", str(data_dir), "--config", "tiny",
+            "--tfds-dir", str(tmp_path / "tfds"), "--batch-size", "8", "--no-progress", "--epochs", "1",
+            "--init", str(pre), "--step", "8"]
+    assert cli.main(argv) == 2
+    refused = capsys.readouterr().err.strip()
+    assert refused.endswith(f"holds a fine-tuning run of cola from {pre.resolve()} step 6, not from {pre.resolve()} "
+                            "step 8: choose another --workdir (one folder per init source)"), refused
 
 
 @pytest.mark.parametrize("scan_layers", [False, True], ids=["loop", "scan"])
@@ -502,13 +549,18 @@ def test_a_finished_run_refuses_other_jobs_and_settings_byte_for_byte(uninterrup
 def test_what_the_layout_cuts_and_a_subset_submission_are_said(tmp_path, data_dir, capsys):
     """Texts longer than a segment's n_ctx // 2 - 2 tokens were cut without a word (at tiny's n_ctx, most RACE
     articles), and --max-eval-examples cut the test split of a --predict-test run into a file GLUE's server
-    refuses, also without a word; then --no-progress silenced the warnings with the bar."""
+    refuses, also without a word; then --no-progress silenced the warnings with the bar. The cut counted training
+    examples only (RACE's dev accuracy was on cut passages without a word), and a batch larger than the training
+    set ran one step of mostly filler rows without one."""
     argv = ["finetune", "--task", "cola", "--workdir", str(tmp_path / "run"), "--data-dir", str(data_dir), "--config",
-            "tiny", "--tfds-dir", str(tmp_path / "tfds"), "--batch-size", "8", "--init", "none", "--epochs", "1",
-            "--set", "n_ctx=12", "--predict-test", "--max-eval-examples", "2", "--no-progress"]
+            "tiny", "--tfds-dir", str(tmp_path / "tfds"), "--batch-size", "16", "--max-train-examples", "10",
+            "--init", "none", "--epochs", "1", "--set", "n_ctx=12", "--predict-test", "--max-eval-examples", "2",
+            "--no-progress"]
     assert cli.main(argv) == 0
     err = capsys.readouterr().err
-    assert re.search(r"finetune cola: \d+ of \d+ training examples have a text longer than a segment's 4 tokens "
-                     r"\(n_ctx 12\): cut to it", err), err[-2000:]
+    assert re.search(r"finetune cola: \d+ of 10 training, [12] of 2 validation, [12] of 2 test examples have a text "
+                     r"longer than a segment's 4 tokens \(n_ctx 12\): cut to it", err), err[-2000:]
+    assert ("finetune cola: --batch-size 16 is larger than the 10 training examples: each epoch is one step whose "
+            "other 6 rows are filler (weight 0)") in err
     assert ("--max-eval-examples 2 cuts the test split too (test): predictions for part of a split, which GLUE's "
             "server does not take") in err

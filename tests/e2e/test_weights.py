@@ -91,7 +91,7 @@ def test_release_whose_head_size_is_not_64(tmp_path, vocab_dir):
     arrays = write_original_release(tmp_path / "release", shapes)
     with pytest.raises(ConfigError, match="not a multiple of GPT-1's head size 64"):
         load_pretrained(tmp_path / "release")
-    config, out = gpt1_jax.weights.convert(tmp_path / "release", tmp_path / "hf", overrides=["n_heads=3"])
+    config, out, _ = gpt1_jax.weights.convert(tmp_path / "release", tmp_path / "hf", overrides=["n_heads=3"])
     assert config.n_heads == 3 and config.d_model == 96
     tokens = np.random.default_rng(0).integers(0, 211, (1, 40))
     with torch.no_grad():

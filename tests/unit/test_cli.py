@@ -549,3 +549,15 @@ def test_float16_parameters_are_refused_where_the_optimizer_cannot_update_them(o
     for name in set(OPTIMIZER_NAMES) - set(SECOND_MOMENT_OPTIMIZERS):
         check_storage(ModelConfig(param_dtype="float16"), OptimConfig(name=name))
     check_storage(ModelConfig(param_dtype="bfloat16"), OptimConfig(name=optimizer))
+
+
+def test_finetune_refuses_a_config_preset_of_another_architecture_than_its_init(tmp_path, capsys, glue_dir):
+    """`finetune --task rte --init R --config tiny` trained R's 4 x 256 model without a word, where `--set
+    model.n_layers=2` was refused: the same refusal, before anything is written."""
+    workdir = tmp_path / "ft"
+    assert cli.main(["finetune", "--task", "rte", "--init", str(RELEASE), "--config", "tiny", "--data-dir",
+                     str(glue_dir), "--workdir", str(workdir)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"gpt1-jax finetune: error: --config tiny is another architecture "
+                                                   f"than {RELEASE} records (n_positions=64 in tiny, 256 in the files")
+    assert not workdir.exists()

@@ -2,6 +2,7 @@
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -300,3 +301,75 @@ def test_a_garbage_pytorch_bin_is_one_line(tmp_path):
                                                         r"truncated or corrupt$") as caught:
             load_pretrained(tmp_path / "hf")
         assert "\n" not in str(caught.value)
+
+
+def _finetune_run(folder, steps=(4, 8)):
+    """A fine-tuning run's folder (config.yaml + checkpoints, no training): each step's transformer of its own seed."""
+    import dataclasses
+
+    from gpt1_jax.checkpoint import Checkpointer
+    from gpt1_jax.config import FinetuneConfig, model_preset, save_yaml
+
+    model = model_preset("tiny")
+    folder.mkdir()
+    save_yaml(FinetuneConfig(task="rte", model=model), folder / "config.yaml")
+    ckpt = Checkpointer(folder / "checkpoints", async_save=False, keep=len(steps))
+    transformers = {}
+    for step in steps:
+        transformers[step] = random_params(model, seed=step)
+        ckpt.save(step, {"step": np.int32(step), "params": {"transformer": transformers[step]}}, {}, model)
+    ckpt.close()
+    return model, transformers
+
+
+def test_a_finished_finetune_run_is_read_at_the_best_epoch_its_results_describe(tmp_path, capsys):
+    """results.json said epoch 1 (step 4) while convert, sample, evaluate and finetune --init read step 8, the last
+    checkpoint, an epoch of other (worse) scores."""
+    from gpt1_jax.errors import WorkdirError
+    from gpt1_jax.weights import convert, read_model
+
+    run = tmp_path / "run"
+    _, transformers = _finetune_run(run)
+    same = lambda a, b: all(np.array_equal(np.asarray(x), np.asarray(y))  # noqa: E731
+                            for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    assert read_model(run)[2] == 8  # still training (no results.json): its newest
+    (run / "results.json").write_text(json.dumps({"task": "rte", "epoch": 1, "step": 4}))
+    _, params, step = read_model(run)
+    assert step == 4 and same(params, transformers[4]) and not same(params, transformers[8])
+    assert read_model(run, step=8)[2] == 8  # a step given still wins
+    assert convert(run, tmp_path / "hf")[2] == 4  # and convert can say which it wrote
+    from gpt1_jax import cli
+
+    assert cli.main(["convert", str(run), str(tmp_path / "hf2")]) == 0
+    assert f"from {run} step 4 to {tmp_path / 'hf2'}" in capsys.readouterr().out
+    (run / "results.json").write_text(json.dumps({"step": None}))  # rotated out by a version older than pinning
+    assert read_model(run)[2] == 8
+    (run / "results.json").write_text("{broken")
+    with pytest.raises(WorkdirError, match=r"results.json is damaged .*: restore it, delete it \(the run's newest "
+                                           r"checkpoint is then read\), or give the step to read \(--step\)"):
+        read_model(run)
+    (run / "results.json").write_text(json.dumps({"step": "4"}))
+    with pytest.raises(CheckpointFormatError, match=r"results.json: step \"4\" is not a checkpoint's step"):
+        read_model(run)
+
+
+def test_a_config_preset_of_another_architecture_than_the_model_folder_is_refused(tmp_path):
+    """`finetune --config tiny --init R` trained R's 4 x 256 model, not tiny's, without a word, where `--set
+    model.n_layers=2` was refused; a preset of the folder's own architecture (its vocabulary aside) still goes."""
+    import dataclasses
+
+    from gpt1_jax.config import model_preset
+    from gpt1_jax.weights import check_model_sets
+
+    small = dataclasses.replace(model_preset("small"), vocab_size=515)  # a tokenizer's table, not the preset's 8192
+    save_pretrained(small, random_params(small, seed=0), tmp_path / "hf")
+    _finetune_run(tmp_path / "run")
+    check_model_sets(tmp_path / "hf", ["dtype=bfloat16"], preset="small")
+    check_model_sets(tmp_path / "run", [], preset="tiny")
+    check_model_sets(tmp_path / "hf", [])  # no --config: the folder's own architecture, as before
+    with pytest.raises(ConfigError, match=r"^--config tiny is another architecture than .*hf records \("
+                                          r"n_positions=64 in tiny, 256 in the files, d_model=64 in tiny, 256 in "
+                                          r"the files, n_layers=2 in tiny, 4 in the files\): leave --config out"):
+        check_model_sets(tmp_path / "hf", [], preset="tiny")
+    with pytest.raises(ConfigError, match=r"^--config small is another architecture than .*run records"):
+        check_model_sets(tmp_path / "run", [], preset="small")

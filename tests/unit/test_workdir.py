@@ -287,3 +287,42 @@ def test_a_workdir_that_is_a_link_to_nothing_is_named_as_such(tmp_path):
     (tmp_path / "run").symlink_to(tmp_path / "gone")
     with pytest.raises(WorkdirError, match=r"run is a symbolic link to nothing \(.*gone does not exist"):
         wd.check(tmp_path / "run", wd.Identity("pretrain"), "pretrain")
+
+
+def test_a_run_records_the_step_of_its_source_and_its_own_command_still_resumes_it(tmp_path):
+    """Fine-tuning from a run recorded no step ("init": ".../pt"): seeds of a sweep started while it trained began
+    from different checkpoints without a word. The step read is recorded now (`SOURCE step N`); the run's own
+    command (no --step) is that source at that step, another step is refused."""
+    source = tmp_path / "pt"
+    run = tmp_path / "ft"
+    wd.claim(run, wd.Identity("finetune", "rte", wd.init_identity(str(source), 6)), {})
+    assert json.loads((run / wd.RUN_FILE).read_text())["init"] == f"{source.resolve()} step 6"
+    assert wd.recorded_step(wd.read(run).init) == 6 and wd.recorded_step(str(source)) is None
+    for step in (None, 6):
+        job = wd.Identity("finetune", "rte", wd.init_identity(str(source), step))
+        assert wd.check(run, job, "finetune") is not None
+    with pytest.raises(WorkdirError, match=rf"holds a fine-tuning run of rte from {source.resolve()} step 6, not from "
+                                           rf"{source.resolve()} step 8: choose another --workdir"):
+        wd.check(run, wd.Identity("finetune", "rte", wd.init_identity(str(source), 8)), "finetune")
+    with pytest.raises(WorkdirError, match="not from "):  # another source of the same name's start
+        wd.check(run, wd.Identity("finetune", "rte", wd.init_identity(str(tmp_path / "p"))), "finetune")
+
+
+def test_a_run_training_now_is_told_from_one_that_ended(tmp_path):
+    """What fine-tuning asks of its --init run: is its newest checkpoint about to change (its run.lock held)?"""
+    import socket
+    import time
+
+    from gpt1_jax.lockfile import LOCK_STALE_S
+
+    folder = tmp_path / "pt"
+    folder.mkdir()
+    assert wd.training_now(folder) is None
+    with wd.hold(folder, "pretrain"):
+        assert wd.training_now(folder) == f"pid {os.getpid()} on {socket.gethostname()}"
+    assert wd.training_now(folder) is None
+    (folder / wd.LOCK_FILE).write_text(json.dumps({"host": "elsewhere", "pid": 1, "token": "t"}))
+    assert wd.training_now(folder) == "pid 1 on elsewhere"
+    old = time.time() - LOCK_STALE_S - 5
+    os.utime(folder / wd.LOCK_FILE, (old, old))
+    assert wd.training_now(folder) is None  # silent too long: gone, as `hold` breaks it
