@@ -19,7 +19,7 @@ import numpy as np
 
 from gpt1_jax import flops, hugepages, sizing
 from gpt1_jax.attention import check_runnable as check_attention
-from gpt1_jax.config import PretrainConfig
+from gpt1_jax.config import OptimConfig, PretrainConfig
 from gpt1_jax.errors import ConfigError
 from gpt1_jax.metrics import Bar, say
 from gpt1_jax.step import lm_batch, lm_batch_spec
@@ -52,12 +52,18 @@ def timed_steps(compiled, trainer, state, batches: list, warmup: int, bar: Bar) 
     return times, losses
 
 
+def optimizer_fields(optim: OptimConfig) -> dict[str, Any]:
+    """The optimizer a report's step updates with: its state is in the state bytes, its update in the step time, and
+    the lr the timed steps ran at is the schedule's at steps 0.., so a record read beside others says which it was."""
+    return {"optim": optim.name, "lr": optim.lr, "schedule": optim.schedule, "warmup_steps": optim.warmup_steps}
+
+
 def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only: bool = False,
         peak_flops: float | None = None, progress: bool = True) -> dict[str, Any]:
-    """The sizing report of `config`'s train step plus, unless `compile_only`, the median step time,
-    tokens/s, MFU against `peak_flops` (default: gpt1_jax/flops.py's table or a measured matmul) and
-    the losses of the `steps` timed steps that follow `warmup` untimed ones. `progress`: status lines and a
-    bar of the steps on stderr (process 0's)."""
+    """The sizing report of `config`'s train step and its optimizer (`optimizer_fields`) plus, unless
+    `compile_only`, the median step time, tokens/s, MFU against `peak_flops` (default: gpt1_jax/flops.py's table
+    or a measured matmul) and the losses of the `steps` timed steps that follow `warmup` untimed ones. `progress`:
+    status lines and a bar of the steps on stderr (process 0's)."""
     if steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {steps}")
     if warmup < 0:
@@ -69,6 +75,7 @@ def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only
     speaks = progress and jax.process_index() == 0
     status = functools.partial(say, who="bench")  # stdout holds its one JSON line
     result, compiled = sizing.size_step(trainer, lm_batch_spec(B, T), config.model, status if speaks else None)
+    result = {**result, **optimizer_fields(config.optim)}
     if compile_only:
         return result
 

@@ -48,11 +48,11 @@ import jax
 from gpt1_jax import compile_cache, distributed, hugepages
 from gpt1_jax import workdir as run_folder
 from gpt1_jax.arguments import Parser, at_least, number_at_least
-from gpt1_jax.config import (FINETUNE_DERIVED, SEED_RANGE, DataConfig, FinetuneConfig, ModelConfig, PretrainConfig,
-                             TRACKER_NAMES, apply_overrides, check_not_derived, check_pretrain_schedule, given_keys,
-                             guarded_text, hand_written, resolve)
-from gpt1_jax.errors import (DEBUG_ENV, ConfigError, DataError, DivergenceError, GPT1JaxError, Interrupted, WorkdirError,
-                             os_error_message)
+from gpt1_jax.config import (FINETUNE_DERIVED, OPTIMIZER_NAMES, SEED_RANGE, DataConfig, FinetuneConfig, ModelConfig,
+                             PretrainConfig, TRACKER_NAMES, apply_overrides, check_not_derived, check_pretrain_schedule,
+                             given_keys, guarded_text, hand_written, resolve)
+from gpt1_jax.errors import (DEBUG_ENV, ConfigError, DataError, DivergenceError, GPT1JaxError, Interrupted,
+                             OutputExistsError, WorkdirError, os_error_message)
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps, newest_checkpoint, record, verify, verify_checkpoints
 from gpt1_jax.interrupt import CtrlC, unwrapped_interrupts
 from gpt1_jax.metrics import close_open_bars, json_safe, say
@@ -100,7 +100,7 @@ CONFIG_FLAGS: dict[str, ConfigFlag] = {
                              "learning-rate schedule (gpt1_jax/optim.py SCHEDULES): constant (the peak from step "
                              "0, no warmup), warmup_linear, warmup_cosine or warmup_constant", metavar="NAME"),
     "--optim": ConfigFlag({PretrainConfig: ("optim.name",)},
-                          "the optimizer (gpt1_jax/optim.py OPTIMIZERS)", metavar="NAME"),
+                          f"the optimizer: {', '.join(OPTIMIZER_NAMES)} (gpt1_jax/optim.py)", metavar="NAME"),
     "--dtype": ConfigFlag({PretrainConfig: ("model.dtype",)},
                           "compute dtype (parameters and optimizer state stay in model.param_dtype)",
                           choices=("float32", "bfloat16")),
@@ -278,7 +278,9 @@ def _pretrain_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", default=None, help="run directory: config, tokenizer, checkpoints, metrics "
                    "(a saved config.yaml there is the default --config: running again resumes); required but with "
                    "--dry-run, which writes nothing")
-    for name in ("--data", "--steps", "--batch-size", "--seq-len", "--seed", "--profile", "--tracker"):
+    # The optimizer flags set their fields only, as --set would (bench --lr once also made the schedule constant)
+    for name in ("--data", "--steps", "--batch-size", "--seq-len", "--accum-steps", "--optim", "--lr", "--schedule",
+                 "--seed", "--profile", "--tracker"):
         _flag(p, PretrainConfig, name)
     p.add_argument("--dry-run", action="store_true", help="compile the step for the mesh, print per-device memory "
                    "and FLOPs as one JSON line; no data, no training (size a pod job with --simulate-devices)")
@@ -313,10 +315,12 @@ def _pretrain(args: argparse.Namespace) -> int:
     from gpt1_jax.pretrain import run, with_schedule_span
 
     if args.dry_run:
+        from gpt1_jax.bench import optimizer_fields
         from gpt1_jax.sizing import dry_run
 
         said = functools.partial(say, who="pretrain --dry-run") if _speaks() and not args.no_progress else None
-        _print_json(dry_run(with_schedule_span(config), said))
+        config = with_schedule_span(config)
+        _print_json({**dry_run(config, said), **optimizer_fields(config.optim)})  # bench's report of the same step
         return 0
     return _exit_status(run(config, workdir, progress=not args.no_progress))
 
@@ -508,6 +512,7 @@ def _sample_flags(p: argparse.ArgumentParser) -> None:
 def _sample(args: argparse.Namespace) -> int:
     """--config / --set model.* give how the checkpoint runs (model.dtype, model.attention, ...)."""
     from gpt1_jax.generate import check_room, sample
+    from gpt1_jax.tokenizer import SPECIAL_TOKENS
 
     _refuse(args, "sample", {"mesh": "sampling runs on one device"})
     sets, others = _model_sets(args.set)
@@ -532,8 +537,10 @@ def _sample(args: argparse.Namespace) -> int:
     if _speaks() and prompt_ids and not args.no_progress:
         print(f"sample: generating {args.max_new_tokens} tokens x {args.num_samples} "
               f"sample{'s' * (args.num_samples > 1)} ...", file=sys.stderr, flush=True)
+    markers = [model.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS]  # fine-tuning's inputs, never text
     outputs = sample(model.config, model.params, prompt_ids, max_new_tokens=args.max_new_tokens,
-                     temperature=args.temperature, top_k=args.top_k, seed=args.seed or 0, num_samples=args.num_samples)
+                     temperature=args.temperature, top_k=args.top_k, seed=args.seed or 0, num_samples=args.num_samples,
+                     never=[i for i in markers if i is not None])
     if _speaks():
         for ids in outputs:
             print(f"{args.prompt} >> {model.tokenizer.decode(ids)}")
@@ -700,6 +707,99 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- predict --------------------------------------------------------------------------------------
+
+def _predict_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workdir", required=True,
+                   help="a finished fine-tuning run (finetune --workdir): its config, tokenizer and the best epoch's "
+                        "checkpoint (results.json's step)")
+    p.add_argument("input", metavar="INPUT",
+                   help="a TSV whose header names the task's text columns as GLUE's dev/test files do (rte: sentence1, "
+                        "sentence2; sst2: sentence; mrpc: '#1 String', '#2 String'), in any order, other columns "
+                        "ignored (a label, say); its index column, if any, names the output rows (else 0, 1, ...). "
+                        "cola and sst2 also take plain text, one input per line. - reads standard input")
+    p.add_argument("--format", choices=("auto", "tsv", "text"), default="auto",
+                   help="how INPUT is read: tsv; text (one input per line); auto (default): a TSV when its first line "
+                        "holds a tab or is the task's one column name (sentence), else text")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="write the predictions to FILE, whole or not at all (default: standard output)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out FILE")
+    p.add_argument("--batch-size", type=at_least(1), default=None, metavar="N",
+                   help="inputs per batch, a multiple of the device count (default: the run's eval batch size)")
+    _no_progress_flag(p)
+
+
+def _predict(args: argparse.Namespace) -> int:
+    """`index<TAB>prediction` lines, GLUE's submission layout with label names (STS-B: the score), on standard output
+    or in --out FILE; a bar of the batches and a closing line on stderr."""
+    from gpt1_jax.predict import check_output, predict, write_tsv
+
+    _refuse(args, "predict", {"config": "the run's own config.yaml is used",
+                              "mesh": "predictions run data-parallel over all devices"})
+    if args.set:
+        raise ConfigError(f"--set {args.set[0]} does not apply to predict: the run's own config.yaml is used")
+    if args.overwrite and args.out is None:
+        raise ConfigError("--overwrite goes with --out FILE")
+    if args.out is not None:  # before the model runs
+        check_output(args.out, args.overwrite)
+    result = predict(args.workdir, args.input, fmt=args.format, batch_size=args.batch_size,
+                     progress=not args.no_progress)
+    if not _speaks():
+        return 0
+    if args.out is None:
+        sys.stdout.write(result.tsv())
+        sys.stdout.flush()
+    else:
+        write_tsv(result, args.out, overwrite=args.overwrite)
+    if not args.no_progress:
+        run = result.run
+        say(f"{len(result.values)} predictions of {run.workdir} epoch {run.epoch} (step {run.step})"
+            f"{'' if args.out is None else f' -> {args.out}'}", who=f"predict {run.task.name}")
+    return 0
+
+
+# ---- compare --------------------------------------------------------------------------------------
+
+def _compare_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", metavar="RUN", help="pre-training run workdirs (one draws its curves alone)")
+    p.add_argument("--out", default="compare.png", metavar="FILE",
+                   help="the figure, in the format its suffix names (.png, .pdf, .svg; default: compare.png here); an "
+                        "existing file is replaced only with --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+
+
+def _compare_out(out: Path, overwrite: bool) -> None:
+    """Refuses a figure that would replace a file nobody said to replace, or that matplotlib cannot write (its
+    error named neither --out nor the formats it knows)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder: name the figure's file")
+    if out.suffix.lstrip(".").lower() not in formats:
+        raise ConfigError(f"--out {out}: name a figure file ending in one of {', '.join('.' + f for f in formats)}")
+    if out.exists() and not overwrite:
+        raise OutputExistsError(f"--out {out} exists; nothing was written: pass --overwrite to replace it, or name "
+                                "another file")
+    if not out.parent.is_dir():
+        raise ConfigError(f"--out {out}: its folder {out.parent} does not exist")
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """The runs' losses against tokens seen in one figure, and a table of where each ended on stdout."""
+    from gpt1_jax.metrics import comparison_table, plot_comparison, read_run
+
+    if len({Path(run).resolve() for run in args.runs}) < len(args.runs):
+        raise ConfigError("a run is given twice: name each run once")
+    runs = [read_run(run) for run in args.runs]
+    out = Path(args.out)
+    _compare_out(out, args.overwrite)
+    plot_comparison(runs, out)
+    print(comparison_table(runs), flush=True)
+    say(f"figure: {out}", who="compare")
+    return 0
+
+
 # ---- the command line -----------------------------------------------------------------------------
 
 class Verb(NamedTuple):
@@ -728,6 +828,10 @@ VERBS: dict[str, Verb] = {
                    _verify_flags, _verify, runs_model=False),
     "tokenize": Verb("build a corpus's token cache ahead of a job (once, however many processes); one JSON line",
                      _tokenize_flags, _tokenize, runs_model=False),
+    "compare": Verb("overlay pre-training runs' losses against tokens seen in one figure; a table of each run's end",
+                    _compare_flags, _compare, runs_model=False),
+    "predict": Verb("a finished fine-tuning run's classifier on new inputs (a TSV, or plain text one input a line): "
+                    "index<TAB>prediction lines", _predict_flags, _predict),
 }
 
 
@@ -783,15 +887,23 @@ def _error_line(verb: str, error: BaseException, status: int, message: str | Non
 
 # The flags that name a folder or file: '~' is the home folder in each, as in the shell, and as in --data and the
 # config's paths (a quoted '~/run' made a folder named '~', whose model then met the home folder's tokenizer).
-PATH_FLAGS = ("workdir", "init", "config", "data_dir", "tfds_dir", "tokenizer", "src", "dst")
+PATH_FLAGS = ("workdir", "init", "config", "data_dir", "tfds_dir", "tokenizer", "src", "dst", "out", "runs",
+              "input")
+
+
+def _home(value: str) -> str:
+    prefix = "scratch:" if value.startswith("scratch:") else ""  # --init scratch:DIR
+    path = value.removeprefix(prefix)
+    return prefix + os.path.expanduser(path) if path.startswith("~") else value
 
 
 def _expand_home(args: argparse.Namespace) -> None:
     for name in PATH_FLAGS:
         value = getattr(args, name, None)
-        prefix = "scratch:" if isinstance(value, str) and value.startswith("scratch:") else ""  # --init scratch:DIR
-        if isinstance(value, str) and value.removeprefix(prefix).startswith("~"):
-            setattr(args, name, prefix + os.path.expanduser(value.removeprefix(prefix)))
+        if isinstance(value, str):
+            setattr(args, name, _home(value))
+        elif isinstance(value, list):  # compare's RUNs
+            setattr(args, name, [_home(v) for v in value])
 
 
 def _standard_streams() -> None:

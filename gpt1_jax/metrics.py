@@ -1,4 +1,5 @@
-"""Run metrics: `metrics.jsonl` (one JSON object per line), the tracker (TensorBoard, W&B), and a progress bar.
+"""Run metrics: `metrics.jsonl` (one JSON object per line), the tracker (TensorBoard, W&B), a progress bar, a run's
+`loss.png`, and `gpt1-jax compare`'s overlay of several pre-training runs.
 
 Only process 0 writes (multi-host runs would otherwise write every line N times). On resume the
 JSONL file is cut back to the restored step, so it always reads as one uninterrupted run.
@@ -12,12 +13,15 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from tqdm import tqdm
 
+from gpt1_jax.config import PretrainConfig, flat_fields, load_yaml, read_config_file, to_dict
+from gpt1_jax.errors import DataError, GPT1JaxError, WorkdirError
 from gpt1_jax.files import pyplot, save_figure
+from gpt1_jax.workdir import read as workdir_identity
 
 
 def json_safe(value: Any) -> Any:
@@ -152,6 +156,27 @@ class Progress:
         self.bar.close()
 
 
+def smoothed(losses: np.ndarray) -> tuple[np.ndarray, int]:
+    """The train loss as the plots draw it: a running mean over k = 1/25 of its points (a few hundred noisy steps read
+    as one line), and k; the points stand for the last step of each window. Under 50 points, k is 1: the points."""
+    k = max(1, len(losses) // 25)
+    return (np.convolve(losses, np.ones(k) / k, mode="valid") if k > 1 else losses), k
+
+
+def optimizer_title(workdir: str | Path) -> str:
+    """`NAME: adamw, lr 0.003, warmup_cosine`: the run folder's name and the optimizer its config.yaml records, so a
+    plot says what it shows once it is copied out of its folder. The name alone where config.yaml does not read:
+    a plot never stops a run, and a damaged config.yaml is said by the verbs that use it."""
+    try:
+        optim = read_config_file(Path(workdir) / "config.yaml").get("optim")
+    except (GPT1JaxError, OSError):
+        optim = None
+    name = Path(workdir).name
+    if not isinstance(optim, dict) or not {"name", "lr", "schedule"} <= set(optim):
+        return name
+    return f"{name}: {optim['name']}, lr {optim['lr']:g}, {optim['schedule']}"
+
+
 def plot_losses(workdir: str | Path, out: str | Path | None = None) -> Path:
     """`loss.png` beside metrics.jsonl: train loss (raw and smoothed) and validation loss against step; for a
     fine-tuning run, beside it, the dev (and held-out) scores of each epoch's end."""
@@ -172,16 +197,15 @@ def plot_losses(workdir: str | Path, out: str | Path | None = None) -> Path:
     if train:
         steps, losses = map(np.asarray, zip(*train))
         ax.plot(steps, losses, color="tab:blue", alpha=0.3, lw=1, label="train loss")
-        k = max(1, len(losses) // 25)
+        smooth, k = smoothed(losses)
         if k > 1:
-            smooth = np.convolve(losses, np.ones(k) / k, mode="valid")
             ax.plot(steps[k - 1:], smooth, color="tab:blue", lw=2, label=f"train loss ({k}-step mean)")
     if val:
         ax.plot(*zip(*val), "o-", color="tab:orange", lw=2, label="validation loss")
     ax.set_xlabel("step")
     # a fine-tuning run's loss is its task's plus lm_coef x the LM's (heads.py)
     ax.set_ylabel("task + lm_coef x LM loss" if scores else "cross-entropy (nats/token)")
-    ax.set_title(Path(workdir).name)
+    ax.set_title(optimizer_title(workdir))
     ax.grid(alpha=0.3)
     if train or val:
         ax.legend()
@@ -200,6 +224,128 @@ def plot_losses(workdir: str | Path, out: str | Path | None = None) -> Path:
     save_figure(fig, out)
     plt.close(fig)
     return out
+
+
+# ---- compare: pre-training runs side by side ----------------------------------------------------------
+
+# Fields that change neither what a run trains nor how fast: left out of what `compare` says differs between runs.
+# optim.total_steps is pre-training's `steps` again (the schedule spans the run).
+BOOKKEEPING = ("keep_checkpoints", "keep_steps", "tracker", "data.cache_dir", "data.cache_wait_s", "data.progress",
+               "optim.total_steps")
+
+
+class RunMetrics(NamedTuple):
+    """What `compare` reads of one pre-training run: its config's fields, flat, and its curves."""
+    label: str  # the folder as the user named it
+    fields: dict[str, Any]  # flat_fields of its config.yaml
+    tokens_per_step: int  # global batch x seq_len: what one optimizer step trains on, micro-batches or not
+    train: list[tuple[int, float]]  # (step, loss)
+    val: list[tuple[int, float]]  # (step, val_loss)
+    lr: list[tuple[int, float]]
+    tokens_per_s: float | None  # the median of the logged rates (a compiling step logs none)
+
+
+def read_run(workdir: str | Path) -> RunMetrics:
+    """A pre-training run folder's config.yaml and metrics.jsonl; one line saying why where it is not a run
+    `compare` can draw (no folder, not a pre-training run, no config.yaml, no finite loss logged yet)."""
+    path = Path(workdir)
+    if not path.is_dir():
+        raise WorkdirError(f"{path} " + ("is a file" if path.exists() else "does not exist")
+                           + ": give a pre-training run's workdir")
+    held = workdir_identity(path)
+    if held is None or not (path / "config.yaml").is_file():
+        raise WorkdirError(f"{path} is not a pre-training workdir (it holds no run)")
+    if held.kind != "pretrain":
+        raise WorkdirError(f"{path} holds {held.describe()}, not a pre-training run: compare overlays "
+                           "pre-training runs (a fine-tuning run's curves are its loss.png)")
+    config = load_yaml(PretrainConfig, path / "config.yaml")
+    records = read_metrics(path)
+
+    def series(key: str) -> list[tuple[int, float]]:
+        return [(r["step"], r[key]) for r in records if isinstance(r.get(key), float) and math.isfinite(r[key])]
+
+    train, val = series("loss"), series("val_loss")
+    if not train and not val:
+        raise DataError(f"{path} has no finite loss in {path / 'metrics.jsonl'} (no step trained yet, or it diverged "
+                        "at its first): nothing to draw")
+    rates = [r for _, r in series("tokens_per_s")]
+    return RunMetrics(str(workdir), flat_fields(to_dict(config)), config.data.global_batch_size * config.data.seq_len,
+                      train, val, series("lr"), float(np.median(rates)) if rates else None)
+
+
+def differing_fields(runs: list[RunMetrics]) -> list[list[str]]:
+    """For each run, `key=value` for each config field whose value is not the same in every run (in the config's
+    own order, BOOKKEEPING left out): what tells the runs apart."""
+    keys = [k for k in dict.fromkeys(k for run in runs for k in run.fields)
+            if k not in BOOKKEEPING and len({repr(run.fields.get(k)) for run in runs}) > 1]
+    return [[f"{k}={run.fields.get(k)}" for k in keys] for run in runs]
+
+
+def _end_of_train(run: RunMetrics) -> float | None:
+    """The train loss where the plotted curve ends: the mean of the last k steps, not the last step's noise."""
+    return float(smoothed(np.asarray([loss for _, loss in run.train]))[0][-1]) if run.train else None
+
+
+def comparison_table(runs: list[RunMetrics]) -> str:
+    """One row per run: its steps and tokens, where its train curve ends, its best and final validation loss,
+    its tokens/s and what sets it apart."""
+    def number(x: float | None, spec: str) -> str:
+        return "-" if x is None else format(x, spec)
+
+    header = ("run", "steps", "tokens", "train loss", "best val (step)", "final val", "tokens/s", "differs")
+    rows = [header]
+    for run, differs in zip(runs, differing_fields(runs)):
+        steps = max(step for step, _ in run.train + run.val)
+        best = min(run.val, key=lambda point: point[1]) if run.val else None
+        rows.append((run.label, str(steps), f"{steps * run.tokens_per_step:,}", number(_end_of_train(run), ".4f"),
+                     "-" if best is None else f"{best[1]:.4f} ({best[0]})", number(run.val[-1][1] if run.val else None,
+                     ".4f"), number(run.tokens_per_s, ",.0f"), ", ".join(differs) or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    return "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in
+                               enumerate(zip(row, widths))) + "  " + row[-1] for row in rows)
+
+
+LEGEND_FIELDS = 4  # differing fields named in a run's legend entry; the table names them all
+
+
+def plot_comparison(runs: list[RunMetrics], out: Path) -> None:
+    """The runs overlaid against tokens seen, each in its own colour: the smoothed train loss (a line) and the
+    validation loss (dots) above, the learning rate (log scale) below; the legend names each run by its folder and
+    what sets it apart."""
+    plt = pyplot()
+    from matplotlib.ticker import EngFormatter
+
+    fig, (ax, lr_ax) = plt.subplots(2, 1, figsize=(9, 6.5), dpi=110, sharex=True, height_ratios=(3, 1))
+    for i, (run, differs) in enumerate(zip(runs, differing_fields(runs))):
+        color = f"C{i % 10}"
+        shown = ", ".join(differs[:LEGEND_FIELDS]) + (f", ... (+{len(differs) - LEGEND_FIELDS})"
+                                                      if len(differs) > LEGEND_FIELDS else "")
+        ax.plot([], [], color=color, lw=2, label=f"{run.label}: {shown}" if shown else run.label)
+        if run.train:
+            steps, losses = map(np.asarray, zip(*run.train))
+            smooth, k = smoothed(losses)
+            ax.plot(steps[k - 1:] * run.tokens_per_step, smooth, color=color, lw=2)
+        if run.val:
+            steps, losses = map(np.asarray, zip(*run.val))
+            ax.plot(steps * run.tokens_per_step, losses, "o--", color=color, lw=1)
+        points = [(step, lr) for step, lr in run.lr if lr > 0]  # warmup's first step trains at 0: no log of it
+        if points:
+            steps, lrs = map(np.asarray, zip(*points))
+            lr_ax.plot(steps * run.tokens_per_step, lrs, color=color, lw=1.5)
+    ax.plot([], [], color="gray", lw=2, label="train loss (running mean over steps / 25)")
+    ax.plot([], [], "o--", color="gray", lw=1, label="validation loss")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_title(f"{len(runs)} pre-training run{'s' * (len(runs) > 1)} against tokens seen")
+    ax.legend(fontsize="small")
+    lr_ax.set_yscale("log")
+    lr_ax.set_ylabel("learning rate")
+    lr_ax.set_xlabel("tokens seen (steps x global batch x seq_len)")
+    lr_ax.xaxis.set_major_formatter(EngFormatter())
+    for axes in (ax, lr_ax):
+        axes.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, out)
+    plt.close(fig)
 
 
 class Bar(tqdm):

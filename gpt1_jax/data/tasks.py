@@ -324,7 +324,7 @@ class EpochBatches:
 
 # ---- outputs in GLUE's formats ----------------------------------------------------------------------
 
-def _format_label(task: Task, value, names: bool) -> str:
+def format_label(task: Task, value, names: bool) -> str:
     if task.regression:
         return f"{float(value):.6g}"
     if names and task.label_names:
@@ -335,15 +335,15 @@ def _format_label(task: Task, value, names: bool) -> str:
 def write_predictions(path: Path, task: Task, enc: Encoded, preds: np.ndarray) -> None:
     lines = ["index\tprediction\tlabel"]
     for ex, p in zip(enc.examples, preds):
-        label = _format_label(task, ex["label"], True) if ex["label"] != -1 else ""
-        lines.append(f"{ex['idx']}\t{_format_label(task, p, True)}\t{label}")
+        label = format_label(task, ex["label"], True) if ex["label"] != -1 else ""
+        lines.append(f"{ex['idx']}\t{format_label(task, p, True)}\t{label}")
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 def write_submission(path: Path, task: Task, enc: Encoded, preds: np.ndarray) -> None:
     """GLUE's server format: `index<TAB>prediction`, labels as indices or (MNLI, QNLI, RTE) names."""
-    lines = ["index\tprediction"] + [f"{ex['idx']}\t{_format_label(task, p, task.submit_names)}"
+    lines = ["index\tprediction"] + [f"{ex['idx']}\t{format_label(task, p, task.submit_names)}"
                                      for ex, p in zip(enc.examples, preds)]
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, "\n".join(lines) + "\n")

@@ -42,18 +42,25 @@ def test_bench_tiny_prints_json(capsys):
     assert result["state_bytes_per_device"] < result["state_bytes_total"]
     assert result["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
     assert result["attention"] == "xla_blocked"  # `auto` on a CPU
+    # which optimizer it timed: the JSON did not say (the tiny preset's, here)
+    tiny = resolve(PretrainConfig, "tiny").optim
+    assert {k: result[k] for k in ("optim", "lr", "schedule", "warmup_steps", "dtype")} == {
+        "optim": tiny.name, "lr": tiny.lr, "schedule": tiny.schedule, "warmup_steps": tiny.warmup_steps,
+        "dtype": "float32"}
 
 
 def test_bench_compile_only_is_the_dry_run_report(capsys, tmp_path, monkeypatch):
     # Claim native bf16 so every CPU kind compiles the bf16 program: an AVX2-only CPU would otherwise
     # (rightly) compute in float32, tested in test_compile_cache.py.
     monkeypatch.setattr(flops, "cpu_flags", lambda: ["avx2", "avx512_bf16", "avx512f"])
-    shape = ["--config", "tiny", "--mesh", "fsdp=4,data=2", "--set", "model.n_layers=1", "--set", "model.dtype=bfloat16"]
+    shape = ["--config", "tiny", "--mesh", "fsdp=4,data=2", "--set", "model.n_layers=1", "--set",
+             "model.dtype=bfloat16", "--optim", "lion", "--lr", "1e-4"]  # pretrain takes them as bench does
     assert cli.main(["bench", *shape, "--batch", "8", "--seq", "16", "--compile-only", "--no-progress"]) == 0
     bench, err = capsys.readouterr()
     bench = json.loads(bench)
     assert err == ""  # --no-progress: no status line
     assert bench["dtype"] == "bfloat16" and "tokens_per_s" not in bench and bench["compile_s"] > 0
+    assert (bench["optim"], bench["lr"], bench["schedule"]) == ("lion", 1e-4, "warmup_cosine")  # its state is sized
     assert bench["num_params"] == dataclasses.replace(model_preset("tiny"), n_layers=1).num_params()
     # `pretrain --dry-run` sizes the same step through the same function: the same report.
     workdir = tmp_path / "never-created"

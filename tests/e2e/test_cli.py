@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpt1_jax import cli
+from gpt1_jax.config import PretrainConfig, resolve
 from tests.support.cli import _one_error_line
 from tests.support.env import xla_flags
 
@@ -129,3 +130,25 @@ def test_pretrain_without_progress_says_only_where_its_plot_is(tmp_path, capsys)
     assert cli.main(["evaluate", "--workdir", str(workdir), "--no-progress"]) == 0  # and evaluate's bar of batches
     out = capsys.readouterr()
     assert out.err == "" and json.loads(out.out)["step"] == 3
+
+
+def test_pretrain_trains_with_its_optimizer_flags_and_says_them_unapplied_on_a_finished_run(tmp_path, capsys):
+    """`pretrain --optim lion --lr 3e-4 --schedule constant --accum-steps 2` trains lion at 3e-4 on every step (no
+    warmup: the schedule is the flag's, nothing else moved), and the same flags given to the finished run are said
+    not applied, as --set's are."""
+    from gpt1_jax.config import load_yaml
+    from gpt1_jax.metrics import read_metrics
+
+    workdir = tmp_path / "run"
+    argv = ["pretrain", "--config", "tiny", "--steps", "6", "--set", "eval_every=0", "--tracker", "none", "--workdir",
+            str(workdir), "--batch-size", "16", "--set", f"data.cache_dir={tmp_path / 'cache'}", "--no-progress"]
+    assert cli.main([*argv, "--optim", "lion", "--lr", "3e-4", "--schedule", "constant", "--accum-steps", "2"]) == 0
+    config = load_yaml(PretrainConfig, workdir / "config.yaml")
+    assert (config.optim.name, config.optim.lr, config.optim.schedule, config.accum_steps) == ("lion", 3e-4,
+                                                                                               "constant", 2)
+    assert config.optim.warmup_steps == resolve(PretrainConfig, "tiny").optim.warmup_steps  # kept, not zeroed
+    assert [r["lr"] for r in read_metrics(workdir) if "lr" in r] == pytest.approx([3e-4] * 6)
+    capsys.readouterr()
+    assert cli.main([*argv, "--optim", "lion", "--lr", "1e-3", "--schedule", "constant", "--accum-steps", "2"]) == 0
+    said = capsys.readouterr().err
+    assert "(not applied: optim.lr=0.0003 there, 0.001 now; a new --workdir trains with them)" in said

@@ -31,7 +31,8 @@ SHARED = ["--config", "tiny", "--set", "a=1", "--set", "b.c=2", "--mesh", "fsdp=
 
 
 REQUIRED = {"pretrain": ["--workdir", "w"], "finetune": ["--task", "cola", "--init", "none", "--workdir", "w"],
-            "evaluate": ["--workdir", "w"], "sample": ["--workdir", "w"], "bench": [], "plan": []}
+            "evaluate": ["--workdir", "w"], "sample": ["--workdir", "w"], "bench": [], "plan": [],
+            "predict": ["--workdir", "w", "input.tsv"]}
 
 
 def test_every_model_verb_takes_the_shared_flags():
@@ -83,6 +84,24 @@ def test_every_config_flag_says_in_help_which_fields_it_sets_and_sets_exactly_th
             checked += 1
     assert checked >= 30
     assert cli.CONFIG_FLAGS["--lr"].fields[PretrainConfig] == ("optim.lr",)
+
+
+def test_pretrain_takes_the_optimizer_flags_bench_and_finetune_take_each_as_its_set_would():
+    """`pretrain --optim adamw` was "unrecognized arguments" where bench and finetune took it. Each flag sets its
+    one field, as its --set does, and nothing else (bench --lr once also made the schedule constant)."""
+    parser = cli.build_parser()
+    flags = {"--optim": ("optim.name", "lion"), "--lr": ("optim.lr", "3e-4"),
+             "--schedule": ("optim.schedule", "constant"), "--accum-steps": ("accum_steps", "2")}
+    for flag, (field, value) in flags.items():
+        args = parser.parse_args(["pretrain", "--workdir", "w", flag, value])
+        by_flag = resolve(PretrainConfig, "tiny", overrides=cli._overrides(args, PretrainConfig))
+        assert by_flag == resolve(PretrainConfig, "tiny", overrides=[f"{field}={value}"]), flag
+        assert by_flag != resolve(PretrainConfig, "tiny"), flag
+    every = parser.parse_args(["pretrain", "--workdir", "w", *(x for f, (_, v) in flags.items() for x in (f, v))])
+    assert resolve(PretrainConfig, "tiny", overrides=cli._overrides(every, PretrainConfig)) == resolve(
+        PretrainConfig, "tiny", overrides=[f"{field}={value}" for field, value in flags.values()])
+    with pytest.raises(SystemExit):  # a dtype is not an optimizer setting: --set model.dtype, as before
+        parser.parse_args(["pretrain", "--workdir", "w", "--dtype", "bfloat16"])
 
 
 def test_seed_means_every_random_choice_on_every_verb_that_takes_it():
