@@ -146,9 +146,27 @@ def model_preset(name: str) -> ModelConfig:
 # The names `optim.name` and `optim.schedule` may take. What each means lives beside its code, in
 # gpt1_jax/optim.py's OPTIMIZERS and SCHEDULES; that module imports this one, so the names are kept here
 # (as LOGICAL_AXES and TASK_NAMES below are), and tests/unit/test_config.py holds each tuple to its registry.
-OPTIMIZER_NAMES = ("gpt1_adam", "adamw", "lion", "adafactor", "sgd", "sgd_nesterov", "muon", "schedule_free_adamw",
-                   "lamb")
+# OPTIMIZER_READS: the OptimConfig fields each optimizer's builder reads besides OPTIM_SHARED, which all of them read
+# (the schedule, clipping, decay). A field given to an optimizer that ignores it trained without effect while
+# config.yaml recorded it (check_optim_reads); tests/e2e/test_optim.py holds the table to the builders' updates.
+OPTIM_SHARED = ("name", "lr", "schedule", "warmup_steps", "total_steps", "weight_decay", "clip_norm")
+OPTIMIZER_READS: dict[str, tuple[str, ...]] = {
+    "gpt1_adam": ("state_dtype",),  # b1, b2, eps: the paper's, GPT1_ADAM (check_given_optim)
+    "adamw": ("b1", "b2", "eps", "state_dtype"),
+    "lion": ("b1", "b2", "state_dtype"),
+    "adafactor": ("adafactor_decay_rate", "adafactor_momentum", "state_dtype"),
+    "sgd": ("momentum", "state_dtype"),
+    "sgd_nesterov": ("momentum", "state_dtype"),
+    "muon": ("b1", "b2", "eps", "state_dtype", "muon_beta", "muon_ns_steps", "muon_consistent_rms",
+             "muon_adam_lr_ratio"),  # b1, b2 and eps also for the AdamW half
+    "schedule_free_adamw": ("b2", "eps", "sf_b1", "sf_weight_lr_power"),  # no first moment for state_dtype to narrow
+    "lamb": ("b1", "b2", "eps", "state_dtype"),
+}
+OPTIMIZER_NAMES = tuple(OPTIMIZER_READS)
+# state_dtype narrows first moments (optim.py NARROWED_STATE); these optimizers keep one only while this field is > 0
+FIRST_MOMENT_FIELD = {"adafactor": "adafactor_momentum", "sgd": "momentum", "sgd_nesterov": "momentum"}
 SCHEDULE_NAMES = ("warmup_linear", "warmup_cosine", "warmup_constant", "constant")
+DECAYING_SCHEDULES = ("warmup_linear", "warmup_cosine")  # to 0 at total_steps; the other two hold the peak lr
 TRACKER_NAMES = ("tensorboard", "wandb", "none")  # gpt1_jax/tracker.py
 
 
@@ -207,7 +225,7 @@ def check_given_optim(optim: OptimConfig, given: set[str] | None = None) -> None
     nothing; eps 0 divides by zero where a gradient is exactly 0 (an unused embedding row)."""
     for name in ("lr", "eps"):
         if _given(name, given) and not getattr(optim, name) > 0:
-            raise ConfigError(f"optim.{name} must be a number > 0, got {getattr(optim, name)}")
+            raise ConfigError(f"optim.{name} must be a finite number > 0, got {getattr(optim, name)}")
     if any(_given(f, given) for f in ("name", "b1", "b2", "eps")) and optim.name == "gpt1_adam" \
             and (optim.b1, optim.b2, optim.eps) != GPT1_ADAM:
         raise ConfigError(f"optim.name=gpt1_adam is the paper's Adam, b1 {GPT1_ADAM[0]}, b2 {GPT1_ADAM[1]}, eps "
@@ -216,7 +234,35 @@ def check_given_optim(optim: OptimConfig, given: set[str] | None = None) -> None
     if _given("adafactor_decay_rate", given) and not 0 < optim.adafactor_decay_rate <= 1:  # decay 1 - t^-rate
         raise ConfigError(f"optim.adafactor_decay_rate must lie in (0, 1], got {optim.adafactor_decay_rate}")
     if _given("sf_weight_lr_power", given) and not 0 <= optim.sf_weight_lr_power < math.inf:
-        raise ConfigError(f"optim.sf_weight_lr_power must be a number >= 0, got {optim.sf_weight_lr_power}")
+        raise ConfigError(f"optim.sf_weight_lr_power must be a finite number >= 0, got {optim.sf_weight_lr_power}")
+    if given is not None:  # for a file, resolve does it: with the keys the file gives, not all of them
+        check_optim_reads(optim, given)
+
+
+def check_optim_reads(optim: OptimConfig, given: set[str]) -> None:
+    """Refuses a given `optim.*` field the run would not read (config.yaml recorded it as if it had trained with it):
+    one the optimizer ignores (OPTIMIZER_READS), a warmup under the constant schedule, a state_dtype with no first
+    moment to narrow; and a decaying schedule chosen with schedule-free, whose averaging stands in for the decay."""
+    reads = OPTIM_SHARED + OPTIMIZER_READS[optim.name]
+    if optim.name == "gpt1_adam":  # at the paper's values (check_given_optim refuses others) it trains with them
+        reads += ("b1", "b2", "eps")
+    for field in (f.name for f in dataclasses.fields(optim)):
+        if f"optim.{field}" in given and field not in reads:
+            readers = ", ".join(name for name, read in OPTIMIZER_READS.items() if field in read)
+            raise ConfigError(f"optim.{field}={getattr(optim, field)} is not read by optim.name={optim.name}, only by "
+                              f"{readers}: leave it out, or choose one of those")
+    if "optim.warmup_steps" in given and optim.warmup_steps > 0 and optim.schedule == "constant":
+        raise ConfigError(f"optim.warmup_steps={optim.warmup_steps} is not read by optim.schedule=constant (it trains "
+                          "at the peak lr from the first step): set optim.schedule=warmup_constant to warm up first")
+    if "optim.state_dtype" in given and (field := FIRST_MOMENT_FIELD.get(optim.name)) and getattr(optim, field) == 0:
+        raise ConfigError(f"optim.state_dtype={optim.state_dtype} is not read by optim.name={optim.name} with "
+                          f"optim.{field}=0 (it keeps no first moment to store): give {field} > 0, or leave it out")
+    # Both given: a job's own decaying schedule (fine-tuning's warmup_linear) still trains schedule-free as asked.
+    if {"optim.name", "optim.schedule"} <= given and optim.name.startswith("schedule_free") \
+            and optim.schedule in DECAYING_SCHEDULES:
+        raise ConfigError(f"optim.schedule={optim.schedule} decays the lr, which optim.name={optim.name} does not "
+                          "want (its average of the iterates stands in for the decay): choose warmup_constant or "
+                          "constant")
 
 
 # The optimizers that divide by a root of second moments plus eps. Their state takes the parameters' dtype, and in
@@ -251,11 +297,16 @@ def check_pretrain_schedule(config, overrides, spec: str | None = None) -> None:
                           "leave optim.total_steps out and set steps")
     given |= set(file)
     optim = config.optim
-    if _given("warmup_steps", given) and optim.schedule != "constant" and optim.warmup_steps >= config.steps:
-        what = "leaves none of the run's {} steps to decay over" if optim.schedule != "warmup_constant" else \
+    # Step k trains at the schedule's value at k - 1, and a decay starts at the peak: a warmup of steps - 1 left the
+    # last step at the peak lr, decaying nothing, so a decaying schedule's warmup ends two steps before the run does.
+    # warmup_constant's may end at the last step; `constant` has none (a given one is refused: check_optim_reads).
+    decays = optim.schedule in DECAYING_SCHEDULES
+    most = max(config.steps - 2, 0) if decays else config.steps - 1
+    if _given("warmup_steps", given) and optim.schedule != "constant" and optim.warmup_steps > most:
+        what = "leaves none of the run's {} steps to decay over" if decays else \
             "is as long as the run's {} steps or longer (it would end a step before the last)"
         raise ConfigError(f"optim.warmup_steps={optim.warmup_steps} {what.format(config.steps)} ({optim.schedule}): "
-                          "set it below --steps")
+                          f"set it to {most} or less")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,20 +348,19 @@ class OptimConfig:
             raise ConfigError(f"optim.schedule={self.schedule!r} is not one of {', '.join(SCHEDULE_NAMES)}")
         if self.state_dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"optim.state_dtype={self.state_dtype!r} is not one of float32, bfloat16")
-        for name in ("lr", "weight_decay", "clip_norm", "eps"):  # nan passed a plain `< 0` test
-            if not 0 <= getattr(self, name) < math.inf:
-                raise ConfigError(f"optim.{name} must be a number >= 0, got {getattr(self, name)}")
-        if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
-            raise ConfigError(f"optim.b1/b2 must lie in [0, 1), got {self.b1}, {self.b2}")
-        if not (0 <= self.momentum < 1 and 0 <= self.muon_beta < 1 and 0 <= self.adafactor_momentum < 1):
-            raise ConfigError("optim.momentum, muon_beta and adafactor_momentum must lie in [0, 1)")
+        for name in ("lr", "eps", "weight_decay", "clip_norm", "muon_consistent_rms", "muon_adam_lr_ratio"):
+            if not 0 <= getattr(self, name) < math.inf:  # nan passed a plain `< 0` test
+                # lr and eps of 0 are refused where given (check_given_optim): a run saved with one stays readable
+                rule = "> 0" if name in ("lr", "eps") else ">= 0"
+                raise ConfigError(f"optim.{name} must be a finite number {rule}, got {getattr(self, name)}")
+        for name in ("b1", "b2", "momentum", "muon_beta", "adafactor_momentum"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"optim.{name} must lie in [0, 1), got {getattr(self, name)}")
         if not 0 < self.sf_b1 < 1:
             raise ConfigError(f"optim.sf_b1 must lie in (0, 1), got {self.sf_b1}")
-        if self.muon_ns_steps < 1 or not (0 <= self.muon_consistent_rms < math.inf and
-                                          0 <= self.muon_adam_lr_ratio < math.inf):
-            raise ConfigError("optim.muon_ns_steps must be >= 1, muon_consistent_rms and muon_adam_lr_ratio >= 0")
-        if self.warmup_steps < 0 or self.total_steps < 1:
-            raise ConfigError("optim.warmup_steps must be >= 0 and total_steps >= 1")
+        for name, least in (("muon_ns_steps", 1), ("warmup_steps", 0), ("total_steps", 1)):
+            if getattr(self, name) < least:
+                raise ConfigError(f"optim.{name} must be >= {least}, got {getattr(self, name)}")
         if self.schedule != "constant" and self.warmup_steps > self.total_steps:
             raise ConfigError(f"optim.warmup_steps={self.warmup_steps} exceeds total_steps={self.total_steps}")
 
@@ -882,10 +932,12 @@ def resolve(cls: type[T], spec: str | None, *, saved: str | Path | None = None, 
     elif is_config_file(spec):
         # the fields a file leaves out are those the job runs by default
         config = load_yaml(cls, spec, over=cls(), given=True)
-        if hasattr(config, "optim"):
-            check_given_optim(config.optim)
     else:
         raise ConfigError(f"--config {spec!r}: not a preset ({', '.join(MODEL_PRESETS)}) nor a YAML file")
     if mesh:
         config = dataclasses.replace(config, mesh=dataclasses.replace(parse_mesh(mesh), rules=config.mesh.rules))
-    return apply_overrides(config, list(overrides))
+    config = apply_overrides(config, list(overrides))
+    if hasattr(config, "optim") and is_config_file(spec):  # the file's settings with the flags': `optim: {b2: 0.95}`
+        check_given_optim(config.optim)                      # and `--set optim.name=adamw` was refused as gpt1_adam's
+        check_optim_reads(config.optim, set(hand_written(spec, cls)) | given_keys(overrides))
+    return config

@@ -5,7 +5,8 @@ with decoupled weight decay 0.01 on weight matrices and embeddings only. optax.a
 decay by the scheduled lr, exactly as the original's `p -= lr_t * (m_hat/(sqrt(v_hat)+eps) + 0.01 p)`.
 
 Optimizers and schedules are chosen by name from registries, so adding lion/adafactor/... is one entry here
-and its name in gpt1_jax/config.py (OPTIMIZER_NAMES, SCHEDULE_NAMES: what a config may say).
+and its row in gpt1_jax/config.py's OPTIMIZER_READS (what a config may say, and which of its fields the builder
+reads: a field given to an optimizer that ignores it is refused), a schedule's name in SCHEDULE_NAMES.
 
 Registered optimizers (all optax; each builds on the real, scanned parameter tree):
   gpt1_adam      clip + AdamW with the paper's constants pinned
@@ -13,7 +14,8 @@ Registered optimizers (all optax; each builds on the real, scanned parameter tre
   lion           clip + optax.lion (b1, b2 from the config: Lion's own defaults are b1 0.9, b2 0.99)
   adafactor      clip + optax.adafactor (factored second moments; updates scaled by parameter RMS), lr
                  applied after its weight decay
-  sgd            clip + SGD with (heavy-ball) momentum, decoupled weight decay added to the gradient
+  sgd            clip + SGD with (heavy-ball) momentum; weight decay is coupled L2: weight_decay x param added to
+                 the gradient (masked) before the momentum, which accumulates it (not the AdamWs' decoupled decay)
   sgd_nesterov   the same with Nesterov momentum
   muon           clip + optax.contrib.muon on the blocks' weight matrices, AdamW on the rest
                  (embeddings decayed, biases/LayerNorm not); see `muon_dimension_numbers`
@@ -33,7 +35,7 @@ import optax
 from optax.contrib import MuonDimensionNumbers, ScheduleFreeState, schedule_free, schedule_free_eval_params
 from optax.contrib import muon as optax_muon
 
-from gpt1_jax.config import GPT1_ADAM, ConfigError, OptimConfig
+from gpt1_jax.config import GPT1_ADAM, OPTIMIZER_NAMES, ConfigError, OptimConfig
 
 
 # ---- schedules: step -> lr ------------------------------------------------------------------------
@@ -144,7 +146,7 @@ def sgd(cfg: OptimConfig, schedule: optax.Schedule, params) -> optax.GradientTra
 
 
 def sgd_nesterov(cfg: OptimConfig, schedule: optax.Schedule, params) -> optax.GradientTransformation:
-    """SGD with Nesterov momentum `cfg.momentum`; weight decay added to the gradient (masked)."""
+    """SGD with Nesterov momentum `cfg.momentum`; weight decay as sgd's (coupled L2, masked)."""
     return _clipped(cfg, optax.chain(optax.add_decayed_weights(cfg.weight_decay, decay_mask(params)),
                                      optax.sgd(schedule, momentum=cfg.momentum or None, nesterov=cfg.momentum > 0)))
 
@@ -273,6 +275,9 @@ OPTIMIZERS: dict[str, Callable[[OptimConfig, optax.Schedule, Any], optax.Gradien
     "schedule_free_adamw": schedule_free_adamw,
     "lamb": lamb,
 }
+
+
+assert tuple(OPTIMIZERS) == OPTIMIZER_NAMES, "each optimizer has its row in config.py's OPTIMIZER_READS, in order"
 
 
 def make_optimizer(cfg: OptimConfig, params, lr: Peak | None = None) -> optax.GradientTransformation:

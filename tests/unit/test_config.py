@@ -48,11 +48,22 @@ def test_list_and_pair_fields_are_typed_from_set_and_yaml():
     ("seed=3000000000", "seed must be between 0 and 2147483647"),  # the step's int32: an OverflowError at step 1
     ("data.split_seed=-1", "data.split_seed must be between 0 and 2147483647"),
     ("optim.lr=nan", "optim.lr must be a number, got nan"),
-    ("optim.lr=1e400", "optim.lr must be a number >= 0, got inf"),
-    ("optim.lr=0", "optim.lr must be a number > 0, got 0"),  # these four trained (and learnt nothing, or NaN) with exit 0
-    ("optim.eps=0", "optim.eps must be a number > 0, got 0"),
+    ("optim.lr=1e400", "optim.lr must be a finite number > 0, got inf"),
+    # these four trained (and learnt nothing, or NaN) with exit 0
+    ("optim.lr=0", "optim.lr must be a finite number > 0, got 0"),
+    ("optim.eps=0", "optim.eps must be a finite number > 0, got 0"),
     ("optim.adafactor_decay_rate=2", "optim.adafactor_decay_rate must lie in (0, 1], got 2"),
-    ("optim.sf_weight_lr_power=-5", "optim.sf_weight_lr_power must be a number >= 0, got -5"),
+    ("optim.sf_weight_lr_power=-5", "optim.sf_weight_lr_power must be a finite number >= 0, got -5"),
+    # the same rule whether the value is 0 or below (it said ">= 0" for -1e-3), and each names its field and value
+    ("optim.lr=-1e-3", "optim.lr must be a finite number > 0, got -0.001"),
+    ("optim.eps=-1", "optim.eps must be a finite number > 0, got -1.0"),
+    ("optim.weight_decay=-1", "optim.weight_decay must be a finite number >= 0, got -1.0"),
+    ("optim.warmup_steps=-5", "optim.warmup_steps must be >= 0, got -5"),
+    ("optim.muon_ns_steps=0", "optim.muon_ns_steps must be >= 1, got 0"),
+    ("optim.muon_adam_lr_ratio=-1", "optim.muon_adam_lr_ratio must be a finite number >= 0, got -1.0"),
+    ("optim.momentum=1", "optim.momentum must lie in [0, 1), got 1.0"),
+    ("optim.adafactor_momentum=-0.5", "optim.adafactor_momentum must lie in [0, 1), got -0.5"),
+    ("optim.b2=1", "optim.b2 must lie in [0, 1), got 1.0"),
     # trained with the paper's b2 while config.yaml recorded 0.99
     ("optim.b2=0.99", "optim.name=gpt1_adam is the paper's Adam, b1 0.9, b2 0.999, eps 1e-08, got b1 0.9, b2 0.99"),
     ("model.layer_norm_eps=-1", "model.layer_norm_eps must be > 0, got -1"),
@@ -266,8 +277,27 @@ def test_a_warmup_longer_than_the_presets_total_follows_the_runs_steps():
     constant = ["steps=6", "optim.schedule=warmup_constant", "optim.warmup_steps=12"]
     with pytest.raises(ConfigError, match=r"^optim.warmup_steps=12 is as long as the run's 6 steps or longer"):
         check_pretrain_schedule(apply_overrides(preset(PretrainConfig, "tiny"), constant), constant)
-    fine = ["steps=6", "optim.warmup_steps=5"]
+    fine = ["steps=6", "optim.warmup_steps=4"]  # 5 (steps - 1) is refused now: test_a_warmup_must_leave_a_step_to_decay
     check_pretrain_schedule(apply_overrides(preset(PretrainConfig, "tiny"), fine), fine)
+
+
+@pytest.mark.parametrize("schedule", ["warmup_cosine", "warmup_linear", "warmup_constant"])
+def test_a_warmup_must_leave_a_step_to_decay(schedule):
+    """Step k trains at the schedule's value at k - 1 and a decay starts at the peak: `--steps 30 --set
+    optim.warmup_steps=29` trained its last step at the peak lr (0.003 in metrics.jsonl), decaying nothing, while 30
+    was refused as leaving none to decay over. A decaying schedule's warmup ends two steps before the run now;
+    warmup_constant's may still end at the last step (tests/unit/test_optim.py holds the boundary to the schedules)."""
+    decays = schedule != "warmup_constant"
+    refused, most = (29, 28) if decays else (30, 29)
+    given = ["steps=30", f"optim.schedule={schedule}", f"optim.warmup_steps={refused}"]
+    what = r"leaves none of the run's 30 steps to decay over" if decays else r"is as long as the run's 30 steps"
+    rule = rf"^optim.warmup_steps={refused} {what}.* \({schedule}\): set it to {most} or less$"
+    with pytest.raises(ConfigError, match=rule):
+        check_pretrain_schedule(resolve(PretrainConfig, "tiny", overrides=given), given)
+    fine = ["steps=30", f"optim.schedule={schedule}", f"optim.warmup_steps={most}"]
+    check_pretrain_schedule(resolve(PretrainConfig, "tiny", overrides=fine), fine)
+    one = ["steps=1", f"optim.schedule={schedule}", "optim.warmup_steps=0"]  # one step: nothing to warm up or decay
+    check_pretrain_schedule(resolve(PretrainConfig, "tiny", overrides=one), one)
 
 
 def test_gpt1_adam_refuses_constants_it_would_not_use_but_a_saved_run_stays_readable(tmp_path):
@@ -290,7 +320,7 @@ def test_gpt1_adam_refuses_constants_it_would_not_use_but_a_saved_run_stays_read
         resumed = resolve(PretrainConfig, None, saved=tmp_path / saved, overrides=["optim.lr=1e-4", "optim.clip_norm=0.5"])
         assert (resumed.optim.lr, resumed.optim.b2) == (1e-4, b2)
     # a whole optim mapping is given whole
-    with pytest.raises(ConfigError, match="optim.lr must be a number > 0, got 0"):
+    with pytest.raises(ConfigError, match="optim.lr must be a finite number > 0, got 0"):
         apply_overrides(preset(PretrainConfig, "tiny"), ["optim={lr: 0, eps: 0, warmup_steps: 0}"])
     with pytest.raises(ConfigError, match="optim.name=gpt1_adam is the paper's Adam"):
         resolve(PretrainConfig, str(tmp_path / "config.yaml"))  # as --config: the user's choice, refused
@@ -334,3 +364,116 @@ def test_an_empty_config_is_one_line_not_the_defaults(tmp_path, text):
         with pytest.raises(ConfigError) as e:
             read()
         assert str(e.value).startswith(message), str(e.value)
+
+
+# (optimizer, a field it does not read, a valid value): each trained bit-identically to the run without it, exit 0,
+# and config.yaml recorded the value as if it had been used.
+UNREAD = [("sgd", "b2", "0.5", "adamw, lion, muon, schedule_free_adamw, lamb"),
+          ("adamw", "momentum", "0.1", "sgd, sgd_nesterov"),
+          ("lion", "eps", "0.5", "adamw, muon, schedule_free_adamw, lamb"),
+          ("gpt1_adam", "muon_beta", "0.1", "muon"),
+          ("adamw", "sf_b1", "0.1", "schedule_free_adamw"),
+          ("schedule_free_adamw", "b1", "0.5", "adamw, lion, muon, lamb"),
+          ("adafactor", "b2", "0.5", "adamw, lion, muon, schedule_free_adamw, lamb"),
+          ("muon", "momentum", "0.1", "sgd, sgd_nesterov"),
+          ("schedule_free_adamw", "state_dtype", "bfloat16", "gpt1_adam, adamw, lion, adafactor, sgd, sgd_nesterov, "
+                                                             "muon, lamb")]
+
+
+@pytest.mark.parametrize("name, field, value, readers", UNREAD, ids=[f"{n}-{f}" for n, f, _, _ in UNREAD])
+def test_a_field_the_optimizer_does_not_read_is_refused_where_given(tmp_path, name, field, value, readers):
+    """From --set, a whole `optim={...}` and a YAML file alike, naming the optimizers that do read it; a run saved with
+    it (before the refusal) still reads back and resumes, and the run's own config.yaml as --config passes."""
+    import dataclasses
+
+    message = (f"optim.{field}={value if field == 'state_dtype' else float(value)} is not read by optim.name={name}, "
+               f"only by {readers}: leave it out, or choose one of those")
+    for given in ([f"optim.name={name}", f"optim.{field}={value}"], [f"optim={{name: {name}, {field}: {value}}}"]):
+        with pytest.raises(ConfigError) as e:
+            resolve(PretrainConfig, "tiny", overrides=given)
+        assert str(e.value) == message
+    path = tmp_path / "mine.yaml"
+    path.write_text(f"optim: {{name: {name}, {field}: {value}}}\nsteps: 30\n")
+    with pytest.raises(ConfigError) as e:
+        resolve(PretrainConfig, str(path))
+    assert str(e.value) == message
+    path.write_text(f"optim: {{{field}: {value}}}\nsteps: 30\n")  # the file's field, the flags' optimizer
+    with pytest.raises(ConfigError) as e:
+        resolve(PretrainConfig, str(path), overrides=[f"optim.name={name}"])
+    assert str(e.value) == message
+    base = preset(PretrainConfig, "tiny")
+    saved = dataclasses.replace(base, optim=dataclasses.replace(base.optim, name=name,
+                                                                **{field: type(getattr(base.optim, field))(value)}))
+    save_yaml(saved, tmp_path / "config.yaml")
+    assert resolve(PretrainConfig, None, saved=tmp_path / "config.yaml", overrides=["optim.lr=1e-3"]).optim == \
+        dataclasses.replace(saved.optim, lr=1e-3)
+    assert resolve(PretrainConfig, str(tmp_path / "config.yaml")) == saved
+
+
+def test_every_optim_field_is_read_by_some_optimizer_and_the_readers_pass(tmp_path):
+    """The table has a row per optimizer and places every OptimConfig field (a new one must say who reads it);
+    tests/e2e/test_optim.py holds each row to the builder's updates."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(config.OptimConfig)}
+    assert set(config.OPTIMIZER_READS) == set(config.OPTIMIZER_NAMES)
+    assert fields == set(config.OPTIM_SHARED).union(*config.OPTIMIZER_READS.values())
+    for name, fields_read in config.OPTIMIZER_READS.items():
+        values = {"b1": "0.8", "b2": "0.95", "eps": "1e-6", "state_dtype": "bfloat16", "momentum": "0.5",
+                  "adafactor_momentum": "0.5", "muon_ns_steps": "3", "sf_weight_lr_power": "1"}
+        given = [f"optim.name={name}"] + [f"optim.{f}={values.get(f, '0.5')}" for f in fields_read]
+        resolve(PretrainConfig, "tiny", overrides=given)
+    # gpt1_adam's pinned constants, given at the paper's values, are the ones it trains with
+    resolve(PretrainConfig, "tiny", overrides=["optim.b1=0.9", "optim.b2=0.999", "optim.eps=1e-8"])
+    # a file's b2 for the flags' adamw: it was checked against the default gpt1_adam before the flags applied
+    (tmp_path / "b2.yaml").write_text("optim: {b2: 0.95}\n")
+    assert resolve(PretrainConfig, str(tmp_path / "b2.yaml"), overrides=["optim.name=adamw"]).optim.b2 == 0.95
+
+
+def test_a_schedule_setting_the_run_would_not_use_is_refused_where_given(tmp_path):
+    """`--set optim.schedule=constant --set optim.warmup_steps=10` trained at the peak lr from step 1; schedule-free
+    chosen with a decaying schedule (its iterate average stands in for the decay); state_dtype with no first moment."""
+    refused = {
+        ("optim.schedule=constant", "optim.warmup_steps=10"):
+            "optim.warmup_steps=10 is not read by optim.schedule=constant (it trains at the peak lr from the first "
+            "step): set optim.schedule=warmup_constant to warm up first",
+        ("optim.name=schedule_free_adamw", "optim.schedule=warmup_cosine"):
+            "optim.schedule=warmup_cosine decays the lr, which optim.name=schedule_free_adamw does not want (its "
+            "average of the iterates stands in for the decay): choose warmup_constant or constant",
+        ("optim.name=adafactor", "optim.state_dtype=bfloat16"):
+            "optim.state_dtype=bfloat16 is not read by optim.name=adafactor with optim.adafactor_momentum=0 (it "
+            "keeps no first moment to store): give adafactor_momentum > 0, or leave it out",
+        ("optim.name=sgd", "optim.momentum=0", "optim.state_dtype=bfloat16"):
+            "optim.state_dtype=bfloat16 is not read by optim.name=sgd with optim.momentum=0 (",
+    }
+    for given, message in refused.items():
+        with pytest.raises(ConfigError) as e:
+            resolve(PretrainConfig, "tiny", overrides=list(given))
+        assert str(e.value).startswith(message), str(e.value)
+    path = tmp_path / "sf.yaml"
+    path.write_text("optim: {name: schedule_free_adamw, schedule: warmup_linear}\n")
+    with pytest.raises(ConfigError, match="^optim.schedule=warmup_linear decays the lr"):
+        resolve(PretrainConfig, str(path))
+    for fine in (["optim.schedule=constant"], ["optim.schedule=constant", "optim.warmup_steps=0"],  # the preset's
+                 ["optim.name=schedule_free_adamw", "optim.schedule=warmup_constant"],          # warmup, or none
+                 ["optim.name=schedule_free_adamw"],  # the job's schedule (fine-tuning's warmup_linear) stays
+                 ["optim.name=adafactor", "optim.adafactor_momentum=0.9", "optim.state_dtype=bfloat16"]):
+        resolve(PretrainConfig, "tiny", overrides=fine)
+
+
+def test_total_steps_below_one_names_its_value():
+    with pytest.raises(ConfigError) as e:
+        config.from_dict(config.OptimConfig, {"total_steps": 0})
+    assert str(e.value) == "optim.total_steps must be >= 1, got 0"
+
+
+def test_the_cli_refuses_an_unread_field_in_one_line_before_writing_anything(tmp_path, capsys):
+    from gpt1_jax import cli
+
+    workdir = tmp_path / "run"
+    argv = ["pretrain", "--workdir", str(workdir), "--config", "tiny", "--steps", "30", "--no-progress"]
+    assert cli.main(argv + ["--set", "optim.name=sgd", "--set", "optim.b2=0.5"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "gpt1-jax pretrain: error: optim.b2=0.5 is not read by optim.name=sgd, only by adamw, lion, muon, "
+        "schedule_free_adamw, lamb: leave it out, or choose one of those"]
+    assert not workdir.exists()

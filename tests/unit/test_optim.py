@@ -7,8 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from gpt1_jax.config import ConfigError, from_dict
-from gpt1_jax.optim import OPTIMIZERS, OptimConfig, decay_mask, make_optimizer, make_schedule
+from gpt1_jax.config import DECAYING_SCHEDULES, ConfigError, from_dict
+from gpt1_jax.optim import OPTIMIZERS, SCHEDULES, OptimConfig, decay_mask, make_optimizer, make_schedule
 from gpt1_jax.optim import eval_params, muon_dimension_numbers, optimizer_state_bytes, uses_eval_params  # noqa: E402
 from tests.support.optim import params  # noqa: F401 (pytest fixtures)
 
@@ -76,6 +76,18 @@ def test_every_schedule_takes_its_peak_traced_and_gives_the_same_values(schedule
     steps = jnp.arange(0, 60, 3)
     traced = jax.jit(lambda lr: jax.vmap(make_schedule(cfg, lr))(steps))(jnp.float32(3e-4))
     np.testing.assert_array_equal(np.asarray(traced), np.asarray(jax.vmap(make_schedule(cfg))(steps)))
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_a_decaying_schedules_last_step_is_below_its_peak_only_if_its_warmup_ends_two_steps_before(schedule):
+    """Step k of a run trains at the schedule's value at k - 1 (optax counts from 0), so the run's last step is
+    s(steps - 1): with warmup steps - 1 it was still the peak. Hence check_pretrain_schedule's steps - 2, and
+    config.py's DECAYING_SCHEDULES are those whose last step falls below the peak."""
+    steps, lr = 30, 3e-3
+    last = {w: float(make_schedule(OptimConfig(lr=lr, schedule=schedule, warmup_steps=w, total_steps=steps))(steps - 1))
+            for w in (steps - 2, steps - 1)} if schedule != "constant" else {0: lr}
+    assert last.get(steps - 1, lr) == pytest.approx(lr)
+    assert (last.get(steps - 2, lr) < lr * 0.99) == (schedule in DECAYING_SCHEDULES)
 
 
 NEW_OPTIMIZERS = ["sgd_nesterov", "muon", "schedule_free_adamw", "lamb"]
