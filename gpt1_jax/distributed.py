@@ -24,7 +24,12 @@ for minutes (JAX's defaults: ~100 s heartbeat, ~300 s shutdown; docs/stack.md). 
     coordinator) never pulls the service from under processes still finishing;
   * a process other than 0 given --coordinator first waits (up to --init-timeout) for it to accept a TCP
     connection: never reached, that is one error line, where XLA's client would end the process with a C++
-    check failure blaming another task.
+    check failure blaming another task;
+  * a process still inside jax.distributed.initialize when --init-timeout has passed (processes that never
+    joined, another --num-processes, a coordinator port a stranger answers) leaves in one line, status 2
+    (`_Watchdog`), before XLA's client aborts it in C++;
+  * at the start of a job every process checks that the others run the same one (`check_same_job`): another
+    --workdir or --set in one of them is refused by each in the same line, before anything is read or written.
 
 The flags themselves are declared in gpt1_jax/cli.py; `resolve` reads them by their argparse names.
 Importing jax starts no backend (and `import gpt1_jax` has imported it): only `initialize` must come first.
@@ -34,11 +39,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import logging
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
+from pathlib import Path
 
 import jax
 
@@ -57,7 +66,7 @@ DEFAULT_HEARTBEAT_S = 30
 DEFAULT_SHUTDOWN_S = 30
 DEFAULT_INIT_TIMEOUT_S = 300  # waiting for every host of a pod to come up can take minutes
 
-_state: dict = {"initialized": False, "multi": False}
+_state: dict = {"initialized": False, "multi": False, "init_timeout_s": DEFAULT_INIT_TIMEOUT_S, "jobs": 0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +78,8 @@ class DistributedConfig:
     heartbeat_timeout_s: int = DEFAULT_HEARTBEAT_S
     shutdown_timeout_s: int = DEFAULT_SHUTDOWN_S
     init_timeout_s: int = DEFAULT_INIT_TIMEOUT_S
+    # The fields read from the GPT1_* environment rather than flags: an error names what the user set.
+    from_env: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
     @property
     def explicit(self) -> bool:
@@ -79,6 +90,19 @@ class DistributedConfig:
         """The flags of an explicit start left unset."""
         return [n for n, v in (("--coordinator", self.coordinator), ("--num-processes", self.num_processes),
                                ("--process-id", self.process_id)) if v is None]
+
+    def named(self, field: str) -> str:
+        """The flag or the environment variable `field` came from."""
+        flag, var = _NAMES[field]
+        return var if field in self.from_env else flag
+
+    def said(self, field: str) -> str:
+        """`--process-id 5` or `GPT1_PROCESS_ID=5`: a value as the user gave it."""
+        return f"{self.named(field)}{'=' if field in self.from_env else ' '}{getattr(self, field)}"
+
+
+_NAMES = {"coordinator": ("--coordinator", ENV_COORDINATOR), "num_processes": ("--num-processes", ENV_NUM_PROCESSES),
+          "process_id": ("--process-id", ENV_PROCESS_ID)}
 
 
 def _int(name: str, value) -> int | None:
@@ -107,24 +131,41 @@ def resolve(args: argparse.Namespace | None = None, environ: dict | None = None)
         heartbeat_timeout_s=_or(pick("heartbeat_timeout", ENV_HEARTBEAT), DEFAULT_HEARTBEAT_S),
         shutdown_timeout_s=_or(pick("shutdown_timeout", ENV_SHUTDOWN), DEFAULT_SHUTDOWN_S),
         init_timeout_s=_or(pick("init_timeout", ENV_INIT_TIMEOUT), DEFAULT_INIT_TIMEOUT_S),
+        from_env=tuple(f for f, (_, var) in _NAMES.items() if not get(f) and env.get(var)),
     )
     if cfg.mode != "off" and cfg.explicit:
-        if cfg.missing and cfg.mode != "on":
-            raise DistributedConfigError(
-                f"multi-process start needs --coordinator, --num-processes and --process-id together "
-                f"(or {ENV_COORDINATOR}/{ENV_NUM_PROCESSES}/{ENV_PROCESS_ID}); missing {', '.join(cfg.missing)} "
-                f"(or --distributed on to let JAX detect them)")
-        if cfg.coordinator is not None and not ((hp := _split_address(cfg.coordinator)) and 0 < hp[1] < 65536):
-            raise DistributedConfigError(f"--coordinator must be HOST:PORT (a port 1-65535), got {cfg.coordinator!r}")
-        if cfg.num_processes is not None and cfg.num_processes < 1:
-            raise DistributedConfigError(f"--num-processes must be >= 1, got {cfg.num_processes}")
-        if cfg.process_id is not None and cfg.num_processes is not None and not 0 <= cfg.process_id < cfg.num_processes:
-            raise DistributedConfigError(f"--process-id {cfg.process_id} not in [0, {cfg.num_processes})")
+        _check_explicit(cfg, cluster_here=environ is None)
     for name, v, var in (("heartbeat", cfg.heartbeat_timeout_s, ENV_HEARTBEAT), ("shutdown", cfg.shutdown_timeout_s,
                          ENV_SHUTDOWN), ("init", cfg.init_timeout_s, ENV_INIT_TIMEOUT)):
         if v < 1:  # 0 too: it was read as "not set" and replaced by the default without a word
             raise DistributedConfigError(f"--{name}-timeout ({var}) must be >= 1 second, got {v}")
     return cfg
+
+
+def _check_explicit(cfg: DistributedConfig, cluster_here: bool) -> None:
+    """The coordinator flags of an explicit start, together and in range. `cluster_here`: the environment resolved
+    is this process's own, so a scheduler's cluster detected here can be asked about the flags left out."""
+    if cfg.missing and cfg.mode != "on":
+        # Under a scheduler the missing values are the cluster's to give: "add the other flags" led straight to the
+        # count refusal when the count given was not the cluster's.
+        cluster = detected_cluster(single_task=True) if cluster_here else None
+        if cluster is not None:
+            check_process_count(dataclasses.replace(cfg, mode="on"))
+        given = ", ".join(cfg.said(f) for f in _NAMES if getattr(cfg, f) is not None)
+        instead = ("or --distributed on to let JAX detect them" if cluster is None else
+                   f"{cluster} gives them here: drop {given} to let JAX take them all from it, or add --distributed on")
+        raise DistributedConfigError(
+            f"multi-process start needs --coordinator, --num-processes and --process-id together "
+            f"(or {ENV_COORDINATOR}/{ENV_NUM_PROCESSES}/{ENV_PROCESS_ID}); missing {', '.join(cfg.missing)} "
+            f"({instead})")
+    if cfg.coordinator is not None and not ((hp := _split_address(cfg.coordinator)) and 0 < hp[1] < 65536):
+        raise DistributedConfigError(f"{cfg.named('coordinator')} must be HOST:PORT (a port 1-65535), "
+                                     f"got {cfg.coordinator!r}")
+    if cfg.num_processes is not None and cfg.num_processes < 1:
+        raise DistributedConfigError(f"{cfg.named('num_processes')} must be >= 1, got {cfg.num_processes}")
+    if cfg.process_id is not None and cfg.num_processes is not None and not 0 <= cfg.process_id < cfg.num_processes:
+        raise DistributedConfigError(f"{cfg.said('process_id')} not in [0, {cfg.num_processes}) "
+                                     f"({cfg.said('num_processes')})")
 
 
 def _or(value: int | None, default: int) -> int:
@@ -174,13 +215,13 @@ _COUNT_VARIABLES = {"SlurmCluster": ("this SLURM job step", "SLURM_NTASKS"),
                     "OmpiCluster": ("this Open MPI launch", "OMPI_COMM_WORLD_SIZE")}
 
 
-def check_process_count(cfg: DistributedConfig, flag: bool = False) -> None:
-    """A process count given (`flag`: as --num-processes, else as GPT1_NUM_PROCESSES) that differs from the count of the
-    cluster this process was started in: JAX kept the given one, mixed it with the coordinator and process id it
-    derived from the cluster, and waited for processes that were never started, then aborted in C++ (status 134)
-    after --init-timeout. Compared where the cluster decides this job: a SLURM step or an MPI launch of several tasks
-    (one task may run a job of its own, launch/local.py under `srun -n 1`), or any cluster JAX is to derive the
-    missing coordinator or process id from (its count asked as JAX would ask it)."""
+def check_process_count(cfg: DistributedConfig, flag: bool | None = None) -> None:
+    """A process count given (`flag`: as --num-processes, else as GPT1_NUM_PROCESSES; None: as `cfg` says) that
+    differs from the count of the cluster this process was started in: JAX kept the given one, mixed it with the
+    coordinator and process id it derived from the cluster, and waited for processes that were never started, then
+    aborted in C++ (status 134) after --init-timeout. Compared where the cluster decides this job: a SLURM step or an
+    MPI launch of several tasks (one task may run a job of its own, launch/local.py under `srun -n 1`), or any
+    cluster JAX is to derive the missing coordinator or process id from (its count asked as JAX would ask it)."""
     if cfg.num_processes is None:
         return
     cluster = detected_cluster(single_task=bool(cfg.missing))
@@ -198,6 +239,7 @@ def check_process_count(cfg: DistributedConfig, flag: bool = False) -> None:
     else:  # every value given: JAX asks that cluster nothing
         return
     if count != cfg.num_processes:
+        flag = "num_processes" not in cfg.from_env if flag is None else flag
         name = "--num-processes" if flag else ENV_NUM_PROCESSES
         raise DistributedConfigError(
             f"{name}{' ' if flag else '='}{cfg.num_processes} contradicts {where}'s {said}: its processes would not "
@@ -257,15 +299,72 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
     if local_ids is not None:
         kwargs["local_device_ids"] = local_ids
     t0 = time.perf_counter()
-    _probe_coordinator(kwargs, "--coordinator" if cluster is None else f"the coordinator ({cluster})")
-    jax.distributed.initialize(**kwargs)
-    _state.update(initialized=True, multi=jax.process_count() > 1)
+    named = "--coordinator" if cluster is None else f"the coordinator ({cluster})"
+    _probe_coordinator(kwargs, named)
+    with _Watchdog(kwargs["initialization_timeout"], _not_joined_line(kwargs, named, cfg.init_timeout_s)):
+        jax.distributed.initialize(**kwargs)
+    _state.update(initialized=True, multi=jax.process_count() > 1, init_timeout_s=cfg.init_timeout_s)
     if _state["multi"]:
         sys.excepthook = _exit_on_uncaught
+        _quiet_preemption_notes()
     print(f"gpt1-jax: process {jax.process_index()} of {jax.process_count()} up in {time.perf_counter() - t0:.2f} s "
           f"(coordinator {coordinator or 'auto-detected'}, {jax.local_device_count()} local / "
           f"{jax.device_count()} global devices)", file=sys.stderr, flush=True)
     return _state["multi"]
+
+
+def _not_joined_line(kwargs: dict, named: str, timeout_s: int) -> str:
+    n, pid, where = kwargs["num_processes"], kwargs["process_id"], kwargs["coordinator_address"]
+    count = f"{n} expected; start all {n}" if n else "start all of them"  # n None: JAX asks the cluster itself
+    said = (f"gpt1-jax: not every process joined within {timeout_s} s (--init-timeout): "
+            f"{count} with the same {named}")
+    if pid == 0 or where is None:
+        return said
+    # What answered this process's probe may be no JAX service at all: another program holding the port.
+    return f"{said}, and check that {where} is process 0's, not another program's"
+
+
+class _Watchdog:
+    """Ends the process in one line (status 2) once `seconds` have passed inside jax.distributed.initialize: a
+    process that waited out --init-timeout for processes that never joined (too few started, another count, a
+    coordinator port another program answers) was ended by XLA's client some seconds later with a C++ check failure
+    and a page of stack (status 134), which no Python code can catch. JAX's client waits in C++ without the GIL,
+    so the timer's thread runs meanwhile. Once initialize has returned, the timer is cancelled under the same lock
+    its action takes: it can never end a process that has started."""
+
+    def __init__(self, seconds: float, line: str):
+        self._line, self._done, self._lock = line, False, threading.Lock()
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Watchdog:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._done = True
+        self._timer.cancel()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            print(self._line, file=sys.stderr)
+            _flush()
+            os._exit(2)  # the C++ abort would come next; no Python exception can reach the waiting main thread
+
+
+def _not_a_preemption_note(record: logging.LogRecord) -> bool:
+    return "Reached preemption sync point" not in str(record.msg)
+
+
+def _quiet_preemption_notes() -> None:
+    """orbax logs a warning at the preemption sync point, from each of its checks there (2-3 per process), while
+    the loop says "preempted: checkpoint saved at step N" once: that one warning is dropped, absl's others kept."""
+    absl = logging.getLogger("absl")
+    if _not_a_preemption_note not in absl.filters:
+        absl.addFilter(_not_a_preemption_note)
 
 
 def is_multi_process() -> bool:
@@ -383,6 +482,80 @@ def _refuse_together(pid: int, count: int) -> None:
     time.sleep(REFUSAL_SETTLE_S if count > 1 else 0.0)
 
 
+# A job's settings that may differ between its processes, as nothing trained depends on them: where each host keeps
+# its token cache (a disk of its own, filled ahead by `gpt1-jax tokenize`; the default, under $XDG_CACHE_HOME,
+# differs by user and host anyway), how long it waits for another process to build it, and whether it draws progress
+# bars (only process 0's are shown).
+PER_HOST_FIELDS = ("data.cache_dir", "data.cache_wait_s", "data.progress")
+_JOB_KEY = "gpt1_jax/job/"
+_SHOWN_FIELDS = 3  # the first differing fields a refusal names
+
+
+def check_same_job(verb: str, workdir: str | Path, config, **more) -> None:
+    """Multi-process only: each process publishes its job (`verb`, the workdir as an absolute path, `config`'s fields
+    but PER_HOST_FIELDS, and `more`) in the coordination service's key-value store and reads every other's; a job
+    they disagree on is refused by each process in the same line. Processes given other --workdir or --set values
+    went on apart: one waited an hour for a tokenizer the other never built, or both trained, each process's own
+    settings taking part in every step while config.yaml recorded process 0's; another --steps ended in C++."""
+    from gpt1_jax.config import flat_fields, to_dict
+    from gpt1_jax.data.once import Peers  # its view of jax.distributed, which starts no backend
+
+    peers = Peers.current()
+    if peers.count < 2 or peers.client is None:
+        return
+    fields = {k: v for k, v in flat_fields(to_dict(config)).items() if k not in PER_HOST_FIELDS}
+    job = {"verb": verb, "workdir": str(Path(workdir).resolve()), **more, **fields}
+    _state["jobs"] += 1  # every process runs its jobs in the same order: the n-th of each is the same job
+    prefix = f"{_JOB_KEY}{_state['jobs']}/"
+    peers.client.key_value_set(f"{prefix}{peers.index}", json.dumps(job, default=str))
+    deadline = time.monotonic() + _state["init_timeout_s"]
+    jobs = [_published_job(peers.client, prefix, i, deadline) for i in range(peers.count)]
+    if said := disagreement(jobs):
+        raise DistributedConfigError(said)
+
+
+def _published_job(client, prefix: str, index: int, deadline: float) -> dict:
+    """Process `index`'s job, once it has published it; a process that refused something before (its own line says
+    what) or never got this far is one line here too, not a wait for the heartbeats to time out."""
+    while True:
+        try:
+            return json.loads(client.blocking_key_value_get(f"{prefix}{index}", 1000))
+        except Exception:  # not there yet (DEADLINE_EXCEEDED of this one-second wait)
+            pass
+        try:
+            client.key_value_try_get(f"{_REFUSED_KEY}{index}")
+        except Exception:  # not refused (NOT_FOUND): still on its way
+            if time.monotonic() < deadline:
+                continue
+            raise DistributedConfigError(f"process {index} did not begin its job within {_state['init_timeout_s']} s "
+                                         "(--init-timeout): every process runs the same command") from None
+        raise DistributedConfigError(f"process {index} stopped before its job began (its own output says why)")
+
+
+def disagreement(jobs: list[dict]) -> str | None:
+    """The line refusing `jobs` (one per process, in process order) that differ, naming the first differing fields
+    and each one's values per process; None if they agree."""
+    keys = list(dict.fromkeys(k for job in jobs for k in job))
+    differ = [k for k in keys if len({json.dumps(job.get(k), sort_keys=True) for job in jobs}) > 1]
+    if not differ:
+        return None
+    said = "; ".join(_values_per_process(k, jobs) for k in differ[:_SHOWN_FIELDS])
+    more = f"; and {len(differ) - _SHOWN_FIELDS} more" if len(differ) > _SHOWN_FIELDS else ""
+    return f"processes disagree on their job: {said}{more}; every process runs the same command"
+
+
+def _values_per_process(key: str, jobs: list[dict]) -> str:
+    groups: dict[str, list[int]] = {}  # a value (as JSON) -> the processes holding it, in the order first seen
+    for i, job in enumerate(jobs):
+        groups.setdefault(json.dumps(job.get(key), sort_keys=True), []).append(i)
+    values = []
+    for value, ids in groups.items():
+        value = json.loads(value)
+        who = f"process {ids[0]}" if len(ids) == 1 else f"processes {', '.join(map(str, ids[:-1]))} and {ids[-1]}"
+        values.append(f"{value if isinstance(value, str) else repr(value)} in {who}")
+    return f"{key}={', '.join(values)}"
+
+
 def abort(status: int = 1, exc: BaseException | None = None) -> None:
     """Multi-process only: print `exc`'s traceback and leave now, skipping the shutdown barrier (the
     peers may be gone or stuck in a collective that this process will never join). A no-op otherwise."""
@@ -391,8 +564,8 @@ def abort(status: int = 1, exc: BaseException | None = None) -> None:
     if exc is not None:
         if isinstance(exc, KeyboardInterrupt):
             print("interrupted", file=sys.stderr)
-        elif lost_peer(exc):  # the cause is in another process's output; a 40-line traceback here hid it
-            first = str(exc).strip().splitlines()[0][:300]
+        elif lost := lost_peer(exc):  # the cause is in another process's output; a 40-line traceback here hid it
+            first = str(lost).strip().splitlines()[0][:300]
             print(f"gpt1-jax: lost the other processes in a collective ({first}): one of them failed or was stopped, "
                   "and its own output says why", file=sys.stderr)
         else:
@@ -412,11 +585,22 @@ def abort(status: int = 1, exc: BaseException | None = None) -> None:
 # What XLA's collectives and the coordination service say when a peer process is gone (JAX 0.10, CPU and GPU).
 _PEER_LOST = ("Gloo", "DEADLINE_EXCEEDED", "Connection reset by peer", "Connection closed", "another task",
               "heartbeat", "UNAVAILABLE")
+# Said of a lost peer whatever the error's type: orbax and multihost_utils re-raise Gloo's as a ValueError. (The
+# broader words above, "Gloo" or "UNAVAILABLE" alone, are a lost peer's only in XLA's own error.)
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer")
 
 
-def lost_peer(exc: BaseException) -> bool:
-    """Whether `exc` is a collective failing because another process of the job is gone."""
-    return isinstance(exc, jax.errors.JaxRuntimeError) and any(m in str(exc) for m in _PEER_LOST)
+def lost_peer(exc: BaseException | None) -> BaseException | None:
+    """The error saying a collective failed because another process of the job is gone: `exc`, or one it was raised
+    from or while handling (None: not such a failure)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        markers = _PEER_LOST if isinstance(exc, jax.errors.JaxRuntimeError) else _PEER_GONE
+        if any(m in str(exc) for m in markers):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _exit_on_uncaught(exc_type, exc, tb) -> None:
@@ -431,8 +615,6 @@ def exit_status(status: int) -> int:
 
 
 if __name__ == "__main__":  # `python -m gpt1_jax.distributed`: what a gpt1-jax command would use here, one JSON line
-    import json
-
     # It reads the GPT1_* environment and the cluster, not flags: `--num-processes 2` printed the defaults, exit 0.
     Parser(prog="python -m gpt1_jax.distributed", description="What a gpt1-jax command would use "
                             "here to start its processes, as one JSON line: from the GPT1_* environment (the flags' "
@@ -440,8 +622,11 @@ if __name__ == "__main__":  # `python -m gpt1_jax.distributed`: what a gpt1-jax 
 
     try:
         cfg = resolve()
-    except DistributedConfigError as e:
-        sys.exit(f"gpt1_jax.distributed: error: {e}")
+        if cfg.mode != "off":  # a count gpt1-jax refuses was reported here as the one it would use (exit 0)
+            check_process_count(cfg)
+    except DistributedConfigError as e:  # as gpt1-jax's own refusals: one line, status 2
+        print(f"python -m gpt1_jax.distributed: error: {e}", file=sys.stderr)
+        sys.exit(2)
     cluster = detected_cluster()
     derived = {}
     if cluster:  # what the job would derive: on a TPU VM or in Kubernetes that asks the network (a DNS wait, an API)
@@ -450,4 +635,5 @@ if __name__ == "__main__":  # `python -m gpt1_jax.distributed`: what a gpt1-jax 
                                detected_params(dataclasses.replace(cfg, init_timeout_s=min(cfg.init_timeout_s, 10)))))
         except Exception as e:  # a diagnostic: say what failed, in one line
             derived = {"derive_error": str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}
-    print(json.dumps({**dataclasses.asdict(cfg), **derived, "detected_cluster": cluster}))
+    shown = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "from_env"}
+    print(json.dumps({**shown, **derived, "detected_cluster": cluster}))

@@ -27,7 +27,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from gpt1_jax import flops, heads
+from gpt1_jax import distributed, flops, heads
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
 from gpt1_jax.config import (ConfigError, FinetuneConfig, ModelConfig, check_storage, load_yaml, profile_window,
@@ -299,6 +299,7 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
     else the one `read_model` picks, recorded) in `workdir` (resuming what is there) -> how it ended; a finished
     run's outcome carries its results.json as `results` (a rerun of a finished run rewrites them)."""
     workdir = Path(workdir)
+    distributed.check_same_job("finetune", workdir, config, init=init, init_step=init_step, predict_test=predict_test)
     if init_step is not None and (init == "none" or init.startswith("scratch:")):
         raise ConfigError(f"--step picks a checkpoint of the --init run, and --init {init} reads no weights")
     job = Identity("finetune", config.task, init_identity(init, init_step))

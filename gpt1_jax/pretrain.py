@@ -18,7 +18,7 @@ from pathlib import Path
 import jax
 from jax.experimental import multihost_utils
 
-from gpt1_jax import flops
+from gpt1_jax import distributed, flops
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
 from gpt1_jax.config import (RUNTIME_FIELDS, OptimConfig, PretrainConfig, check_storage, flat_fields, load_yaml,
@@ -52,6 +52,7 @@ def run(config: PretrainConfig, workdir: Path, *, progress: bool = True) -> Outc
     """Trains `config` in `workdir` (resuming what is there) -> how it ended (gpt1_jax/loop.py Outcome).
     `progress=False`: no bars or status lines (the tokenizer's and the loop's); warnings still print."""
     workdir = Path(workdir)
+    distributed.check_same_job("pretrain", workdir, config)  # before anything is read or written
     is_main = jax.process_index() == 0
     config = with_schedule_span(config)
     job = Identity("pretrain")

@@ -24,6 +24,9 @@ set -euo pipefail
 : "${WORKDIR:=/mnt/shared/runs/gpt1}"
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# As the remote shell will read them (a space or a quote in a path split it there); `~/` stays outside, to expand.
+remote_dir="$(printf '%q' "$REMOTE_DIR")"
+workdir="$(printf '%q' "$WORKDIR")"
 zone=(--zone="$ZONE")
 [[ -n "$PROJECT" ]] && zone+=(--project="$PROJECT")
 
@@ -52,17 +55,17 @@ case "$verb" in
     tarball="${TMPDIR:-/tmp}/gpt1-jax-src.tgz"
     run tar -czf "$tarball" -C "$REPO" --exclude=.git --exclude=.venv --exclude=runs .
     run gcloud compute tpus tpu-vm scp "$tarball" "$TPU_NAME:gpt1-jax-src.tgz" "${zone[@]}" --worker=all
-    on_all_workers "mkdir -p ~/$REMOTE_DIR && tar -xzf ~/gpt1-jax-src.tgz -C ~/$REMOTE_DIR" ;;
+    on_all_workers "mkdir -p ~/$remote_dir && tar -xzf ~/gpt1-jax-src.tgz -C ~/$remote_dir" ;;
   install)
     # jax 0.10 needs Python >= 3.11; the Ubuntu 22.04 images ship 3.10 (their python3.11 comes from apt). The pins
     # are requirements.txt's, with the TPU runtime of the same jax ([tpu] extra).
-    on_all_workers "cd ~/$REMOTE_DIR && (command -v python3.11 || (sudo apt-get update -q && sudo apt-get install -y -q python3.11 python3.11-venv)) && python3.11 -m venv .venv && .venv/bin/pip install -q -r requirements.txt -e \".[tpu]\"" ;;
+    on_all_workers "cd ~/$remote_dir && (command -v python3.11 || (sudo apt-get update -q && sudo apt-get install -y -q python3.11 python3.11-venv)) && python3.11 -m venv .venv && .venv/bin/pip install -q -r requirements.txt -e \".[tpu]\"" ;;
   run)
     args=""
     for a in "$@"; do args+=" $(printf '%q' "$a")"; done
     # Detached from the ssh session (setsid, nohup, output to a log): a dropped connection or a laptop asleep
     # ended the run on every worker (SIGHUP, then SIGPIPE on its output) without a checkpoint.
-    on_all_workers "cd ~/$REMOTE_DIR && (nohup setsid .venv/bin/gpt1-jax pretrain --workdir $WORKDIR$args > ~/gpt1-jax.log 2>&1 < /dev/null & echo \$! > ~/gpt1-jax.pid) && echo started: launch/tpu.sh logs follows it" ;;
+    on_all_workers "cd ~/$remote_dir && (nohup setsid .venv/bin/gpt1-jax pretrain --workdir $workdir$args > ~/gpt1-jax.log 2>&1 < /dev/null & echo \$! > ~/gpt1-jax.pid) && echo started: launch/tpu.sh logs follows it" ;;
   logs)
     on_all_workers 'tail -n +1 -F ~/gpt1-jax.log' ;;
   stop)

@@ -61,6 +61,30 @@ def run_single(workdir, cache, devices=4, *more):
     return done
 
 
+def process_env(i: int, port: int, n: int = 2, devices: int = 2, **more) -> dict:
+    """Process `i` of `n` on 127.0.0.1:`port`, as GPT1_* variables (`more`: further variables)."""
+    return {**base_env(devices), "GPT1_COORDINATOR": f"127.0.0.1:{port}", "GPT1_NUM_PROCESSES": str(n),
+            "GPT1_PROCESS_ID": str(i), **more}
+
+
+def run_processes(argvs, logs: Path, timeout=FAIL_DEADLINE, **more):
+    """Runs process i of len(argvs) as `python -m gpt1_jax.cli *argvs[i]` (its output in logs/p{i}.log) and waits for
+    every one, at most `timeout` s -> (exit statuses, outputs, seconds until the last exit)."""
+    port, procs, t0 = free_port(), [], time.monotonic()
+    try:
+        for i, argv in enumerate(argvs):
+            with open(logs / f"p{i}.log", "w") as log:
+                procs.append(subprocess.Popen([sys.executable, "-m", "gpt1_jax.cli", *argv], stdout=log,
+                                              stderr=subprocess.STDOUT, env=process_env(i, port, len(argvs), **more)))
+        wait_for(lambda: all(p.poll() is not None for p in procs), timeout)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return [p.returncode for p in procs], [(logs / f"p{i}.log").read_text() for i in range(len(argvs))], \
+        time.monotonic() - t0
+
+
 def run_launcher(argv, n=2, devices=2, timeout=TIMEOUT, env=None):
     """python launch/local.py -n 2 -d 2 -- python -m gpt1_jax.cli ... (or another script; `env`: more variables)."""
     cmd = [sys.executable, str(LAUNCHER), "-n", str(n), "-d", str(devices), "--grace", "20", "--", sys.executable, *argv]
@@ -235,8 +259,7 @@ def test_kill_9_of_one_process_ends_all_promptly(tmp_path, cache):
     workdir = tmp_path / "run"
     port, procs = free_port(), []
     for i in range(2):
-        env = {**base_env(2), "GPT1_COORDINATOR": f"127.0.0.1:{port}", "GPT1_NUM_PROCESSES": "2", "GPT1_PROCESS_ID": str(i),
-               "GPT1_HEARTBEAT_TIMEOUT": str(HEARTBEAT_S)}
+        env = process_env(i, port, GPT1_HEARTBEAT_TIMEOUT=str(HEARTBEAT_S))
         argv = [sys.executable, "-m", "gpt1_jax.cli",
                 *pretrain_args(workdir, cache, "--steps", "1000", "--set", "checkpoint_every=2")]
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"p{i}.log", "w")))
@@ -264,8 +287,7 @@ def test_ctrl_c_in_one_process_saves_one_step_in_every_process_and_the_run_resum
     port, procs = free_port(), []
     argv = [sys.executable, "-m", "gpt1_jax.cli", *pretrain_args(workdir, cache, "--steps", "1000")]
     for i in range(2):
-        env = {**base_env(2), "GPT1_COORDINATOR": f"127.0.0.1:{port}", "GPT1_NUM_PROCESSES": "2", "GPT1_PROCESS_ID": str(i),
-               "GPT1_HEARTBEAT_TIMEOUT": str(HEARTBEAT_S)}
+        env = process_env(i, port, GPT1_HEARTBEAT_TIMEOUT=str(HEARTBEAT_S))
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"p{i}.log", "w")))
     try:
         wait_for(lambda: max(losses(workdir), default=0) >= 3, TIMEOUT, procs)
@@ -500,3 +522,43 @@ def test_evaluate_refuses_a_batch_the_processes_do_not_split_before_reading_its_
             "share of every batch): give a batch size that is a multiple of 2") in done.stdout.splitlines()
     assert "exit statuses [2, 2]" in done.stdout + done.stderr, done.stdout[-3000:]
     assert not (tmp_path / "cache").exists()  # nothing tokenized
+
+
+# ---- processes that disagree, or never join ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("differ", ["lr", "workdir"])
+def test_processes_given_different_jobs_refuse_them_together(tmp_path, cache, differ):
+    """Another --set optim.lr in process 1: both trained, process 1's lr taking part in every step while config.yaml
+    recorded process 0's, exit 0. Another --workdir: process 1 waited silently for a tokenizer process 0 built in
+    its own folder (data.cache_wait_s, an hour). Now each process says the same line, status 2, nothing trained."""
+    workdirs = [tmp_path / "run", tmp_path / ("run" if differ == "lr" else "other")]
+    lrs = ["1e-3", "9e-3" if differ == "lr" else "1e-3"]
+    argvs = [pretrain_args(workdirs[i], cache, "--steps", "4", "--set", f"optim.lr={lrs[i]}") for i in range(2)]
+    statuses, outs, seconds = run_processes(argvs, tmp_path)
+    said = ("optim.lr=0.001 in process 0, 0.009 in process 1" if differ == "lr" else
+            f"workdir={workdirs[0]} in process 0, {workdirs[1]} in process 1")
+    line = f"gpt1-jax pretrain: error: processes disagree on their job: {said}; every process runs the same command"
+    assert statuses == [2, 2], outs
+    assert all(line in out.splitlines() and "Traceback" not in out for out in outs), outs
+    assert seconds < 30
+    assert not any((w / "checkpoints").exists() or (w / "tokenizer.json").exists() for w in workdirs)
+
+
+@pytest.mark.parametrize("case", ["peers never start", "a stranger holds the port"])
+def test_a_process_whose_peers_never_join_ends_in_one_line(tmp_path, case):
+    """Process 0 started alone (or process 1 probing a port another program answers) waited out --init-timeout in
+    jax.distributed.initialize, then XLA's client ended it with a C++ check failure and a page of stack (134)."""
+    argv = ["pretrain", "--config", "tiny", "--workdir", str(tmp_path / "run"), "--init-timeout", "5"]
+    with socket.socket() as stranger:
+        stranger.bind(("127.0.0.1", 0))
+        stranger.listen()
+        pid, port = (0, free_port()) if case == "peers never start" else (1, stranger.getsockname()[1])
+        t0 = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", *argv], capture_output=True, text=True,
+                              timeout=FAIL_DEADLINE, env=process_env(pid, port))
+    line = ("gpt1-jax: not every process joined within 5 s (--init-timeout): 2 expected; start all 2 with the same "
+            "--coordinator")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1].startswith(line), done.stderr[-3000:]
+    assert "Check failure" not in done.stderr and time.monotonic() - t0 < 20
+    assert not (tmp_path / "run").exists()

@@ -209,3 +209,22 @@ def test_a_process_count_that_contradicts_the_cluster_is_one_line(monkeypatch):
     monkeypatch.delenv("GPT1_PROCESS_ID")
     with pytest.raises(distributed.DistributedConfigError, match="SLURM_NTASKS=1"):  # ...unless SLURM is to fill it in
         distributed.check_process_count(distributed.resolve(flags))
+
+
+@pytest.mark.parametrize("verb", ["run", "copy", "install"])
+def test_tpu_sh_quotes_paths_for_the_remote_shell(tmp_path, verb):
+    """`WORKDIR="/mnt/my runs/x" launch/tpu.sh run` started `gpt1-jax pretrain --workdir /mnt/my runs/x` on every
+    worker: the remote shell split the path in two. The workers' shell reads the paths whole (`~/` still expands)."""
+    import shlex
+    import subprocess
+
+    env = {**os.environ, "DRY_RUN": "1", "WORKDIR": "/mnt/my runs/x", "REMOTE_DIR": "it's mine",
+           "TMPDIR": str(tmp_path)}
+    done = subprocess.run(["bash", str(LAUNCH / "tpu.sh"), verb, "--config", "gpt1"], capture_output=True, text=True,
+                          env=env, timeout=30)
+    assert done.returncode == 0, done.stderr
+    remote = shlex.split(done.stdout.strip().splitlines()[-1])[-1]  # the --command the workers' shell runs
+    words = shlex.split(remote)
+    assert "~/it\\'s\\ mine" in remote and "it's mine" in words[words.index("cd" if verb != "copy" else "-C") + 1]
+    if verb == "run":
+        assert words[words.index("--workdir") + 1] == "/mnt/my runs/x"
