@@ -21,8 +21,8 @@ from jax.experimental import multihost_utils
 from gpt1_jax import distributed, flops
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
-from gpt1_jax.config import (RUNTIME_FIELDS, OptimConfig, PretrainConfig, check_storage, flat_fields, load_yaml,
-                             to_dict)
+from gpt1_jax.config import (DECAYING_SCHEDULES, RUNTIME_FIELDS, OptimConfig, PretrainConfig, check_storage,
+                             flat_fields, load_yaml, to_dict)
 from gpt1_jax.data.pipeline import build_pipeline
 from gpt1_jax.data.tokens import TOKENIZER_FILE
 from gpt1_jax.errors import ConfigError, WorkdirError
@@ -30,7 +30,7 @@ from gpt1_jax.evaluate import eval_batch, lm_loss, perplexity
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.integrity import newest_checkpoint
 from gpt1_jax.loop import Hook, Outcome, resume_step, start
-from gpt1_jax.metrics import plot_losses
+from gpt1_jax.metrics import plot_losses, read_metrics
 from gpt1_jax.model import init_params
 from gpt1_jax.optim import abstract_state, eval_params, make_schedule
 from gpt1_jax.sharding import make_mesh
@@ -42,9 +42,12 @@ from gpt1_jax.workdir import check_same_data, hold, shown_changes
 
 
 def with_schedule_span(config: PretrainConfig) -> PretrainConfig:
-    """The schedule spans the run, and warmup ends before it does (cosine needs a step left to decay over)."""
-    optim = dataclasses.replace(config.optim, total_steps=config.steps,
-                                warmup_steps=min(config.optim.warmup_steps, config.steps - 1))
+    """The schedule spans the run, and a preset's warmup ends before it does: a decaying schedule's two steps before
+    (step k trains at the schedule's value at k - 1, so a warmup of steps - 1 left the last step at the peak, as
+    check_pretrain_schedule refuses a given one), warmup_constant's one."""
+    decays = config.optim.schedule in DECAYING_SCHEDULES
+    most = max(config.steps - 2, 0) if decays else config.steps - 1
+    optim = dataclasses.replace(config.optim, total_steps=config.steps, warmup_steps=min(config.optim.warmup_steps, most))
     return dataclasses.replace(config, optim=optim)
 
 
@@ -202,5 +205,8 @@ def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, train
                 loop.progress.warn(note)
     outcome = loop.run(state, batches)
     if is_main:
+        last = next((r for r in reversed(read_metrics(workdir)) if "val_loss" in r), None)
+        if not progress and last is not None:  # a result, not progress: a batch job's log has it (the bar's says it)
+            print(f"step {last['step']}: val_loss {last['val_loss']:.4f}  val_ppl {last['val_ppl']:.2f}", file=sys.stderr)
         print(f"loss curve: {plot_losses(workdir)}", file=sys.stderr)
     return outcome

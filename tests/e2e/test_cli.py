@@ -115,17 +115,20 @@ def test_the_streams_around_the_command_line(tmp_path):
         f"gpt1-jax verify: error: {tmp_path / 'nothing'} does not exist: give a run's workdir")
 
 
-def test_pretrain_without_progress_says_only_where_its_plot_is(tmp_path, capsys):
+def test_pretrain_without_progress_says_only_its_last_validation_and_where_its_plot_is(tmp_path, capsys):
     """--no-progress on pretrain and evaluate as on finetune: no bar, no status lines (the BPE trained, the run starting, the
-    evaluations), for a log file; every step is in metrics.jsonl all the same."""
+    evaluations), for a log file; every step is in metrics.jsonl all the same. The last validation loss is a result,
+    said as finetune says its best epoch (a batch job's log had no score at all)."""
     from gpt1_jax.metrics import read_metrics
 
     workdir = tmp_path / "run"
     status = cli.main(["pretrain", "--config", "tiny", "--steps", "3", "--set", "eval_every=2", "--tracker", "none",
                        "--set", f"data.cache_dir={tmp_path / 'cache'}", "--workdir", str(workdir), "--no-progress"])
     assert status == 0
-    assert capsys.readouterr().err == f"loss curve: {workdir / 'loss.png'}\n"
     rows = read_metrics(workdir)
+    last = rows[-1] if "val_loss" in rows[-1] else next(r for r in reversed(rows) if "val_loss" in r)
+    assert capsys.readouterr().err == (f"step 3: val_loss {last['val_loss']:.4f}  val_ppl {last['val_ppl']:.2f}\n"
+                                       f"loss curve: {workdir / 'loss.png'}\n")
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3] and [r["step"] for r in rows if "val_loss" in r] == [2, 3]
     assert cli.main(["evaluate", "--workdir", str(workdir), "--no-progress"]) == 0  # and evaluate's bar of batches
     out = capsys.readouterr()

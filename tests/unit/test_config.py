@@ -477,3 +477,20 @@ def test_the_cli_refuses_an_unread_field_in_one_line_before_writing_anything(tmp
         "gpt1-jax pretrain: error: optim.b2=0.5 is not read by optim.name=sgd, only by adamw, lion, muon, "
         "schedule_free_adamw, lamb: leave it out, or choose one of those"]
     assert not workdir.exists()
+
+
+def test_a_presets_warmup_cut_to_a_short_run_leaves_its_decay_a_step():
+    """with_schedule_span cut a preset's warmup to steps - 1, so a decaying schedule's last step trained at the peak
+    lr (step k trains at the schedule's value at k - 1), what check_pretrain_schedule refuses where given."""
+    import dataclasses
+
+    from gpt1_jax.optim import make_schedule
+    from gpt1_jax.pretrain import with_schedule_span
+
+    tiny = preset(PretrainConfig, "tiny")  # warmup 5, warmup_cosine
+    for schedule, warmup in (("warmup_cosine", 4), ("warmup_linear", 4), ("warmup_constant", 5)):
+        run = dataclasses.replace(tiny, steps=6, optim=dataclasses.replace(tiny.optim, schedule=schedule))
+        optim = with_schedule_span(run).optim
+        last = float(make_schedule(optim)(run.steps - 1))  # what step 6 trains at
+        assert optim.warmup_steps == warmup
+        assert (last < optim.lr) if schedule != "warmup_constant" else last == pytest.approx(optim.lr)
