@@ -47,7 +47,8 @@ def with_schedule_span(config: PretrainConfig) -> PretrainConfig:
     check_pretrain_schedule refuses a given one), warmup_constant's one."""
     decays = config.optim.schedule in DECAYING_SCHEDULES
     most = max(config.steps - 2, 0) if decays else config.steps - 1
-    optim = dataclasses.replace(config.optim, total_steps=config.steps, warmup_steps=min(config.optim.warmup_steps, most))
+    optim = dataclasses.replace(config.optim, total_steps=config.steps,
+                                warmup_steps=min(config.optim.warmup_steps, most))
     return dataclasses.replace(config, optim=optim)
 
 
@@ -207,6 +208,7 @@ def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, train
     if is_main:
         last = next((r for r in reversed(read_metrics(workdir)) if "val_loss" in r), None)
         if not progress and last is not None:  # a result, not progress: a batch job's log has it (the bar's says it)
-            print(f"step {last['step']}: val_loss {last['val_loss']:.4f}  val_ppl {last['val_ppl']:.2f}", file=sys.stderr)
+            print(f"step {last['step']}: val_loss {last['val_loss']:.4f}  val_ppl {last['val_ppl']:.2f}",
+                  file=sys.stderr)
         print(f"loss curve: {plot_losses(workdir)}", file=sys.stderr)
     return outcome
