@@ -44,8 +44,11 @@ def base_env(devices: int) -> dict:
 
 
 def pretrain_args(workdir, cache, *more):
-    return ["pretrain", "--config", "tiny", "--workdir", str(workdir), "--steps", str(STEPS),
-            "--set", f"checkpoint_every={SAVE_EVERY}", "--set", "eval_every=0", "--set", f"data.cache_dir={cache}", *more]
+    """A run whose first SAVE_EVERY steps train at the same lrs whether it is given STEPS or SAVE_EVERY (`multi` runs
+    the first half alone): warmup_constant, whose warmup a short run cuts to its steps - 1, the same 5 in both."""
+    return ["pretrain", "--config", "tiny", "--workdir", str(workdir), "--steps", str(STEPS), "--set",
+            "optim.schedule=warmup_constant", "--set", f"checkpoint_every={SAVE_EVERY}", "--set", "eval_every=0",
+            "--set", f"data.cache_dir={cache}", *more]
 
 
 def free_port() -> int:
