@@ -30,8 +30,8 @@ import numpy as np
 from gpt1_jax import distributed, flops, heads
 from gpt1_jax.attention import check_runnable as check_attention
 from gpt1_jax.checkpoint import Checkpointer
-from gpt1_jax.config import (ConfigError, FinetuneConfig, ModelConfig, check_storage, load_yaml, profile_window,
-                             to_dict)
+from gpt1_jax.config import (ConfigError, FinetuneConfig, MeshConfig, ModelConfig, check_storage, load_yaml,
+                             profile_window, to_dict)
 from gpt1_jax.data.layout import Markers, max_segment_len
 from gpt1_jax.data.pipeline import default_cache_dir
 from gpt1_jax.data.tasks import (EpochBatches, Encoded, Splits, Task, encode_task, make_task, prediction_batches,
@@ -44,7 +44,7 @@ from gpt1_jax.loop import Hook, Outcome, resume_step, start
 from gpt1_jax.metrics import json_safe, plot_losses, say
 from gpt1_jax.optim import eval_params
 from gpt1_jax.sharding import make_mesh
-from gpt1_jax.step import check_batch_size, make_trainer
+from gpt1_jax.step import Trainer, check_batch_size, make_trainer
 from gpt1_jax.tokenizer import GPT1Tokenizer, find_tokenizer
 from gpt1_jax.weights import read_model
 from gpt1_jax.workdir import (DATA_INFO_FIX, Identity, check_same_settings, hold, init_identity, read_record,
@@ -323,11 +323,7 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
             check_same_settings(workdir, config, load_yaml(FinetuneConfig, workdir / "config.yaml"))
         check_outputs(workdir, task, splits, predict_test)
         trained_on = check_same_examples(workdir, splits)
-        init_fn, loss_fn, predict_fn = heads.finetune_functions(config.model, task.kind, task.n_outputs,
-                                                                task.regression, config.clf_dropout, config.lm_coef,
-                                                                2 if task.kind == "similarity" else 1)
-        trainer = make_trainer(init_fn, loss_fn, config.optim, config.mesh, accum_steps=config.accum_steps,
-                               seed=config.seed, predict_fn=predict_fn)
+        trainer = task_trainer(config, task, config.mesh)
         ckpt = Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints, save_every=config.checkpoint_every)
         try:  # until the loop takes the checkpointer over: an error or Ctrl-C must not leave orbax's threads running
             outcome, dev, seconds = _train(config, workdir, job, task, source, splits, trainer, ckpt, progress,
@@ -435,6 +431,16 @@ def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, sou
         except (ValueError, AttributeError):  # damaged (or not ours): the rerun writes it again whole
             pass
     return outcome, dev, seconds
+
+
+def task_trainer(config: FinetuneConfig, task: Task, mesh: MeshConfig) -> Trainer:
+    """A Trainer of `config`'s model with `task`'s head and loss (the auxiliary LM term included), over `mesh`: the
+    run's own to train, the devices here to predict (gpt1_jax/predict.py)."""
+    init_fn, loss_fn, predict_fn = heads.finetune_functions(config.model, task.kind, task.n_outputs, task.regression,
+                                                            config.clf_dropout, config.lm_coef,
+                                                            2 if task.kind == "similarity" else 1)
+    return make_trainer(init_fn, loss_fn, config.optim, mesh, accum_steps=config.accum_steps, seed=config.seed,
+                        predict_fn=predict_fn)
 
 
 def data_warnings(task: Task, config: FinetuneConfig, splits: Splits) -> list[str]:

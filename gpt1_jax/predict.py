@@ -27,17 +27,15 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from gpt1_jax import heads
 from gpt1_jax.config import FinetuneConfig, MeshConfig, load_yaml
 from gpt1_jax.data import glue
 from gpt1_jax.data.layout import Markers, max_segment_len
 from gpt1_jax.data.tasks import Task, format_label, encode_split, make_task
 from gpt1_jax.errors import ConfigError, DataError, OutputExistsError, WorkdirError
 from gpt1_jax.files import atomic_write_text
-from gpt1_jax.finetune import predict_split
+from gpt1_jax.finetune import predict_split, task_trainer
 from gpt1_jax.integrity import checkpoint_steps, newest_checkpoint
 from gpt1_jax.metrics import Bar, say
-from gpt1_jax.step import make_trainer
 from gpt1_jax.tokenizer import GPT1Tokenizer
 from gpt1_jax.weights import scored_params
 from gpt1_jax.workdir import read as read_identity
@@ -196,11 +194,8 @@ def predict(workdir: str | Path, inputs, *, fmt: str = "auto", batch_size: int |
     if enc.cut and jax.process_index() == 0:  # a warning: said with or without a bar
         say(f"{enc.cut} of {len(examples)} inputs have a text longer than a segment's {max_segment_len(n_ctx)} tokens "
             f"(n_ctx {n_ctx}): cut to it, as the run cut its own", who=f"predict {task.name}")
-    init_fn, loss_fn, predict_fn = heads.finetune_functions(config.model, task.kind, task.n_outputs, task.regression,
-                                                            config.clf_dropout, config.lm_coef,
-                                                            2 if task.kind == "similarity" else 1)
     # The run's mesh may name more devices than this machine has: data-parallel over the ones here.
-    trainer = make_trainer(init_fn, loss_fn, config.optim, MeshConfig(), seed=config.seed, predict_fn=predict_fn)
+    trainer = task_trainer(config, task, MeshConfig())
     batch = batch_size or config.eval_batch_size or config.batch_size
     trainer.check_batch_size(batch, "--batch-size", train=False)
     params = trainer.place_params(run_params(run))

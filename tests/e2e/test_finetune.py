@@ -192,18 +192,14 @@ def test_evaluation_batched_shortest_first_gives_the_file_order_outputs(tmp_path
     """predict_split batches by length, then puts every output back in its example's place: the same STS-B
     scores (here of its 24 training pairs) as batching them in file order (a causal model ignores the padding
     after a sequence)."""
-    from gpt1_jax import heads
     from gpt1_jax.data.layout import Markers
     from gpt1_jax.data.tasks import example_lengths, make_batch
-    from gpt1_jax.finetune import predict_split, prepare
-    from gpt1_jax.step import make_trainer
+    from gpt1_jax.finetune import predict_split, prepare, task_trainer
 
     config = dataclasses.replace(FinetuneConfig(task="stsb", model=model_preset("tiny"), batch_size=8), seed=1)
     task, source, config, splits = prepare(config, tmp_path, init="none", data_dir=str(data_dir), tokenizer=None,
                                            predict_test=False, tfds_dir=str(tmp_path / "tfds"))
-    init_fn, loss_fn, predict_fn = heads.finetune_functions(config.model, task.kind, task.n_outputs, task.regression,
-                                                            config.clf_dropout, config.lm_coef, 2)
-    trainer = make_trainer(init_fn, loss_fn, config.optim, config.mesh, seed=config.seed, predict_fn=predict_fn)
+    trainer = task_trainer(config, task, config.mesh)
     params = trainer.init(config.seed).params
     enc, markers = splits.train, Markers.of(source.tokenizer)  # 24 pairs: 3 batches of 8 (8 fake devices)
     lengths = example_lengths(enc)
