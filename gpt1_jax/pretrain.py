@@ -206,8 +206,9 @@ def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, train
                 loop.progress.warn(note)
     outcome = loop.run(state, batches)
     if is_main:
-        last = next((r for r in reversed(read_metrics(workdir)) if "val_loss" in r), None)
-        if not progress and last is not None:  # a result, not progress: a batch job's log has it (the bar's says it)
+        # a result, not progress: a batch job's log has it (with a bar, the evaluation's own line said it)
+        last = None if progress else next((r for r in reversed(read_metrics(workdir)) if "val_loss" in r), None)
+        if last is not None:
             print(f"step {last['step']}: val_loss {last['val_loss']:.4f}  val_ppl {last['val_ppl']:.2f}",
                   file=sys.stderr)
         print(f"loss curve: {plot_losses(workdir)}", file=sys.stderr)
