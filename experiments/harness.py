@@ -155,7 +155,9 @@ def make(run: Run, records: Records, summarize: Summarize, same: dict | None = N
     """The run's record: found, or made now by training it -> Done; None when the run stopped at a checkpoint
     before its end (SIGTERM), or was asked to stop with its last step (its record is kept): the sweep stops, and
     the same command resumes it. `announce`: a line printed only when the run starts."""
-    if (digest := settings(run)) is not None:
+    # A rebuild from kept records (train=False) reads them as they are: their digest names the data folder of the
+    # machine that made them, which a rebuild is not given.
+    if records.train and (digest := settings(run)) is not None:
         same = {**(same or {}), SETTINGS: digest}
     if (record := records.load(run.workdir, same)) is not None:
         return Done(run, record)

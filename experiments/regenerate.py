@@ -38,8 +38,9 @@ CORPUS = "../shared/data/corpus/english_mixed.txt.gz"  # the pre-training study'
 
 def regenerate() -> None:
     with tempfile.TemporaryDirectory() as scratch, contextlib.redirect_stderr(io.StringIO()):  # "done before" x 100
-        for recipe, budget in COMMITTED:  # each committed paper pipeline: results/ and results_4ep/
-            rebuild_results(Path(scratch) / f"paper_{budget}", PAPER_DIR / recipe, budget)
+        for recipe, budget in COMMITTED:  # each committed paper pipeline: results/, results_4ep/, results_long/
+            # a scratch folder each: two pipelines of one budget (4ep, long) lay out the same run workdirs
+            rebuild_results(Path(scratch) / f"paper_{Path(recipe).stem}_{budget}", PAPER_DIR / recipe, budget)
         for study in ("pretrain", "finetune"):  # finetune's optimizers: the best of <out>/pretrain/results.json
             run_study.main([study, "--tables", "--out", f"{scratch}/optimizers", "--corpus", CORPUS,
                             "--records", str(OPTIMIZERS / "records"), "--results", str(OPTIMIZERS)])

@@ -700,13 +700,15 @@ def _commit_dir(tmp: Path, path: Path):
 
 
 def save_pretrained(config: ModelConfig, params, path: str | os.PathLike, *, overwrite: bool = False,
-                    tokenizer=None) -> Path:
+                    tokenizer=None, dtype: str = "float32") -> Path:
     """Writes a HF directory (config.json + model.safetensors) that `OpenAIGPTLMHeadModel.from_pretrained`
-    loads, with `tokenizer` (a GPT1Tokenizer) in the files transformers' tokenizers read."""
+    loads, with `tokenizer` (a GPT1Tokenizer) in the files transformers' tokenizers read. `dtype="bfloat16"`
+    stores the weights at half the size (every reader here loads them back as float32)."""
     path = _destination(path)
     hf_config = _config_to_hf(config)
+    stored = jax.numpy.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
     with _staging_folder(path, overwrite) as tmp:
-        state = {k: np.ascontiguousarray(v) for k, v in params_to_hf_state(config, params).items()}
+        state = {k: np.ascontiguousarray(v.astype(stored)) for k, v in params_to_hf_state(config, params).items()}
         save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
         if tokenizer is not None:

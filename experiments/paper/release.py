@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from experiments.paper.settings import PAPER_DIR, RELEASE_MAX_BYTES, Paper, shown
+from experiments.paper.settings import PAPER_DIR, RELEASE_DTYPES, RELEASE_MAX_BYTES, Paper, shown
 from gpt1_jax import pretrain
 from gpt1_jax.checkpoint import latest_step
 from gpt1_jax.config import PretrainConfig, load_yaml, resolve
@@ -163,15 +163,21 @@ def release_stage(paper: Paper) -> bool:
         print(f"release: {paper.release_dir} holds step {step} already", file=sys.stderr)
         return False
     config, params = load_pretrained(paper.pretrain_dir, step=step)
-    if paper.committed and 4 * config.num_params() > RELEASE_MAX_BYTES:  # float32
-        raise ConfigError(f"{paper.release_dir} is committed: {4 * config.num_params() / 2**20:.1f} MB of parameters "
+    dtype = release_dtype(paper)
+    stored = (2 if dtype == "bfloat16" else 4) * config.num_params()
+    if paper.committed and stored > RELEASE_MAX_BYTES:
+        raise ConfigError(f"{paper.release_dir} is committed: {stored / 2**20:.1f} MB of parameters "
                           f"exceed its budget of {RELEASE_MAX_BYTES / 2**20:.0f} MB")
     tokenizer = find_tokenizer(None, paper.pretrain_dir, model_vocab_size=config.vocab_size)
-    save_pretrained(config, params, paper.release_dir, overwrite=True, tokenizer=tokenizer)
+    save_pretrained(config, params, paper.release_dir, overwrite=True, tokenizer=tokenizer, dtype=dtype)
     write_model_card(paper, config, params, step)
     print(f"release: step {step} -> {paper.release_dir} "
           f"({sum(f.stat().st_size for f in paper.release_dir.iterdir()) / 2**20:.1f} MB)", file=sys.stderr)
     return True
+
+
+def release_dtype(paper: Paper) -> str:
+    return RELEASE_DTYPES.get(paper.release_dir.name, "float32") if paper.committed else "float32"
 
 
 def write_model_card(paper: Paper, config, params, step: int) -> None:
@@ -242,9 +248,14 @@ def novel_row(novel: dict | None) -> str:
             f"{novel['seq_len']}-token windows): `gpt1-jax evaluate --init RELEASE --data FILE` of the passages |\n")
 
 
+BF16_NOTE = "; read back as float32, so its fine-tuning runs start from these rounded values"
+
+
 def model_card(paper: Paper, config, run: PretrainConfig, info: dict, step: int, val: dict | None, size: int,
                novel: dict | None = None) -> str:
     tokens_seen = step * run.data.global_batch_size * run.data.seq_len
+    dtype = release_dtype(paper)
+    stored = f"{dtype} ({size / 2**20:.1f} MB with the tokenizer){BF16_NOTE if dtype == 'bfloat16' else ''}"
     train_tokens = info["tokens"] * info["train_windows"] / max(info["windows"], 1)
     corpus = Path(str(info["source"])).name
     release = shown(paper.release_dir)
@@ -273,7 +284,7 @@ GPT-1's architecture and pre-training recipe (docs/gpt1.md) at small scale: `{sh
 |---|---|
 | shape | {config.n_layers} post-LN blocks, width {config.d_model}, {config.n_heads} heads of {config.head_dim}, MLP {config.d_mlp}, context {config.n_positions}, learned positions, tied LM head |
 | vocabulary | {config.vocab_size - 3:,} BPE ids trained on the corpus (lowercased, `</w>` word ends) + the 3 fine-tuning markers |
-| parameters | {config.num_params():,}, float32 ({size / 2**20:.1f} MB with the tokenizer) |
+| parameters | {config.num_params():,}, {stored} |
 | data | `{corpus}`: {info['documents']:,} documents, {info['tokens']:,} tokens ({train_tokens:,.0f} for training) |
 | sources | {CORPUS_SOURCES.get(corpus, "not recorded")} |
 | budget | {step:,} updates of {run.data.global_batch_size} x {run.data.seq_len} tokens = {tokens_seen:,} tokens seen, {tokens_seen / max(train_tokens, 1):.2f} epochs of the {train_tokens:,.0f} training tokens; Adam (`{run.optim.name}`), peak lr {run.optim.lr:g}, {run.optim.warmup_steps} warmup updates then {run.optim.schedule.removeprefix('warmup_')} decay |

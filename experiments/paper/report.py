@@ -9,6 +9,7 @@ from pathlib import Path
 
 from experiments.paper import layers, table5, zeroshot
 from experiments.paper.more_seeds import more_seeds_stage
+from experiments.paper.release import pretrain_config
 from experiments.paper.settings import ARMS, BUDGETS, RECIPE, TASKS, Paper, shown
 from experiments.paper.table5 import cell, goal
 from gpt1_jax.config import PretrainConfig, load_yaml
@@ -136,7 +137,8 @@ def diagnosis_summary(paper: Paper) -> list[str]:
 def zeroshot_summary(paper: Paper) -> list[str]:
     zs = paper.load_json("zeroshot.json")
     if not zs:
-        return ["Not run yet."]
+        return ["Not run yet." if pretrain_config(paper).keep_steps else
+                "Not run: the recipe kept no pre-training checkpoints to score (its keep_steps)."]
     steps = sorted(zs["steps"], key=int)
     names = ("sst2", "cola", "race")
     lines = [f"Examples: {zs['examples']} (0: the whole set). Plot: `zeroshot.png`.", "",
@@ -234,5 +236,6 @@ def rebuild_results(scratch: Path, recipe: Path = RECIPE, budget: str = "laptop"
     more_seeds_stage(paper)
     if (paper.results_dir / "layers.json").is_file():  # the first release ran Figure 2 (left); the 4ep one has not
         layers.layers_stage(paper)
-    zeroshot.plot(paper.load_json("zeroshot.json"), paper.results_dir / "zeroshot.png")
+    if (scores := paper.load_json("zeroshot.json")) is not None:  # the long release kept no checkpoints to score
+        zeroshot.plot(scores, paper.results_dir / "zeroshot.png")
     write_readme(paper)

@@ -201,6 +201,13 @@ def test_a_record_made_with_other_settings_is_not_this_runs(tmp_path, monkeypatc
     records = harness.Records(tmp_path / "out")
     assert harness.make(run(), records, _record).seconds > 0
     assert harness.make(run(), records, _record).seconds == 0  # done before
+    # a rebuild from kept records (experiments.regenerate: no --data-dir, train=False) reads them as they are:
+    # their digest names the GLUE folder of the machine that made them
+    made = harness.make(run(), records, _record).record
+    rebuild = harness.Records(tmp_path / "out", train=False)
+    elsewhere = dataclasses.replace(run(), data_dir=str(tmp_path / "elsewhere"))
+    assert harness.make(elsewhere, rebuild, _record).record == made
+
     with pytest.raises(ConfigError, match=r"seed0: finished with other settings than this sweep's \(its config, the "
                                          r"model its --init holds or its data differ\): give this sweep its own --out"):
         harness.make(run(optim=dataclasses.replace(FinetuneConfig().optim, lr=1e-3)), records, _record)

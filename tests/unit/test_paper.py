@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from experiments.paper import run, table5, zeroshot
+from gpt1_jax.config import PretrainConfig, load_yaml
 
 
 def test_missing_inputs_are_one_line_errors(tmp_path, capsys):
@@ -528,3 +529,25 @@ def test_table5_png_draws_the_tasks_with_pairs_and_leaves_out_the_rest(tmp_path,
     assert drawn == {0: (6.5, [[1.5], [pytest.approx(1.6)]], "tab:blue"),
                      1: (-0.1, [[pytest.approx(0.4)], [pytest.approx(0.3)]], "white"),
                      2: (8.6, [[pytest.approx(5.0)], [pytest.approx(5.0)]], "tab:blue")}
+
+
+def test_the_long_release_is_stored_in_bfloat16_and_its_card_says_so(tmp_path):
+    """The committed long release is written in bfloat16 (a lent GPU's call carries the checkout, 64 MiB at most);
+    every other release, committed or not, in float32, with the card's wording of before."""
+    from experiments.paper.release import model_card, release_dtype
+    from experiments.paper.settings import PAPER_DIR, RECIPE_4EP, RECIPE_LONG, Paper
+
+    def paper(recipe, budget="full_sets"):
+        return Paper(out=tmp_path, budget_name=budget, pretrain_config=str(recipe), tasks=("sst2",), layer_tasks=())
+
+    long = paper(RECIPE_LONG)
+    assert long.release_dir == PAPER_DIR / "release_long" and release_dtype(long) == "bfloat16"
+    assert release_dtype(paper(RECIPE_4EP)) == "float32"
+    assert release_dtype(paper(RECIPE_LONG, "quick")) == "float32"  # not committed: OUT/release
+    run = load_yaml(PretrainConfig, RECIPE_LONG)
+    info = {"tokens": 1000, "train_windows": 9, "windows": 10, "source": "english_mixed.txt.gz", "documents": 3}
+    card = model_card(long, run.model, run, info, run.steps, None, 11 * 2**20)
+    assert "| parameters | 5,321,728, bfloat16 (11.0 MB with the tokenizer); read back as float32, so its " \
+           "fine-tuning runs start from these rounded values |" in card
+    card = model_card(paper(RECIPE_4EP), run.model, run, info, run.steps, None, 21 * 2**20)
+    assert "| parameters | 5,321,728, float32 (21.0 MB with the tokenizer) |" in card

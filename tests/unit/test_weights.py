@@ -373,3 +373,22 @@ def test_a_config_preset_of_another_architecture_than_the_model_folder_is_refuse
         check_model_sets(tmp_path / "hf", [], preset="tiny")
     with pytest.raises(ConfigError, match=r"^--config small is another architecture than .*run records"):
         check_model_sets(tmp_path / "run", [], preset="small")
+
+
+def test_a_bfloat16_folder_is_half_the_size_and_reads_back_as_float32(tmp_path):
+    """save_pretrained(dtype="bfloat16") (the long release's weights, experiments/paper/settings.RELEASE_DTYPES):
+    half the bytes, and every reader gets float32 parameters equal to the rounded ones."""
+    from safetensors.numpy import load_file
+
+    params = random_params(SMALL, seed=5)
+    save_pretrained(SMALL, params, tmp_path / "f32")
+    save_pretrained(SMALL, params, tmp_path / "bf16", dtype="bfloat16")
+    f32, bf16 = (load_file(tmp_path / name / "model.safetensors") for name in ("f32", "bf16"))
+    assert {str(v.dtype) for v in bf16.values()} == {"bfloat16"}
+    assert sum(v.nbytes for v in bf16.values()) * 2 == sum(v.nbytes for v in f32.values())
+    config, read = load_pretrained(tmp_path / "bf16")
+    assert config == SMALL and {str(x.dtype) for x in jax.tree.leaves(read)} == {"float32"}
+    _, exact = load_pretrained(tmp_path / "f32")
+    rounded = jax.tree.map(lambda x: np.asarray(x).astype(jax.numpy.bfloat16).astype(np.float32), exact)
+    jax.tree.map(np.testing.assert_array_equal, read, rounded)
+    assert not all(jax.tree.leaves(jax.tree.map(np.array_equal, read, exact)))  # rounded, not the same
