@@ -46,6 +46,7 @@ from gpt1_jax.optim import eval_params
 from gpt1_jax.sharding import make_mesh
 from gpt1_jax.step import Trainer, check_batch_size, make_trainer
 from gpt1_jax.tokenizer import GPT1Tokenizer, find_tokenizer
+from gpt1_jax.tracker import check_tracker
 from gpt1_jax.weights import read_model
 from gpt1_jax.workdir import (DATA_INFO_FIX, Identity, check_same_settings, hold, init_identity, read_record,
                               recorded_step, training_now)
@@ -310,6 +311,8 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
     mesh = make_mesh(config.mesh)
     check_batch_size(mesh, config.batch_size, config.accum_steps, "batch_size")
     check_batch_size(mesh, config.eval_batch_size or config.batch_size, 1, "eval_batch_size")
+    if jax.process_index() == 0:  # the process that logs
+        check_tracker(config.tracker)
     with hold(workdir, "finetune", enabled=jax.process_index() == 0):  # one job at a time in a run folder
         trained = newest_checkpoint(workdir / "checkpoints") is not None
         task, source, config, splits = prepare(config, workdir, init=init, init_step=init_step, data_dir=data_dir,

@@ -36,6 +36,7 @@ from gpt1_jax.optim import abstract_state, eval_params, make_schedule
 from gpt1_jax.sharding import make_mesh
 from gpt1_jax.step import check_batch_size, check_mesh_divides, lm_trainer
 from gpt1_jax.tokenizer import TOKENIZER_META
+from gpt1_jax.tracker import check_tracker
 from gpt1_jax.workdir import Identity
 from gpt1_jax.workdir import check as check_workdir
 from gpt1_jax.workdir import check_same_data, hold, shown_changes
@@ -72,6 +73,8 @@ def run(config: PretrainConfig, workdir: Path, *, progress: bool = True) -> Outc
     check_mesh_divides(config.model, config.mesh, dict(mesh.shape))
     check_attention(config.model.attention, config.model.attn_dropout, True, config.model.head_dim)
     check_storage(config.model, config.optim)
+    if is_main:  # the process that logs
+        check_tracker(config.tracker)
     if jax.process_count() > 1:  # every process has checked the folder before process 0 writes into it (its BPE)
         multihost_utils.sync_global_devices("pretrain: workdir checked")
     with hold(workdir, "pretrain", enabled=is_main):  # one job at a time in a run folder

@@ -41,6 +41,33 @@ def open_tracker(kind: str, workdir: Path, config: Any, resume_step: int) -> Tra
     return None
 
 
+def check_tracker(kind: str) -> None:
+    """What can be known of the tracker before any data is read: W&B's package and, online, its login (no network:
+    `wandb.login(verify=False)` reads the key W&B would use). A run without one failed at its first step, after
+    the BPE and the token cache were made (minutes on a large corpus)."""
+    if kind != "wandb":
+        return
+    wandb = _import_wandb()
+    try:
+        wandb.login(verify=False)  # False, not an error, where WANDB_MODE is offline or disabled
+    except (wandb.errors.Error, ValueError) as e:
+        raise _wandb_error(e) from None
+
+
+def _import_wandb():
+    try:
+        import wandb  # the optional extra
+    except ImportError:
+        raise ConfigError('tracker=wandb needs the wandb package: pip install -e ".[wandb]"') from None
+    return wandb
+
+
+def _wandb_error(e: Exception) -> ConfigError:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return ConfigError(f"tracker=wandb could not start a W&B run: {first} (or log offline: WANDB_MODE=offline; "
+                       "or --tracker tensorboard)")
+
+
 def _finite(scalars: dict[str, Any]) -> dict[str, float]:
     return {k: v for k, v in scalars.items() if isinstance(v, (int, float)) and math.isfinite(v)}
 
@@ -130,10 +157,7 @@ class WandB:
     STEP = "train/step"  # the x-axis of every W&B chart (see log)
 
     def __init__(self, workdir: Path, config: Any):
-        try:
-            import wandb  # the optional extra
-        except ImportError:
-            raise ConfigError('tracker=wandb needs the wandb package: pip install -e ".[wandb]"') from None
+        wandb = _import_wandb()
         workdir = Path(workdir)
         id_file = workdir / "wandb_run_id"
         run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:12]  # W&B: [a-z0-9]
@@ -145,9 +169,7 @@ class WandB:
         # No login, a bad key or project, no network; a bad WANDB_* setting (WANDB_MODE=banana: a pydantic
         # ValidationError, a ValueError): before the run writes anything.
         except (wandb.errors.Error, ValueError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ConfigError(f"tracker=wandb could not start a W&B run: {first} (or log offline: WANDB_MODE=offline; "
-                              "or --tracker tensorboard)") from None
+            raise _wandb_error(e) from None
         if not id_file.is_file():  # only once W&B has the run: a folder the run never claimed holds no stray id
             atomic_write_text(id_file, run_id + "\n")
         self._run.define_metric(self.STEP)
