@@ -52,7 +52,8 @@ from gpt1_jax.config import (FINETUNE_DERIVED, OPTIMIZER_NAMES, SEED_RANGE, Data
                              PretrainConfig, TRACKER_NAMES, apply_overrides, check_not_derived, check_pretrain_schedule,
                              given_keys, guarded_text, hand_written, resolve)
 from gpt1_jax.errors import (DEBUG_ENV, ConfigError, DataError, DivergenceError, GPT1JaxError, Interrupted,
-                             OutputExistsError, WorkdirError, os_error_message)
+                             WorkdirError, os_error_message)
+from gpt1_jax.files import check_new_file
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps, newest_checkpoint, record, verify, verify_checkpoints
 from gpt1_jax.interrupt import CtrlC, unwrapped_interrupts
 from gpt1_jax.metrics import close_open_bars, json_safe, say
@@ -732,7 +733,7 @@ def _predict_flags(p: argparse.ArgumentParser) -> None:
 def _predict(args: argparse.Namespace) -> int:
     """`index<TAB>prediction` lines, GLUE's submission layout with label names (STS-B: the score), on standard output
     or in --out FILE; a bar of the batches and a closing line on stderr."""
-    from gpt1_jax.predict import check_output, predict, write_tsv
+    from gpt1_jax.predict import predict, write_tsv
 
     _refuse(args, "predict", {"config": "the run's own config.yaml is used",
                               "mesh": "predictions run data-parallel over all devices"})
@@ -741,7 +742,7 @@ def _predict(args: argparse.Namespace) -> int:
     if args.overwrite and args.out is None:
         raise ConfigError("--overwrite goes with --out FILE")
     if args.out is not None:  # before the model runs
-        check_output(args.out, args.overwrite)
+        check_new_file(Path(args.out), args.overwrite)
     result = predict(args.workdir, args.input, fmt=args.format, batch_size=args.batch_size,
                      progress=not args.no_progress)
     if not _speaks():
@@ -774,13 +775,9 @@ def _compare_out(out: Path, overwrite: bool) -> None:
     from matplotlib.backend_bases import FigureCanvasBase
 
     formats = FigureCanvasBase.get_supported_filetypes()
-    if out.is_dir():
-        raise ConfigError(f"--out {out} is a folder: name the figure's file")
+    check_new_file(out, overwrite)
     if out.suffix.lstrip(".").lower() not in formats:
         raise ConfigError(f"--out {out}: name a figure file ending in one of {', '.join('.' + f for f in formats)}")
-    if out.exists() and not overwrite:
-        raise OutputExistsError(f"--out {out} exists; nothing was written: pass --overwrite to replace it, or name "
-                                "another file")
     if not out.parent.is_dir():
         raise ConfigError(f"--out {out}: its folder {out.parent} does not exist")
 

@@ -1,7 +1,8 @@
 """The one way gpt1-jax writes a small file that others may read while it is written (run identity, configs,
 tokenizers, metadata, plots): whole or not at all; the one way it writes a folder so (`staging_folder`: models,
 token caches, kept BPEs, unpacked GLUE); where its caches live by default (`user_cache`); how an error names
-what a folder holds (`some_names`); and matplotlib for the plots (`pyplot`, `save_figure`)."""
+what a folder holds (`some_names`); whether an output file may be written (`check_new_file`); and matplotlib for
+the plots (`pyplot`, `save_figure`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gpt1_jax.errors import OutputExistsError
 from gpt1_jax.lockfile import remove_abandoned
 
 
@@ -25,6 +27,16 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
         os.replace(tmp, path)
     finally:  # stopped half-way (Ctrl-C, a full disk): no temporary file left behind
         tmp.unlink(missing_ok=True)
+
+
+def check_new_file(path: Path, overwrite: bool, flag: str = "--out") -> None:
+    """Refuses an output file that is a folder, or that exists and nobody said to replace: asked before the work
+    that makes it, so nothing is computed for a file that cannot be written."""
+    if path.is_dir():
+        raise OutputExistsError(f"{flag} {path} is a folder: name a file")
+    if path.exists() and not overwrite:
+        raise OutputExistsError(f"{flag} {path} exists; nothing was written: pass --overwrite to replace it, or "
+                                "name another file")
 
 
 def atomic_write_text(path: Path, text: str) -> None:

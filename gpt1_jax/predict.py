@@ -31,8 +31,8 @@ from gpt1_jax.config import FinetuneConfig, MeshConfig, load_yaml
 from gpt1_jax.data import glue
 from gpt1_jax.data.layout import Markers, max_segment_len
 from gpt1_jax.data.tasks import Task, format_label, encode_split, make_task
-from gpt1_jax.errors import ConfigError, DataError, OutputExistsError, WorkdirError
-from gpt1_jax.files import atomic_write_text
+from gpt1_jax.errors import ConfigError, DataError, WorkdirError
+from gpt1_jax.files import atomic_write_text, check_new_file
 from gpt1_jax.finetune import predict_split, task_trainer
 from gpt1_jax.integrity import checkpoint_steps, newest_checkpoint
 from gpt1_jax.metrics import Bar, say
@@ -207,19 +207,10 @@ def predict(workdir: str | Path, inputs, *, fmt: str = "auto", batch_size: int |
     return Predictions(run, [ex["idx"] for ex in examples], values, enc.cut)
 
 
-def check_output(out: str | Path, overwrite: bool = False) -> None:
-    """Refuses an --out that `write_tsv` would refuse: asked before the model runs."""
-    out = Path(out)
-    if out.is_dir():
-        raise OutputExistsError(f"--out {out} is a folder: give the path of a file")
-    if out.exists() and not overwrite:
-        raise OutputExistsError(f"--out {out} exists: give --overwrite to replace it, or another path")
-
-
 def write_tsv(predictions: Predictions, out: str | Path, overwrite: bool = False) -> Path:
     """The predictions as a whole file at `out` (never half of one); an existing file only with `overwrite`."""
-    check_output(out, overwrite)
     out = Path(out)
+    check_new_file(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, predictions.tsv())
     return out

@@ -103,7 +103,7 @@ def _write_finetuning_run(folder: Path) -> None:
     (None, ["{runs}/adamw", "--out", "figure.txt"], "--out figure.txt: name a figure file ending in one of .eps, "),
     (None, ["{runs}/adamw", "--out", "no/such/folder/f.png"], "--out no/such/folder/f.png: its folder no/such/folder "
                                                               "does not exist"),
-    (lambda d: (d / "sub").mkdir(), ["{runs}/adamw", "--out", "sub"], "--out sub is a folder: name the figure's file"),
+    (lambda d: (d / "sub").mkdir(), ["{runs}/adamw", "--out", "sub"], "--out sub is a folder: name a file"),
 ])
 def test_what_compare_cannot_draw_is_one_line_and_writes_nothing(runs, tmp_path, capsys, monkeypatch, make, argv,
                                                                    message):

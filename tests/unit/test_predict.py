@@ -135,7 +135,7 @@ def test_the_output_file_is_written_whole_and_kept_unless_told(runs, glue_dir, t
     assert out.read_text() == got.tsv() and _rows(out.read_text())[0] == ["index", "prediction"]
     assert [r[0] for r in _rows(out.read_text())[1:]] == ["0", "1", "2"]
     out.write_text("mine\n")
-    with pytest.raises(OutputExistsError, match=r"--out .*SST-2.tsv exists: give --overwrite to replace it"):
+    with pytest.raises(OutputExistsError, match=r"--out .*SST-2.tsv exists; nothing was written: pass --overwrite to replace it"):
         write_tsv(got, out)
     assert out.read_text() == "mine\n"
     assert write_tsv(got, out, overwrite=True).read_text() == got.tsv()
