@@ -361,14 +361,16 @@ def _plan(args: argparse.Namespace) -> int:
     config = resolve(PretrainConfig, args.config, overrides=_overrides(args, PretrainConfig),
                      mesh=None if mesh_auto else args.mesh)
     where = plan.target(args.topology, args.num_slices)
-    status = functools.partial(say, who="plan")
+    # every process of a job (a TPU VM's workers, launch/tpu.sh) compiles the plan; process 0 alone says it
+    status = functools.partial(say, who="plan") if _speaks() else (lambda line: None)
     status(f"compiling the train step for {where.name} ({len(where.devices)} x {where.device_kind})")
     if mesh_auto:
         result = plan.auto(config, where, compile_top=args.compile_top, baselines=not args.skip_baselines,
                            progress=status)
     else:
         result = plan.plan(config, where)
-    print(plan.table(result), file=sys.stderr, flush=True)
+    if _speaks():
+        print(plan.table(result), file=sys.stderr, flush=True)
     _print_json(result)
     return 0
 
