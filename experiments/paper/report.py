@@ -163,10 +163,17 @@ def _left(zs: dict, key: str) -> str:
             f"{len(zs['steps'])} checkpoints, {'the last among them' if last in above else 'not the last'}; {n:,} examples)")
 
 
+def stage_row(stage: str, seconds: float, timings: dict) -> str:
+    """A stage's wall-clock, with the machines it ran on where they are not the heading's (its last machine)."""
+    others = [m for m in timings.get("stage_machines", {}).get(stage, []) if m != timings["machine"]]
+    where = f" (on {'; '.join(others)})" if others else ""
+    return f"| {stage} | {duration(seconds)}{where} |"
+
+
 def write_readme(paper: Paper) -> None:
     timings = paper.load_json("timings.json", {"stages": {}, "machine": ""})
     b = paper.budget
-    stage_rows = [f"| {stage} | {duration(seconds)} |" for stage, seconds in timings["stages"].items()]
+    stage_rows = [stage_row(stage, seconds, timings) for stage, seconds in timings["stages"].items()]
     total = sum(timings["stages"].values())
     if "pretrain" not in timings["stages"] and (seconds := pretrain_seconds(paper)):
         stage_rows.insert(0, f"| pretrain | {duration(seconds)} (its steps, from metrics.jsonl: run outside run.py) |")

@@ -230,6 +230,10 @@ class Paper:
         timings = self.load_json("timings.json", {"stages": {}})
         timings["stages"][stage] = timings["stages"].get(stage, 0.0) + seconds
         timings["machine"] = f"{os.cpu_count()} CPU cores, JAX on {jax.devices()[0].device_kind}"
+        # each stage's machines: a pipeline resumed elsewhere (pre-trained on a lent GPU, fine-tuned on a CPU)
+        ran_on = timings.setdefault("stage_machines", {}).setdefault(stage, [])
+        if timings["machine"] not in ran_on:
+            ran_on.append(timings["machine"])
         self.save_json("timings.json", timings)
 
     def save_text(self, name: str, text: str) -> Path:

@@ -152,7 +152,22 @@ def test_a_stage_spanning_sessions_counts_the_time_of_each(tmp_path, monkeypatch
     for _ in range(3):
         assert run.main(["--stages", "pretrain", "--quick", "--out", str(tmp_path)]) == 0
     assert len(readmes) == 3
-    assert json.loads((tmp_path / "results" / "timings.json").read_text())["stages"] == {"pretrain": 300}
+    timings = json.loads((tmp_path / "results" / "timings.json").read_text())
+    assert timings["stages"] == {"pretrain": 300} and timings["stage_machines"] == {"pretrain": [timings["machine"]]}
+
+
+def test_a_stage_made_on_another_machine_says_so_in_the_readme():
+    """The long release was pre-trained on a lent GPU and fine-tuned here: the wall-clock table's heading names
+    the last machine, and a stage that ran elsewhere names its own. A pipeline from before (no stage_machines)
+    reads as it did."""
+    from experiments.paper.report import stage_row
+
+    gpu, cpu = "16 CPU cores, JAX on NVIDIA H200", "2 CPU cores, JAX on cpu"
+    timings = {"stages": {"pretrain": 165.0, "table5": 60.0}, "machine": cpu,
+               "stage_machines": {"pretrain": [gpu], "table5": [cpu]}}
+    assert stage_row("pretrain", 165.0, timings) == f"| pretrain | 2 min 45 s (on {gpu}) |"
+    assert stage_row("table5", 60.0, timings) == "| table5 | 1 min 00 s |"
+    assert stage_row("table5", 60.0, {"stages": {"table5": 60.0}, "machine": cpu}) == "| table5 | 1 min 00 s |"
 
 
 def test_goal_needs_all_five_tasks_a_gain_and_four_wins():
