@@ -362,14 +362,15 @@ def _plan(args: argparse.Namespace) -> int:
                      mesh=None if mesh_auto else args.mesh)
     where = plan.target(args.topology, args.num_slices)
     # every process of a job (a TPU VM's workers, launch/tpu.sh) compiles the plan; process 0 alone says it
-    status = functools.partial(say, who="plan") if _speaks() else (lambda line: None)
+    speaks = _speaks()
+    status = functools.partial(say, who="plan") if speaks else (lambda line: None)
     status(f"compiling the train step for {where.name} ({len(where.devices)} x {where.device_kind})")
     if mesh_auto:
         result = plan.auto(config, where, compile_top=args.compile_top, baselines=not args.skip_baselines,
                            progress=status)
     else:
         result = plan.plan(config, where)
-    if _speaks():
+    if speaks:
         print(plan.table(result), file=sys.stderr, flush=True)
     _print_json(result)
     return 0

@@ -706,9 +706,8 @@ def save_pretrained(config: ModelConfig, params, path: str | os.PathLike, *, ove
     stores the weights at half the size (every reader here loads them back as float32)."""
     path = _destination(path)
     hf_config = _config_to_hf(config)
-    stored = jax.numpy.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
     with _staging_folder(path, overwrite) as tmp:
-        state = {k: np.ascontiguousarray(v.astype(stored)) for k, v in params_to_hf_state(config, params).items()}
+        state = {k: np.ascontiguousarray(v.astype(dtype)) for k, v in params_to_hf_state(config, params).items()}
         save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
         if tokenizer is not None:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from experiments.paper.settings import PAPER_DIR, RELEASE_DTYPES, RELEASE_MAX_BYTES, Paper, shown
@@ -164,7 +165,7 @@ def release_stage(paper: Paper) -> bool:
         return False
     config, params = load_pretrained(paper.pretrain_dir, step=step)
     dtype = release_dtype(paper)
-    stored = (2 if dtype == "bfloat16" else 4) * config.num_params()
+    stored = np.dtype(dtype).itemsize * config.num_params()
     if paper.committed and stored > RELEASE_MAX_BYTES:
         raise ConfigError(f"{paper.release_dir} is committed: {stored / 2**20:.1f} MB of parameters "
                           f"exceed its budget of {RELEASE_MAX_BYTES / 2**20:.0f} MB")
