@@ -55,6 +55,9 @@ from gpt1_jax.metrics import close_open_bars
 from gpt1_jax.workdir import RESUMABLE_WITH_OTHER, hold, read as run_held
 
 RECORD = "record.json"
+# What a record kept before one of `same`'s fields was added to records means by lacking it: the optimizer study's
+# runs made before its --set existed ran with none.
+ABSENT_MEANS = {"sets": []}
 SETTINGS = "settings"  # the record's digest of what decided its score (`settings`)
 # How a fine-tuning run computes, besides what may change when it resumes: not what it computes. Its dtype
 # among them: a sweep run with `--set model.dtype=bfloat16` (where bf16 is native; the committed sweeps are fp32)
@@ -123,7 +126,8 @@ class Records:
             raise ConfigError(f"{workdir}: finished with other settings than this sweep's (its config, the model its "
                               "--init holds or its data differ): give this sweep its own --out (and records), or "
                               "repeat that sweep's own flags")
-        other = {k: record.get(k) for k, v in (same or {}).items() if k != SETTINGS and record.get(k) != v}
+        other = {k: mine for k, v in (same or {}).items()
+                 if k != SETTINGS and (mine := record.get(k, ABSENT_MEANS.get(k))) != v}
         if other:
             theirs, ours = (", ".join(f"{k}={values[k]}" for k in other) for values in (other, same))
             raise ConfigError(f"{workdir}: finished under another budget ({theirs}; this sweep: {ours}); give it its "
@@ -399,9 +403,9 @@ def check_sets(sets: list[str], owned: dict[str, str]) -> None:
     """Refuses (ConfigError, one line) a --set of every run of a sweep that no run would keep: a field fine-tuning
     derives, or one the sweep sets per run (`owned`: key -> what sets it), which replaced the --set silently."""
     given = given_keys(sets)
-    check_not_derived(given)
     if taken := sorted(given & set(owned)):
         raise ConfigError(f"{taken[0]} is set for each run by {owned[taken[0]]}, not by --set")
+    check_not_derived(given)
 
 
 def check_out(out: Path, init: str | None = None) -> None:

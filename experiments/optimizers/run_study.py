@@ -11,6 +11,7 @@ each one's best rate; cost columns; then fine-tuning of the released model with 
     # four optimizers of the pre-training study plus gpt1_adam
     python -m experiments.optimizers.run_study finetune --out runs/opt-study --data-dir GLUE_DIR
     # any of them with --tables: the outputs again from the finished runs' records alone, training nothing
+    # any of them with --set KEY=VALUE (repeatable): a config field of every run, e.g. model.n_layers=2
 
 This file makes the runs (pre-training, bench, fine-tuning) and holds the command line; sweep.py beside it
 is the lr ladder, the records and the loop, tables.py the outputs read off the records.
@@ -52,7 +53,7 @@ from experiments.optimizers.tables import REFERENCE, UNIGRAM, load_bench, load_u
 from experiments.paper.settings import shown
 from gpt1_jax import bench, compile_cache
 from gpt1_jax.arguments import at_least, number_at_least
-from gpt1_jax.config import FinetuneConfig, PretrainConfig, load_yaml, preset, resolve
+from gpt1_jax.config import FinetuneConfig, PretrainConfig, apply_overrides, load_yaml, preset, resolve
 from gpt1_jax.data.pipeline import build_pipeline, unigram_loss
 from gpt1_jax.data.sources import open_source
 from gpt1_jax.data.tokens import tokenizer_for
@@ -141,9 +142,11 @@ def curve_with_time(val: list[tuple[int, float]], times: dict[int, float]) -> li
 # ---- pre-training -------------------------------------------------------------------------------------
 
 def base_config(budget: dict) -> PretrainConfig:
-    """The budget's config before the study sets anything: the recipe or a preset, at the budget's data shape."""
+    """The budget's config before the study sets anything per run: the recipe or a preset, at the budget's data
+    shape, with the user's --set (`budget["sets"]`)."""
     base = resolve(PretrainConfig, budget["config"])
-    return dataclasses.replace(base, data=dataclasses.replace(base.data, **budget["data"]))
+    base = dataclasses.replace(base, data=dataclasses.replace(base.data, **budget["data"]))
+    return apply_overrides(base, budget.get("sets", ()))
 
 
 def pretrain_config(budget: dict, name: str, lr: float, seed: int, tokenizer: str, cache_dir: str | None):
@@ -176,14 +179,16 @@ def pretrain_run(study: Path, budget: dict, name: str, lr: float, seed: int, tok
     """The run's record (made now, or found); None when the run stopped at a checkpoint before its last step
     (SIGTERM), which the next invocation resumes; a run that failed is the study's error (harness.record_of)."""
     run = harness.Run(pretrain_config(budget, name, lr, seed, tokenizer, cache_dir), study / "runs" / name / run_name(lr, seed))
-    summarize = functools.partial(pretrain_record, study=study, name=name, lr=lr, seed=seed, tokenizer=tokenizer)
-    done = harness.make(run, harness.Records(study, records), summarize, {"steps": budget["steps"]},
+    same = {"steps": budget["steps"], "sets": list(budget.get("sets", ()))}
+    summarize = functools.partial(pretrain_record, study=study, name=name, lr=lr, seed=seed, tokenizer=tokenizer,
+                                  same=same)
+    done = harness.make(run, harness.Records(study, records), summarize, same,
                         announce=f"== {name} lr={lr:.3g} seed={seed} -> {run.workdir}")
     return harness.record_of(done)
 
 
 def pretrain_record(run: harness.Run, outcome: Outcome, wall: float, *, study: Path, name: str, lr: float, seed: int,
-                    tokenizer: str) -> dict:
+                    tokenizer: str, same: dict) -> dict:
     """A pre-training run's record: its validation curve and costs; a diverged run is recorded as diverged (the
     study goes on)."""
     config, workdir = run.config, run.workdir
@@ -213,7 +218,7 @@ def pretrain_record(run: harness.Run, outcome: Outcome, wall: float, *, study: P
         "optimizer_state_bytes": optimizer_state_bytes(config.optim, _abstract_params(model)),
         "diverged": diverged, "error": f"DivergenceError: {outcome.message}" if diverged else None,
         "cpu_flags": " ".join(cpu_flags()),  # a study spanning sessions may span CPU kinds: its seconds differ
-        "update_ratio": update_ratios(metrics),
+        "update_ratio": update_ratios(metrics), **same,
     }
 
 
@@ -247,6 +252,7 @@ def bench_optimizer(study: Path, budget: dict, name: str, tokenizer_vocab: int, 
     shape and at the 117M shape; written to <study>/bench/<name>.json (and kept under `records`, like a run's
     record) and merged into the table."""
     if (done := load_bench(study, records).get(name)) is not None:
+        check_same_sets(done, budget, study / "bench" / f"{name}.json")
         return done
     result = {}
     shapes = budget.get("bench_shapes", BENCH_SHAPES)
@@ -266,8 +272,19 @@ def bench_optimizer(study: Path, budget: dict, name: str, tokenizer_vocab: int, 
         result[shape] = {"batch": B, "seq": T, "step_s": r["step_s_median"], "tokens_per_s": r["tokens_per_s"],
                          "mfu": r["mfu"], "compile_s": r.get("compile_s")}
     result["cpu_flags"] = r["cpu_flags"]
+    if budget.get("sets"):
+        result["sets"] = list(budget["sets"])
     keep_json(result, study, records, f"bench/{name}.json")
     return result
+
+
+def check_same_sets(found: dict, budget: dict, path: Path) -> None:
+    """Refuses (ConfigError, one line) a measurement this study kept under other --set than this invocation's (a
+    bench step or the unigram loss of another model or data shape would fill its columns)."""
+    theirs, ours = found.get("sets", []), list(budget.get("sets", ()))
+    if theirs != ours:
+        raise ConfigError(f"{path}: measured with --set {', '.join(theirs) or '(none)'}, and this study's is "
+                          f"{', '.join(ours) or '(none)'}: give this study its own --out (and records)")
 
 
 def keep_json(result: dict, study: Path, records: Path | None, name: str) -> None:
@@ -310,7 +327,8 @@ def finetune_run(study: Path, budget: dict, task: str, name: str, lr: float, see
     itself)."""
     b = budget
     same = {k: b[k] for k in ("epochs", "batch", "max_train", "max_eval", "n_ctx")} | {"init": shown(init)}
-    base = FinetuneConfig(model=model)
+    same["sets"] = list(b.get("sets", ()))
+    base = apply_overrides(FinetuneConfig(model=model), b.get("sets", ()))
     config = dataclasses.replace(
         base, task=task, epochs=b["epochs"], batch_size=b["batch"], seed=seed, max_train_examples=b["max_train"],
         max_eval_examples=b["max_eval"], n_ctx=b["n_ctx"],
@@ -398,6 +416,10 @@ def parser() -> argparse.ArgumentParser:
                    "spanning sessions resumes from it)")
     p.add_argument("--results", default=None, help="also write the results (json, md, plots) to "
                    "<results>/pretrain/ or <results>/finetune/<task>/, e.g. experiments/optimizers/results")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config field of every run, repeatable (pretrain and bench: PretrainConfig, e.g. "
+                        "model.n_layers=2; finetune: FinetuneConfig); the bench's 117M column stays GPT-1's shape. "
+                        "What the study sets per run or per optimizer (lr, seed, steps, SPECS) is refused")
     p.add_argument("--tables", action="store_true", help="only write the results (json, md, plots) again from "
                    "the finished runs (their run dirs under --out and --records): trains and benches nothing")
     p.add_argument("--cache-dir", default=None, help="token cache (default: the machine's)")
@@ -450,8 +472,39 @@ def parse_args(argv) -> tuple[argparse.Namespace, list[str]]:
     names = finetune_optimizers(args) if args.study == "finetune" else args.optimizers or list(SPECS)
     if problem := optimizers_problem(names):
         p.exit(2, f"{p.prog}: error: {problem}\n")
+    if problem := sets_problem(args.study, args.set):
+        p.exit(2, f"{p.prog}: error: --set: {problem}\n")
     args.corpus_shown, args.init_shown = shown(args.corpus), shown(args.init) if args.init else None
     return args, names
+
+
+# What the study sets in each run itself: a --set of one would be replaced without a word.
+_OWNED = {
+    "pretrain": {"optim.name": "the optimizer", "optim.lr": "the lr sweep", "seed": "--seeds", "data.seed": "--seeds",
+                 "steps": "the budget (--steps)", "optim.total_steps": "the budget (--steps)",
+                 "optim.warmup_steps": "the budget's warmup share", "data.source": "--corpus",
+                 "data.tokenizer": "--tokenizer", "data.cache_dir": "--cache-dir",
+                 **{f"{k}": "the budget" for k in ("eval_every", "eval_batches", "checkpoint_every", "log_every",
+                                                   "keep_checkpoints", "keep_steps", "stats_every")}},
+    "finetune": {"task": "--tasks", "optim.name": "the optimizer", "optim.lr": "the lr sweep", "seed": "--seeds",
+                 **{k: "the budget" for k in ("epochs", "batch_size", "max_train_examples", "max_eval_examples",
+                                              "n_ctx")}},
+}
+
+
+def sets_problem(study: str, sets: list[str]) -> str | None:
+    """Why the --set list cannot apply to every run of `study` (a key the study sets itself, per run or per optimizer
+    in SPECS; a field or value the config does not have), or None."""
+    if not sets:
+        return None
+    kind = "finetune" if study == "finetune" else "pretrain"
+    per_optimizer = {f"optim.{k}": "SPECS, per optimizer" for spec in SPECS.values() for k in spec["overrides"]}
+    try:
+        harness.check_sets(sets, {**_OWNED[kind], **per_optimizer})
+        apply_overrides(FinetuneConfig() if kind == "finetune" else PretrainConfig(), sets)
+    except ConfigError as e:
+        return str(e)
+    return None
 
 
 def _budget_name(args) -> str:
@@ -505,7 +558,7 @@ def rewrite_tables(args, names: list[str], seeds: list[int]) -> None:
 
 def pretrain_setup(args, study: Path) -> tuple[dict, str]:
     """The pre-training budget (--steps shortens it) and the one tokenizer every run and bench uses."""
-    budget = dict(PRETRAIN[_budget_name(args)], source=args.corpus)
+    budget = dict(PRETRAIN[_budget_name(args)], source=args.corpus, sets=tuple(args.set))
     if args.steps:
         budget.update(steps=args.steps, eval_every=max(1, min(budget["eval_every"], args.steps // 2)))
     study.mkdir(parents=True, exist_ok=True)
@@ -516,9 +569,12 @@ def measure_unigram(study: Path, budget: dict, tokenizer: str, cache_dir: str | 
     """The study's unigram loss (`gpt1_jax.data.pipeline.unigram_loss`: what a model that ignores its context
     reaches on the study's validation windows), measured once and kept beside the records like a bench."""
     if (known := load_unigram(study, records)) is not None:
-        return known
+        check_same_sets(known, budget, study / UNIGRAM)
+        return known["unigram_loss"]
     config = pretrain_config(budget, REFERENCE, SPECS[REFERENCE]["pretrain_lr"], 0, tokenizer, cache_dir)
     result = {"unigram_loss": unigram_loss(build_pipeline(config.data, study))}
+    if budget.get("sets"):
+        result["sets"] = list(budget["sets"])
     keep_json(result, study, records, UNIGRAM)
     return result["unigram_loss"]
 
@@ -545,7 +601,7 @@ def bench_study(args, names: list[str], seeds: list[int]) -> None:
 
 def finetune_study(args, names: list[str], seeds: list[int]) -> tuple[list[dict], bool]:
     """One study per task, in turn; a run stopped at a checkpoint stops them all."""
-    budget = dict(FINETUNE[_budget_name(args)])
+    budget = dict(FINETUNE[_budget_name(args)], sets=tuple(args.set))
     init = best_pretrain_workdir(Path(args.init))
     model = load_pretrained(init)[0]  # the architecture, for the state bytes
 

@@ -224,7 +224,12 @@ def results_md(kind: str, rows: list[dict], runs: list[dict], args, title: str, 
 
 
 def _protocol(kind: str, runs: list[dict], args) -> str:
-    """What every run shares and how the best lr is chosen."""
+    """What every run shares and how the best lr is chosen; the --set every run had, where it had one."""
+    sets = runs[0].get("sets") if runs else None
+    return _protocol_text(kind, runs, args) + (f" Every run with --set {', '.join(sets)}." if sets else "")
+
+
+def _protocol_text(kind: str, runs: list[dict], args) -> str:
     if kind == "pretrain":
         r0 = runs[0]
         return (f"Same model, init, data order, tokenizer and budget per run: {r0['tokens']:,} tokens = {r0['steps']} "
@@ -524,7 +529,7 @@ def write_outputs(study: Path, kind: str, runs: list[dict], names: list[str], se
     """results.json and results.md, and with `plots` the PNGs; each file written whole (a killed study never
     leaves half of one), and copied to --results when given."""
     kept = Path(args.records).absolute() / "pretrain" if args.records and kind == "pretrain" else None
-    rows = summarize(runs, names, seeds, load_bench(study, kept), load_unigram(study, kept) if kind == "pretrain" else None)
+    rows = summarize(runs, names, seeds, load_bench(study, kept), (load_unigram(study, kept) or {}).get("unigram_loss") if kind == "pretrain" else None)
     # The records alone decide the file (a rebuild from them gives it byte for byte): runs in workdir order, and
     # the CPU kinds they ran on, not the writer's.
     shown = sorted((dict(r, workdir=str(Path(r["workdir"]).relative_to(study)) if Path(r["workdir"]).is_relative_to(study)
@@ -541,12 +546,13 @@ def write_outputs(study: Path, kind: str, runs: list[dict], names: list[str], se
             shutil.copyfile(path, dest / path.name)
 
 
-def load_unigram(study: Path, records: Path | None) -> float | None:
-    """The pre-training study's unigram loss (run_study.measure_unigram): <study>/unigram.json, or its copy kept
-    under `records` (a fresh clone); None for a study measured before it was kept."""
+def load_unigram(study: Path, records: Path | None) -> dict | None:
+    """The pre-training study's unigram measurement (run_study.measure_unigram: `unigram_loss`, and the study's
+    --set where it had one): <study>/unigram.json, or its copy kept under `records` (a fresh clone); None for a
+    study measured before it was kept."""
     for path in [study / UNIGRAM] + ([records / UNIGRAM] if records is not None else []):
         if path.is_file():
-            return json.loads(path.read_text())["unigram_loss"]
+            return json.loads(path.read_text())
     return None
 
 

@@ -406,3 +406,75 @@ def test_an_optimizer_outside_the_study_is_named_for_what_it_is(optimizers, mess
         rs.parse_args(["pretrain", "--quick", "--out", str(tmp_path), "--optimizers", optimizers])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and f": error: {message}" in err[0], err
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["optim.lr=1e-3"], "optim.lr is set for each run by the lr sweep, not by --set"),
+    (["optim.b2=0.9"], "optim.b2 is set for each run by SPECS, per optimizer, not by --set"),
+    (["steps=5"], "steps is set for each run by the budget (--steps), not by --set"),
+    (["model.n_layerz=2"], "unknown config key 'model.n_layerz'"),
+    (["model.n_layers=two"], "model.n_layers must be int, got 'two'"),
+])
+def test_a_set_the_study_would_replace_or_cannot_apply_is_one_line(sets, message, capsys):
+    """--set on the study: what it sets per run or per optimizer would have been replaced without a word."""
+    with pytest.raises(SystemExit) as e:
+        rs.parse_args(["pretrain", "--out", "o", *(a for s in sets for a in ("--set", s))])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and f": error: --set: {message}" in err[0], err
+
+
+def test_a_set_reaches_every_run_and_a_rerun_with_another_is_refused(tmp_path, monkeypatch):
+    """Every pre-training run and fine-tuning run of the study gets the --set; its records keep it, so the same
+    --out run again with another --set (or none) stops in one line instead of counting the old runs as its own,
+    and a record kept before --set existed (no "sets") counts as made with none."""
+    import gpt1_jax.finetune
+    import gpt1_jax.pretrain
+    from gpt1_jax.config import ModelConfig
+    from gpt1_jax.errors import ConfigError
+    from gpt1_jax.loop import Outcome
+
+    seen = []
+
+    def fake_pretrain(config, workdir, **options):
+        seen.append(config)
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "metrics.jsonl").write_text(json.dumps({"step": 4, "loss": 5.0, "val_loss": 5.0}) + "\n")
+        return Outcome("finished", 4)
+
+    monkeypatch.setattr(gpt1_jax.pretrain, "run", fake_pretrain)
+    budget = dict(rs.PRETRAIN["quick"], steps=4, source="default", sets=("model.n_layers=1", "optim.clip_norm=0.5"))
+    rec = rs.pretrain_run(tmp_path, budget, "adamw", 1e-3, 0, "train", None)
+    config = seen[0]
+    assert (config.model.n_layers, config.optim.clip_norm, config.optim.name, config.optim.b2) == (1, 0.5, "adamw", 0.95)
+    assert rec["sets"] == ["model.n_layers=1", "optim.clip_norm=0.5"]
+    with pytest.raises(ConfigError, match="finished under another budget"):
+        rs.pretrain_run(tmp_path, dict(budget, sets=()), "adamw", 1e-3, 0, "train", None)
+    record = tmp_path / "runs" / "adamw" / "lr0.001_s0" / "record.json"
+    record.write_text(json.dumps({k: v for k, v in rec.items() if k != "sets"}))  # as kept before --set
+    assert rs.pretrain_run(tmp_path, dict(budget, sets=()), "adamw", 1e-3, 0, "train", None)["steps"] == 4
+    assert len(seen) == 1
+
+    asked = []
+    monkeypatch.setattr(gpt1_jax.finetune, "run", lambda config, *a, **k: asked.append(config) or Outcome("preempted", 1))
+    rs.finetune_run(tmp_path / "ft", dict(rs.FINETUNE["quick"], sets=("lm_coef=0.25",)), "sst2", "lion", 3e-5, 0,
+                    tmp_path, ModelConfig(), None)
+    assert (asked[0].lm_coef, asked[0].optim.name, asked[0].optim.weight_decay) == (0.25, "lion", 0.1)
+
+
+def test_a_bench_or_unigram_kept_under_another_set_is_refused(tmp_path, monkeypatch):
+    """The bench columns and the unigram loss are measured once per study and kept: measured for another model or
+    data shape, they would fill this study's columns."""
+    from gpt1_jax.errors import ConfigError
+
+    monkeypatch.setattr(rs.bench, "run", lambda config, **kw: {"step_s_median": 0.01, "tokens_per_s": 1.0, "mfu": 0.0,
+                                                               "cpu_flags": ["avx"]})
+    budget = dict(rs.PRETRAIN["quick"], source="default", sets=("model.n_layers=1",))
+    assert rs.bench_optimizer(tmp_path, budget, "adamw", 512)["sets"] == ["model.n_layers=1"]
+    assert rs.bench_optimizer(tmp_path, budget, "adamw", 512)["sets"] == ["model.n_layers=1"]  # found, kept
+    with pytest.raises(ConfigError, match=r"bench/adamw.json: measured with --set model.n_layers=1, and this "
+                                          r"study's is \(none\)"):
+        rs.bench_optimizer(tmp_path, dict(budget, sets=()), "adamw", 512)
+    (tmp_path / tb.UNIGRAM).write_text(json.dumps({"unigram_loss": 6.5}))  # kept before --set existed
+    assert rs.measure_unigram(tmp_path, dict(budget, sets=()), "train", None, None) == 6.5
+    with pytest.raises(ConfigError, match="unigram.json: measured with --set \\(none\\)"):
+        rs.measure_unigram(tmp_path, budget, "train", None, None)
