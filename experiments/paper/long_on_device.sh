@@ -12,8 +12,8 @@
 # packages the GPU machine lacks: tensorflow-datasets and its pure-Python needs, array_record, dm-tree,
 # tensorboardX), as experiments/paper/device_data.sh makes them on the CPU machine. They are put where the CPU
 # machine has them (../shared/data/...), so the records name the same paths.
-# OUT gets log.txt, probe.json and, when they exist, release_long.tgz, results_long.tgz, pretrain_run.tgz: back
-# on the CPU machine, `tar xzf OUT/X.tgz -C experiments/paper` for the first two.
+# OUT gets log.txt, probe.json and, when they exist, release_long.tgz (when this call made it), results_long.tgz,
+# pretrain_run.tgz: back on the CPU machine, `tar xzf OUT/X.tgz -C experiments/paper` for the first two.
 # Matmuls at full float32 (JAX_DEFAULT_MATMUL_PRECISION=highest), as on the CPU, not the GPU's TF32 default.
 set -u
 out=${1:?usage: bash experiments/paper/long_on_device.sh OUT SECONDS DATA [TASKS]}
@@ -100,7 +100,10 @@ for task in ${tasks//,/ }; do
 done
 
 cd experiments/paper
-[[ -d release_long ]] && tar czf "$out/release_long.tgz" release_long
+# the release only when this call made it: a committed one is already in git, and its 8.6 MB would take a
+# seventh of what OUT can bring back
+[[ -n $(find release_long -type f -newermt "@$start" 2> /dev/null | head -1) ]] &&
+    tar czf "$out/release_long.tgz" release_long
 [[ -d results_long ]] &&
     tar czf "$out/results_long.tgz" --exclude results_long/pretraining results_long pretrain_long.yaml
 cd - > /dev/null
