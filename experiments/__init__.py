@@ -1,5 +1,8 @@
 """Experiments run with gpt1_jax, each a module run from the repository root: `python -m experiments.paper.run ...`.
 
+A script run by its path (`python experiments/paper/run.py`) has no package to import its parts from: each script
+says so in one line before its imports (exit status 2).
+
 Most modules here are parts the scripts import. `python -m` on one of those (a guess such as
 `python -m experiments.paper.release`) ran nothing and exited 0, so it is refused here, where every such run passes
 first (the package is imported before its module runs), in one line that names the scripts beside it."""

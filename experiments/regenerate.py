@@ -17,6 +17,13 @@ status 0; 1 when a file differs).
 
 from __future__ import annotations
 
+import sys
+
+if not __package__:  # run by its path: the imports below need `python -m`, from the repository root
+    print("regenerate.py: error: run it from the repository root as: "
+          "python -m experiments.regenerate ...", file=sys.stderr)
+    sys.exit(2)
+
 import contextlib
 import io
 import subprocess

@@ -16,6 +16,13 @@ that need not add up exactly; "rest" is what the step spends beyond their sum (n
 
 from __future__ import annotations
 
+import sys
+
+if not __package__:  # run by its path: the imports below need `python -m`, from the repository root
+    print("breakdown.py: error: run it from the repository root as: "
+          "python -m experiments.bench.breakdown ...", file=sys.stderr)
+    sys.exit(2)
+
 import dataclasses
 import json
 import statistics

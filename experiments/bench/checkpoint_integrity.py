@@ -13,6 +13,13 @@ verify_s time `integrity.record` / `integrity.verify` alone on the saved folder.
 
 from __future__ import annotations
 
+import sys
+
+if not __package__:  # run by its path: the imports below need `python -m`, from the repository root
+    print("checkpoint_integrity.py: error: run it from the repository root as: "
+          "python -m experiments.bench.checkpoint_integrity ...", file=sys.stderr)
+    sys.exit(2)
+
 import json
 import os
 import shutil

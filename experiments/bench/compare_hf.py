@@ -27,13 +27,19 @@ every target's batch, since the CPU shapes leave a GPU idle.
 
 from __future__ import annotations
 
+import sys
+
+if not __package__:  # run by its path: the imports below need `python -m`, from the repository root
+    print("compare_hf.py: error: run it from the repository root as: "
+          "python -m experiments.bench.compare_hf ...", file=sys.stderr)
+    sys.exit(2)
+
 import argparse
 import dataclasses
 import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path

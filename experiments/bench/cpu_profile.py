@@ -16,6 +16,13 @@ so in one line. Measured with it: experiments/bench/README.md (2026-11-29).
 
 from __future__ import annotations
 
+import sys
+
+if not __package__:  # run by its path: the imports below need `python -m`, from the repository root
+    print("cpu_profile.py: error: run it from the repository root as: "
+          "python -m experiments.bench.cpu_profile ...", file=sys.stderr)
+    sys.exit(2)
+
 import collections
 import json
 import os
@@ -24,7 +31,6 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path

@@ -24,6 +24,13 @@ seconds: a product slower in the step than alone shows here (experiments/bench/R
 
 from __future__ import annotations
 
+import sys
+
+if not __package__:  # run by its path: the imports below need `python -m`, from the repository root
+    print("op_profile.py: error: run it from the repository root as: "
+          "python -m experiments.bench.op_profile ...", file=sys.stderr)
+    sys.exit(2)
+
 import collections
 import dataclasses
 import gzip
@@ -32,7 +39,6 @@ import math
 import os
 import re
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path

@@ -10,6 +10,13 @@ cache off (GPT1_JAX_COMPILE_CACHE=off) so the first run compiles for real.
 
 from __future__ import annotations
 
+import sys
+
+if not __package__:  # run by its path: the imports below need `python -m`, from the repository root
+    print("shared_programs.py: error: run it from the repository root as: "
+          "python -m experiments.bench.shared_programs ...", file=sys.stderr)
+    sys.exit(2)
+
 import json
 import time
 from pathlib import Path

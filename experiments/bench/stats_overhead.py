@@ -8,6 +8,13 @@ N is the slower one). Prints one JSON object per shape, with the CPU's flags.
 
 from __future__ import annotations
 
+import sys
+
+if not __package__:  # run by its path: the imports below need `python -m`, from the repository root
+    print("stats_overhead.py: error: run it from the repository root as: "
+          "python -m experiments.bench.stats_overhead ...", file=sys.stderr)
+    sys.exit(2)
+
 import dataclasses
 import json
 import statistics

@@ -15,6 +15,13 @@ Runs go through experiments/harness.py: each is done once its OUT/<ablation>/<ta
 
 from __future__ import annotations
 
+import sys
+
+if not __package__:  # run by its path: the imports below need `python -m`, from the repository root
+    print("glue_table.py: error: run it from the repository root as: "
+          "python -m experiments.glue.glue_table ...", file=sys.stderr)
+    sys.exit(2)
+
 import argparse
 import dataclasses
 from pathlib import Path

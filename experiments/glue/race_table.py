@@ -10,6 +10,13 @@ experiments/harness.py. RACE has 88k training questions of
 
 from __future__ import annotations
 
+import sys
+
+if not __package__:  # run by its path: the imports below need `python -m`, from the repository root
+    print("race_table.py: error: run it from the repository root as: "
+          "python -m experiments.glue.race_table ...", file=sys.stderr)
+    sys.exit(2)
+
 import argparse
 import dataclasses
 from pathlib import Path

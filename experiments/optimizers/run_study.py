@@ -33,12 +33,18 @@ use x, so this runner reports what the runs log.
 
 from __future__ import annotations
 
+import sys
+
+if not __package__:  # run by its path: the imports below need `python -m`, from the repository root
+    print("run_study.py: error: run it from the repository root as: "
+          "python -m experiments.optimizers.run_study ...", file=sys.stderr)
+    sys.exit(2)
+
 import argparse
 import dataclasses
 import functools
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any

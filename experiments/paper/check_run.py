@@ -12,9 +12,15 @@ experiments/paper/README.md ("More seeds") has what these found.
 
 from __future__ import annotations
 
+import sys
+
+if not __package__:  # run by its path: the imports below need `python -m`, from the repository root
+    print("check_run.py: error: run it from the repository root as: "
+          "python -m experiments.paper.check_run ...", file=sys.stderr)
+    sys.exit(2)
+
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 

@@ -10,8 +10,14 @@ Prints the tables as markdown at the end (experiments/paper/README.md keeps them
 
 from __future__ import annotations
 
-import json
 import sys
+
+if not __package__:  # run by its path: the imports below need `python -m`, from the repository root
+    print("cost.py: error: run it from the repository root as: "
+          "python -m experiments.paper.cost ...", file=sys.stderr)
+    sys.exit(2)
+
+import json
 from pathlib import Path
 
 import numpy as np

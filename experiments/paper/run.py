@@ -15,9 +15,15 @@ OUT/release/ and OUT/results/. Details and budget: experiments/paper/README.md.
 
 from __future__ import annotations
 
+import sys
+
+if not __package__:  # run by its path: the imports below need `python -m`, from the repository root
+    print("run.py: error: run it from the repository root as: "
+          "python -m experiments.paper.run ...", file=sys.stderr)
+    sys.exit(2)
+
 import argparse
 import dataclasses
-import sys
 import time
 from pathlib import Path
 

@@ -20,6 +20,13 @@ batch iterator, measured as a pod job meets it. One JSON line at the end.
 
 from __future__ import annotations
 
+import sys
+
+if not __package__:  # run by its path: the imports below need `python -m`, from the repository root
+    print("data_bench.py: error: run it from the repository root as: "
+          "python -m experiments.scale.data_bench ...", file=sys.stderr)
+    sys.exit(2)
+
 import gzip
 import json
 import os

@@ -12,6 +12,13 @@ order beside the analytic bound without and with the HBM term, and with the term
 
 from __future__ import annotations
 
+import sys
+
+if not __package__:  # run by its path: the imports below need `python -m`, from the repository root
+    print("hbm_fit.py: error: run it from the repository root as: "
+          "python -m experiments.scale.hbm_fit ...", file=sys.stderr)
+    sys.exit(2)
+
 import json
 from collections import defaultdict
 from pathlib import Path

@@ -14,9 +14,15 @@ Every model runs as a pod runs it: bf16 compute over fp32 parameters, layers sca
 
 from __future__ import annotations
 
+import sys
+
+if not __package__:  # run by its path: the imports below need `python -m`, from the repository root
+    print("plan_table.py: error: run it from the repository root as: "
+          "python -m experiments.scale.plan_table ...", file=sys.stderr)
+    sys.exit(2)
+
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path

@@ -336,6 +336,23 @@ def test_a_part_run_as_a_script_is_refused_in_one_line(module, scripts, readme):
     assert script.returncode == 0 and script.stdout.startswith("usage: ")
 
 
+def test_a_script_run_by_its_path_says_how_to_run_it_in_one_line(tmp_path):
+    """`python experiments/paper/run.py` ended in a ModuleNotFoundError traceback: a script runs in its package, which
+    `python -m` from the repository root gives (making the path form work would take a sys.path edit)."""
+    scripts = sorted(p for p in (ROOT / "experiments").rglob("*.py")
+                     if p.name != "__init__.py" and 'if __name__ == "__main__"' in p.read_text())
+    assert len(scripts) >= 15
+    for path in scripts:
+        done = subprocess.run([sys.executable, str(path), "--help"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60)
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        assert (done.returncode, done.stdout) == (2, ""), (path, done.stderr[-2000:])
+        assert done.stderr.splitlines() == [f"{path.name}: error: run it from the repository root as: python -m "
+                                            f"{module} ..."]
+    assert subprocess.run([sys.executable, "-m", "experiments.paper.run", "--help"], cwd=ROOT, capture_output=True,
+                          timeout=60).returncode == 0
+
+
 @pytest.mark.parametrize("module, argv", [
     ("experiments.glue.glue_table", ["--init", "none", "--out", "o"]),
     ("experiments.glue.race_table", ["--init", "none", "--out", "o", "--data", "d"]),
