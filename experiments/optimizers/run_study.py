@@ -490,7 +490,7 @@ _OWNED = {
                  "steps": "the budget (--steps)", "optim.total_steps": "the budget (--steps)",
                  "optim.warmup_steps": "the budget's warmup share", "data.source": "--corpus",
                  "data.tokenizer": "--tokenizer", "data.cache_dir": "--cache-dir",
-                 **{f"{k}": "the budget" for k in ("eval_every", "eval_batches", "checkpoint_every", "log_every",
+                 **{k: "the budget" for k in ("eval_every", "eval_batches", "checkpoint_every", "log_every",
                                                    "keep_checkpoints", "keep_steps", "stats_every")}},
     "finetune": {"task": "--tasks", "optim.name": "the optimizer", "optim.lr": "the lr sweep", "seed": "--seeds",
                  **{k: "the budget" for k in ("epochs", "batch_size", "max_train_examples", "max_eval_examples",
