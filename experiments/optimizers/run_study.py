@@ -277,9 +277,7 @@ def bench_optimizer(study: Path, budget: dict, name: str, tokenizer_vocab: int, 
         B, T = config.data.global_batch_size, config.data.seq_len
         result[shape] = {"batch": B, "seq": T, "step_s": r["step_s_median"], "tokens_per_s": r["tokens_per_s"],
                          "mfu": r["mfu"], "compile_s": r.get("compile_s")}
-    result["cpu_flags"] = r["cpu_flags"]
-    if budget.get("sets"):
-        result["sets"] = list(budget["sets"])
+    result["cpu_flags"], result["sets"] = r["cpu_flags"], list(budget.get("sets", ()))
     keep_json(result, study, records, f"bench/{name}.json")
     return result
 
@@ -287,7 +285,7 @@ def bench_optimizer(study: Path, budget: dict, name: str, tokenizer_vocab: int, 
 def check_same_sets(found: dict, budget: dict, path: Path) -> None:
     """Refuses (ConfigError, one line) a measurement this study kept under other --set than this invocation's (a
     bench step or the unigram loss of another model or data shape would fill its columns)."""
-    theirs, ours = found.get("sets", []), list(budget.get("sets", ()))
+    theirs, ours = found.get("sets", harness.ABSENT_MEANS["sets"]), list(budget.get("sets", ()))
     if theirs != ours:
         raise ConfigError(f"{path}: measured with --set {', '.join(theirs) or '(none)'}, and this study's is "
                           f"{', '.join(ours) or '(none)'}: give this study its own --out (and records)")
@@ -578,9 +576,7 @@ def measure_unigram(study: Path, budget: dict, tokenizer: str, cache_dir: str | 
         check_same_sets(known, budget, study / UNIGRAM)
         return known["unigram_loss"]
     config = pretrain_config(budget, REFERENCE, SPECS[REFERENCE]["pretrain_lr"], 0, tokenizer, cache_dir)
-    result = {"unigram_loss": unigram_loss(build_pipeline(config.data, study))}
-    if budget.get("sets"):
-        result["sets"] = list(budget["sets"])
+    result = {"unigram_loss": unigram_loss(build_pipeline(config.data, study)), "sets": list(budget.get("sets", ()))}
     keep_json(result, study, records, UNIGRAM)
     return result["unigram_loss"]
 
