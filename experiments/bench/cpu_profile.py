@@ -196,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             recorded = subprocess.run(["perf", "record", "-q", "-F", "999", "-p", str(child.pid), "-o", str(data),
                                        "--", "sleep", str(args.seconds)], capture_output=True, text=True)
             t1 = time.time()
+            # Its steps are sampled: paused, it leaves both cores to perf's symbol reading and gdb's (~10 s on 2 cores)
+            child.send_signal(signal.SIGSTOP)
             script = subprocess.run(["perf", "script", "-i", str(data), "-F", "ip,sym,dso"], capture_output=True,
                                     text=True)
             if recorded.returncode or script.returncode:
@@ -206,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             names = kernel_names(child.pid, [a for a, _ in counts.most_common(5000)])  # while its code is loaded
         finally:
             child.send_signal(signal.SIGTERM)
+            child.send_signal(signal.SIGCONT)  # a stopped process keeps a SIGTERM pending until it runs again
             child.communicate(timeout=60)
         steps = [float(s) for start, s in (line.split() for line in log.read_text().splitlines() if line.strip())
                  if t0 <= float(start) <= t1] if log.exists() else []

@@ -14,7 +14,6 @@ import pytest
 from gpt1_jax import cli, flops, hugepages
 from gpt1_jax.config import PretrainConfig, model_preset, resolve
 from gpt1_jax.flops import accelerator_peak, flops_per_token, mfu
-from tests.support.env import xla_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"tokens_per_s", "step_s_median", "compile_s", "flops_per_token", "mfu", "peak_flops", "losses",
@@ -120,7 +119,7 @@ def test_bench_cli_simulate_devices_subprocess():
     # them off elsewhere): where they can help, the command re-executes itself under glibc's tunable first,
     # and its flags still hold after that.
     env = {k: v for k, v in os.environ.items() if k != hugepages.SWITCH}
-    env = {**env, "XLA_FLAGS": xla_flags(), "PYTHONPATH": str(ROOT)}
+    env = {**env, "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
         [sys.executable, "-m", "gpt1_jax.cli", "bench", "--config", "tiny", "--simulate-devices", "4",
          "--mesh", "fsdp=4", "--batch", "4", "--seq", "16", "--steps", "1", "--peak-flops", "1e11"],
@@ -134,7 +133,7 @@ def test_bench_cli_simulate_devices_subprocess():
 
 @pytest.mark.skipif(not hugepages.wanted({hugepages.SWITCH: "keep"}), reason="needs Linux with glibc >= 2.35")
 def test_bench_with_the_kept_heap_reexecutes_under_it_and_says_so():
-    env = {**os.environ, hugepages.SWITCH: "keep", "XLA_FLAGS": xla_flags(), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, hugepages.SWITCH: "keep", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "bench", "--config", "tiny", "--batch", "4", "--seq",
                           "16", "--steps", "1", "--peak-flops", "1e11"], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=120)

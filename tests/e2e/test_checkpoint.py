@@ -4,7 +4,6 @@ intact checkpoint (bit-identical to an undamaged run), failed saves (full disk, 
 SIGTERM that saves, stops and leaves the signal handlers as it found them.
 Real orbax on disk, real `gpt1-jax` subprocesses, real tmpfs mounts (we run as root)."""
 
-import os
 import re
 import shutil
 import subprocess
@@ -17,19 +16,15 @@ import pytest
 from gpt1_jax import integrity
 from gpt1_jax.errors import CheckpointFormatError, CheckpointWriteError
 from tests.support.checkpoint import corrupt, largest_file
-from tests.support.env import xla_flags
 from tests.support.pretrain import assert_same_tree
 
 
 TIMEOUT = 300
 
 
-ENV = {**os.environ, "XLA_FLAGS": xla_flags()}  # one real CPU device in the subprocesses
-
-
 def run(*args):
     return subprocess.run([sys.executable, "-m", "gpt1_jax.cli", *args], capture_output=True, text=True,
-                          timeout=TIMEOUT, env=ENV)
+                          timeout=TIMEOUT)
 
 
 def pretrain(workdir, cache, steps, *more):

@@ -17,7 +17,6 @@ import pytest
 from gpt1_jax import cli
 from gpt1_jax.config import PretrainConfig, resolve
 from tests.support.cli import _one_error_line
-from tests.support.env import xla_flags
 
 RELEASE = Path(__file__).resolve().parents[2] / "experiments" / "paper" / "release"
 
@@ -86,7 +85,7 @@ def test_the_streams_around_the_command_line(tmp_path):
     bar, exit 1, without a word; a prompt the output's encoding cannot show (PYTHONIOENCODING=ascii) was a
     UnicodeEncodeError; JAX_PLATFORMS=cuda on this CPU a bare AssertionError; a quoted '~' in --workdir a folder
     named '~'."""
-    env = {**os.environ, "XLA_FLAGS": xla_flags()}
+    env = dict(os.environ)
     script = tmp_path / "chatty.py"
     script.write_text(CHATTY)
     chatty = shlex.join([sys.executable, str(script), "verify", "--workdir", str(tmp_path)])

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 from gpt1_jax import compile_cache
-from tests.support.env import xla_flags
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +21,7 @@ def _bench(env, *args):
 
 def test_a_second_process_reuses_the_first_ones_programs(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_COMPILATION_CACHE_MAX_SIZE")}
-    env.update(GPT1_JAX_COMPILE_CACHE=str(tmp_path), XLA_FLAGS=xla_flags())
+    env.update(GPT1_JAX_COMPILE_CACHE=str(tmp_path))
     # A folder an unbounded writer filled first (an older gpt1-jax, or JAX_COMPILATION_CACHE_MAX_SIZE=-1):
     # its entries have no access-time records, which the bounded cache reads before every write.
     _bench({**env, "JAX_COMPILATION_CACHE_MAX_SIZE": "-1"}, "--seq-len", "16")

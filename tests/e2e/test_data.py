@@ -11,7 +11,6 @@ import pytest
 from gpt1_jax.data import BatchIterator, open_source
 from gpt1_jax.errors import DataError
 from tests.support.data import _windows, write_corpus
-from tests.support.env import xla_flags
 
 
 def test_gzip_that_is_not_gzip_is_one_line(tmp_path: Path) -> None:
@@ -28,7 +27,7 @@ def test_gzip_that_is_not_gzip_is_one_line(tmp_path: Path) -> None:
     for path in (noise, cut):
         with pytest.raises(DataError, match=rf"{path.name}: not readable gzip data"):
             list(open_source(str(path)).documents())
-    env = {**os.environ, "XLA_FLAGS": xla_flags(), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "pretrain", "--workdir", str(tmp_path / "run"),
                            "--config", "tiny", "--steps", "1", "--data", str(noise)],
                           capture_output=True, text=True, timeout=300, env=env)
@@ -72,7 +71,7 @@ def test_two_real_processes_build_the_global_batch(tmp_path: Path) -> None:
         port = s.getsockname()[1]
     script = tmp_path / "worker.py"
     script.write_text(_WORKER)
-    env = {**os.environ, "XLA_FLAGS": xla_flags()}
+    env = dict(os.environ)
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
     procs = [
         subprocess.Popen([sys.executable, str(script), str(i), str(port)], env=env, text=True,
@@ -143,7 +142,7 @@ def test_utf16_and_utf32_files_say_so_and_how_to_convert(tmp_path: Path) -> None
     bom.write_bytes(codecs.BOM_UTF8 + text.encode())
     assert list(open_source(str(bom)).documents()) == ["héllo world", "second paragraph"]
 
-    env = {**os.environ, "XLA_FLAGS": xla_flags(), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "pretrain", "--workdir", str(tmp_path / "run"),
                            "--config", "tiny", "--steps", "1", "--data", str(tmp_path / "le.txt")],
                           capture_output=True, text=True, timeout=300, env=env)
@@ -159,7 +158,7 @@ def test_the_data_bench_command_refuses_a_missing_source_in_one_line(tmp_path: P
     import subprocess
     import sys
 
-    env = {**os.environ, "XLA_FLAGS": xla_flags(), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, "-m", "gpt1_jax.data", "--workdir", str(tmp_path / "w"), "--source",
                            str(tmp_path / "nope.txt")], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 2 and done.stderr.splitlines() == [

@@ -370,7 +370,7 @@ def test_short_real_finetune_beats_the_majority_class(tmp_path, shared_dir):
     argv = ["finetune", "--task", "sst2", "--init", "none", "--config", "tiny", "--workdir", str(workdir),
             "--data-dir", str(glue.parent), "--tfds-dir", str(tmp_path / "tfds"),
             "--epochs", "1", "--lr", "3e-3", "--lm-coef", "0", "--no-progress"]
-    done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", *argv], capture_output=True, text=True, timeout=300, env=ENV)
+    done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", *argv], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((workdir / "results.json").read_text())
     labels = [line.split("\t")[2] for line in (workdir / "predictions" / "validation.tsv").read_text().splitlines()[1:]]
@@ -386,9 +386,6 @@ def _argv(workdir, data_dir, tmp_path, *extra):
             "--batch-size", "8", "--epochs", "2", "--predict-test", "--set", "checkpoint_every=1", *extra]
 
 
-ENV = {**os.environ, "XLA_FLAGS": xla_flags()}  # one CPU device
-
-
 def _outputs(workdir):
     """What an interrupted run must reproduce: dev scores per epoch, best epoch, prediction files' bytes."""
     results = json.loads((workdir / "results.json").read_text())
@@ -399,13 +396,13 @@ def _outputs(workdir):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, data_dir):
     tmp = tmp_path_factory.mktemp("ft-ref")
-    done = subprocess.run(_argv(tmp / "run", data_dir, tmp), capture_output=True, text=True, timeout=300, env=ENV)
+    done = subprocess.run(_argv(tmp / "run", data_dir, tmp), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return tmp / "run"
 
 
 def _start_and_wait(argv, workdir, log, step):
-    proc = subprocess.Popen(argv, stderr=open(log, "w"), stdout=subprocess.DEVNULL, env=ENV)
+    proc = subprocess.Popen(argv, stderr=open(log, "w"), stdout=subprocess.DEVNULL)
     t0 = time.time()
     while time.time() - t0 < 300:
         path = workdir / "metrics.jsonl"
@@ -426,7 +423,7 @@ def test_finetune_kill_9_then_rerun_equals_an_uninterrupted_run(uninterrupted, t
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert not (workdir / "results.json").exists()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resuming at" in done.stderr  # not a second run from scratch (which would give the same files)
     assert _outputs(workdir) == _outputs(uninterrupted)
@@ -441,7 +438,7 @@ def test_finetune_sigterm_saves_exits_0_and_resumes(uninterrupted, tmp_path, dat
     assert proc.returncode == 0 and "preempted: checkpoint saved at step" in open(tmp_path / "log").read()
     saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     first_session = json.loads((workdir / "checkpoints" / str(saved) / "data" / "metadata").read_text())["seconds"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert _outputs(workdir) == _outputs(uninterrupted)
     # The training time counts the preempted session too (it once counted the last session's alone).
@@ -491,7 +488,7 @@ def test_two_processes_give_the_one_process_metrics(tmp_path, data_dir):
     args = _argv(tmp_path / "two", data_dir, tmp_path, "--set", "checkpoint_every=0", "--epochs", "1")[1:]
     two = subprocess.run([sys.executable, str(repo / "launch" / "local.py"), "-n", "2", "-d", "2", "--grace", "20", "--",
                           sys.executable, *args], capture_output=True, text=True, timeout=300,
-                         env={**base, "XLA_FLAGS": xla_flags(), "JAX_PLATFORMS": "cpu"})
+                         env={**base, "JAX_PLATFORMS": "cpu"})
     assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-2000:]
     (h1, e1, f1), (h2, e2, f2) = _outputs(tmp_path / "one"), _outputs(tmp_path / "two")
     assert e1 == e2 and f1 == f2

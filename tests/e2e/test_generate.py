@@ -10,7 +10,6 @@ import gpt1_jax
 from gpt1_jax.config import model_preset
 from gpt1_jax.errors import DataError
 from gpt1_jax.generate import sample
-from tests.support.env import xla_flags
 
 
 @pytest.mark.parametrize("scan_layers", [True, False], ids=["scan", "loop"])
@@ -68,7 +67,7 @@ def test_sample_verb_from_an_hf_folder(tmp_path, vocab_dir):
         shutil.copy(vocab_dir / name, tmp_path / "hf" / name)
     done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "sample", "--init", str(tmp_path / "hf"),
                            "--prompt", "hello world", "--max-new-tokens", "5", "--num-samples", "1"],
-                          capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "XLA_FLAGS": xla_flags()})
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines()[1].startswith("hello world >> ") and len(done.stdout.splitlines()[1]) > 16
 
@@ -77,7 +76,6 @@ def test_more_new_tokens_than_the_context_holds_is_one_error(tmp_path, vocab_dir
     """Asking for more tokens than n_positions leaves room for used to return fewer, with exit 0 and no word: now it
     is one ConfigError before anything compiles, from the library and as the CLI's one line (exit 2)."""
     import json
-    import os
     import re
     import shutil
     import subprocess
@@ -103,7 +101,7 @@ def test_more_new_tokens_than_the_context_holds_is_one_error(tmp_path, vocab_dir
         shutil.copy(vocab_dir / name, tmp_path / "hf" / name)
     done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "sample", "--init", str(tmp_path / "hf"),
                            "--prompt", "hello world", "--max-new-tokens", "200", "--num-samples", "1"],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "XLA_FLAGS": xla_flags()})
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-2000:]
     assert done.stderr == ("gpt1-jax sample: error: --max-new-tokens 200 with a 10-token prompt needs 210 positions; "
                            "the model's context is 64 (n_positions): ask for at most 54\n"), done.stderr

@@ -14,7 +14,6 @@ import pytest
 
 from gpt1_jax.data.sources import open_source
 from gpt1_jax.errors import DataError
-from tests.support.env import xla_flags
 
 
 pytest.importorskip("datasets", reason="the [hf] extra (README's test command installs it)")
@@ -86,7 +85,7 @@ def _cli(*args, env=None):
 
 def test_pretrain_reads_an_hf_source_and_a_missing_hub_dataset_is_one_line(jsonl, tmp_path):
     folder, texts = jsonl
-    env = {**OFFLINE, "HF_DATASETS_CACHE": str(tmp_path / "hf-cache"), "XLA_FLAGS": xla_flags()}
+    env = {**OFFLINE, "HF_DATASETS_CACHE": str(tmp_path / "hf-cache")}
     done = _cli("pretrain", "--config", "tiny", "--steps", "2", "--data", f"hf:json:{folder}/*.jsonl#text",
                 "--workdir", str(tmp_path / "run"), "--set", "data.vocab_size=300", "--set", "eval_every=0",
                 "--set", f"data.cache_dir={tmp_path / 'tokens'}", "--set", "data.seq_len=8", env=env)

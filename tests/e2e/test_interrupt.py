@@ -14,14 +14,10 @@ import numpy as np
 import pytest
 
 from gpt1_jax.metrics import read_metrics
-from tests.support.env import xla_flags
 from tests.support.pretrain import cli
 
 
 WAIT = 120  # seconds for any one phase to begin, or a run to stop
-
-
-ENV = {**os.environ, "XLA_FLAGS": xla_flags()}  # one real CPU device in the subprocesses (conftest gives this one 8)
 
 
 def losses(workdir):
@@ -69,7 +65,7 @@ def leftovers(*folders: Path) -> list[str]:
 def interrupt(argv, log: Path, ready, delay: float) -> tuple[int, str]:
     """Start `argv`, wait until `ready(proc)`, wait `delay` s more, send SIGINT; -> (status, stderr)."""
     with open(log, "w") as stderr:
-        proc = subprocess.Popen(argv, stderr=stderr, stdout=subprocess.DEVNULL, env=ENV)
+        proc = subprocess.Popen(argv, stderr=stderr, stdout=subprocess.DEVNULL)
         try:
             t0 = time.time()
             while not ready(proc):
@@ -146,6 +142,6 @@ def test_ctrl_c_in_every_phase_stops_with_one_line_and_the_same_command_goes_on(
     step = int(line.split("at step ")[1].split(":")[0])
     assert 1 <= step < steps and step in [int(p.name) for p in (workdir / "checkpoints").glob("[0-9]*")], (why, line)
 
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"resuming at step {step}" in done.stderr and max(losses(workdir)) == steps

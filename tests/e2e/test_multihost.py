@@ -438,7 +438,7 @@ def test_dry_run_compiles_for_a_simulated_mesh_without_data(tmp_path):
     workdir = tmp_path / "never-created"
     done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "pretrain", "--config", "tiny", "--workdir", str(workdir),
                            "--dry-run", "--simulate-devices", "8", "--mesh", "fsdp=4,tensor=2"],
-                          capture_output=True, text=True, timeout=TIMEOUT, env={**base_env(1), "XLA_FLAGS": xla_flags()})
+                          capture_output=True, text=True, timeout=TIMEOUT, env=base_env(1))
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["devices"] == 8 and result["mesh"] == {"data": 1, "fsdp": 4, "tensor": 2}
@@ -453,7 +453,7 @@ def test_dry_run_compiles_for_a_simulated_mesh_without_data(tmp_path):
 def test_dry_run_rejects_a_mesh_that_does_not_fit(tmp_path):
     done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "pretrain", "--config", "tiny", "--workdir",
                            str(tmp_path / "w"), "--dry-run", "--simulate-devices", "8", "--mesh", "fsdp=16"],
-                          capture_output=True, text=True, timeout=TIMEOUT, env={**base_env(1), "XLA_FLAGS": xla_flags()})
+                          capture_output=True, text=True, timeout=TIMEOUT, env=base_env(1))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("gpt1-jax pretrain: error:")
 

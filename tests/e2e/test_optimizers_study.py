@@ -8,7 +8,6 @@ seeds: tests/unit/test_optimizers_study.py's sweep test). Compilation, not train
 optimizer's runs share its compiled programs (the lr is an input of the step), each optimizer compiles its own."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,16 +15,12 @@ from pathlib import Path
 import pytest
 
 from gpt1_jax.metrics import read_metrics
-from tests.support.env import xla_flags
 
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 STUDY = [sys.executable, "-m", "experiments.optimizers.run_study"]  # run with cwd=ROOT
-
-
-ENV = {**os.environ, "XLA_FLAGS": xla_flags()}  # one real CPU device, as a user has (conftest fakes 8 here)
 
 
 OPTS = ["gpt1_adam", "schedule_free_adamw"]  # muon's partitioned update has its own tests (test_optim.py)
@@ -37,7 +32,7 @@ def quick_study(tmp_path_factory):
     argv = [*STUDY, "pretrain", "--quick", "--out", str(out), "--optimizers", ",".join(OPTS),
             "--steps", "6", "--lr-points", "2", "--max-extensions", "0", "--seeds", "0",
             "--cache-dir", str(out / "token-cache"), "--records", str(out / "records"), "--results", str(out / "published")]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=ENV, cwd=ROOT)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-4000:]
     return out / "pretrain", argv
 
@@ -109,25 +104,25 @@ def test_rerun_skips_finished_runs_even_without_their_run_dirs(quick_study):
 
     study, argv = quick_study
     before = {p: p.stat().st_mtime for p in study.glob("runs/*/*/metrics.jsonl")}
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "==" not in done.stderr  # no run started
     assert {p: p.stat().st_mtime for p in study.glob("runs/*/*/metrics.jsonl")} == before
     summary = json.loads((study / "results.json").read_text())["summary"]
     shutil.rmtree(study / "runs")
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0 and "==" not in done.stderr, done.stderr[-3000:]
     assert json.loads((study / "results.json").read_text())["summary"] == summary
     subset = list(argv)
     subset[subset.index("--optimizers") + 1] = "gpt1_adam"  # one of the study's two, again: its tables keep both
-    done = subprocess.run(subset, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
+    done = subprocess.run(subset, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0 and "==" not in done.stderr, done.stderr[-3000:]
     assert json.loads((study / "results.json").read_text())["summary"] == summary
     assert (study.parent / "published" / "pretrain" / "results.json").read_text() == (study / "results.json").read_text()
     records = {p: p.read_text() for p in (study.parent / "records").rglob("*.json")}
     longer = list(argv)
     longer[longer.index("--steps") + 1] = "8"  # another budget over the same records: refused, not mixed in
-    done = subprocess.run(longer, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
+    done = subprocess.run(longer, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 2 and "==" not in done.stderr  # a project error's status and line (harness.main)
     assert ": error: " in (last := done.stderr.strip().splitlines()[-1]), done.stderr[-3000:]
     assert "another budget (steps=6; this sweep: steps=8)" in last
@@ -142,7 +137,7 @@ def test_sigterm_stops_the_study_with_one_line_and_no_record(tmp_path):
 
     argv = [*STUDY, "pretrain", "--quick", "--out", str(tmp_path), "--optimizers", "gpt1_adam",
             "--steps", "200", "--lr-points", "2", "--max-extensions", "0", "--seeds", "0"]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     t0 = time.time()
     while not list(tmp_path.glob("pretrain/runs/gpt1_adam/*")) and time.time() - t0 < 120:
         time.sleep(0.1)
@@ -164,7 +159,7 @@ def test_bench_columns_are_kept_with_the_records(quick_study):
     bench = [*STUDY, "bench", "--quick", "--out", out, "--optimizers", OPTS[0],
              "--records", str(study.parent / "records")]
     shutil.rmtree(study / "runs")  # a fresh clone: the table's rows come from the kept records
-    done = subprocess.run(bench, capture_output=True, text=True, timeout=600, env=ENV, cwd=ROOT)
+    done = subprocess.run(bench, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     timed = json.loads((study / "bench" / f"{OPTS[0]}.json").read_text())
     assert timed["study"]["step_s"] > 0 and (timed["tiny_1x64"]["batch"], timed["tiny_1x64"]["seq"]) == (1, 64)
@@ -172,7 +167,7 @@ def test_bench_columns_are_kept_with_the_records(quick_study):
     row = next(r for r in json.loads((study / "results.json").read_text())["summary"] if r["optimizer"] == OPTS[0])
     assert row["bench"] == timed and len(json.loads((study / "results.json").read_text())["runs"]) == 2 * 2
     shutil.rmtree(study / "bench")
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)  # trains nothing, rewrites
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)  # trains nothing, rewrites
     assert done.returncode == 0 and "==" not in done.stderr, done.stderr[-3000:]
     row = next(r for r in json.loads((study / "results.json").read_text())["summary"] if r["optimizer"] == OPTS[0])
     assert row["bench"] == timed
@@ -189,7 +184,7 @@ def test_quick_finetune_study_scores_each_optimizer_and_refuses_another_budget(q
           "--init", str(ROOT / "experiments" / "paper" / "release"),
           "--optimizers", "schedule_free_adamw", "--lr-points", "2", "--max-extensions", "0", "--seeds", "0",
           "--records", str(out / "records")]
-    done = subprocess.run(ft, capture_output=True, text=True, timeout=600, env=ENV, cwd=ROOT)
+    done = subprocess.run(ft, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads((out / "finetune" / "sst2" / "results.json").read_text())
     assert len(results["runs"]) == 2 and [r["optimizer"] for r in results["summary"]] == ["schedule_free_adamw"]
@@ -207,7 +202,7 @@ def test_quick_finetune_study_scores_each_optimizer_and_refuses_another_budget(q
     import shutil
 
     shutil.rmtree(out / "finetune" / "sst2" / "runs")
-    done = subprocess.run(ft, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
+    done = subprocess.run(ft, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 2 and "== finetune" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert "error: " in last and "another budget (epochs=2; this sweep: epochs=1)" in last

@@ -17,16 +17,12 @@ import numpy as np
 import pytest
 
 from experiments.paper import zeroshot
-from tests.support.env import xla_flags
 
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 PAPER = ROOT / "experiments" / "paper"
-
-
-ENV = {**os.environ, "XLA_FLAGS": xla_flags()}  # one CPU device, as a user has (conftest fakes 8 here)
 
 
 WORDS = "the a cat dog sat ran on under mat log quickly slowly big small red blue house tree".split()
@@ -59,7 +55,7 @@ def quick(tmp_path_factory, glue_dir):
             str(_write_race(tmp_path_factory.mktemp("race") / "race.tar.gz")), "--out", str(out), "--tfds-dir", str(out / "tfds"),
             "--tasks", "sst2", "--layer-tasks", "sst2", "--cpu-devices", "2"]
     committed = {name: _snapshot(PAPER / name) for name in ("release", "results")}
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=ENV, cwd=ROOT)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     # --cpu-devices: pre-training and the fine-tuning runs all train over both
     assert "over 2 devices" in done.stderr and "mesh {'data': 2," in done.stderr and "'data': 1," not in done.stderr
@@ -124,14 +120,14 @@ def test_release_is_a_hf_folder_that_sample_reads(quick):
     # a command that runs as written (the card's said "the zeroshot stage needs --race"): the stages that made it
     assert "--race " in card and f"--out {out} --stages pretrain,release" in card
     done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "sample", "--init", str(release), "--prompt", "the",
-                           "--max-new-tokens", "3", "--num-samples", "1"], capture_output=True, text=True, env=ENV,
+                           "--max-new-tokens", "3", "--num-samples", "1"], capture_output=True, text=True,
                           cwd=ROOT)
     assert done.returncode == 0 and "the >> " in done.stdout, done.stderr[-2000:]
     # its perplexity on novel text (RACE's dev passages, each once) is the one `evaluate` gives on the same file
     row = next(line for line in card.splitlines() if line.startswith("| novel text |"))
     assert "on RACE's 4 dev passages" in row and "64-token windows" in row
     done = subprocess.run([sys.executable, "-m", "gpt1_jax.cli", "evaluate", "--init", str(release), "--data",
-                           str(out / "race_dev_passages.txt")], capture_output=True, text=True, env=ENV, cwd=ROOT)
+                           str(out / "race_dev_passages.txt")], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"perplexity {json.loads(done.stdout.splitlines()[-1])['perplexity']:.1f} on RACE" in row
 
@@ -139,7 +135,7 @@ def test_release_is_a_hf_folder_that_sample_reads(quick):
 def test_rerun_does_no_work(quick):
     out, argv = quick
     before = (out / "results" / "timings.json").read_text()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "done before" in done.stderr and "trained to step 20" in done.stderr and "holds step 20" in done.stderr
     assert (out / "results" / "timings.json").read_text() == before  # no stage did any work
@@ -159,7 +155,7 @@ def test_kept_records_resume_the_sweeps_without_their_workdirs(quick):
     curve = (out / "results" / "README.md").read_text().split("## Pre-training")[1].split("##")[0]
     for sweep in ("table5", "layers", "diagnosis", "pretrain"):  # the pre-training run too: results/ keeps its curve
         shutil.rmtree(out / sweep)
-    done = subprocess.run(argv + ["--stages", "table5,layers,diagnosis"], capture_output=True, text=True, timeout=300, env=ENV,
+    done = subprocess.run(argv + ["--stages", "table5,layers,diagnosis"], capture_output=True, text=True, timeout=300,
                           cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "finetune sst2:" not in done.stderr and "done before" in done.stderr  # no run started
@@ -274,7 +270,7 @@ def test_the_cost_command_refuses_what_it_cannot_count_in_one_line(tmp_path, fla
     """experiments.paper.cost ended in a traceback for an unknown task, a missing release, GLUE out of reach
     (offline, no --data-dir) and a zero throughput (ZeroDivisionError)."""
     (tmp_path / "glue").mkdir()
-    env = {**os.environ, "XLA_FLAGS": xla_flags(), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, "-m", "experiments.paper.cost", "--data-dir", str(tmp_path / "glue"), *flags],
                           capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]

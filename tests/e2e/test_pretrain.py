@@ -2,7 +2,6 @@
 mismatched workdirs, NaN stops, resharding on restore, and `evaluate`."""
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -14,7 +13,6 @@ import numpy as np
 import pytest
 
 from gpt1_jax.metrics import read_metrics
-from tests.support.env import xla_flags
 from tests.support.pretrain import assert_same_tree, cache, cli  # noqa: F401 (pytest fixtures)
 
 
@@ -22,11 +20,10 @@ TIMEOUT = 300
 
 
 # One real CPU device unless a test asks for more (conftest gives this process 8 fake ones).
-ENV = {**os.environ, "XLA_FLAGS": xla_flags()}
 
 
 def run(argv, **kw):
-    return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, env=ENV, **kw)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, **kw)
 
 
 def tiny(workdir, cache, *more):
@@ -123,7 +120,7 @@ def test_a_deleted_config_yaml_is_named_on_resume(reference, cache, tmp_path, ca
 
 def start(argv, log):
     """A background run whose stderr goes to a file (a pipe nobody reads could fill and block it)."""
-    return subprocess.Popen(argv, stderr=open(log, "w"), stdout=subprocess.DEVNULL, text=True, env=ENV)
+    return subprocess.Popen(argv, stderr=open(log, "w"), stdout=subprocess.DEVNULL, text=True)
 
 
 def wait_for_step(workdir, step, proc, deadline=TIMEOUT):

@@ -10,7 +10,6 @@ import pytest
 import gpt1_jax
 from gpt1_jax.config import ConfigError, ModelConfig
 from gpt1_jax.weights import CheckpointFormatError, load_pretrained, save_jax, save_pretrained
-from tests.support.env import xla_flags
 from tests.support.weights import SMALL, hf_logits, hf_model_from_original_arrays, random_params, scaled_shapes, small_release, torch, transformers, write_hf_dir, write_original_release  # noqa: F401 (pytest fixtures)
 
 
@@ -111,7 +110,7 @@ SENTENCES = ["Hello world, this is a test!", "The quick brown fox -- jumps over 
 
 
 def cli(*args, **kwargs):
-    env = {**__import__("os").environ, "XLA_FLAGS": xla_flags(), **kwargs.pop("env", {})}  # one device: fast start-up
+    env = {**__import__("os").environ, **kwargs.pop("env", {})}
     return subprocess.run([sys.executable, "-m", "gpt1_jax.cli", *map(str, args)], capture_output=True, text=True,
                           timeout=600, env=env, **kwargs)
 
