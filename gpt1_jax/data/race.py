@@ -9,12 +9,12 @@ import json
 import tarfile
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from gpt1_jax.errors import ConfigError, DataError
 from gpt1_jax.metrics import Bar
 
-__all__ = ["LEVELS", "SPLITS", "load_race", "parse_levels"]
+__all__ = ["LEVELS", "SPLITS", "load_race", "parse_levels", "race_reader"]
 
 LEVELS = ("middle", "high")
 SPLITS = {"train": "train", "validation": "dev", "test": "test"}  # our split names -> the archive's folders
@@ -41,51 +41,77 @@ def load_race(path: str | Path, split: str, levels: tuple[str, ...] | str = LEVE
     """Questions of one split (`train`, `validation`/`dev`, `test`) from race.tar.gz or its unpacked
     folder, sorted by passage file then question, each with `idx` (its position). `progress`: a bar of the
     archive's bytes (or the folder's passages) read, on stderr: the whole archive is read for any split."""
+    return race_reader(path, (split,), levels, progress)(split)
+
+
+def race_reader(path: str | Path, splits: tuple[str, ...], levels: tuple[str, ...] | str = LEVELS,
+                progress: bool = False) -> Callable[[str], list[dict[str, Any]]]:
+    """read(split) -> `load_race`'s questions, for each of `splits` in any order, from one reading of race.tar.gz
+    (a second or two each: a fine-tuning run asks for train, validation and test in turn); each split's passages
+    are kept until it is read, once. A split with no passages fails when it is read, not before."""
     path = Path(path)
-    folder = SPLITS.get(split, split)
-    if folder not in SPLITS.values():
-        raise ConfigError(f"unknown RACE split {split!r}; known: {', '.join(SPLITS)}")
+    folders = {split: SPLITS.get(split, split) for split in splits}
+    if unknown := [split for split, folder in folders.items() if folder not in SPLITS.values()]:
+        raise ConfigError(f"unknown RACE split {unknown[0]!r}; known: {', '.join(SPLITS)}")
     levels = parse_levels(levels)
-    desc = f"reading RACE {split}"
-    docs: list[tuple[str, str, dict]] = []
+    unread: dict[str, list[tuple[str, str, dict]]] = {}
+
+    def read(split: str) -> list[dict[str, Any]]:
+        if split not in folders:
+            raise ConfigError(f"RACE split {split!r} was not asked for: {', '.join(folders)}")
+        if not unread:
+            unread.update(_passages(path, set(folders.values()), levels, f"reading RACE {'/'.join(splits)}",
+                                    progress))
+        docs = unread.pop(folders[split], None)
+        if docs is None:  # read before: the archive is read again
+            docs = _passages(path, {folders[split]}, levels, f"reading RACE {split}", progress)[folders[split]]
+        if not docs:
+            raise FileNotFoundError(f"{path}: no RACE passages for split {split!r}, levels {list(levels)}")
+        docs.sort(key=lambda d: (LEVELS.index(d[1]), d[0]))
+        examples = [ex for name, level, doc in docs for ex in _examples_of(doc, name, level)]
+        for i, ex in enumerate(examples):
+            ex["idx"] = i
+        return examples
+
+    return read
+
+
+def _passages(path: Path, folders: set[str], levels: tuple[str, ...], desc: str,
+              progress: bool) -> dict[str, list[tuple[str, str, dict]]]:
+    """{split folder: [(file or member name, level, passage)]} from the unpacked folder or the archive at `path`."""
     if path.is_dir():
         root = path / "race" if (path / "race").is_dir() else path
-        files = [(f, level) for level in levels for f in sorted((root / folder / level).glob("*.txt"))]
+        files = [(f, folder, level) for folder in sorted(folders) for level in levels
+                 for f in sorted((root / folder / level).glob("*.txt"))]
+        found: dict[str, list[tuple[str, str, dict]]] = {folder: [] for folder in folders}
         with Bar(files, desc=desc, unit="passage", disable=not progress) as shown:
-            for f, level in shown:
-                docs.append((str(f), level, _read_json(f.read_bytes(), str(f))))
-    elif path.is_file():
-        docs = _archive_passages(path, folder, levels, desc, progress)
-    else:
-        raise FileNotFoundError(f"{path}: RACE archive (race.tar.gz) or folder not found")
-    if not docs:
-        raise FileNotFoundError(f"{path}: no RACE passages for split {split!r}, levels {list(levels)}")
-    docs.sort(key=lambda d: (LEVELS.index(d[1]), d[0]))
-    examples = [ex for name, level, doc in docs for ex in _examples_of(doc, name, level)]
-    for i, ex in enumerate(examples):
-        ex["idx"] = i
-    return examples
+            for f, folder, level in shown:
+                found[folder].append((str(f), level, _read_json(f.read_bytes(), str(f))))
+        return found
+    if path.is_file():
+        return _archive_passages(path, folders, levels, desc, progress)
+    raise FileNotFoundError(f"{path}: RACE archive (race.tar.gz) or folder not found")
 
 
-def _archive_passages(path: Path, folder: str, levels: tuple[str, ...], desc: str,
-                      progress: bool) -> list[tuple[str, str, dict]]:
-    """(member name, level, passage) of the split's folder in the archive at `path`. `progress`: a bar of its bytes
+def _archive_passages(path: Path, folders: set[str], levels: tuple[str, ...], desc: str,
+                      progress: bool) -> dict[str, list[tuple[str, str, dict]]]:
+    """{split folder: [(member name, level, passage)]} of the archive at `path`. `progress`: a bar of its bytes
     read (compressed ones: the file's size is the total known before reading), from once it opened as an archive:
     a file that is none is one error line."""
-    docs = []
+    found: dict[str, list[tuple[str, str, dict]]] = {folder: [] for folder in folders}
     try:
         with open(path, "rb") as raw, tarfile.open(fileobj=raw) as tar, Bar(
                 total=path.stat().st_size, desc=desc, unit="B", unit_scale=True, disable=not progress) as bar:
             for member in tar:
                 parts = member.name.split("/")
-                if member.isfile() and len(parts) >= 3 and parts[-3] == folder and parts[-2] in levels:
-                    where = f"{path}:{member.name}"
-                    docs.append((member.name, parts[-2], _read_json(tar.extractfile(member).read(), where)))
+                if member.isfile() and len(parts) >= 3 and parts[-3] in found and parts[-2] in levels:
+                    passage = _read_json(tar.extractfile(member).read(), f"{path}:{member.name}")
+                    found[parts[-3]].append((member.name, parts[-2], passage))
                 bar.update(raw.tell() - bar.n)
             bar.update(bar.total - bar.n)  # the archive's end (padding, gzip's trailer) is left unread
     except (tarfile.TarError, EOFError, zlib.error) as e:  # not an archive, or one cut short or damaged
         raise _unreadable(path, e) from None
-    return docs
+    return found
 
 
 def parse_levels(levels: tuple[str, ...] | str) -> tuple[str, ...]:

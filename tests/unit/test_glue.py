@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from gpt1_jax.data import glue
-from gpt1_jax.data.race import check_archive, load_race
-from gpt1_jax.errors import DataError
+from gpt1_jax.data.race import check_archive, load_race, race_reader
+from gpt1_jax.errors import ConfigError, DataError
 
 COUNTS = {  # the official row counts (README of ../shared)
     ("cola", "train"): 8551, ("cola", "validation"): 1043, ("sst2", "train"): 67349, ("sst2", "validation"): 872,
@@ -342,6 +342,24 @@ def test_race_reader(tmp_path):
                                                 r"folder\)"):
                 read(tmp_path / bad)
     check_archive(path)  # a good one passes
+
+
+def test_a_runs_race_splits_come_from_one_reading_of_the_archive(tmp_path):
+    """Each split read race.tar.gz whole (1 to 2.3 s each for the real one: ~4 s at every RACE run's start); the
+    task's reader reads it once for the splits it names, and hands each out once."""
+    path = _race_tar(tmp_path)
+    read = race_reader(path, ("train", "validation", "test"))
+    dev = read("validation")
+    path.rename(tmp_path / "moved.tar.gz")  # the archive is not read again for the other splits
+    assert len(read("train")) == 3 and dev == load_race(tmp_path / "moved.tar.gz", "validation")
+    with pytest.raises(FileNotFoundError, match="no RACE passages for split 'test'"):  # none in the archive: said
+        read("test")  # when it is read, not while the others were
+    with pytest.raises(FileNotFoundError, match="race.tar.gz: RACE archive .* not found"):  # handed out: read again
+        read("validation")
+    with pytest.raises(ConfigError, match="RACE split 'dev' was not asked for: train, validation, test"):
+        read("dev")
+    with pytest.raises(ConfigError, match="unknown RACE split 'val'"):
+        race_reader(path, ("train", "val"))
 
 
 def test_a_race_level_named_twice_is_refused_from_the_archive_and_the_folder(tmp_path):
