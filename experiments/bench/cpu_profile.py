@@ -196,8 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             recorded = subprocess.run(["perf", "record", "-q", "-F", "999", "-p", str(child.pid), "-o", str(data),
                                        "--", "sleep", str(args.seconds)], capture_output=True, text=True)
             t1 = time.time()
-            # Its steps are sampled: paused, it leaves both cores to perf's symbol reading and gdb's (~10 s on 2 cores)
-            child.send_signal(signal.SIGSTOP)
+            child.send_signal(signal.SIGSTOP)  # sampled: both cores to perf's and gdb's symbol reading (~8 s)
             script = subprocess.run(["perf", "script", "-i", str(data), "-F", "ip,sym,dso"], capture_output=True,
                                     text=True)
             if recorded.returncode or script.returncode:
