@@ -54,16 +54,16 @@ def race_reader(path: str | Path, splits: tuple[str, ...], levels: tuple[str, ..
     if unknown := [split for split, folder in folders.items() if folder not in SPLITS.values()]:
         raise ConfigError(f"unknown RACE split {unknown[0]!r}; known: {', '.join(SPLITS)}")
     levels = parse_levels(levels)
-    unread: dict[str, list[tuple[str, str, dict]]] = {}
+    unread: dict[str, list[tuple[str, str, dict]]] | None = None  # the first read's passages not handed out yet
 
     def read(split: str) -> list[dict[str, Any]]:
+        nonlocal unread
         if split not in folders:
             raise ConfigError(f"RACE split {split!r} was not asked for: {', '.join(folders)}")
-        if not unread:
-            unread.update(_passages(path, set(folders.values()), levels, f"reading RACE {'/'.join(splits)}",
-                                    progress))
+        if unread is None:
+            unread = _passages(path, set(folders.values()), levels, f"reading RACE {'/'.join(splits)}", progress)
         docs = unread.pop(folders[split], None)
-        if docs is None:  # read before: the archive is read again
+        if docs is None:  # handed out before: that split is read again, alone
             docs = _passages(path, {folders[split]}, levels, f"reading RACE {split}", progress)[folders[split]]
         if not docs:
             raise FileNotFoundError(f"{path}: no RACE passages for split {split!r}, levels {list(levels)}")

@@ -356,6 +356,8 @@ def test_a_runs_race_splits_come_from_one_reading_of_the_archive(tmp_path):
         read("test")  # when it is read, not while the others were
     with pytest.raises(FileNotFoundError, match="race.tar.gz: RACE archive .* not found"):  # handed out: read again
         read("validation")
+    path.write_bytes((tmp_path / "moved.tar.gz").read_bytes())
+    assert read("train") == load_race(path, "train")  # again, and from the archive as it is now
     with pytest.raises(ConfigError, match="RACE split 'dev' was not asked for: train, validation, test"):
         read("dev")
     with pytest.raises(ConfigError, match="unknown RACE split 'val'"):
