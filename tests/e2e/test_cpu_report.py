@@ -32,6 +32,6 @@ def test_each_file_row_splits_its_tests_cpu_from_their_subprocesses(tmp_path):
     own, children = rows["tests/unit/test_own.py"], rows["tests/unit/test_children.py"]
     assert own[1] >= 0.35 and own[2] < 0.1 and own[4] == 1, rows
     assert children[2] >= 0.35 and children[1] < 0.3 and children[4] == 2, rows
-    assert own[0] == round(own[1] + own[2], 1) or abs(own[0] - own[1] - own[2]) < 0.11
+    assert abs(own[0] - own[1] - own[2]) < 0.11  # the total is the two parts (each rounded to 0.1 s)
     summary = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
     assert set(summary["by_tier"]) == {"unit"} and summary["cpu_s"] >= 0.7, summary
