@@ -27,11 +27,13 @@ def test_each_file_row_splits_its_tests_cpu_from_their_subprocesses(tmp_path):
                           timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin",
                                             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    out = done.stdout.split("CPU by file")[1]
+    out, by_test = done.stdout.split("CPU by file")[1].split("CPU by test")
     rows = {m.group(6): [float(m.group(i)) for i in range(1, 6)] for m in map(ROW.match, out.splitlines()) if m}
+    tests = [line.split()[-1] for line in by_test.splitlines() if re.match(r"^\s*[\d.]+\s+[\d.]+\s+[\d.]+\s+\S", line)]
+    assert tests[-1] == "tests/unit/test_children.py::test_idle" and len(tests) == 3, by_test
     own, children = rows["tests/unit/test_own.py"], rows["tests/unit/test_children.py"]
     assert own[1] >= 0.35 and own[2] < 0.1 and own[4] == 1, rows
     assert children[2] >= 0.35 and children[1] < 0.3 and children[4] == 2, rows
     assert abs(own[0] - own[1] - own[2]) < 0.11  # the total is the two parts (each rounded to 0.1 s)
-    summary = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+    summary = json.loads(next(line for line in by_test.splitlines() if line.startswith("{")))
     assert set(summary["by_tier"]) == {"unit"} and summary["cpu_s"] >= 0.7, summary

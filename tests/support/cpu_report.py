@@ -3,7 +3,8 @@
 On 2 cores both pytest-xdist workers are busy, so the suite's length is its CPU-seconds over two; --durations ranks
 wall-clock, which counts a test waiting on a timeout as much as one compiling. This counts, per test, the CPU of
 the test's own process and of the subprocesses it started and waited for (a whole run of `gpt1-jax`, a
-multi-process launch), and prints the files that used most, then one JSON line for the whole suite.
+multi-process launch), and prints the files that used most, the tests that used most (a module's fixtures are its
+first test's), then one JSON line for the whole suite.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import resource
 
 import pytest
 
-TOP = 25  # files listed
+TOP = 25  # files listed, and tests
 
 
 def _cpu() -> tuple[float, float]:
@@ -44,6 +45,7 @@ def pytest_runtest_makereport(item, call):
 
 _BY_FILE = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])  # tests, wall, own CPU, children's CPU
 _STARTED: dict[str, tuple[float, float]] = {}
+_BY_TEST: dict[str, tuple[float, float]] = {}  # own CPU, children's CPU
 
 
 def pytest_runtest_logreport(report):
@@ -57,6 +59,7 @@ def pytest_runtest_logreport(report):
         row[0] += 1
         row[2] += own1 - own0
         row[3] += children1 - children0
+        _BY_TEST[report.nodeid] = (own1 - own0, children1 - children0)
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -66,6 +69,10 @@ def pytest_terminal_summary(terminalreporter):
     write(f"{'CPU s':>7} {'own':>7} {'children':>8} {'wall s':>7} {'tests':>5}  file")
     for path, (n, wall, own, children) in rows[:TOP]:
         write(f"{own + children:7.1f} {own:7.1f} {children:8.1f} {wall:7.1f} {n:5d}  {path}")
+    terminalreporter.section("CPU by test")
+    write(f"{'CPU s':>7} {'own':>7} {'children':>8}  test")
+    for test, (own, children) in sorted(_BY_TEST.items(), key=lambda kv: -sum(kv[1]))[:TOP]:
+        write(f"{own + children:7.1f} {own:7.1f} {children:8.1f}  {test}")
     tiers = collections.Counter()
     for path, (n, wall, own, children) in rows:
         tiers[path.split("/")[1] if path.count("/") > 1 else path] += own + children
