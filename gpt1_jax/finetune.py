@@ -268,6 +268,7 @@ def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, token
                            f"{'--tokenizer ' + str(tokenizer) if tokenizer else 'its --init source'} gives (its "
                            "checkpoints use the ids of its own tokenizer.json): repeat the run's own --tokenizer, or "
                            "choose another --workdir")
+    train = None
     if tok is None:  # no pre-training, no vocabulary to inherit: a BPE from the task's own training text
         train = task.load("train")
         texts = [t for i in train_rows(len(train), config)[0] for t in task.texts(train[i])]
@@ -282,7 +283,7 @@ def prepare(config: FinetuneConfig, workdir: Path, *, init: str, data_dir, token
     n_ctx = config.n_ctx or model_config.n_positions
     if n_ctx > model_config.n_positions:
         raise ConfigError(f"n_ctx={n_ctx} exceeds the model's n_positions={model_config.n_positions}")
-    splits = encode_task(task, config, tok, n_ctx, predict_test, progress=progress)
+    splits = encode_task(task, config, tok, n_ctx, predict_test, progress=progress, train_examples=train)
     steps_per_epoch = math.ceil(len(splits.train.seqs) / config.batch_size)
     total = steps_per_epoch * config.epochs
     if (window := profile_window(config.profile)) and window[1] > total:  # found before the run folder is written

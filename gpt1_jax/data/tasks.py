@@ -204,8 +204,9 @@ class Splits:
 
 
 def encode_task(task: Task, config: FinetuneConfig, tok, n_ctx: int, predict_test: bool,
-                progress: bool = False) -> Splits:
-    """`progress`: a bar of each split's encoding, on process 0."""
+                progress: bool = False, train_examples: list | None = None) -> Splits:
+    """`progress`: a bar of each split's encoding, on process 0. `train_examples`: the train split as `task.load`
+    gave it, where the caller read it already (a run from scratch trains its BPE on it)."""
     shown = progress and jax.process_index() == 0
 
     def load(split, k, seed):
@@ -213,7 +214,7 @@ def encode_task(task: Task, config: FinetuneConfig, tok, n_ctx: int, predict_tes
         return encode_split(task, [examples[i] for i in subset(len(examples), k, seed)], tok, n_ctx, len(examples),
                             progress=shown, split=split)
 
-    examples = task.load("train")
+    examples = task.load("train") if train_examples is None else train_examples
     rows, held = train_rows(len(examples), config)
     train = encode_split(task, [examples[i] for i in rows], tok, n_ctx, progress=shown, split="train")
     if not train.seqs:
