@@ -43,37 +43,37 @@ def pytest_runtest_makereport(item, call):
                                   (f"cpu_{call.when}", item.stash[_START] if call.when == "setup" else _cpu())]
 
 
-_BY_FILE = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])  # tests, wall, own CPU, children's CPU
+_WALL: collections.Counter = collections.Counter()  # file -> its tests' wall-clock, every phase
 _STARTED: dict[str, tuple[float, float]] = {}
 _BY_TEST: dict[str, tuple[float, float]] = {}  # own CPU, children's CPU
 
 
 def pytest_runtest_logreport(report):
-    row = _BY_FILE[report.nodeid.split("::")[0]]
-    row[1] += report.duration
+    _WALL[report.nodeid.split("::")[0]] += report.duration
     props = dict(report.user_properties)
     if "cpu_setup" in props and report.when == "setup":
         _STARTED[report.nodeid] = props["cpu_setup"]
     elif "cpu_teardown" in props and report.nodeid in _STARTED:
         (own0, children0), (own1, children1) = _STARTED.pop(report.nodeid), props["cpu_teardown"]
-        row[0] += 1
-        row[2] += own1 - own0
-        row[3] += children1 - children0
         _BY_TEST[report.nodeid] = (own1 - own0, children1 - children0)
 
 
 def pytest_terminal_summary(terminalreporter):
-    rows = sorted(_BY_FILE.items(), key=lambda kv: -(kv[1][2] + kv[1][3]))
+    by_file = collections.defaultdict(lambda: [0, 0.0, 0.0])  # tests, own CPU, children's CPU
+    for test, (own, children) in _BY_TEST.items():
+        row = by_file[test.split("::")[0]]
+        row[0], row[1], row[2] = row[0] + 1, row[1] + own, row[2] + children
+    rows = sorted(by_file.items(), key=lambda kv: -(kv[1][1] + kv[1][2]))
     write = terminalreporter.write_line
     terminalreporter.section("CPU by file (the test's process + the subprocesses it waited for)")
     write(f"{'CPU s':>7} {'own':>7} {'children':>8} {'wall s':>7} {'tests':>5}  file")
-    for path, (n, wall, own, children) in rows[:TOP]:
-        write(f"{own + children:7.1f} {own:7.1f} {children:8.1f} {wall:7.1f} {n:5d}  {path}")
+    for path, (n, own, children) in rows[:TOP]:
+        write(f"{own + children:7.1f} {own:7.1f} {children:8.1f} {_WALL[path]:7.1f} {n:5d}  {path}")
     terminalreporter.section("CPU by test")
     write(f"{'CPU s':>7} {'own':>7} {'children':>8}  test")
     for test, (own, children) in sorted(_BY_TEST.items(), key=lambda kv: -sum(kv[1]))[:TOP]:
         write(f"{own + children:7.1f} {own:7.1f} {children:8.1f}  {test}")
     tiers = collections.Counter()
-    for path, (n, wall, own, children) in rows:
+    for path, (n, own, children) in rows:
         tiers[path.split("/")[1] if path.count("/") > 1 else path] += own + children
     write(json.dumps({"cpu_s": round(sum(tiers.values()), 1), "by_tier": {k: round(v, 1) for k, v in tiers.items()}}))
