@@ -23,7 +23,7 @@ from jax.experimental import multihost_utils
 from gpt1_jax.config import ConfigError, FinetuneConfig, task_key
 from gpt1_jax.data import glue
 from gpt1_jax.data.layout import Markers, layout, max_segment_len, pad_sequences
-from gpt1_jax.data.race import parse_levels, race_reader
+from gpt1_jax.data.race import SPLITS as RACE_SPLITS, parse_levels, race_reader
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.metrics import Bar
 
@@ -93,7 +93,7 @@ def _race_task(config: FinetuneConfig, data_dir: str | None, progress: bool = Fa
     return Task(
         name="race", kind="multiple_choice", n_outputs=1, regression=False, metrics=("accuracy",),
         dev_splits=("validation",), test_splits=("test",), label_names=None,
-        load=race_reader(path, ("train", "validation", "test"), levels, progress),
+        load=race_reader(path, tuple(RACE_SPLITS), levels, progress),  # one reading for every split the run reads
         texts=lambda ex: [ex["article"], ex["question"], *ex["options"]],
         segments=segments, score=score,
     )
