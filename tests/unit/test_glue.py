@@ -5,6 +5,7 @@ data_source, the real builder's quick offline failure, the official metrics, and
 import io
 import json
 import tarfile
+import tempfile
 import time
 
 import numpy as np
@@ -157,8 +158,11 @@ def _small_glue(tmp_path):
     return root
 
 
-def test_tfds_builder_prepares_and_reads_back_via_data_source(tmp_path, capfd, caplog):
+def test_tfds_builder_prepares_and_reads_back_via_data_source(tmp_path, capfd, caplog, monkeypatch):
     root = _small_glue(tmp_path)
+    scratch = tmp_path / "system-temp"  # tfds left an empty tmp*tfds folder there for every dataset it prepared
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     for split, n in (("train", 7), ("validation", 1), ("test", 2)):
         got = glue.load_split("rte", split, root, tfds_dir=tmp_path / "tfds")
         want = list(glue.read_tsv(root / "RTE" / dict(glue.glue_task("rte").files)[split], "rte", split))
@@ -170,6 +174,7 @@ def test_tfds_builder_prepares_and_reads_back_via_data_source(tmp_path, capfd, c
     (stsb,) = glue.load_split("stsb", "train", root, tfds_dir=tmp_path / "tfds")
     assert stsb["label"] == pytest.approx(3.2) and stsb["sentence2"] == "c d"
     assert list((tmp_path / "tfds").rglob("*.array_record*"))  # prepared in array_record, no TensorFlow
+    assert not list(scratch.iterdir())
     with pytest.raises(FileNotFoundError, match="no test split"):
         glue.load_split("stsb", "test", root, tfds_dir=tmp_path / "tfds")
     with pytest.raises(FileNotFoundError, match="no GLUE CoLA folder"):
