@@ -8,7 +8,9 @@ under results/runs/), under OUT/table5/<arm>/<task>/lr<lr>/seed<k>/. Writes resu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import math
 import statistics
 import sys
@@ -176,12 +178,12 @@ def table5_stage(paper: Paper) -> bool | None:
             waiting.append(f"{task}/{arm}")
             continue
         except KeyboardInterrupt:
-            if done:
+            if add_kept_cells(paper, order, done):
                 print(f"table5: interrupted during {task}/{arm}; writing the cells finished so far", file=sys.stderr)
                 write_tables(paper, done, order)
             raise
         if cell_runs is None:
-            return write_tables(paper, done, order) if done else None
+            return write_tables(paper, done, order) if add_kept_cells(paper, order, done) else None
         done[arm, task] = cell_runs
     fresh = write_tables(paper, done, order) if done else None
     if waiting:
@@ -189,6 +191,23 @@ def table5_stage(paper: Paper) -> bool | None:
               "them", file=sys.stderr)
         return any(ran_now(grid + runs) for _, _, grid, runs in done.values())
     return fresh
+
+
+def add_kept_cells(paper: Paper, order: list[tuple[str, str]], done: dict) -> dict:
+    """`done` with the cells that kept records finish added, for a stopped stage's table: the cells after the stop
+    that an earlier session finished (--tasks, or a table grown by a budget) were left out of it, as if not run."""
+    records_only = dataclasses.replace(paper, train=False)
+    for arm, task in order:
+        if (arm, task) in done:
+            continue
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # a lookup, not a run: no "[n/N] <workdir> done before"
+                cell = arm_runs(records_only, arm, task)
+        except FileNotFoundError:  # a run without a record: the cell is not finished
+            continue
+        if cell is not None:
+            done[arm, task] = cell
+    return done
 
 
 def write_tables(paper: Paper, done: dict, order: list[tuple[str, str]]) -> bool | None:
