@@ -10,6 +10,9 @@ Runs go where Table 5's go, OUT/table5/<arm>/<task>/lr<lr>/seed<k>/, cheapest ta
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
 import sys
 
 from experiments.harness import Count
@@ -17,13 +20,15 @@ from experiments.paper import stats
 from experiments.paper.settings import Paper
 from experiments.paper.table5 import (baselines, best_lr, cell, intervals, interval_text, planned_runs, ran_now,
                                       run_all, run_of, run_order, score)
+from gpt1_jax.interrupt import unwrapped_interrupts
 
 PAIR = ("full", "no_pretrain")
 
 
 def more_seeds_stage(paper: Paper) -> bool | None:
     """Runs the pairs' added seeds -> whether any run ran now (False too when the budget adds none); None when a
-    run stopped at a checkpoint, having written the tasks finished."""
+    run stopped at a checkpoint, having written the pairs finished (those after the stop too, from kept records).
+    Interrupted (Ctrl-C, or a SIGTERM between two runs): the same, then the interrupt goes on (exit 130)."""
     if not paper.budget.more_seeds:
         print(f"more_seeds: the {paper.budget_name} budget adds no seeds", file=sys.stderr)
         return False
@@ -32,31 +37,60 @@ def more_seeds_stage(paper: Paper) -> bool | None:
     seeds_of = {arm: paper.budget.seeds_of(arm) + paper.budget.more_seeds for arm in PAIR}
     count = Count(sum(planned_runs(paper, seeds_of[arm]) for arm, _ in order))
     for arm, task in order:
-        seeds, runs_paper = seeds_of[arm], paper.for_task(task)
         try:
-            with count.group(planned_runs(paper, seeds)):
-                # Table 5's own choice, from its seed-0 grid (the kept records; a grid run missing is made, as there)
-                if (best := best_lr(runs_paper, arm, task, count)) is None:
-                    write(paper, by_seed)
-                    return None
-                if (lr := best[0]) is None:  # every run of its grid failed: no seed to add
-                    continue
-                dones = run_all(runs_paper, [run_of(paper, arm, task, lr, s) for s in seeds], stage="more_seeds",
-                                count=count)
+            # a Ctrl-C that JAX's C++ wrapped in another error still writes the pairs
+            with unwrapped_interrupts(), count.group(planned_runs(paper, seeds_of[arm])):
+                dones = pair_runs(paper.for_task(task), arm, task, seeds_of[arm], count)
         except FileNotFoundError:
             if not paper.left_out(task):
                 raise
             waiting.append(f"{task}/{arm}")
             continue
+        except KeyboardInterrupt:
+            write(paper, add_kept_pairs(paper, order, seeds_of, by_seed))
+            raise
         if dones is None:
-            write(paper, by_seed)
+            write(paper, add_kept_pairs(paper, order, seeds_of, by_seed))
             return None
-        fresh = fresh or ran_now(dones)
-        by_seed.setdefault(task, {})[arm] = {s: v for s, d in zip(seeds, dones) if (v := score(d)) is not None}
+        if dones:  # none: every run of its grid failed, no seed to add
+            fresh = fresh or ran_now(dones)
+            by_seed.setdefault(task, {})[arm] = scores(seeds_of[arm], dones)
     if waiting:
         print(f"more_seeds: {', '.join(waiting)} not finished, and --tasks leaves them out", file=sys.stderr)
     write(paper, by_seed)
     return fresh
+
+
+def pair_runs(paper: Paper, arm: str, task: str, seeds: tuple[int, ...], count: Count | None = None) -> list | None:
+    """`arm`'s runs on `task` at the lr Table 5 chose for it (table5.best_lr, from its seed-0 grid; a grid run
+    missing is made, as there), one a seed: made now, or found (the planned seeds' are Table 5's own); [] when every
+    run of its grid failed (no seed to add); None when a run stopped at a checkpoint."""
+    if (best := best_lr(paper, arm, task, count)) is None:
+        return None
+    if (lr := best[0]) is None:
+        return []
+    return run_all(paper, [run_of(paper, arm, task, lr, s) for s in seeds], stage="more_seeds", count=count)
+
+
+def scores(seeds: tuple[int, ...], dones: list) -> dict[int, float]:
+    return {s: v for s, d in zip(seeds, dones) if (v := score(d)) is not None}
+
+
+def add_kept_pairs(paper: Paper, order: list[tuple[str, str]], seeds_of: dict, by_seed: dict) -> dict:
+    """`by_seed` with the pairs' arms that kept records finish added, for a stopped stage's tables: those after the
+    stop that an earlier session finished were left out of them, as if not run."""
+    records_only = dataclasses.replace(paper, train=False)
+    for arm, task in order:
+        if arm in by_seed.get(task, {}):
+            continue
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # a lookup, not a run: no "[n/N] <workdir> done before"
+                dones = pair_runs(records_only, arm, task, seeds_of[arm])
+        except FileNotFoundError:  # a run without a record: not finished
+            continue
+        if dones:
+            by_seed.setdefault(task, {})[arm] = scores(seeds_of[arm], dones)
+    return by_seed
 
 
 def write(paper: Paper, by_seed: dict[str, dict[str, dict[int, float]]]) -> None:

@@ -443,6 +443,45 @@ def test_more_seeds_extend_the_pairs_and_report_them_beside_the_planned_seeds(tm
     assert "cola 0.0 [-0.8, 0.8] (n 10); sst2 5.5 [3.3, 7.7] (n 10); 2-task average" in more_seeds_summary(paper)[1]
 
 
+@pytest.mark.parametrize("stop", ["at_a_checkpoint", "between_runs"])
+def test_a_stopped_more_seeds_stage_keeps_the_pairs_that_kept_records_finish(tmp_path, monkeypatch, stop):
+    """Stopped at CoLA, the cheapest task, the stage wrote its tables with no pair at all, though SST-2's pair had
+    finished in an earlier session (its records kept): they now show it, marked in progress; a SIGTERM between two
+    runs (a KeyboardInterrupt) writes the same, and the interrupt goes on."""
+    from experiments.harness import Done
+    from experiments.paper import more_seeds
+
+    paper = dataclasses.replace(_paper("full_sets", tmp_path), tasks=("sst2", "cola"))
+    paper.save_json("baselines.json", {"sst2": 50.9, "cola": 0.0})
+    holdout = {1e-4: 0.6, 3e-4: 0.7, 1e-3: 0.65}  # Table 5's grid chooses 3e-4, bracketed
+    seeds = paper.budget.seeds + paper.budget.more_seeds
+    for arm in more_seeds.PAIR:
+        for lr, arm_seeds in ((1e-4, [0]), (1e-3, [0]), (3e-4, seeds)):
+            for seed in arm_seeds:
+                r = table5.run_of(paper, arm, "sst2", lr, seed)
+                paper.records.save(r.workdir, {"main_metric": "accuracy", "holdout": {"accuracy": holdout[lr]},
+                                               "metrics": {"accuracy": (60 + (seed + 1) * (arm == "full")) / 100}})
+    real = table5.run_all
+
+    def fake_runs(paper, runs, stage="table5", count=None):
+        if not paper.train:  # the stopped tables' look at the kept records: the real lookup
+            return real(paper, runs, stage, count)
+        if stop == "between_runs":
+            raise KeyboardInterrupt
+        return None
+
+    monkeypatch.setattr(more_seeds, "run_all", fake_runs)
+    monkeypatch.setattr(table5, "run_all", fake_runs)
+    if stop == "between_runs":
+        with pytest.raises(KeyboardInterrupt):
+            more_seeds.more_seeds_stage(paper)
+    else:
+        assert more_seeds.more_seeds_stage(paper) is None
+    assert "**In progress**: 1 of 2 tasks" in (paper.results_dir / "more_seeds.md").read_text()
+    found = json.loads((paper.results_dir / "more_seeds.json").read_text())
+    assert not found["complete"] and found["all"]["tasks"]["sst2"]["gain"]["mean"] == pytest.approx(5.5)
+
+
 def test_check_run_names_a_missing_data_folder_in_one_line(tmp_path, monkeypatch, capsys):
     from experiments.paper import check_run
 
