@@ -272,6 +272,16 @@ def test_full_sets_lr_is_chosen_on_the_held_out_slice_and_its_grid_grows_until_b
     assert lines[-1].endswith("sst2/full, sst2/no_pretrain, sst2/no_aux_lm.")
 
 
+def _stopped(stop: str, stage, paper) -> None:
+    """Runs a stage whose run stops: at a checkpoint, it returns None; between two runs (a KeyboardInterrupt), the
+    interrupt goes on once its tables are written."""
+    if stop == "between_runs":
+        with pytest.raises(KeyboardInterrupt):
+            stage(paper)
+    else:
+        assert stage(paper) is None
+
+
 @pytest.mark.parametrize("stop", ["at_a_checkpoint", "between_runs"])
 def test_a_stopped_table5_writes_the_cells_it_finished_marked_in_progress(tmp_path, monkeypatch, stop):
     """Table 5 spans sessions: stopped midway, table5.md shows the finished cells (an arm's every seed), the
@@ -303,11 +313,7 @@ def test_a_stopped_table5_writes_the_cells_it_finished_marked_in_progress(tmp_pa
                          "holdout": {"matthews": holdout[r.config.optim.lr]}}) for r in runs]
 
     monkeypatch.setattr(table5, "run_all", fake_runs)
-    if stop == "between_runs":
-        with pytest.raises(KeyboardInterrupt):
-            table5.table5_stage(paper)
-    else:
-        assert table5.table5_stage(paper) is None
+    _stopped(stop, table5.table5_stage, paper)
     text = (paper.results_dir / "table5.md").read_text()
     assert "**In progress**: 3 of 6 arm × task cells finished" in text
     cola = next(line for line in text.splitlines() if line.startswith("| cola |"))
@@ -472,11 +478,7 @@ def test_a_stopped_more_seeds_stage_keeps_the_pairs_that_kept_records_finish(tmp
 
     monkeypatch.setattr(more_seeds, "run_all", fake_runs)
     monkeypatch.setattr(table5, "run_all", fake_runs)
-    if stop == "between_runs":
-        with pytest.raises(KeyboardInterrupt):
-            more_seeds.more_seeds_stage(paper)
-    else:
-        assert more_seeds.more_seeds_stage(paper) is None
+    _stopped(stop, more_seeds.more_seeds_stage, paper)
     assert "**In progress**: 1 of 2 tasks" in (paper.results_dir / "more_seeds.md").read_text()
     found = json.loads((paper.results_dir / "more_seeds.json").read_text())
     assert not found["complete"] and found["all"]["tasks"]["sst2"]["gain"]["mean"] == pytest.approx(5.5)
