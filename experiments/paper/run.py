@@ -32,7 +32,7 @@ from experiments.glue.common import missing_path
 from experiments.paper.diagnosis import diagnosis_stage
 from experiments.paper.layers import layers_stage
 from experiments.paper.more_seeds import more_seeds_stage
-from experiments.paper.release import pretrain_stage, pretraining_finished, release_stage
+from experiments.paper.release import pretrain_config, pretrain_stage, pretraining_finished, release_stage
 from experiments.paper.report import write_readme
 from experiments.paper.settings import BUDGETS, OUT_ENTRIES, RECIPE, STAGES, TASKS, Paper
 from experiments.paper.table5 import table5_stage
@@ -117,6 +117,7 @@ def check_inputs(paper: Paper, stages: list[str]) -> None:
     if held and not OUT_ENTRIES & set(held):
         raise ConfigError(f"--out {paper.out} is not empty and holds no paper pipeline ({some_names(held)}): choose a "
                           "new or empty folder")
+    pretrain_config(paper)  # a --pretrain-config that does not resolve, first: it was named after the --corpus check
     if "pretrain" in stages and not pretraining_finished(paper):  # a finished one reads no corpus: none is needed
         if paper.corpus is None:
             raise ConfigError("pre-training is not finished: pass --corpus (the recipe's corpus is "

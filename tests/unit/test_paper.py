@@ -48,6 +48,11 @@ def test_missing_inputs_are_one_line_errors(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"run.py: error: --corpus: text source '{tmp_path / 'none.txt'}': no such file or directory")
     assert not out.exists()
+    # a --pretrain-config that is not there is named first (it came after the --corpus check: "pass --corpus")
+    assert run.main(["--stages", "pretrain", "--pretrain-config", str(tmp_path / "nope.yaml"), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"run.py: error: config file {tmp_path / 'nope.yaml'} does not exist")
+    assert not out.exists()
 
 
 def test_a_finished_pretraining_needs_no_corpus(tmp_path, capsys):
