@@ -598,7 +598,7 @@ def table(plan: dict[str, Any]) -> str:
     memory = "HBM" if per == "chip" else "memory"  # a CPU device's is the host's
     rows = [
         ("target", f"{plan['topology']} ({plan['chips']} x {plan['chip']}, {plan['num_slices']} slice(s))"),
-        ("model", f"{plan['num_params'] / 1e6:,.0f}M params, {plan['dtype']} compute, remat {plan['remat']}, "
+        ("model", f"{plan['num_params'] / 1e6:,.2f}M params, {plan['dtype']} compute, remat {plan['remat']}, "
                   f"optimizer state {plan['state_dtype']}"),
         ("mesh", mesh + ("" if plan["num_slices"] == 1 else f" (dcn {plan['dcn']})") + f" (pretrain: {_as_flags(plan)})"),
         ("batch", f"{plan['global_batch']} x {plan['seq_len']} global, {plan['per_chip_batch']:g} sequences per {per}"),

@@ -31,6 +31,7 @@ def _tiny_plan(*argv) -> dict:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         assert main(["plan", "--config", "tiny", *argv]) == 0
     assert "HBM per chip" in err.getvalue()
+    assert " 0.14M params, float32 compute" in err.getvalue()  # as pretrain says it (it once read "0M params")
     return json.loads(out.getvalue().strip().splitlines()[-1])
 
 
