@@ -53,7 +53,7 @@ from gpt1_jax.config import (FINETUNE_DERIVED, OPTIMIZER_NAMES, SEED_RANGE, Data
                              given_keys, guarded_text, hand_written, resolve)
 from gpt1_jax.errors import (DEBUG_ENV, ConfigError, DataError, DivergenceError, GPT1JaxError, Interrupted,
                              WorkdirError, os_error_message)
-from gpt1_jax.files import check_new_file
+from gpt1_jax.files import check_new_file, folder_problem
 from gpt1_jax.integrity import DIGESTS, checkpoint_steps, newest_checkpoint, record, verify, verify_checkpoints
 from gpt1_jax.interrupt import CtrlC, unwrapped_interrupts
 from gpt1_jax.metrics import close_open_bars, json_safe, say
@@ -781,8 +781,8 @@ def _compare_out(out: Path, overwrite: bool) -> None:
     check_new_file(out, overwrite)
     if out.suffix.lstrip(".").lower() not in formats:
         raise ConfigError(f"--out {out}: name a figure file ending in one of {', '.join('.' + f for f in formats)}")
-    if not out.parent.is_dir():
-        raise ConfigError(f"--out {out}: its folder {out.parent} does not exist")
+    if problem := folder_problem(out):
+        raise ConfigError(f"--out {out}: {problem}")
 
 
 def _compare(args: argparse.Namespace) -> int:

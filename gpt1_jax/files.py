@@ -39,6 +39,15 @@ def check_new_file(path: Path, overwrite: bool, flag: str = "--out") -> None:
                                 "name another file")
 
 
+def folder_problem(path: Path) -> str | None:
+    """Why a file cannot be made at `path` for its folder ("its folder ... does not exist", or is a file); None
+    when the folder is there."""
+    folder = Path(path).parent
+    if folder.is_dir():
+        return None
+    return f"{folder} is a file, not a folder" if folder.exists() else f"its folder {folder} does not exist"
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 

@@ -26,7 +26,7 @@ from experiments import harness
 from experiments.paper.settings import ARMS, BUDGETS, PAPER_DIR, TASKS, Budget
 from gpt1_jax.arguments import number_at_least
 from gpt1_jax.data.tasks import bucket_len, encode_task, epoch_order, eval_order, example_lengths, make_task
-from gpt1_jax.files import atomic_write_text
+from gpt1_jax.files import atomic_write_text, folder_problem
 from gpt1_jax.tokenizer import GPT1Tokenizer
 from gpt1_jax.weights import load_pretrained
 
@@ -65,8 +65,8 @@ def runs_per_arm(budget: Budget, arm: str, extensions: int) -> int:
 def _json_target_problem(path: Path) -> str | None:
     if path.is_dir():
         return "is a folder; give a file"
-    if not path.parent.is_dir():
-        return f"its folder {path.parent} does not exist"
+    if problem := folder_problem(path):
+        return problem
     if path.exists() and path.suffix != ".json":  # `--json README.md` replaced the README with numbers
         return "exists and is not a .json file: it would be replaced; give a .json file"
     return None

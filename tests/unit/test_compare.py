@@ -104,6 +104,8 @@ def _write_finetuning_run(folder: Path) -> None:
     (None, ["{runs}/adamw", "--out", "no/such/folder/f.png"], "--out no/such/folder/f.png: its folder no/such/folder "
                                                               "does not exist"),
     (lambda d: (d / "sub").mkdir(), ["{runs}/adamw", "--out", "sub"], "--out sub is a folder: name a file"),
+    (lambda d: (d / "notes").write_text("x"), ["{runs}/adamw", "--out", "notes/f.png"],  # it said "does not exist"
+     "--out notes/f.png: notes is a file, not a folder"),
 ])
 def test_what_compare_cannot_draw_is_one_line_and_writes_nothing(runs, tmp_path, capsys, monkeypatch, make, argv,
                                                                    message):
