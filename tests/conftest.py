@@ -64,6 +64,9 @@ if os.environ.get("JAX_COMPILATION_CACHE_DIR", "").startswith(os.environ[_ROOT_V
         or not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
 os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = "-1"
+# libtpu (the TPU compiler of the pod plans) leaves three log files a process in /tmp/tpu_logs, never removed: ~400
+# files, 20 MB, after two days of suites on one machine. The suite's go beside its compilation cache, and with it.
+os.environ.setdefault("TPU_LOG_DIR", os.path.join(os.environ[_ROOT_VAR], "tpu_logs"))
 
 SHARED = Path(os.environ.get("GPT1_JAX_SHARED") or Path(__file__).resolve().parents[2] / "shared")
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
