@@ -321,7 +321,9 @@ def _tiny_builder_cls() -> type:
         def _info(self) -> tfds.core.DatasetInfo:
             # DatasetInfo directly: dataset_info_from_configs looks for package metadata files.
             feats = tfds.features.FeaturesDict({"text": tfds.features.Text(), "title": tfds.features.Text()})
-            return tfds.core.DatasetInfo(builder=self, features=feats)
+            info = tfds.core.DatasetInfo(builder=self, features=feats)
+            info.initialize_from_bucket = lambda: None  # its empty temp folder, left behind (gpt1_jax/data/glue.py)
+            return info
 
         def _split_generators(self, dl_manager):  # noqa: ANN001, ANN202
             return {"train": self._generate_examples(12), "test": self._generate_examples(3)}
