@@ -554,8 +554,12 @@ def _sample(args: argparse.Namespace) -> int:
 # ---- convert --------------------------------------------------------------------------------------
 
 def _convert_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("src", help=INIT_SOURCES)
-    p.add_argument("dst", help="output directory (must not exist or be empty, unless --overwrite)")
+    p.add_argument("src", nargs="?", help=INIT_SOURCES + " (or --init)")
+    p.add_argument("dst", nargs="?", help="output directory (must not exist or be empty, unless --overwrite; or --out)")
+    # The flags every other verb reads a model with and writes a file with: `convert --init X --out Y` was refused
+    # as "unrecognized arguments: --init --out".
+    p.add_argument("--init", default=None, metavar="SRC", help="SRC, as sample, evaluate and finetune take it")
+    p.add_argument("--out", default=None, metavar="DST", help="DST")
     p.add_argument("--to", choices=("hf", "jax"), default="hf", help="output format (default: hf)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty DST")
     p.add_argument("--step", type=at_least(0), default=None,
@@ -565,9 +569,28 @@ def _convert_flags(p: argparse.ArgumentParser) -> None:
     _add_set(p, "a model config field: run-time ones (dtype, scan_layers, ...) anywhere, any on an original release")
 
 
+def _convert_paths(args: argparse.Namespace) -> tuple[str, str]:
+    """(SRC, DST) from the positional arguments and --init / --out: the positionals fill, in order, what the flags
+    leave."""
+    given = [a for a in (args.src, args.dst) if a is not None]
+    wanted = [name for name, flag in (("SRC", args.init), ("DST", args.out)) if flag is None]
+    if len(given) != len(wanted):
+        if len(given) < len(wanted):
+            missing = wanted[len(given):]
+            said = f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing"
+        else:
+            extra = given[len(wanted):]
+            said = f"{' '.join(extra)}: {'a path' if len(extra) == 1 else 'paths'} too many"
+        raise ConfigError(f"convert needs the model it reads and the folder it writes, once each: {said}; "
+                          "gpt1-jax convert SRC DST, or --init SRC --out DST")
+    rest = iter(given)
+    return (args.init if args.init is not None else next(rest)), (args.out if args.out is not None else next(rest))
+
+
 def _convert(args: argparse.Namespace) -> int:
     # Every other verb spells a model field `model.dtype`; here the config is the model's own: both spellings go.
     overrides = [o.removeprefix("model.") for o in _overrides(args, ModelConfig)]
+    args.src, args.dst = _convert_paths(args)
     config, out, step = convert(args.src, args.dst, to=args.to, overwrite=args.overwrite, overrides=overrides,
                                 step=args.step)
     tokenizer = "with its tokenizer" if (out / "tokenizer.json").is_file() else "without a tokenizer (none in SRC)"

@@ -257,6 +257,30 @@ def test_convert_into_a_non_empty_folder_is_one_line_and_writes_nothing(tmp_path
     assert (out / "precious.txt").read_text() == "keep me"
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["{src}"], "DST is missing"),
+    ([], "SRC and DST are missing"),
+    (["--init", "{src}", "{out}", "other"], "other: a path too many"),
+    (["--init", "{src}", "--out", "{out}", "other"], "other: a path too many"),
+])
+def test_convert_reads_init_and_writes_out_as_the_other_verbs_name_them(tmp_path, capsys, monkeypatch, argv, said):
+    """`convert --init SRC --out DST` was "unrecognized arguments: --init --out": the flags sample, evaluate and
+    finetune read a model with, and compare writes with. Either spelling, or both mixed; each path once."""
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    write_hf_dir(tmp_path / "src", SMALL)
+    src, out = tmp_path / "src", tmp_path / "out"
+    assert cli.main(["convert", "--init", str(src), "--to", "jax", "--out", str(out)]) == 0
+    assert (out / "config.yaml").is_file()
+    assert cli.main(["convert", str(src), "--out", str(tmp_path / "mixed")]) == 0
+    assert (tmp_path / "mixed" / "config.json").is_file()
+    capsys.readouterr()
+    assert cli.main(["convert", *(a.format(src=src, out=tmp_path / "never") for a in argv)]) == 2
+    assert _one_error_line(capsys, "convert") == (
+        f"gpt1-jax convert: error: convert needs the model it reads and the folder it writes, once each: {said}; "
+        "gpt1-jax convert SRC DST, or --init SRC --out DST")
+    assert not (tmp_path / "never").exists()
+
+
 def test_convert_takes_a_model_field_as_every_verb_spells_it_and_names_an_unknown_key(tmp_path, capsys, monkeypatch):
     """`--set model.dtype=...` was refused as "only run-time fields (dtype, ...) can be set, not 'model.dtype'", and
     `--set foo=1` as a field of the architecture."""
