@@ -10,16 +10,13 @@ Runs go where Table 5's go, OUT/table5/<arm>/<task>/lr<lr>/seed<k>/, cheapest ta
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import io
 import sys
 
 from experiments.harness import Count
 from experiments.paper import stats
 from experiments.paper.settings import Paper
-from experiments.paper.table5 import (baselines, best_lr, cell, intervals, interval_text, planned_runs, ran_now,
-                                      run_all, run_of, run_order, score)
+from experiments.paper.table5 import (baselines, best_lr, cell, from_records, intervals, interval_text, planned_runs,
+                                      ran_now, run_all, run_of, run_order, score)
 from gpt1_jax.interrupt import unwrapped_interrupts
 
 PAIR = ("full", "no_pretrain")
@@ -79,16 +76,8 @@ def scores(seeds: tuple[int, ...], dones: list) -> dict[int, float]:
 def add_kept_pairs(paper: Paper, order: list[tuple[str, str]], seeds_of: dict, by_seed: dict) -> dict:
     """`by_seed` with the pairs' arms that kept records finish added, for a stopped stage's tables: those after the
     stop that an earlier session finished were left out of them, as if not run."""
-    records_only = dataclasses.replace(paper, train=False)
     for arm, task in order:
-        if arm in by_seed.get(task, {}):
-            continue
-        try:
-            with contextlib.redirect_stderr(io.StringIO()):  # a lookup, not a run: no "[n/N] <workdir> done before"
-                dones = pair_runs(records_only, arm, task, seeds_of[arm])
-        except FileNotFoundError:  # a run without a record: not finished
-            continue
-        if dones:
+        if arm not in by_seed.get(task, {}) and (dones := from_records(paper, pair_runs, arm, task, seeds_of[arm])):
             by_seed.setdefault(task, {})[arm] = scores(seeds_of[arm], dones)
     return by_seed
 

@@ -193,19 +193,21 @@ def table5_stage(paper: Paper) -> bool | None:
     return fresh
 
 
+def from_records(paper: Paper, lookup, *args):
+    """`lookup(paper, *args)` (arm_runs, more_seeds.pair_runs) on the kept records alone, quietly (a lookup, not a
+    run: no "[n/N] <workdir> done before" lines); None where a run it needs has no record (not finished)."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            return lookup(dataclasses.replace(paper, train=False), *args)
+    except FileNotFoundError:
+        return None
+
+
 def add_kept_cells(paper: Paper, order: list[tuple[str, str]], done: dict) -> dict:
     """`done` with the cells that kept records finish added, for a stopped stage's table: the cells after the stop
     that an earlier session finished (--tasks, or a table grown by a budget) were left out of it, as if not run."""
-    records_only = dataclasses.replace(paper, train=False)
     for arm, task in order:
-        if (arm, task) in done:
-            continue
-        try:
-            with contextlib.redirect_stderr(io.StringIO()):  # a lookup, not a run: no "[n/N] <workdir> done before"
-                cell = arm_runs(records_only, arm, task)
-        except FileNotFoundError:  # a run without a record: the cell is not finished
-            continue
-        if cell is not None:
+        if (arm, task) not in done and (cell := from_records(paper, arm_runs, arm, task)) is not None:
             done[arm, task] = cell
     return done
 
