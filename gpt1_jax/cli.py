@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import gc
 import json
 import os
 import select
@@ -976,6 +977,12 @@ def _out_of_memory(e: BaseException, kept: int | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # a command line: the process is the command's alone
+        # What the imports made (~120,000 objects: jax, flax, optax, ...) lives as long as the process; frozen, the
+        # cyclic collector stops walking it at every full pass. A tiny pre-training run spent 0.34 of its 3.4 CPU-s
+        # in collections, 0.20 with it (2026-11-30). Not in a caller's process (a test calling main): its garbage
+        # would stay frozen with it.
+        gc.freeze()
     _standard_streams()
     args = build_parser().parse_args(argv)
     _expand_home(args)

@@ -99,7 +99,7 @@ def os_error_message(e: OSError, last_checkpoint: int | None = None) -> str:
         if last_checkpoint is not None:
             fix += f"; checkpoint {last_checkpoint} is kept, and the same command resumes from it"
     elif code == errno.EEXIST and exists and not path.is_dir():
-        do, fix = "create the folder", "it is a file: choose another path (e.g. another --workdir) or remove the file"
+        do, fix = "create the folder", "it is a file: choose another path or remove the file"
     elif code == errno.EEXIST:
         do, fix = "create", "choose another path or remove what is there"
     elif code == errno.ENOTDIR and path is not None:

@@ -304,8 +304,8 @@ def test_convert_takes_a_model_field_as_every_verb_spells_it_and_names_an_unknow
     (lambda d: OSError(errno.EROFS, "Read-only file system", str(d / "ro" / "run")),
      "cannot write {d}/ro/run: Read-only file system; choose a folder on a writable disk"),
     (lambda d: FileExistsError(errno.EEXIST, "File exists", str(d / "a_file")),
-     "cannot create the folder {d}/a_file: File exists; it is a file: choose another path (e.g. another --workdir) "
-     "or remove the file"),
+     # the path it names, not a flag: the same words for `--workdir`, `convert --out` and an experiment's `--out`
+     "cannot create the folder {d}/a_file: File exists; it is a file: choose another path or remove the file"),
     (lambda d: NotADirectoryError(errno.ENOTDIR, "Not a directory", str(d / "a_file" / "run")),
      "cannot use {d}/a_file/run: Not a directory; {d}/a_file is a file, not a folder: choose another path or move "
      "the file out of the way"),
