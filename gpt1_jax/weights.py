@@ -743,8 +743,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str = "hf", o
     if to not in ("hf", "jax"):
         raise ConfigError(f"convert: to={to!r} is not hf or jax")
     if Path(dst).exists() and Path(dst).resolve() in (Path(src).resolve(), *Path(src).resolve().parents):
-        raise ConfigError(f"convert: {dst} is SRC or holds it; --overwrite would delete what is read: pick a new "
-                          "or empty folder")
+        raise ConfigError(f"{dst} is the model converted, or holds it; --overwrite would delete what is read: "
+                          "pick a new or empty folder")
     try:
         _refuse_overwrite(_destination(dst), overwrite)  # before reading the weights, which may take a while
     except OutputExistsError:

@@ -252,7 +252,7 @@ def test_convert_into_a_non_empty_folder_is_one_line_and_writes_nothing(tmp_path
     assert [p.name for p in out.iterdir()] == ["precious.txt"] and (out / "precious.txt").read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert cli.main(["convert", str(out), str(out), "--overwrite"]) == 2  # onto its own source
-    assert _one_error_line(capsys, "convert") == (f"gpt1-jax convert: error: convert: {out} is SRC or holds it; "
+    assert _one_error_line(capsys, "convert") == (f"gpt1-jax convert: error: {out} is the model converted, or holds it; "
                                                   "--overwrite would delete what is read: pick a new or empty folder")
     assert (out / "precious.txt").read_text() == "keep me"
 
