@@ -16,6 +16,7 @@ field, instead of as a shape error deep inside a compiled program.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import math
 import re
@@ -715,7 +716,9 @@ def from_dict(cls: type[T], values: dict[str, Any], prefix: str = "") -> T:
     names = {f.name for f in dataclasses.fields(cls)}
     for key in values:
         if key not in names:
-            raise ConfigError(f"unknown config key '{prefix}{key}'; known: {', '.join(sorted(names))}")
+            meant = difflib.get_close_matches(key, names, n=1, cutoff=0.8)  # a file's misspelt key (--set's: above)
+            hint = f" (did you mean {prefix}{meant[0]}?)" if meant else ""
+            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}; known: {', '.join(sorted(names))}")
     return cls(**{k: _coerce(v, hints[k], prefix + k) for k, v in values.items()})
 
 
@@ -735,6 +738,16 @@ def _spanned(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+def _unknown_key(key: str, level: dict[str, Any], values: dict[str, Any]) -> ConfigError:
+    """`unknown config key` with what it likely meant: the same name in another section (`lr` -> `optim.lr`) or the
+    closest spelling (`model.n_layer` -> `model.n_layers`); then the keys of the level it reached."""
+    every = list(flat_fields(values))
+    name = key.rsplit(".", 1)[-1]
+    meant = [k for k in every if k.rsplit(".", 1)[-1] == name] or difflib.get_close_matches(key, every, n=1, cutoff=0.8)
+    hint = f" (did you mean {' or '.join(meant)}?)" if meant else ""
+    return ConfigError(f"unknown config key {key!r}{hint}; known: {', '.join(sorted(level))}")
+
+
 def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
     """`["d_model=128", "optim.lr=1e-3"]` -> a new config; dotted keys reach nested dataclasses."""
     values = to_dict(config)
@@ -746,10 +759,10 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
         node = values
         for part in parents:
             if not isinstance(node.get(part), dict):
-                raise ConfigError(f"unknown config key {key!r}")
+                raise _unknown_key(key.strip(), node, values)
             node = node[part]
         if leaf not in node:
-            raise ConfigError(f"unknown config key {key!r}; known: {', '.join(sorted(node))}")
+            raise _unknown_key(key.strip(), node, values)
         try:
             value = read_yaml(raw) if raw.strip() else raw
             # `model=null` or `model=`: nothing given for the section, as `model:` in a file (_merged). Sections are

@@ -69,7 +69,11 @@ def test_list_and_pair_fields_are_typed_from_set_and_yaml():
     ("model.layer_norm_eps=-1", "model.layer_norm_eps must be > 0, got -1"),
     ("model.init_std=-5", "model.init_std must be >= 0, got -5"),
     ("keep_steps=[1,", "override 'keep_steps=[1,': the value is not valid YAML"),
-    ("model.d_modle=3", "unknown config key 'model.d_modle'"),
+    ("model.d_modle=3", "unknown config key 'model.d_modle' (did you mean model.d_model?); known: attention, "),
+    # the same name in its section, and a section misspelt: the key it most likely meant is named
+    ("lr=1e-3", "unknown config key 'lr' (did you mean optim.lr?); known: accum_steps, "),
+    ("optimizer.lr=1e-3", "unknown config key 'optimizer.lr' (did you mean optim.lr?); known: accum_steps, "),
+    ("nope=1", "unknown config key 'nope'; known: accum_steps, "),  # nothing close: no guess
     # tracebacks where the value was first used, or a folder named 'None'
     ("mesh.rules={vocab: 5}", "mesh.rules[0][1] must be str or tuple or null, got 5"),
     ("mesh.rules={vocab: bogus}", "mesh.rules: unknown mesh axis 'bogus'"),  # was found after the tokenizer was written
@@ -130,6 +134,14 @@ def test_a_yaml_file_fills_what_it_leaves_out_from_the_jobs_defaults_as_set_does
     path.write_text("task: rte\noptim:\n  lr: 0.0001\n")
     tuned = resolve(config.FinetuneConfig, str(path))
     assert (tuned.optim.schedule, tuned.optim.lr, tuned.model) == ("warmup_linear", 1e-4, config.FinetuneConfig().model)
+
+
+def test_a_misspelt_key_in_a_yaml_file_is_named_with_the_one_it_likely_meant(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text("model:\n  n_layer: 2\n")
+    with pytest.raises(ConfigError) as e:
+        resolve(PretrainConfig, str(path))
+    assert str(e.value).startswith("unknown config key 'model.n_layer' (did you mean model.n_layers?); known: ")
 
 
 def test_a_yaml_files_schedule_is_checked_as_set_is_and_a_runs_own_config_passes(tmp_path):
