@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import gc
 import hashlib
 import json
 import math
@@ -445,6 +446,8 @@ def main(fn: Callable[[], int | None], prog: str) -> int:
     run in progress, or of the next one, and stop there together (gpt1_jax/loop.py); taken here, it stopped the
     process that got it alone (status 130) and left the others to fail in their next collective. A first Ctrl-C there
     is passed on to JAX as such a notice (gpt1_jax/interrupt.py); a second one stops that process at once."""
+    if getattr(fn, "__module__", None) == "__main__":  # the script's own command line, not a test calling main
+        gc.freeze()  # what the imports made, out of the collector's walks, as gpt1_jax/cli.py's main does
     multi = distributed.is_multi_process()
     signals = (signal.SIGINT,) if multi else (signal.SIGINT, signal.SIGTERM)
     with CtrlC(signals=signals, first_to_jax=multi) as guard:  # re-raises one Python dropped in a gc callback
