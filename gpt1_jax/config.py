@@ -23,7 +23,7 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, Iterable, Mapping, TypeVar
 
 import yaml
 
@@ -715,10 +715,8 @@ def from_dict(cls: type[T], values: dict[str, Any], prefix: str = "") -> T:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for key in values:
-        if key not in names:
-            meant = difflib.get_close_matches(key, names, n=1, cutoff=0.8)  # a file's misspelt key (--set's: above)
-            hint = f" (did you mean {prefix}{meant[0]}?)" if meant else ""
-            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}; known: {', '.join(sorted(names))}")
+        if key not in names:  # a file's misspelt key: only its own level is at hand here
+            raise _unknown_key(f"{prefix}{key}", names, [f"{prefix}{name}" for name in names])
     return cls(**{k: _coerce(v, hints[k], prefix + k) for k, v in values.items()})
 
 
@@ -738,10 +736,10 @@ def _spanned(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _unknown_key(key: str, level: dict[str, Any], values: dict[str, Any]) -> ConfigError:
-    """`unknown config key` with what it likely meant: the same name in another section (`lr` -> `optim.lr`) or the
-    closest spelling (`model.n_layer` -> `model.n_layers`); then the keys of the level it reached."""
-    every = list(flat_fields(values))
+def _unknown_key(key: str, level: Iterable[str], every: list[str]) -> ConfigError:
+    """`unknown config key` with what it likely meant of `every` dotted key: the same name in another section (`lr`
+    -> `optim.lr`) or the closest spelling (`model.n_layer` -> `model.n_layers`); then the names of `level`, the
+    level it reached."""
     name = key.rsplit(".", 1)[-1]
     meant = [k for k in every if k.rsplit(".", 1)[-1] == name] or difflib.get_close_matches(key, every, n=1, cutoff=0.8)
     hint = f" (did you mean {' or '.join(meant)}?)" if meant else ""
@@ -759,10 +757,10 @@ def apply_overrides(config: T, overrides: list[str] | tuple[str, ...]) -> T:
         node = values
         for part in parents:
             if not isinstance(node.get(part), dict):
-                raise _unknown_key(key.strip(), node, values)
+                raise _unknown_key(key.strip(), node, list(flat_fields(values)))
             node = node[part]
         if leaf not in node:
-            raise _unknown_key(key.strip(), node, values)
+            raise _unknown_key(key.strip(), node, list(flat_fields(values)))
         try:
             value = read_yaml(raw) if raw.strip() else raw
             # `model=null` or `model=`: nothing given for the section, as `model:` in a file (_merged). Sections are
