@@ -15,6 +15,7 @@ With `scan_layers` every `h/...` array has a leading layer axis [L, ...]; withou
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import flax.linen as nn
@@ -269,9 +270,19 @@ def init_params(config: ModelConfig, rng: jax.Array | int = 0, seq_len: int | No
     """Fresh N(0, 0.02) parameters, still wrapped in their logical-axis boxes (nn.Partitioned)."""
     if isinstance(rng, int):
         rng = jax.random.key(rng)
-    tokens = jnp.zeros((1, seq_len or min(config.n_positions, 8)), jnp.int32)
-    # jit: one compiled init instead of hundreds of eager ops (seconds saved even on `tiny`).
-    return jax.jit(lambda r: GPT1(config).init(r, tokens)["params"])(rng)
+    # the rules in force are an argument: jax's trace cache cannot see flax's rules context, which the
+    # activations' sharding constraints are resolved in
+    return _init_jit(config, seq_len or min(config.n_positions, 8), nn.get_logical_axis_rules(), rng)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _init_jit(config: ModelConfig, seq_len: int, rules: shd.Rules, rng: jax.Array):
+    """One compiled init instead of hundreds of eager ops (seconds saved even on `tiny`); one function for every
+    caller, so a config is traced and compiled once per process: a second init_params took as long as the first
+    (2.7 CPU-s on `tiny`), and a run's shape check and its Trainer share one trace (the state's, under the mesh,
+    is another)."""
+    with nn.logical_axis_rules(rules):
+        return GPT1(config).init(rng, jnp.zeros((1, seq_len), jnp.int32))["params"]
 
 
 def _lm_logits(config: ModelConfig, params, tokens_BT):

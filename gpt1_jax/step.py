@@ -390,8 +390,11 @@ def check_mesh_divides(config: ModelConfig, mesh: MeshConfig, sizes: dict[str, i
     """The Trainer's ConfigError for a mesh axis that does not divide a dimension its rules split over it (heads
     over tensor, embed over fsdp), without building one: pretrain asks before reading data, plan's search per mesh."""
     rules = shd.logical_rules(mesh.rules)
-    # the parameters' shapes only: traced with XLA's attention, which any host has (cudnn's needs the GPU)
-    shd.fitted_specs(_lm_param_boxes(dataclasses.replace(config, attention="xla"), rules), sizes, rules)
+    # the parameters' shapes only: traced with XLA's attention where cudnn's is asked for (it needs the GPU); any
+    # other setting as the run has it, so that the run's Trainer reuses this trace
+    if config.attention == "cudnn":
+        config = dataclasses.replace(config, attention="xla")
+    shd.fitted_specs(_lm_param_boxes(config, rules), sizes, rules)
 
 
 def make_trainer(init_fn, loss_fn, optim: OptimConfig, mesh: MeshConfig | Any, *, accum_steps: int = 1, seed: int = 0,

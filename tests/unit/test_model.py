@@ -97,6 +97,22 @@ def test_every_parameter_has_logical_axes():
     assert leaves and all(isinstance(x, nn.Partitioned) and len(x.names) == x.value.ndim for x in leaves)
 
 
+def test_init_is_traced_once_per_config_and_rules_and_seeds_still_differ():
+    """A notebook's or a sweep's second init_params of one config took as long as the first (2.7 CPU-s on `tiny`,
+    a fresh trace and compile each time); the rules in force are part of the key, as they change the trace."""
+    from gpt1_jax.model import _init_jit
+
+    config = dataclasses.replace(model_preset("tiny"), n_layers=1)  # a config no other test of this process traces
+    before = _init_jit._cache_size()
+    a, b = nn.meta.unbox(init_params(config, 0)), nn.meta.unbox(init_params(config, 1))
+    assert _init_jit._cache_size() == before + 1
+    assert not np.array_equal(a["tokens_embed"]["embedding"], b["tokens_embed"]["embedding"])
+    with nn.logical_axis_rules((("batch", "data"),)):
+        c = nn.meta.unbox(init_params(config, 0))
+    assert _init_jit._cache_size() == before + 2
+    jax.tree.map(np.testing.assert_array_equal, a, c)
+
+
 def test_init_statistics_and_structure():
     config = model_preset("tiny")
     p = nn.meta.unbox(init_params(config, 3))
