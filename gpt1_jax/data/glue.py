@@ -17,7 +17,6 @@ no example is ever dropped silently.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -33,6 +32,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from gpt1_jax.data.pipeline import default_cache_dir
+from gpt1_jax.data.tfds_text import quiet_tfds
 from gpt1_jax.errors import ConfigError, DataError
 from gpt1_jax.files import staging_folder
 
@@ -223,12 +223,7 @@ def _builder_class() -> Any:
         MANUAL_DOWNLOAD_INSTRUCTIONS = "GLUE's TSV distribution: <manual_dir>/<Task>/{train,dev,test}.tsv"
 
         def _info(self):
-            info = self.dataset_info_from_configs(features=_features(tfds, self.builder_config.task))
-            # A builder whose data is not prepared yet asks GCS for tfds' own copy of it: this tfds never asks
-            # (gcs_utils._is_gcs_disabled), yet makes an empty folder in the system's temp dir first and leaves it
-            # there, one /tmp/tmp*tfds for every GLUE task prepared (2,150 on a machine after two days of runs).
-            info.initialize_from_bucket = lambda: None
-            return info
+            return self.dataset_info_from_configs(features=_features(tfds, self.builder_config.task))
 
         def _split_generators(self, dl_manager):
             task = self.builder_config.task
@@ -287,9 +282,9 @@ def local_builder(task: GlueTask | str, data_dir: str | Path, tfds_dir: str | Pa
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no GLUE {task.dirname} folder in --data-dir {data_dir}")
     root = Path(tfds_dir) if tfds_dir else default_tfds_dir()
-    builder = _builder_class()(config=task.name, data_dir=str(root / f"glue_tsv-{_fingerprint(folder, task)}"),
-                               file_format="array_record")
-    with _absl_errors_only():
+    with quiet_tfds(tfds):
+        builder = _builder_class()(config=task.name, data_dir=str(root / f"glue_tsv-{_fingerprint(folder, task)}"),
+                                   file_format="array_record")
         if not builder.is_prepared():
             for split, name in task.files:  # tfds would end a split without examples in its own AssertionError
                 if (folder / name).is_file() and next(read_tsv(folder / name, task, split), None) is None:
@@ -297,20 +292,6 @@ def local_builder(task: GlueTask | str, data_dir: str | Path, tfds_dir: str | Pa
             tfds.disable_progress_bar()  # tfds' nested bars would interleave with ours
             builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(data_dir)))
     return builder
-
-
-@contextlib.contextmanager
-def _absl_errors_only():
-    """tfds logs "WARNING:absl:Variant folder ... has no dataset_info.json" for a dataset not prepared yet (its own
-    check, and its own half-written folder while it prepares): that reads as damage, and is the normal first run."""
-    from absl import logging as absl_logging  # tensorflow-datasets' dependency: imported with it, on first use
-
-    verbosity = absl_logging.get_verbosity()
-    absl_logging.set_verbosity(absl_logging.ERROR)
-    try:
-        yield
-    finally:
-        absl_logging.set_verbosity(verbosity)
 
 
 # ---- GLUE downloaded: the files tfds' glue builder fetches ----------------------------------------------
@@ -356,7 +337,7 @@ def remote_builder(task: GlueTask | str, tfds_dir: str | Path | None = None, tim
                 f"(offline?): use --data-dir DIR with GLUE's TSV files ({task.dirname}/train.tsv, dev.tsv, test.tsv)")
         manager = tfds.download.DownloadManager(download_dir=root / "downloads", url_infos=tfds_glue.Glue.url_infos,
                                                 dataset_name="glue")
-        with _absl_errors_only():
+        with quiet_tfds(tfds):
             downloaded = {k: Path(v) for k, v in manager.download(urls).items()}
         _unpack(task, downloaded, files)
     return local_builder(task, files, root)

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -363,6 +364,22 @@ def test_tfds_source_without_tensorflow(tmp_path: Path, tok_path: Path) -> None:
                      tokenizer=str(tok_path), cache_dir=str(tmp_path / "cache"), progress=False)
     data = build_pipeline(cfg, tmp_path / "run")
     assert data.info["documents"] == 12 and next(data.train_iter(0, 1))["inputs"].shape == (2, 8)
+
+
+def test_a_tfds_dataset_not_prepared_is_one_line_and_leaves_no_temp_folder(tmp_path: Path, capfd, caplog,
+                                                                            monkeypatch) -> None:
+    """lm1b (registered, never prepared here) said a WARNING about its folder before the error, and each try left an
+    empty /tmp/tmp*tfds behind (tfds' folder for GCS metadata it does not fetch)."""
+    pytest.importorskip("tensorflow_datasets", reason="tensorflow-datasets is not installed")
+    scratch = tmp_path / "system-temp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with pytest.raises(DataError, match=r"lm1b/\S+ is not prepared in .*download_and_prepare\(\)$") as e:
+        open_source(f"tfds:lm1b?data_dir={tmp_path / 'tfds'}")
+    assert "\n" not in str(e.value)
+    assert not list(scratch.iterdir())
+    _, err = capfd.readouterr()
+    assert "Variant folder" not in err + caplog.text, (err, caplog.text)
 
 
 def _long_document(shared_dir: Path, n_chars: int, long_word: int) -> str:
