@@ -354,6 +354,13 @@ def leave(status: int) -> NoReturn:
     sys.exit(status)
 
 
+def prog(module: str) -> str:
+    """A script's name in its --help and its one-line messages (`PROG = harness.prog(__spec__.name)`): the command
+    that runs it, `python -m experiments.paper.run`. argparse took the file's (`run.py: error: ...`, and `see run.py
+    --help`, which runs nothing: the scripts run as modules), and the scripts named themselves four ways."""
+    return f"python -m {module}"
+
+
 def parser(description: str, **kwargs) -> argparse.ArgumentParser:
     """Every experiment script's argument parser: `gpt1-jax`'s (gpt1_jax/arguments.py Parser), so a script's flags
     read as the command line's. With argparse's own, a missing required flag hid an unknown one (`run_study --bogus`

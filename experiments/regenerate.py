@@ -36,6 +36,8 @@ from experiments.paper.report import rebuild_results
 from experiments.paper.settings import COMMITTED, PAPER_DIR
 from experiments.scale.plan_table import write_table
 
+PROG = harness.prog(__spec__.name)  # in --help and in every message: the command that runs it
+
 ROOT = Path(__file__).resolve().parents[1]
 OPTIMIZERS = ROOT / "experiments" / "optimizers" / "results"
 PAPER_RESULTS = [f"experiments/paper/{results}" for _, results in COMMITTED.values()]
@@ -60,7 +62,7 @@ def git(*args: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     # No options; a parser all the same, so that `--help` (or a typo) explains instead of rewriting every file.
-    harness.parser(prog="python -m experiments.regenerate", description=__doc__.split("\n\n")[0]).parse_args(argv)
+    harness.parser(prog=PROG, description=__doc__.split("\n\n")[0]).parse_args(argv)
     regenerate()
     new_files = git("ls-files", "--others", "--exclude-standard", "--", *OUTPUTS)
     changed = git("diff", "--stat", "--", *OUTPUTS) + new_files

@@ -40,6 +40,8 @@ from gpt1_jax.model import layer_norm
 from gpt1_jax.bench import seeded_batches
 from gpt1_jax.arguments import at_least
 
+PROG = harness.prog(__spec__.name)  # in --help and in every message: the command that runs it
+
 
 def median_seconds(fn, *args, repeats: int = 5) -> float:
     """Median wall time of `fn(*args)` (compiled on a first, untimed call), blocking on its result."""
@@ -110,7 +112,7 @@ def optimizer_seconds(config) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = harness.parser(description=__doc__.splitlines()[0])
+    p = harness.parser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--config", default="gpt1")
     p.add_argument("--batch", type=at_least(1), default=2)
     p.add_argument("--seq", type=at_least(1), default=512)
@@ -143,4 +145,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    harness.leave(harness.main(main, "breakdown"))
+    harness.leave(harness.main(main, PROG))

@@ -38,6 +38,8 @@ from gpt1_jax.config import MeshConfig, OptimConfig, model_preset
 from gpt1_jax.flops import cpu_flags
 from gpt1_jax.step import lm_trainer
 
+PROG = harness.prog(__spec__.name)  # in --help and in every message: the command that runs it
+
 
 def timed(fn) -> float:
     t0 = time.perf_counter()
@@ -46,7 +48,7 @@ def timed(fn) -> float:
 
 
 def main() -> None:
-    parser = harness.parser(description=__doc__.splitlines()[0])
+    parser = harness.parser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--dir", required=True, help="a new or empty scratch folder (removed afterwards)")
     parser.add_argument("--rounds", type=at_least(1), default=3)
     args = parser.parse_args()

@@ -55,6 +55,8 @@ from gpt1_jax.generate import generate
 from gpt1_jax.step import lm_batch, lm_trainer, make_trainer
 from gpt1_jax.weights import load_pretrained
 
+PROG = harness.prog(__spec__.name)  # in --help and in every message: the command that runs it
+
 ROOT = Path(__file__).resolve().parents[2]  # the workers run as `python -m experiments.bench.compare_hf` from here
 
 TARGETS = {
@@ -275,7 +277,7 @@ def with_batch(t: dict, batch: int | None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = harness.parser(description=__doc__.splitlines()[0])
+    p = harness.parser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
     p.add_argument("--rounds", type=at_least(1), default=2)
     p.add_argument("--steps", type=at_least(1), default=3, help="timed steps (generation: timed calls) per measurement")

@@ -40,6 +40,8 @@ from experiments.bench.op_profile import add_step_arguments, compiled_step, step
 from gpt1_jax import flops, hugepages
 from gpt1_jax.bench import seeded_batches
 
+PROG = harness.prog(__spec__.name)  # in --help and in every message: the command that runs it
+
 PARTS = (
     "ynnpack_products",     # YNNPACK's matrix-product kernels (ynn::dot_*)
     "ynnpack_other",        # its transposes, reductions and elementwise kernels
@@ -124,7 +126,7 @@ def summarize(samples: list[tuple[int, str, str]], names: dict[int, str], kernel
 def worker(argv: list[str]) -> int:
     """Compiles the step, runs two untimed steps, prints "ready", then writes "START SECONDS" per step to the file
     after --log until killed (a file: a pipe nobody reads while perf samples would stop the steps)."""
-    p = harness.parser("the step's worker: trains on until killed")
+    p = harness.parser("the step's worker: trains on until killed", prog=PROG)
     add_step_arguments(p)
     p.add_argument("--log", required=True)
     args = p.parse_args(argv)
@@ -166,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
         return worker(argv[1:])
-    p = harness.parser(description=__doc__.splitlines()[0])
+    p = harness.parser(prog=PROG, description=__doc__.splitlines()[0])
     add_step_arguments(p)
     p.add_argument("--seconds", type=float, default=10.0, help="how long perf samples the running step")
     p.add_argument("--kernels", type=int, default=15, help="how many of XLA's kernels to list, most sampled first")

@@ -54,6 +54,8 @@ from gpt1_jax.errors import ConfigError
 from gpt1_jax.sharding import make_mesh
 from gpt1_jax.step import check_batch_size, lm_batch_spec
 
+PROG = harness.prog(__spec__.name)  # in --help and in every message: the command that runs it
+
 # The groups, in the order a thunk is tested against them: the first that matches names it.
 GROUPS = (
     "matmul_lm_head",       # the tied output layer (GPT1._head) and its two gradients
@@ -361,7 +363,7 @@ def compiled_step(p, args):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = harness.parser(description=__doc__.splitlines()[0])
+    p = harness.parser(prog=PROG, description=__doc__.splitlines()[0])
     add_step_arguments(p)
     p.add_argument("--steps", type=int, default=3, help="traced steps (after 2 untimed ones)")
     p.add_argument("--products", action="store_true",

@@ -27,11 +27,13 @@ from experiments.paper.settings import FULL_SETS, PAPER_DIR, TASKS
 from gpt1_jax import flops
 from gpt1_jax.arguments import at_least
 
+PROG = harness.prog(__spec__.name)  # in --help and in every message: the command that runs it
+
 RUNS = ((1e-4, 0), (3e-4, 0), (1e-4, 1))  # another lr, then another seed (its batch order brings new padded shapes)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = harness.parser(description=__doc__.splitlines()[0])
+    p = harness.parser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", required=True, help="GLUE's TSV distribution (<dir>/<Task>/{train,dev}.tsv)")
     p.add_argument("--out", required=True, help="a fresh folder for the runs' workdirs")
     p.add_argument("--task", default="rte", choices=TASKS)
@@ -55,4 +57,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    harness.leave(harness.main(main, "shared_programs"))
+    harness.leave(harness.main(main, PROG))

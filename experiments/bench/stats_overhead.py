@@ -29,6 +29,8 @@ from gpt1_jax.arguments import at_least
 from gpt1_jax.config import PretrainConfig, preset
 from gpt1_jax.step import lm_batch
 
+PROG = harness.prog(__spec__.name)  # in --help and in every message: the command that runs it
+
 SHAPES = {"small": ("small", 16, 128), "gpt1_117M": ("gpt1", 2, 512)}
 
 
@@ -57,7 +59,7 @@ def measure(name: str, steps: int, every: int) -> dict:
 
 
 def main(argv=None) -> int:
-    p = harness.parser(description=__doc__.splitlines()[0])
+    p = harness.parser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
     p.add_argument("--steps", type=at_least(1), default=5, help="timed steps of each kind (after one that compiles)")
     p.add_argument("--every", type=at_least(1), default=100, help="stats_every to report the run's overhead at")

@@ -32,6 +32,8 @@ from experiments.glue.common import (ABLATIONS, ablation, errors_of, mean_std, m
 from gpt1_jax.data.glue import GLUE_TASKS, split_available
 from gpt1_jax.errors import ConfigError
 
+PROG = harness.prog(__spec__.name)  # in --help and in every message: the command that runs it
+
 # The paper's numbers (docs/gpt1.md, "Results"): task -> [(metric, GPT-1)].
 PAPER = {
     "cola": [("matthews_corr", 45.4)],
@@ -86,7 +88,7 @@ def task_list(tasks: list[str] | None, data_dir: str | None) -> list[str] | None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = harness.parser(description=__doc__.splitlines()[0])
+    p = harness.parser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--init", required=True, help="pre-training workdir, HF/original checkpoint folder, or none")
     p.add_argument("--seeds", type=harness.seed_list, default=[0, 1, 2], help="comma-separated (default: 0,1,2)")
     p.add_argument("--tasks", type=harness.name_list("task"), default=None,
@@ -118,7 +120,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with harness.one_sweep(Path(args.out), "glue_table", init=args.init):
+    with harness.one_sweep(Path(args.out), PROG, init=args.init):
         return run_table(args)
 
 
@@ -170,4 +172,4 @@ def run_table(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    harness.leave(harness.main(main, "glue_table"))
+    harness.leave(harness.main(main, PROG))

@@ -26,11 +26,13 @@ from experiments.glue.common import (ABLATIONS, ablation, errors_of, mean_std, m
                                      plot_table, table_config, write_table)
 from gpt1_jax.errors import ConfigError
 
+PROG = harness.prog(__spec__.name)  # in --help and in every message: the command that runs it
+
 PAPER = [("accuracy_middle", "RACE-m", 62.9), ("accuracy_high", "RACE-h", 57.4), ("accuracy", "RACE", 59.0)]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = harness.parser(description=__doc__.splitlines()[0])
+    p = harness.parser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--init", required=True, help="pre-training workdir, HF/original checkpoint folder, or none")
     p.add_argument("--seeds", type=harness.seed_list, default=[0, 1, 2], help="comma-separated (default: 0,1,2)")
     p.add_argument("--ablations", type=harness.name_list("ablation"), default="full",
@@ -54,7 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with harness.one_sweep(Path(args.out), "race_table", init=args.init):
+    with harness.one_sweep(Path(args.out), PROG, init=args.init):
         return run_table(args)
 
 
@@ -88,4 +90,4 @@ def run_table(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    harness.leave(harness.main(main, "race_table"))
+    harness.leave(harness.main(main, PROG))

@@ -73,6 +73,8 @@ from gpt1_jax.optim import OPTIMIZERS, optimizer_state_bytes, uses_eval_params
 from gpt1_jax.tokenizer import GPT1Tokenizer
 from gpt1_jax.weights import load_pretrained
 
+PROG = harness.prog(__spec__.name)  # in --help and in every message: the command that runs it
+
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "experiments" / "paper" / "pretrain.yaml"  # the paper-at-laptop-scale pre-training recipe
 RELEASE = ROOT / "experiments" / "paper" / "release"  # the model that recipe produced, with its tokenizer
@@ -398,7 +400,7 @@ def finetune_optimizers(args) -> list[str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = harness.parser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("study", choices=["pretrain", "bench", "finetune"])
     p.add_argument("--out", required=True, help="study root; outputs go to <out>/<study>/")
     p.add_argument("--quick", action="store_true", help="minutes: tiny model, a short pre-training / a small GLUE subset")
@@ -623,7 +625,7 @@ def finetune_study(args, names: list[str], seeds: list[int]) -> tuple[list[dict]
 
 def main(argv=None) -> int:
     args, names = parse_args(argv)
-    with harness.one_sweep(Path(args.out), "run_study", init=args.init, under=args.study):
+    with harness.one_sweep(Path(args.out), PROG, init=args.init, under=args.study):
         return execute(args, names)
 
 
@@ -641,11 +643,11 @@ def execute(args: argparse.Namespace, names: list[str]) -> int:
     t0 = time.perf_counter()
     runs, complete = (pretrain_study if args.study == "pretrain" else finetune_study)(args, names, seeds)
     if not complete:  # a run was stopped (SIGTERM) at a checkpoint
-        print(f"{Path(sys.argv[0]).name}: interrupted; the same command resumes", file=sys.stderr)
+        print(f"{PROG}: interrupted; the same command resumes", file=sys.stderr)
         return 130
     print(f"{args.study} study: {len(runs)} runs in {time.perf_counter() - t0:.0f} s -> {Path(args.out)}", file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    harness.leave(harness.main(main, Path(sys.argv[0]).name))
+    harness.leave(harness.main(main, PROG))

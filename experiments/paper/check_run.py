@@ -30,11 +30,13 @@ from gpt1_jax.cli import simulate_devices
 from gpt1_jax.config import FinetuneConfig
 from gpt1_jax.errors import GPT1JaxError
 
+PROG = harness.prog(__spec__.name)  # in --help and in every message: the command that runs it
+
 DEVICES = 2  # the pipeline's --cpu-devices: a run's numbers depend on the devices it is split over
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = harness.parser(prog="check_run", description=__doc__.splitlines()[0])
+    p = harness.parser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--arm", choices=ARMS, required=True)
     p.add_argument("--task", choices=TASKS, required=True)
     p.add_argument("--lr", type=float, required=True)
@@ -59,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             record = harness.finetune_record(run, run.start(progress=False), time.perf_counter() - t0)
         except (GPT1JaxError, FileNotFoundError) as e:
-            print(f"check_run: error: {e}", file=sys.stderr)
+            print(f"{PROG}: error: {e}", file=sys.stderr)
             return 2
         if record is None:
-            print(f"check_run: {run.workdir} did not finish", file=sys.stderr)
+            print(f"{PROG}: {run.workdir} did not finish", file=sys.stderr)
             return 1
         metric = record["main_metric"]
         print(json.dumps({"arm": args.arm, "task": args.task, "lr": args.lr, "seed": seed, "dtype": args.dtype,
@@ -73,4 +75,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    harness.leave(harness.main(main, "check_run.py"))
+    harness.leave(harness.main(main, PROG))

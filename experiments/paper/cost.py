@@ -30,6 +30,8 @@ from gpt1_jax.files import atomic_write_text, folder_problem
 from gpt1_jax.tokenizer import GPT1Tokenizer
 from gpt1_jax.weights import load_pretrained
 
+PROG = harness.prog(__spec__.name)  # in --help and in every message: the command that runs it
+
 
 def padded_tokens(seqs: list[list[list[int]]], batch_size: int, n_ctx: int, order: np.ndarray) -> int:
     """Tokens the model computes over for `seqs` batched in `order`: every batch is `batch_size` rows (filler
@@ -73,7 +75,7 @@ def _json_target_problem(path: Path) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = harness.parser(description=__doc__.splitlines()[0])
+    p = harness.parser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--budget", choices=sorted(BUDGETS), default="full_sets")
     p.add_argument("--data-dir", default=None, help="GLUE's TSV distribution (default: tensorflow-datasets)")
     p.add_argument("--tasks", default=",".join(TASKS))
@@ -126,4 +128,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # a bad --tasks, --data-dir or --release, or GLUE out of reach: one line, not a traceback
-    harness.leave(harness.main(main, "cost"))
+    harness.leave(harness.main(main, PROG))

@@ -45,11 +45,13 @@ from gpt1_jax.errors import ConfigError, GPT1JaxError
 from gpt1_jax.files import some_names
 from gpt1_jax.workdir import LOCK_FILE
 
+PROG = harness.prog(__spec__.name)  # in --help and in every message: the command that runs it
+
 PER_RUN_TIMES = ("table5", "more_seeds", "layers", "diagnosis")  # their fine-tuning runs add their own time as each finishes (table5.run_all)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = harness.parser(description=__doc__.splitlines()[0])
+    p = harness.parser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--corpus", default=None, help="pre-training text: a .txt/.txt.gz file or glob, `default` (the "
                    "corpus embedded in the package) or tfds:NAME; needed while pre-training is unfinished "
                    "(--quick: default)")
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_inputs(paper, args.stages)
         compile_cache.enable()  # the fine-tuning runs share their compilations, across sessions too
-        with harness.one_sweep(paper.out, "run.py"):
+        with harness.one_sweep(paper.out, PROG):
             for stage in [s for s in STAGES if s in args.stages]:
                 print(f"== {stage}", file=sys.stderr)
                 t0 = time.perf_counter()
@@ -162,11 +164,11 @@ def main(argv: list[str] | None = None) -> int:
                     break
             write_readme(paper)  # a stopped pipeline's too: what its stages have found so far
     except (GPT1JaxError, FileNotFoundError) as e:
-        print(f"{Path(__file__).name}: error: {e}", file=sys.stderr)
+        print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     print(f"results: {paper.results_dir}", file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    harness.leave(harness.main(main, "run.py"))
+    harness.leave(harness.main(main, PROG))

@@ -46,6 +46,8 @@ from gpt1_jax.data.tokens import encode_documents, eod_id, token_dtype, tokenize
 from gpt1_jax.flops import ACCELERATOR_PEAK_FLOPS, cpu_flags, flops_per_token
 from gpt1_jax.metrics import Bar
 
+PROG = harness.prog(__spec__.name)  # in --help and in every message: the command that runs it
+
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "data"
 MANIFEST = "manifest.json"
@@ -195,7 +197,7 @@ def batches(args, stream) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = harness.parser(description=__doc__.splitlines()[0])
+    ap = harness.parser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for the corpus and its cache (e.g. runs/data-1b)")
     ap.add_argument("--tokens", type=number_at_least(1.0), default=50e6, help="corpus size in tokens (1e9: BooksCorpus size)")
     ap.add_argument("--source", type=Path, default=SHARED / "corpus" / "english_mixed.txt.gz")
@@ -223,4 +225,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    harness.leave(harness.main(main, "data_bench"))
+    harness.leave(harness.main(main, PROG))

@@ -31,6 +31,8 @@ from experiments.scale.plan_table import PODS, RECORDS, RUN_AS
 from gpt1_jax import plan
 from gpt1_jax.config import PretrainConfig, resolve
 
+PROG = harness.prog(__spec__.name)  # in --help and in every message: the command that runs it
+
 TERMS = list(plan.HBM_BYTES_PER)
 # Levers that change what the terms do not model (a narrower optimizer state) are left out of the fit.
 _UNMODELLED = ("optim.state_dtype", "model.attention", "dropout")
@@ -105,7 +107,8 @@ def rankings(plans, coefficients: dict[str, dict[str, dict[str, float]]]) -> dic
 
 
 def main() -> None:
-    harness.parser(description=__doc__.splitlines()[0]).parse_args()  # --help; a flag it has not (it has none)
+    # --help; a flag it has not (it has none)
+    harness.parser(prog=PROG, description=__doc__.splitlines()[0]).parse_args()
     plans = load()
     ratios = features(plans) @ np.array([plan.HBM_BYTES_PER[k] for k in TERMS]) / \
         np.array([r["xla_bytes_accessed_per_chip"] for _, _, r in plans])

@@ -32,6 +32,8 @@ from experiments import harness
 from gpt1_jax.files import atomic_write_text, pyplot, save_figure
 from gpt1_jax.flops import cpu_flags
 
+PROG = harness.prog(__spec__.name)  # in --help and in every message: the command that runs it
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 RECORDS = RESULTS / "records"
@@ -310,7 +312,7 @@ def write_table() -> None:
 
 
 def main() -> int:
-    p = harness.parser(description=__doc__.splitlines()[0])
+    p = harness.parser(prog=PROG, description=__doc__.splitlines()[0])
     # choices: a misspelt config planned nothing and rewrote the table without a word
     p.add_argument("--only", default=None, choices=sorted({c for c, _ in MODELS}), help="one model config")
     p.add_argument("--table", action="store_true", help="only rebuild results.json, table.md and the plot")

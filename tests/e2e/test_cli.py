@@ -40,8 +40,9 @@ def test_a_read_only_disk_is_one_line(tmp_path, capsys, monkeypatch, mount_tmpfs
 @pytest.mark.parametrize("argv, last", [
     # each ran on: the defaults printed for flags it never reads, nothing run, or a report of 0 tokens/s
     (["gpt1_jax.distributed", "--num-processes", "2"], "error: unrecognized arguments: --num-processes 2"),
-    (["experiments.scale.hbm_fit", "--bogus"], "hbm_fit.py: error: unrecognized arguments: --bogus"),
-    (["experiments.paper.run", "--stages", "", "--out", "{tmp}/p"], "run.py: error: --stages names no stage; "),
+    (["experiments.scale.hbm_fit", "--bogus"], "python -m experiments.scale.hbm_fit: error: unrecognized arguments: --bogus"),
+    (["experiments.paper.run", "--stages", "", "--out", "{tmp}/p"],
+     "python -m experiments.paper.run: error: --stages names no stage; "),
     (["gpt1_jax.data", "--workdir", "{tmp}/w", "--batches", "0"], "error: argument --batches: must be >= 1, got 0"),
     # argparse's usage block of six lines above the error (gpt1_jax/arguments.py Parser: one line, as the verbs')
     (["gpt1_jax.data", "--workdir", "{tmp}/w", "--bogus"], "python -m gpt1_jax.data: error: unrecognized arguments: "),

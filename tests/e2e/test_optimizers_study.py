@@ -144,7 +144,8 @@ def test_sigterm_stops_the_study_with_one_line_and_no_record(tmp_path):
     proc.send_signal(signal.SIGTERM)
     err = proc.communicate(timeout=120)[1]
     assert proc.returncode == 130, err[-3000:]
-    assert "run_study.py: interrupted" in err.strip().splitlines()[-1] and "Traceback" not in err, err[-3000:]
+    assert "python -m experiments.optimizers.run_study: interrupted" in err.strip().splitlines()[-1], err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
     assert not list(tmp_path.rglob("record.json"))
 
 

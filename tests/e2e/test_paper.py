@@ -259,8 +259,9 @@ def test_options_sharing_their_context_score_as_separate_sequences_do():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--tasks", "sst3"], "cost: error: unknown task 'sst3'; known: cola, sst2"),
-    (["--tasks", "rte", "--release", "nowhere"], "cost: error: nowhere: no such checkpoint directory"),
+    (["--tasks", "sst3"], "python -m experiments.paper.cost: error: unknown task 'sst3'; known: cola, sst2"),
+    (["--tasks", "rte", "--release", "nowhere"],
+     "python -m experiments.paper.cost: error: nowhere: no such checkpoint directory"),
     (["--train-tokens-per-s", "0"], "argument --train-tokens-per-s: must be a finite number > 0, got 0"),
     # README.md replaced by the numbers; a missing folder named a temp file, after the work
     (["--json", "README.md"], "--json README.md: exists and is not a .json file: it would be replaced"),

@@ -39,19 +39,19 @@ def test_missing_inputs_are_one_line_errors(tmp_path, capsys):
     (home / "todo.txt").write_text("mine\n")
     assert run.main(["--stages", "pretrain", "--quick", "--corpus", "default", "--out", str(home)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"run.py: error: --out {home} is not empty and holds no paper pipeline (notes, todo.txt): choose a new or "
+        f"{run.PROG}: error: --out {home} is not empty and holds no paper pipeline (notes, todo.txt): choose a new or "
         "empty folder")
     assert sorted(p.name for p in home.iterdir()) == ["notes", "todo.txt"]
     # a corpus that is not there was found by the pretrain stage, after --out was made
     out = tmp_path / "fresh"
     assert run.main(["--stages", "pretrain", "--quick", "--corpus", str(tmp_path / "none.txt"), "--out", str(out)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"run.py: error: --corpus: text source '{tmp_path / 'none.txt'}': no such file or directory")
+        f"{run.PROG}: error: --corpus: text source '{tmp_path / 'none.txt'}': no such file or directory")
     assert not out.exists()
     # a --pretrain-config that is not there is named first (it came after the --corpus check: "pass --corpus")
     assert run.main(["--stages", "pretrain", "--pretrain-config", str(tmp_path / "nope.yaml"), "--out", str(out)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"run.py: error: config file {tmp_path / 'nope.yaml'} does not exist")
+        f"{run.PROG}: error: config file {tmp_path / 'nope.yaml'} does not exist")
     assert not out.exists()
 
 
@@ -66,7 +66,7 @@ def test_a_finished_pretraining_needs_no_corpus(tmp_path, capsys):
     assert "released from step 1000000" in capsys.readouterr().err
     (out / "release" / "README.md").write_text("---\npretrain_step: 1\n---\nthe release\n")  # an unfinished one
     assert run.main(["--stages", "pretrain", "--quick", "--corpus", missing, "--out", str(out)]) == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("run.py: error: --corpus: text source")
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"{run.PROG}: error: --corpus: text source")
 
 
 def test_a_finished_pipelines_zero_shot_curve_needs_no_checkpoints(tmp_path, capsys, monkeypatch):
@@ -496,7 +496,7 @@ def test_check_run_names_a_missing_data_folder_in_one_line(tmp_path, monkeypatch
     argv = ["--arm", "full", "--task", "cola", "--lr", "1e-3", "--data-dir", str(tmp_path / "none"), "--out", str(tmp_path)]
     assert check_run.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("check_run: error:") and "no GLUE CoLA folder" in err[-1]
+    assert err[-1].startswith(f"{check_run.PROG}: error:") and "no GLUE CoLA folder" in err[-1]
     assert "Traceback" not in "\n".join(err)
 
 
@@ -509,7 +509,7 @@ def test_check_run_refuses_bad_seeds_in_one_line_before_training(tmp_path, capsy
     with pytest.raises(SystemExit) as exit_:
         check_run.main(["--arm", "full", "--task", "cola", "--lr", "1e-3", "--seeds", seeds, "--out", str(tmp_path)])
     assert exit_.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"check_run: error: argument --seeds: {said}")
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"{check_run.PROG}: error: argument --seeds: {said}")
     assert list(tmp_path.iterdir()) == []
 
 
