@@ -41,7 +41,7 @@ from gpt1_jax.errors import DataError, WorkdirError
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.integrity import checkpoint_steps, newest_checkpoint
 from gpt1_jax.loop import Hook, Outcome, resume_step, start
-from gpt1_jax.metrics import json_safe, plot_losses, say
+from gpt1_jax.metrics import json_safe, say, say_plots
 from gpt1_jax.optim import eval_params
 from gpt1_jax.sharding import make_mesh
 from gpt1_jax.step import Trainer, check_batch_size, make_trainer
@@ -350,7 +350,7 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
             # a result, not progress: a batch job's log (--no-progress) has it too
             print(f"best epoch {dev.best['epoch']}: {_scores_text(dev.best['scores'])}  -> {workdir / 'results.json'}",
                   file=sys.stderr)
-            print(f"loss curve: {plot_losses(workdir)}", file=sys.stderr)  # as pre-training's, with or without a bar
+            say_plots(workdir)  # as pre-training's, with or without a bar
         return dataclasses.replace(outcome, results=results)
 
 

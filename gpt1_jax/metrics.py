@@ -177,12 +177,13 @@ def optimizer_title(workdir: str | Path) -> str:
     return f"{name}: {optim['name']}, lr {optim['lr']:g}, {optim['schedule']}"
 
 
-def plot_losses(workdir: str | Path, out: str | Path | None = None) -> Path:
-    """`loss.png` beside metrics.jsonl: train loss (raw and smoothed) and validation loss against step; for a
-    fine-tuning run, beside it, the dev (and held-out) scores of each epoch's end."""
+def plot_losses(workdir: str | Path, out: str | Path | None = None, records: list[dict] | None = None) -> Path:
+    """`loss.png` beside metrics.jsonl (`records`: its lines, read already): train loss (raw and smoothed) and
+    validation loss against step; for a fine-tuning run, beside it, the dev (and held-out) scores of each epoch's
+    end."""
     plt = pyplot()
 
-    records = read_metrics(workdir)
+    records = read_metrics(workdir) if records is None else records
     train = [(r["step"], r["loss"]) for r in records if isinstance(r.get("loss"), float)]
     val = [(r["step"], r["val_loss"]) for r in records if isinstance(r.get("val_loss"), float)]
     scores: dict[str, list[tuple[int, float]]] = {}
@@ -224,6 +225,72 @@ def plot_losses(workdir: str | Path, out: str | Path | None = None) -> Path:
     save_figure(fig, out)
     plt.close(fig)
     return out
+
+
+def plot_layer_stats(workdir: str | Path, out: str | Path | None = None,
+                     records: list[dict] | None = None) -> Path | None:
+    """`layer_stats.png` beside metrics.jsonl (`records`: its lines, read already) where the run recorded per-layer
+    statistics (config `stats_every`, gpt1_jax/layer_stats.py), else None: the update/parameter ratio, gradient and
+    parameter norms of every group against step, a column per part of a block (attention, MLP, LayerNorms) with a
+    line per block coloured by depth, and the embeddings (and a fine-tuning head) in the last; the ratios and
+    gradients on log scales, where groups differ by decades."""
+    series: dict[tuple[str, str], list[tuple[int, float]]] = {}  # (group, norm) -> [(step, value)]
+    for r in read_metrics(workdir) if records is None else records:
+        for name, value in r.items():
+            if name.startswith("stats/") and isinstance(value, float) and math.isfinite(value) and value > 0:
+                group, norm = name.removeprefix("stats/").rsplit("/", 1)
+                series.setdefault((group, norm), []).append((r["step"], value))
+    if not series:
+        return None
+    plt = pyplot()
+    from matplotlib import colormaps, colors  # with pyplot, on first use
+
+    blocks = sorted({int(g.split("/")[0].removeprefix("block")) for g, _ in series if g.startswith("block")})
+    # one colour per block, deepest yellow: a legend of 12 or 24 blocks would cover the lines
+    depth = colors.BoundaryNorm(np.arange(-0.5, max(blocks, default=0) + 1.5), colormaps["viridis"].N)
+    norms = [("update_ratio", "update / parameter norm"), ("grad_norm", "gradient norm"), ("param_norm", "parameter norm")]
+    parts = [("attn", "attention"), ("mlp", "MLP"), ("ln", "LayerNorms"), ("", "embeddings, head")]
+    fig, axes = plt.subplots(len(norms), len(parts), figsize=(14, 8.5), dpi=100, sharex=True, squeeze=False)
+    for (norm, ylabel), row in zip(norms, axes):
+        for (part, title), ax in zip(parts, row):
+            for (group, kind), points in sorted(series.items()):
+                block = group.split("/")[0]
+                if kind != norm or (part and group != f"{block}/{part}") or (not part and block.startswith("block")):
+                    continue
+                color = colormaps["viridis"](depth(int(block.removeprefix("block")))) if part else None
+                ax.plot(*zip(*points), lw=1.5, color=color, label=None if part else group)
+            if norm != "param_norm":  # ratios and gradients span decades; a norm that grows 20% reads better linear
+                ax.set_yscale("log")
+            else:  # a LayerNorm's norm moves in its 4th digit: "11.3135", not "+1.1313e1" above the axis and "0.0005"
+                ax.ticklabel_format(axis="y", useOffset=False)
+            ax.grid(alpha=0.3)
+            if norm == norms[0][0]:
+                ax.set_title(title)
+            if part == parts[0][0]:
+                ax.set_ylabel(ylabel)
+            if not part and ax.lines and norm == norms[0][0]:
+                ax.legend(fontsize=8)
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
+    fig.suptitle(f"per-layer statistics: {optimizer_title(workdir)}")
+    fig.tight_layout(rect=(0, 0, 0.93 if blocks else 1, 1))
+    if blocks:
+        bar = fig.colorbar(plt.cm.ScalarMappable(norm=depth, cmap="viridis"), cax=fig.add_axes((0.945, 0.12, 0.012, 0.76)),
+                           label="block")
+        bar.set_ticks(blocks[::max(1, len(blocks) // 12)])
+    out = Path(out) if out else Path(workdir) / "layer_stats.png"
+    save_figure(fig, out)
+    plt.close(fig)
+    return out
+
+
+def say_plots(workdir: str | Path) -> None:
+    """Draws the run's plots and says where they are (process 0, at a run's end): loss.png, and layer_stats.png
+    where the run recorded per-layer statistics."""
+    records = read_metrics(workdir)  # once: a long run's file is tens of MB with statistics in it
+    print(f"loss curve: {plot_losses(workdir, records=records)}", file=sys.stderr)
+    if (stats := plot_layer_stats(workdir, records=records)) is not None:
+        print(f"per-layer statistics: {stats}", file=sys.stderr)
 
 
 # ---- compare: pre-training runs side by side ----------------------------------------------------------

@@ -30,7 +30,7 @@ from gpt1_jax.evaluate import eval_batch, lm_loss, perplexity
 from gpt1_jax.files import atomic_write_text
 from gpt1_jax.integrity import newest_checkpoint
 from gpt1_jax.loop import Hook, Outcome, resume_step, start
-from gpt1_jax.metrics import plot_losses, read_metrics
+from gpt1_jax.metrics import read_metrics, say_plots
 from gpt1_jax.model import init_params
 from gpt1_jax.optim import abstract_state, eval_params, make_schedule
 from gpt1_jax.sharding import make_mesh
@@ -164,7 +164,7 @@ def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, train
         print(f"{workdir}: already trained to step {begin} of {config.steps}; nothing to do{unapplied(saved, config)}",
               file=sys.stderr)
         if is_main and not (workdir / "loss.png").is_file():  # a run killed between its last save and its plot
-            print(f"loss curve: {plot_losses(workdir)}", file=sys.stderr)
+            say_plots(workdir)
         return Outcome("finished", begin)
 
     def hooks(progress):
@@ -214,5 +214,5 @@ def _train(config: PretrainConfig, workdir: Path, job: Identity, pipeline, train
         if last is not None:
             print(f"step {last['step']}: val_loss {last['val_loss']:.4f}  val_ppl {last['val_ppl']:.2f}",
                   file=sys.stderr)
-        print(f"loss curve: {plot_losses(workdir)}", file=sys.stderr)
+        say_plots(workdir)
     return outcome

@@ -28,8 +28,11 @@ def test_a_profiled_and_watched_run_ends_as_a_plain_one(tmp_path, cache, capsys)
     # The traced run first: the programs the plain run compiles would be this process's already.
     traced = pretrain.run(_config(cache, "2:3", stats_every=2), tmp_path / "traced")
     trace = next((tmp_path / "traced" / "profile").rglob("perfetto_trace.json.gz"))
-    assert f"profile of steps 2-3: {trace} (ui.perfetto.dev;" in capsys.readouterr().err  # where it went, once written
+    err = capsys.readouterr().err
+    assert f"profile of steps 2-3: {trace} (ui.perfetto.dev;" in err  # where it went, once written
+    assert f"per-layer statistics: {tmp_path / 'traced' / 'layer_stats.png'}" in err  # drawn where it could be read
     plain = pretrain.run(_config(cache), tmp_path / "plain")
+    assert "per-layer statistics" not in capsys.readouterr().err and not (tmp_path / "plain" / "layer_stats.png").exists()
     assert plain.finished and traced.finished
     for a, b in zip(jax.tree_util.tree_leaves(plain.state.params), jax.tree_util.tree_leaves(traced.state.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -98,3 +98,38 @@ def test_in_the_sharded_step_they_match_numpy_and_leave_the_update_alone():
     assert set(got) == set(want) and len(want) == 4 * (2 + 3 * model.n_layers)
     for k in want:
         assert got[k] == pytest.approx(want[k], rel=2e-4, abs=1e-7), k
+
+
+def test_a_run_with_statistics_plots_each_group_and_one_without_plots_none(tmp_path):
+    """layer_stats.png: a panel per norm and part, a line per block (coloured by depth, 12 here) and per embedding or
+    head; a NaN (a diverged step's) and a zero ratio (lr 0 at step 0) are left out of the log axes, not warned of."""
+    import json
+    import warnings
+
+    import matplotlib
+
+    from gpt1_jax.metrics import plot_layer_stats
+
+    groups = ["embed/tokens", "embed/positions", "head"] + [f"block{i}/{p}" for i in range(12) for p in ("attn", "mlp", "ln")]
+    rows = [{"step": 1, "loss": 6.0}]
+    for step in (2, 4, 6):
+        stats = {f"stats/{g}/{n}": (i + 1) * step * 1e-3 for i, g in enumerate(groups)
+                 for n in ("param_norm", "grad_norm", "update_norm", "update_ratio")}
+        rows.append({"step": step, "loss": 5.0, **stats})
+    rows[1]["stats/block0/attn/update_ratio"] = 0.0
+    rows[2]["stats/head/grad_norm"] = "nan"
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "layer_stats.svg"
+    with warnings.catch_warnings(), matplotlib.rc_context({"svg.fonttype": "none"}):
+        warnings.simplefilter("error")
+        assert plot_layer_stats(tmp_path, out) == out
+    svg = out.read_text()
+    for text in ("attention", "MLP", "LayerNorms", "embeddings, head", "update / parameter norm", "gradient norm",
+                 "parameter norm", "embed/tokens", "embed/positions", "head", "block"):
+        assert f">{text}<" in svg, text
+    assert plot_layer_stats(tmp_path) == tmp_path / "layer_stats.png" and (tmp_path / "layer_stats.png").is_file()
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "metrics.jsonl").write_text('{"step": 1, "loss": 6.0}\n')
+    assert plot_layer_stats(plain) is None and not (plain / "layer_stats.png").exists()
