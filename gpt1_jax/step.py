@@ -283,8 +283,10 @@ class Trainer:
         return stack
 
     def init(self, seed: int | None = None) -> TrainState:
-        """Fresh state, created already sharded (FSDP params never exist whole on one device)."""
-        with self._context():
+        """Fresh state, created already sharded (FSDP params never exist whole on one device: out_shardings).
+        Under the rules without the mesh: the init's forward pass, whose activations the mesh would constrain, is
+        dead code, and outside it the model's init is the trace the run's shape check made (gpt1_jax/model.py)."""
+        with nn.logical_axis_rules(self.rules):
             return self._init(jax.random.key(self.seed if seed is None else seed))
 
     def place_params(self, params):

@@ -97,20 +97,29 @@ def test_every_parameter_has_logical_axes():
     assert leaves and all(isinstance(x, nn.Partitioned) and len(x.names) == x.value.ndim for x in leaves)
 
 
-def test_init_is_traced_once_per_config_and_rules_and_seeds_still_differ():
+def test_init_is_traced_once_per_config_and_rules_and_seeds_still_differ(monkeypatch):
     """A notebook's or a sweep's second init_params of one config took as long as the first (2.7 CPU-s on `tiny`,
-    a fresh trace and compile each time); the rules in force are part of the key, as they change the trace."""
-    from gpt1_jax.model import _init_jit
+    a fresh trace and compile each time), and a run traced its model's init three times; the rules in force are
+    part of the key, as they change the trace. The same seed gives the same parameters, however they are split."""
+    from gpt1_jax.config import MeshConfig, OptimConfig
+    from gpt1_jax.step import check_mesh_divides, lm_trainer
 
+    traces = []  # the model's init runs in Python once a trace
+    monkeypatch.setattr(GPT1, "init", lambda self, *args, **kw: traces.append(1) or nn.Module.init(self, *args, **kw))
     config = dataclasses.replace(model_preset("tiny"), n_layers=1)  # a config no other test of this process traces
-    before = _init_jit._cache_size()
     a, b = nn.meta.unbox(init_params(config, 0)), nn.meta.unbox(init_params(config, 1))
-    assert _init_jit._cache_size() == before + 1
+    assert len(traces) == 1
     assert not np.array_equal(a["tokens_embed"]["embedding"], b["tokens_embed"]["embedding"])
     with nn.logical_axis_rules((("batch", "data"),)):
         c = nn.meta.unbox(init_params(config, 0))
-    assert _init_jit._cache_size() == before + 2
+    assert len(traces) == 2
     jax.tree.map(np.testing.assert_array_equal, a, c)
+    # a run's shape check, its Trainer and its state's init (over 8 devices, FSDP): one trace, under its rules
+    mesh = MeshConfig(data=4, fsdp=2)
+    check_mesh_divides(config, mesh, {"data": 4, "fsdp": 2, "tensor": 1})
+    state = lm_trainer(config, OptimConfig(), mesh).init(0)
+    assert len(traces) == 3
+    jax.tree.map(np.testing.assert_array_equal, a, jax.device_get(state.params))
 
 
 def test_init_statistics_and_structure():
