@@ -8,6 +8,7 @@ import dataclasses
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -524,3 +525,18 @@ def test_a_bad_init_or_data_is_one_line_before_the_first_run(module, argv, said,
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and f": error: {said.replace('{tmp}', str(tmp_path))}" in err[0], err
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_every_script_names_itself_as_the_command_that_runs_it():
+    """`python -m experiments.paper.run --bogus` said "run.py: error: ... (see run.py --help)", and the scripts named
+    themselves four ways: each one's --help, argparse errors and harness.main's lines now say `python -m MODULE`."""
+    root = Path(harness.__file__).resolve().parents[1]
+    scripts = [p for p in sorted((root / "experiments").rglob("*.py"))
+               if p.name != "__init__.py" and 'if __name__ == "__main__"' in p.read_text()]
+    assert len(scripts) >= 17
+    for path in scripts:
+        text = path.read_text()
+        assert "PROG = harness.prog(__spec__.name)" in text, path
+        assert all("prog=PROG" in call for call in re.findall(r"harness\.parser\([^\n]*", text)), path
+        assert all(call == "harness.main(main, PROG)" for call in re.findall(r"harness\.main\([^)]*\)", text)), path
+    assert harness.prog("experiments.paper.run") == "python -m experiments.paper.run"
