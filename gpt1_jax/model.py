@@ -279,8 +279,7 @@ def init_params(config: ModelConfig, rng: jax.Array | int = 0, seq_len: int | No
 def _init_jit(config: ModelConfig, seq_len: int, rules: shd.Rules, rng: jax.Array):
     """One compiled init instead of hundreds of eager ops (seconds saved even on `tiny`); one function for every
     caller, so a config is traced and compiled once per process: a second init_params took as long as the first
-    (2.7 CPU-s on `tiny`), and a run's shape check and its Trainer share one trace (the state's, under the mesh,
-    is another)."""
+    (2.7 CPU-s on `tiny`), and a run's shape check, its Trainer and its state's init share one trace."""
     with nn.logical_axis_rules(rules):
         return GPT1(config).init(rng, jnp.zeros((1, seq_len), jnp.int32))["params"]
 

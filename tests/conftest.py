@@ -140,6 +140,7 @@ def pytest_pyfunc_call(pyfuncitem):
 # 32.1 s), the suite 8 min 29 s and 7 min 44 s; a worker's peak memory 6.2 and 7.1 GB (cyclic garbage among frozen
 # objects stays till the worker ends: memory, not results).
 def pytest_collection_finish(session):
+    gc.collect()
     gc.freeze()
 
 
