@@ -604,3 +604,22 @@ def test_finetune_refuses_a_config_preset_of_another_architecture_than_its_init(
     assert len(lines) == 1 and lines[0].startswith(f"gpt1-jax finetune: error: --config tiny is another architecture "
                                                    f"than {RELEASE} records (n_positions=64 in tiny, 256 in the files")
     assert not workdir.exists()
+
+
+def test_version_names_the_package_and_the_libraries_its_numbers_depend_on(capsys):
+    import importlib.metadata
+    import platform
+
+    import flax
+    import jax
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--version"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1, out  # one line, unwrapped whatever the terminal's width
+    assert out.startswith(f"gpt1-jax {importlib.metadata.version('gpt1-jax')} (")
+    for name, version in [("jax", jax.__version__), ("flax", flax.__version__),
+                          ("orbax-checkpoint", importlib.metadata.version("orbax-checkpoint"))]:
+        assert f"{name} {version}" in out
+    assert f"Python {platform.python_version()})" in out
