@@ -34,10 +34,8 @@ import argparse
 import dataclasses
 import functools
 import gc
-import importlib.metadata
 import json
 import os
-import platform
 import select
 import signal
 import sys
@@ -837,9 +835,6 @@ class Verb(NamedTuple):
     huge_pages: bool = False
 
 
-# The libraries whose versions `--version` names: the ones a run's numbers or files depend on.
-VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "tokenizers", "numpy")
-
 VERBS: dict[str, Verb] = {
     "pretrain": Verb("pre-train GPT-1 on a text corpus (resumable; the main job)", _pretrain_flags, _pretrain,
                      huge_pages=True),
@@ -864,23 +859,13 @@ VERBS: dict[str, Verb] = {
 }
 
 
-def versions() -> str:
-    """`gpt1-jax 0.1.0 (jax 0.10.2, jaxlib 0.10.2, ...; Python 3.11.x)`: what a bug report or a results table needs
-    to say which code ran, read from the installed packages' metadata."""
-    def version(name: str) -> str:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:  # a checkout on sys.path, never pip-installed
-            return "not installed"
-    libraries = ", ".join(f"{name} {version(name)}" for name in VERSIONED)
-    return f"gpt1-jax {version('gpt1-jax')} ({libraries}; Python {platform.python_version()})"
-
-
 class _PrintVersions(argparse.Action):
     """argparse's own version action wraps its text at the terminal's width and reads it on every start-up."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(versions())
+        versions = run_folder.software()  # what a run records in its run.json
+        package, python = versions.pop("gpt1-jax"), versions.pop("python")
+        print(f"gpt1-jax {package} ({', '.join(f'{name} {v}' for name, v in versions.items())}; Python {python})")
         parser.exit()
 
 

@@ -1,7 +1,8 @@
 """Which job a run folder belongs to, and who may write into it.
 
 A workdir belongs to one job. The first time a run writes into one it records `run.json`: the job's kind
-(pre-training or fine-tuning), for fine-tuning the task and the `--init` source, and the architecture.
+(pre-training or fine-tuning), for fine-tuning the task and the `--init` source, the architecture, and the
+software it began with (`software`: this package's version, the libraries' its numbers depend on, Python's).
 Every verb that writes into a workdir first `check`s it, before reading any data, and refuses with one
 line naming the folder, what it holds and what to do:
   - a folder of another kind (`pretrain` into a fine-tuning run, `finetune` into a pre-training run),
@@ -18,8 +19,10 @@ their config.yaml.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import os
+import platform
 import re
 import time
 from collections.abc import Iterator
@@ -38,6 +41,9 @@ __all__ = ["Identity", "WorkdirError", "check", "claim", "read", "read_record", 
            "recorded_step", "check_same_data", "hold", "training_now", "DATA_INFO_FIX"]
 
 RUN_FILE = "run.json"
+# The libraries whose versions a run records (and `gpt1-jax --version` prints): the ones its numbers and files
+# depend on.
+VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "tokenizers", "numpy")
 LOCK_FILE = "run.lock"  # held by the job training in the folder (`hold`)
 FORMAT = 1
 
@@ -249,6 +255,16 @@ def training_now(workdir: str | Path) -> str | None:
     return read_owner(lock)
 
 
+def software() -> dict[str, str]:
+    """{"gpt1-jax": "0.1.0", "jax": ..., ..., "python": "3.11.7"}, from the installed packages' metadata."""
+    def version(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:  # a checkout on sys.path, never pip-installed
+            return "not installed"
+    return {name: version(name) for name in ("gpt1-jax", *VERSIONED)} | {"python": platform.python_version()}
+
+
 def claim(workdir: str | Path, job: Identity, architecture: dict[str, Any]) -> None:
     """Creates the folder and records the job, unless it is recorded already (call on process 0, after
     `check` and every other check, right before the run's first write)."""
@@ -257,7 +273,7 @@ def claim(workdir: str | Path, job: Identity, architecture: dict[str, Any]) -> N
     if (workdir / RUN_FILE).is_file():
         return
     record = {"format": FORMAT, **{k: v for k, v in dataclasses.asdict(job).items() if v is not None},
-              "architecture": architecture}
+              "architecture": architecture, "software": software()}
     atomic_write_text(workdir / RUN_FILE, json.dumps(record, indent=1) + "\n")
 
 

@@ -63,6 +63,22 @@ def _claimed(folder, job, config):
     return folder
 
 
+def test_a_run_records_the_software_it_began_with_and_a_resume_keeps_that_record(tmp_path):
+    import platform
+
+    import jax
+    import optax
+
+    wd.claim(tmp_path, PRETRAIN, PretrainConfig().model.architecture())
+    software = json.loads((tmp_path / wd.RUN_FILE).read_text())["software"]
+    assert set(software) == {"gpt1-jax", *wd.VERSIONED, "python"}
+    assert (software["jax"], software["optax"], software["python"]) == (
+        jax.__version__, optax.__version__, platform.python_version())
+    before = (tmp_path / wd.RUN_FILE).read_bytes()
+    wd.claim(tmp_path, PRETRAIN, PretrainConfig().model.architecture())  # a resume: the record stays as written
+    assert (tmp_path / wd.RUN_FILE).read_bytes() == before and wd.read(tmp_path) == PRETRAIN
+
+
 def test_a_new_or_empty_folder_or_a_tokenizer_trained_ahead_is_free(tmp_path):
     assert wd.check(tmp_path / "new" / "run", PRETRAIN, "pretrain") is None
     assert wd.check(tmp_path, PRETRAIN, "pretrain") is None
