@@ -28,7 +28,6 @@ from experiments import harness
 from experiments.paper.settings import ARMS, RECIPE_4EP, TASKS, Paper
 from gpt1_jax.cli import simulate_devices
 from gpt1_jax.config import FinetuneConfig
-from gpt1_jax.errors import GPT1JaxError
 
 PROG = harness.prog(__spec__.name)  # in --help and in every message: the command that runs it
 
@@ -58,11 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         run = run_of(paper, args.arm, args.task, args.lr, seed,
                      Path(args.out) / f"{args.arm}_{args.task}_{args.lr:g}_{args.dtype}_s{seed}", model=model)
         t0 = time.perf_counter()
-        try:
-            record = harness.finetune_record(run, run.start(progress=False), time.perf_counter() - t0)
-        except (GPT1JaxError, FileNotFoundError) as e:
-            print(f"{PROG}: error: {e}", file=sys.stderr)
-            return 2
+        record = harness.finetune_record(run, run.start(progress=False), time.perf_counter() - t0)
         if record is None:
             print(f"{PROG}: {run.workdir} did not finish", file=sys.stderr)
             return 1

@@ -149,23 +149,19 @@ def main(argv: list[str] | None = None) -> int:
     paper = paper_of(args)
     run = {"pretrain": pretrain_stage, "release": release_stage, "zeroshot": zeroshot_stage,
            "table5": table5_stage, "more_seeds": more_seeds_stage, "layers": layers_stage, "diagnosis": diagnosis_stage}
-    try:
-        check_inputs(paper, args.stages)
-        compile_cache.enable()  # the fine-tuning runs share their compilations, across sessions too
-        with harness.one_sweep(paper.out, PROG):
-            for stage in [s for s in STAGES if s in args.stages]:
-                print(f"== {stage}", file=sys.stderr)
-                t0 = time.perf_counter()
-                ran = run[stage](paper)  # True: it did work; False: done before; None: stopped at a checkpoint
-                if ran is not False and stage not in PER_RUN_TIMES:  # a stopped session's time counts too
-                    paper.add_time(stage, time.perf_counter() - t0)
-                if ran is None:
-                    print(f"{stage}: stopped at a checkpoint (SIGTERM); the same command resumes", file=sys.stderr)
-                    break
-            write_readme(paper)  # a stopped pipeline's too: what its stages have found so far
-    except (GPT1JaxError, FileNotFoundError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
+    check_inputs(paper, args.stages)
+    compile_cache.enable()  # the fine-tuning runs share their compilations, across sessions too
+    with harness.one_sweep(paper.out, PROG):
+        for stage in [s for s in STAGES if s in args.stages]:
+            print(f"== {stage}", file=sys.stderr)
+            t0 = time.perf_counter()
+            ran = run[stage](paper)  # True: it did work; False: done before; None: stopped at a checkpoint
+            if ran is not False and stage not in PER_RUN_TIMES:  # a stopped session's time counts too
+                paper.add_time(stage, time.perf_counter() - t0)
+            if ran is None:
+                print(f"{stage}: stopped at a checkpoint (SIGTERM); the same command resumes", file=sys.stderr)
+                break
+        write_readme(paper)  # a stopped pipeline's too: what its stages have found so far
     print(f"results: {paper.results_dir}", file=sys.stderr)
     return 0
 

@@ -12,13 +12,19 @@ import types
 import numpy as np
 import pytest
 
+from experiments import harness
 from experiments.paper import run, table5, zeroshot
 from gpt1_jax.config import PretrainConfig, load_yaml
 
 
+def paper_run(argv: list[str]) -> int:
+    """The pipeline's command line as its __main__ runs it: a project error or an OSError is one line and status 2."""
+    return harness.main(lambda: run.main(argv), run.PROG)
+
+
 def test_missing_inputs_are_one_line_errors(tmp_path, capsys):
     # the laptop recipe needs --corpus where its release is not committed (another budget)
-    assert run.main(["--stages", "pretrain", "--budget", "paper", "--out", str(tmp_path)]) == 2
+    assert paper_run(["--stages", "pretrain", "--budget", "paper", "--out", str(tmp_path)]) == 2
     assert "pass --corpus" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
         run.main(["--stages", "zeroshot", "--out", str(tmp_path)])
@@ -32,24 +38,24 @@ def test_missing_inputs_are_one_line_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run.main(["--cpu", "2"])  # no abbreviations: a misspelt flag is an error, not another flag
     assert "unrecognized arguments: --cpu 2" in capsys.readouterr().err
-    assert run.main(["--stages", "table5", "--out", str(tmp_path), "--budget", "paper"]) == 2  # nothing to fine-tune
+    assert paper_run(["--stages", "table5", "--out", str(tmp_path), "--budget", "paper"]) == 2  # nothing to fine-tune
     assert "no release" in capsys.readouterr().err
     home = tmp_path / "home"  # a folder of the user's own: the runs would land beside its files
     (home / "notes").mkdir(parents=True)
     (home / "todo.txt").write_text("mine\n")
-    assert run.main(["--stages", "pretrain", "--quick", "--corpus", "default", "--out", str(home)]) == 2
+    assert paper_run(["--stages", "pretrain", "--quick", "--corpus", "default", "--out", str(home)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"{run.PROG}: error: --out {home} is not empty and holds no paper pipeline (notes, todo.txt): choose a new or "
         "empty folder")
     assert sorted(p.name for p in home.iterdir()) == ["notes", "todo.txt"]
     # a corpus that is not there was found by the pretrain stage, after --out was made
     out = tmp_path / "fresh"
-    assert run.main(["--stages", "pretrain", "--quick", "--corpus", str(tmp_path / "none.txt"), "--out", str(out)]) == 2
+    assert paper_run(["--stages", "pretrain", "--quick", "--corpus", str(tmp_path / "none.txt"), "--out", str(out)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"{run.PROG}: error: --corpus: text source '{tmp_path / 'none.txt'}': no such file or directory")
     assert not out.exists()
     # a --pretrain-config that is not there is named first (it came after the --corpus check: "pass --corpus")
-    assert run.main(["--stages", "pretrain", "--pretrain-config", str(tmp_path / "nope.yaml"), "--out", str(out)]) == 2
+    assert paper_run(["--stages", "pretrain", "--pretrain-config", str(tmp_path / "nope.yaml"), "--out", str(out)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"{run.PROG}: error: config file {tmp_path / 'nope.yaml'} does not exist")
     assert not out.exists()
@@ -62,10 +68,10 @@ def test_a_finished_pretraining_needs_no_corpus(tmp_path, capsys):
     (out / "release").mkdir(parents=True)
     (out / "release" / "README.md").write_text("---\npretrain_step: 1000000\n---\nthe release\n")
     missing = str(tmp_path / "corpus.txt.gz")
-    assert run.main(["--stages", "pretrain", "--quick", "--corpus", missing, "--out", str(out)]) == 0
+    assert paper_run(["--stages", "pretrain", "--quick", "--corpus", missing, "--out", str(out)]) == 0
     assert "released from step 1000000" in capsys.readouterr().err
     (out / "release" / "README.md").write_text("---\npretrain_step: 1\n---\nthe release\n")  # an unfinished one
-    assert run.main(["--stages", "pretrain", "--quick", "--corpus", missing, "--out", str(out)]) == 2
+    assert paper_run(["--stages", "pretrain", "--quick", "--corpus", missing, "--out", str(out)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"{run.PROG}: error: --corpus: text source")
 
 
@@ -84,11 +90,11 @@ def test_a_finished_pipelines_zero_shot_curve_needs_no_checkpoints(tmp_path, cap
     (out / "results").mkdir()
     (out / "results" / "zeroshot.json").write_text(json.dumps(zs))
     argv = ["--stages", "zeroshot", "--quick", "--race", str(tmp_path), "--out", str(out)]
-    assert run.main(argv) == 0
+    assert paper_run(argv) == 0
     assert "zeroshot: every step of the curve is scored" in capsys.readouterr().err
     del zs["steps"]["10"]
     (out / "results" / "zeroshot.json").write_text(json.dumps(zs))
-    assert run.main(argv) == 2
+    assert paper_run(argv) == 2
     assert "no pre-training checkpoints for the zeroshot stage" in capsys.readouterr().err
 
 
@@ -155,7 +161,7 @@ def test_a_stage_spanning_sessions_counts_the_time_of_each(tmp_path, monkeypatch
     clock = iter(range(0, 600, 100))  # each session: 100 s from start to end
     monkeypatch.setattr(run, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
     for _ in range(3):
-        assert run.main(["--stages", "pretrain", "--quick", "--out", str(tmp_path)]) == 0
+        assert paper_run(["--stages", "pretrain", "--quick", "--out", str(tmp_path)]) == 0
     assert len(readmes) == 3
     timings = json.loads((tmp_path / "results" / "timings.json").read_text())
     assert timings["stages"] == {"pretrain": 300} and timings["stage_machines"] == {"pretrain": [timings["machine"]]}
@@ -494,7 +500,7 @@ def test_check_run_names_a_missing_data_folder_in_one_line(tmp_path, monkeypatch
 
     monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # check_run sets its 2 devices there: restored after
     argv = ["--arm", "full", "--task", "cola", "--lr", "1e-3", "--data-dir", str(tmp_path / "none"), "--out", str(tmp_path)]
-    assert check_run.main(argv) == 2
+    assert harness.main(lambda: check_run.main(argv), check_run.PROG) == 2  # as its __main__ runs it
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"{check_run.PROG}: error:") and "no GLUE CoLA folder" in err[-1]
     assert "Traceback" not in "\n".join(err)
