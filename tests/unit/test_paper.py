@@ -465,7 +465,6 @@ def test_a_stopped_more_seeds_stage_keeps_the_pairs_that_kept_records_finish(tmp
     """Stopped at CoLA, the cheapest task, the stage wrote its tables with no pair at all, though SST-2's pair had
     finished in an earlier session (its records kept): they now show it, marked in progress; a SIGTERM between two
     runs (a KeyboardInterrupt) writes the same, and the interrupt goes on."""
-    from experiments.harness import Done
     from experiments.paper import more_seeds
 
     paper = dataclasses.replace(_paper("full_sets", tmp_path), tasks=("sst2", "cola"))
