@@ -5,7 +5,8 @@
 
 XLA:CPU runs the step as thunks (one per top-level HLO instruction: a fusion, a dot, a copy, ...). Many
 run asynchronously on its thread pool, several at once: a thunk's span runs from its start to the
-"end: NAME" event the runtime logs when its work is done, and while k thunks run together each is
+"end: NAME" event the runtime logs when its work is done (but for a stale one, logged by a queued share of
+the work that the launching thread had already done), and while k thunks run together each is
 charged 1/k of that time, so the groups' seconds add up to the time some thunk was running ("busy").
 Each thunk is put in one group by what its HLO holds: the jaxpr path in the instructions' metadata
 (`h_0/ln_1/...`, `attn/Dropout_0/...`) and their opcodes. Prints one JSON line per group (seconds per
@@ -31,6 +32,7 @@ if not __package__:  # run by its path: the imports below need `python -m`, from
           "python -m experiments.bench.op_profile ...", file=sys.stderr)
     sys.exit(2)
 
+import bisect
 import collections
 import dataclasses
 import gzip
@@ -241,23 +243,74 @@ def read_trace(folder: Path) -> list[dict]:
     """The traced thunks of the newest perfetto trace under `folder`, each as {"op", "ts", "dur", "tid"}
     in microseconds. A thunk that runs asynchronously on the thread pool (a parallel loop fusion, an
     Eigen dot) returns from its own event at once and logs "end: NAME" when its work is done: its span
-    runs to that event's end."""
+    runs to that event's end, unless that event is stale (`_stale_end`)."""
     files = sorted(folder.rglob("perfetto_trace.json.gz"), key=lambda f: f.stat().st_mtime)
     if not files:
         raise FileNotFoundError(f"no perfetto_trace.json.gz under {folder}")
     events = json.load(gzip.open(files[-1]))
     events = events["traceEvents"] if isinstance(events, dict) else events
     started: dict[str, collections.deque] = collections.defaultdict(collections.deque)
-    thunks = []
+    thunks, ends = [], []
     for e in sorted((e for e in events if e.get("ph") == "X"), key=lambda e: e["ts"]):
         if "hlo_op" in e.get("args", {}):
             thunk = {"op": e["args"]["hlo_op"], "ts": e["ts"], "dur": e["dur"], "tid": e["tid"]}
             started[thunk["op"]].append(thunk)
             thunks.append(thunk)
         elif e["name"].startswith("end: ") and started[e["name"][5:]]:
-            thunk = started[e["name"][5:]].popleft()
-            thunk["dur"] = max(thunk["dur"], e["ts"] + e["dur"] - thunk["ts"])
+            ends.append((started[e["name"][5:]].popleft(), e))
+    busy = _ThreadBusy(thunks)
+    for thunk, end in ends:
+        if not _stale_end(thunk, end, busy):
+            thunk["dur"] = max(thunk["dur"], end["ts"] + end["dur"] - thunk["ts"])
     return thunks
+
+
+class _ThreadBusy:
+    """How long each thread spent inside thunks' own events over an interval (nested events counted once)."""
+
+    def __init__(self, thunks: list[dict]):
+        spans = collections.defaultdict(list)
+        for t in thunks:
+            spans[t["tid"]].append((t["ts"], t["ts"] + t["dur"]))
+        self.merged: dict = {}
+        for tid, intervals in spans.items():
+            merged: list[list[float]] = []
+            for start, end in sorted(intervals):
+                if merged and start <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], end)
+                else:
+                    merged.append([start, end])
+            starts = [m[0] for m in merged]
+            before = [0.0]  # busy time of the merged intervals before each one
+            for m in merged:
+                before.append(before[-1] + m[1] - m[0])
+            self.merged[tid] = (merged, starts, before)
+
+    def within(self, tid, lo: float, hi: float) -> float:
+        if tid not in self.merged or hi <= lo:
+            return 0.0
+        merged, starts, before = self.merged[tid]
+        first = max(bisect.bisect_right(starts, lo) - 1, 0)
+        last = bisect.bisect_left(starts, hi)  # intervals [first, last) may overlap [lo, hi)
+        total = before[last] - before[first]
+        total -= max(0.0, min(merged[first][1], lo) - merged[first][0])  # the parts outside [lo, hi)
+        total -= max(0.0, merged[last - 1][1] - max(hi, merged[last - 1][0])) if last > first else 0.0
+        return max(total, 0.0)
+
+
+def _stale_end(thunk: dict, end: dict, busy: _ThreadBusy) -> bool:
+    """Whether a thunk's "end:" event marks a queued share of its work that another thread found already done.
+    A loop fusion split in two runs one half on its own thread and queues the other; when the pool thread is busy
+    in a long product, the launching thread runs that half too, its users start at once, and the queued task logs
+    "end:" only when the pool thread gets to it, up to ~180 ms later in the 117M bf16 step (2026-11-30,
+    experiments/bench/README.md). A share that ran there ran right before its "end:" event, for about as long as the
+    launching thread's: a thread that spent most of that time in other thunks' own events did not run it."""
+    if end["tid"] == thunk["tid"]:
+        return False
+    hi = end["ts"] + end["dur"]
+    lo = max(thunk["ts"], hi - thunk["dur"])
+    room = (hi - lo) - busy.within(end["tid"], lo, hi)
+    return room < 0.5 * (hi - lo)
 
 
 def time_sliced(thunks: list[dict]) -> tuple[list[float], float]:

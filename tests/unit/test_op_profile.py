@@ -1,5 +1,6 @@
 """experiments/bench/op_profile.py: the arithmetic of its per-op breakdown on known inputs (time slicing of
-overlapping thunks, the pairing of a thunk with its "end:" event, the grouping of HLO by jaxpr path), and
+overlapping thunks, the pairing of a thunk with its "end:" event and the stale ones left out, the grouping of HLO by
+jaxpr path), and
 one real profile of the tiny model's step whose groups cover it."""
 
 import gzip
@@ -41,6 +42,34 @@ def test_an_asynchronous_thunk_runs_until_its_end_event(tmp_path):
     assert [(t["op"], t["dur"]) for t in thunks] == [("fusion.1", 51), ("dot.2", 40)]
     with pytest.raises(FileNotFoundError, match="no perfetto_trace.json.gz"):
         op_profile.read_trace(tmp_path / "plugins" / "elsewhere")
+
+
+def test_an_end_event_logged_after_a_long_product_on_its_thread_is_stale(tmp_path):
+    # "fusion.1" runs 4 us on thread 1 and queues a share of its work; thread 2 is inside a 100 us product, and its
+    # "end: fusion.1" comes after that: the launching thread had done the work ("fusion.3", its user, starts at
+    # 105). "fusion.2"'s share ran on thread 2, free in the 6 us before its "end:": its span runs to that event.
+    events = [
+        {"ph": "X", "name": "fusion.1", "ts": 100, "dur": 4, "tid": 1, "args": {"hlo_op": "fusion.1"}},
+        {"ph": "X", "name": "ynn_fusion.9", "ts": 101, "dur": 100, "tid": 2, "args": {"hlo_op": "ynn_fusion.9"}},
+        {"ph": "X", "name": "fusion.3", "ts": 105, "dur": 90, "tid": 1, "args": {"hlo_op": "fusion.3"}},
+        {"ph": "X", "name": "end: fusion.1", "ts": 202, "dur": 0, "tid": 2, "args": {}},
+        {"ph": "X", "name": "fusion.2", "ts": 203, "dur": 5, "tid": 1, "args": {"hlo_op": "fusion.2"}},
+        {"ph": "X", "name": "end: fusion.2", "ts": 209, "dur": 0, "tid": 2, "args": {}},
+    ]
+    folder = tmp_path / "plugins" / "profile" / "run"
+    folder.mkdir(parents=True)
+    with gzip.open(folder / "perfetto_trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    spans = {t["op"]: t["dur"] for t in op_profile.read_trace(tmp_path)}
+    assert spans == {"fusion.1": 4, "ynn_fusion.9": 100, "fusion.3": 90, "fusion.2": 6}
+
+
+def test_thread_busy_time_counts_nested_events_once():
+    thunks = [{"ts": 0, "dur": 10, "tid": 1}, {"ts": 2, "dur": 3, "tid": 1},  # a while thunk and one inside it
+              {"ts": 20, "dur": 5, "tid": 1}, {"ts": 0, "dur": 50, "tid": 2}]
+    busy = op_profile._ThreadBusy(thunks)
+    assert busy.within(1, 0, 30) == 15 and busy.within(1, 5, 22) == 7 and busy.within(1, 11, 19) == 0
+    assert busy.within(2, 10, 20) == 10 and busy.within(3, 0, 100) == 0
 
 
 HLO = """HloModule step
