@@ -7,10 +7,16 @@ instead: half the threefry work. An element is kept when its draw is below round
 rate actually applied differs from the asked one by at most 2^-17 (7.6e-6); kept values are scaled by
 1 / (1 - rate) as in the paper's code. The masks are a pure function of the key, like any jax random
 op, so a resumed run replays them.
+
+The 32-bit draws are jax.random.bits' own, bit for bit, from Threefry-2x32 written out round by round
+(`random_bits`): on CPU jax lowers the hash as a loop of five iterations, each a pass over memory with the
+state copied between them; written out, XLA fuses all twenty rounds into one pass, 2-4x faster for the
+attention's masks (experiments/bench/README.md, 2026-11-30).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import flax.linen as nn
@@ -22,9 +28,42 @@ def keep_mask(rng: jax.Array, rate: float, shape: Sequence[int]) -> jax.Array:
     """Boolean mask of `shape`, each element True with probability 1 - rate (to within 2^-17)."""
     # Draw over the leading axes as they are (their sharding propagates to the draw), halving the last.
     *lead, last = tuple(shape) or (1,)
-    bits = jax.random.bits(rng, (*lead, (last + 1) // 2), jnp.uint32)
+    bits = random_bits(rng, (*lead, (last + 1) // 2))
     u16 = jnp.stack([bits & 0xFFFF, bits >> 16], axis=-1).reshape(*lead, -1)[..., :last].reshape(shape)
     return u16 < jnp.uint32(round((1.0 - rate) * 65536))
+
+
+def random_bits(rng: jax.Array, shape: Sequence[int]) -> jax.Array:
+    """`jax.random.bits(rng, shape, jnp.uint32)`, the same bits, through `_threefry2x32` for a Threefry key (jax's
+    default, in its default partitionable mode) and fewer than 2^32 of them; jax's own draw otherwise."""
+    typed = jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
+    impl = str(jax.random.key_impl(rng)) if typed else jax.config.jax_default_prng_impl
+    if impl != "threefry2x32" or not jax.config.jax_threefry_partitionable or math.prod(shape) >= 2**32:
+        return jax.random.bits(rng, shape, jnp.uint32)
+    words = jax.random.key_data(rng) if typed else rng
+    # jax counts the elements in 64 bits, (high word, low word); below 2^32 the high word is 0. The count is a sum of
+    # iotas along each axis, as jax builds it, so that a sharded draw computes only its own elements.
+    strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+    count = sum((jax.lax.broadcasted_iota(jnp.uint32, tuple(shape), i) * jnp.uint32(stride)
+                 for i, stride in enumerate(strides)), jnp.zeros(tuple(shape), jnp.uint32))
+    high, low = _threefry2x32(words[0], words[1], jnp.zeros_like(count), count)
+    return high ^ low
+
+
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def _threefry2x32(key0, key1, x0, x1):
+    """The Threefry-2x32 hash (20 rounds; Salmon et al., 2011) as jax computes it (jax/_src/random/threefry2x32.py),
+    its five groups of four rounds written out instead of looped."""
+    keys = (key0, key1, key0 ^ key1 ^ jnp.uint32(0x1BD11BDA))
+    x0, x1 = x0 + keys[0], x1 + keys[1]
+    for group in range(5):
+        for r in _ROTATIONS[group % 2]:
+            x0 = x0 + x1
+            x1 = x0 ^ ((x1 << jnp.uint32(r)) | (x1 >> jnp.uint32(32 - r)))
+        x0, x1 = x0 + keys[(group + 1) % 3], x1 + keys[(group + 2) % 3] + jnp.uint32(group + 1)
+    return x0, x1
 
 
 def dropout(x: jax.Array, rate: float, rng: jax.Array, broadcast_dims: Sequence[int] = ()) -> jax.Array:

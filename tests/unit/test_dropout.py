@@ -1,5 +1,6 @@
 """Dropout from 16-bit draws (gpt1_jax/dropout.py): the rate asked for, independent elements, shared masks
-along broadcast axes, the same masks on any mesh, and the expectation kept."""
+along broadcast axes, the same masks on any mesh, the expectation kept, and jax.random.bits' own bits from the
+written-out hash."""
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +9,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from gpt1_jax.dropout import dropout, keep_mask
+from gpt1_jax.dropout import dropout, keep_mask, random_bits
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.5, 0.9])
@@ -53,3 +54,27 @@ def test_masks_do_not_depend_on_the_mesh():
     sharded = jax.jit(draw, out_shardings=sharding)(jax.random.key(4))
     assert len(sharded.sharding.device_set) == 8
     np.testing.assert_array_equal(np.asarray(sharded), single)
+
+
+@pytest.mark.parametrize("shape", [(), (7,), (3, 5), (2, 3, 16, 24), (0, 4)])
+def test_random_bits_are_jaxs_own_bit_for_bit(shape):
+    """Typed and raw keys, eagerly, jitted and vmapped: the same uint32 draws as jax.random.bits, so every mask
+    (and every run's numbers) stayed as they were when the hash was written out."""
+    for seed in (0, 12345):
+        key = jax.random.fold_in(jax.random.key(seed), 7)
+        want = jax.random.bits(key, shape, jnp.uint32)
+        assert np.array_equal(random_bits(key, shape), want)
+        assert np.array_equal(jax.jit(lambda k: random_bits(k, shape))(key), want)
+        raw = jax.random.PRNGKey(seed)
+        assert np.array_equal(random_bits(raw, shape), jax.random.bits(raw, shape, jnp.uint32))
+    keys = jax.random.split(jax.random.key(3), 4)
+    assert np.array_equal(jax.vmap(lambda k: random_bits(k, shape))(keys),
+                          jax.vmap(lambda k: jax.random.bits(k, shape, jnp.uint32))(keys))
+
+
+def test_random_bits_compile_to_one_pass_and_leave_other_keys_to_jax():
+    key = jax.random.key(0)
+    hlo = jax.jit(lambda k: random_bits(k, (4, 64))).lower(key).as_text()
+    assert "while" not in hlo and "threefry" not in hlo  # jax's CPU lowering is a 5-iteration loop
+    rbg = jax.random.key(0, impl="rbg")  # another generator: jax's own draw
+    assert np.array_equal(random_bits(rbg, (4, 64)), jax.random.bits(rbg, (4, 64), jnp.uint32))
