@@ -239,11 +239,12 @@ def product_rows(thunks: list[dict], known: dict[str, Product], steps: int) -> l
             for (thunk, lhs, rhs, out), r in sorted(rows.items(), key=lambda kv: -kv[1]["span"])]
 
 
-def read_trace(folder: Path) -> list[dict]:
+def read_trace(folder: Path, split: frozenset[str] = frozenset()) -> list[dict]:
     """The traced thunks of the newest perfetto trace under `folder`, each as {"op", "ts", "dur", "tid"}
     in microseconds. A thunk that runs asynchronously on the thread pool (a parallel loop fusion, an
     Eigen dot) returns from its own event at once and logs "end: NAME" when its work is done: its span
-    runs to that event's end, unless that event is stale (`_stale_end`)."""
+    runs to that event's end, unless the thunk is one XLA splits over its threads (`split`, from
+    `split_thunks`) and the event is stale (`_stale_end`)."""
     files = sorted(folder.rglob("perfetto_trace.json.gz"), key=lambda f: f.stat().st_mtime)
     if not files:
         raise FileNotFoundError(f"no perfetto_trace.json.gz under {folder}")
@@ -260,9 +261,16 @@ def read_trace(folder: Path) -> list[dict]:
             ends.append((started[e["name"][5:]].popleft(), e))
     busy = _ThreadBusy(thunks)
     for thunk, end in ends:
-        if not _stale_end(thunk, end, busy):
+        if thunk["op"] not in split or not _stale_end(thunk, end, busy):
             thunk["dur"] = max(thunk["dur"], end["ts"] + end["dur"] - thunk["ts"])
     return thunks
+
+
+def split_thunks(hlo_text: str) -> frozenset[str]:
+    """The thunks of a compiled step that XLA:CPU splits over its threads (`outer_dimension_partitions`): the only
+    ones whose "end:" event can be stale. An Eigen dot's work runs on the pool after a short launch event of its
+    own, and its "end:" event is its end, whatever its thread ran just before it."""
+    return frozenset(re.findall(r"^\s*(?:ROOT\s+)?%([\w.\-]+) = [^\n]*outer_dimension_partitions", hlo_text, re.M))
 
 
 class _ThreadBusy:
@@ -373,7 +381,7 @@ def traced_steps(compiled, trainer, batches: list, trace_dir: str | None, hlo: s
             jax.block_until_ready(state)
             wall = (time.perf_counter() - t0) / steps
             after = resource.getrusage(resource.RUSAGE_SELF)
-        events = read_trace(folder)
+        events = read_trace(folder, split_thunks(hlo))
         if trace_dir:
             (folder / "step.hlo").write_text(hlo)
     return events, wall, usage, after
