@@ -38,7 +38,8 @@ def random_bits(rng: jax.Array, shape: Sequence[int]) -> jax.Array:
     default, in its default partitionable mode) and fewer than 2^32 of them; jax's own draw otherwise."""
     typed = jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
     impl = str(jax.random.key_impl(rng)) if typed else jax.config.jax_default_prng_impl
-    if impl != "threefry2x32" or not jax.config.jax_threefry_partitionable or math.prod(shape) >= 2**32:
+    one_key = rng.shape == (() if typed else (2,))  # a batch of keys: jax's own error
+    if impl != "threefry2x32" or not jax.config.jax_threefry_partitionable or math.prod(shape) >= 2**32 or not one_key:
         return jax.random.bits(rng, shape, jnp.uint32)
     words = jax.random.key_data(rng) if typed else rng
     # jax counts the elements in 64 bits, (high word, low word); below 2^32 the high word is 0. The count is a sum of

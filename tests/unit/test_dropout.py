@@ -78,3 +78,5 @@ def test_random_bits_compile_to_one_pass_and_leave_other_keys_to_jax():
     assert "while" not in hlo and "threefry" not in hlo  # jax's CPU lowering is a 5-iteration loop
     rbg = jax.random.key(0, impl="rbg")  # another generator: jax's own draw
     assert np.array_equal(random_bits(rbg, (4, 64)), jax.random.bits(rbg, (4, 64), jnp.uint32))
+    with pytest.raises(ValueError, match="bits accepts a single key"):  # a batch of keys: jax's own word for it
+        random_bits(jax.random.split(key, 3), (4,))
