@@ -62,7 +62,7 @@ def test_an_end_event_logged_after_a_long_product_on_its_thread_is_stale(tmp_pat
         json.dump({"traceEvents": events}, f)
     spans = {t["op"]: t["dur"] for t in op_profile.read_trace(tmp_path, frozenset({"fusion.1", "fusion.2"}))}
     assert spans == {"fusion.1": 4, "ynn_fusion.9": 100, "fusion.3": 90, "fusion.2": 6}
-    # An Eigen dot is not split: its work runs on the pool after a short launch, and its "end:" event is its end.
+    # A thunk XLA does not split (an Eigen dot: its work runs on the pool after a short launch) keeps its "end:".
     assert {t["op"]: t["dur"] for t in op_profile.read_trace(tmp_path)}["fusion.1"] == 102
     hlo = ('  %fusion.1 = f32[8]{0} fusion(%p), kind=kLoop, calls=%c, backend_config={"outer_dimension_partitions":["2"]}\n'
            "  %dot.4 = f32[8,8]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n")
