@@ -17,6 +17,8 @@ Implementations:
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -122,13 +124,48 @@ def _query_blocked_attention(q_BTHK, k_BSHK, v_BSHK, dropout_rate: float, dropou
     n = query_blocks(T)
     if n == 1:
         return _einsum_attention(q_BTHK, k_BSHK, v_BSHK, dropout_rate, dropout_rng, None, mixed)
-    ends = [T * (i + 1) // n for i in range(n)]
+    ends = tuple(T * (i + 1) // n for i in range(n))
+    blocks = tuple(zip((0,) + ends[:-1], ends))
+    queries = _time_slices(q_BTHK, blocks)
+    keys, values = (_time_slices(x_BSHK, tuple((0, end) for end in ends)) for x_BSHK in (k_BSHK, v_BSHK))
     out = []
-    for i, (start, end) in enumerate(zip([0] + ends[:-1], ends)):
+    for i in range(n):
         rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
-        out.append(_einsum_attention(q_BTHK[:, start:end], k_BSHK[:, :end], v_BSHK[:, :end], dropout_rate, rng, None,
-                                     mixed))
+        out.append(_einsum_attention(queries[i], keys[i], values[i], dropout_rate, rng, None, mixed))
     return jnp.concatenate(out, axis=1)
+
+
+def _time_slices(x: jax.Array, bounds: tuple[tuple[int, int], ...]) -> tuple[jax.Array, ...]:
+    """x[:, start:end] for each (start, end) of `bounds`: a query block's queries, or the keys (values) it sees."""
+    return _slices(x, bounds, x.shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _slices(x, bounds, shape):
+    return tuple(x[:, start:end] for start, end in bounds)
+
+
+def _slices_fwd(x, bounds, shape):
+    return _slices(x, bounds, shape), None
+
+
+def _slices_bwd(bounds, shape, _, grads):
+    """The slices' gradients added up span by span (between consecutive bounds), the last slice's first as autodiff
+    adds them, then concatenated: the same values. Autodiff pads each slice's gradient to the whole length and adds
+    the padded arrays, which XLA:CPU fuses into one loop ~4.5x slower than this (a pad inside a loop fusion: 90 ms of
+    the 117M bf16 step; experiments/bench/README.md, 2026-11-30 (late))."""
+    points = sorted({0, shape[1], *(p for bound in bounds for p in bound)})
+    spans = []
+    for a, b in zip(points[:-1], points[1:]):
+        parts = [g[:, a - start:b - start] for (start, end), g in zip(bounds, grads) if start <= a and b <= end]
+        total = parts[-1] if parts else jnp.zeros((shape[0], b - a, *shape[2:]), grads[0].dtype)
+        for part in reversed(parts[:-1]):
+            total = total + part
+        spans.append(total)
+    return (jnp.concatenate(spans, axis=1),)
+
+
+_slices.defvjp(_slices_fwd, _slices_bwd)
 
 
 def _einsum_attention(q_BTHK, k_BSHK, v_BSHK, dropout_rate: float, dropout_rng, query_offset,

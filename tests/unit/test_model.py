@@ -13,7 +13,8 @@ import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
 import gpt1_jax
-from gpt1_jax.attention import _einsum_attention, causal_attention, check_runnable, query_blocks, resolve_impl
+from gpt1_jax.attention import (_einsum_attention, _time_slices, causal_attention, check_runnable, query_blocks,
+                                resolve_impl)
 from gpt1_jax.config import ConfigError, ModelConfig, apply_overrides, model_preset
 from gpt1_jax.model import GPT1, init_params
 from gpt1_jax.weights import hf_state_to_params, params_to_hf_state
@@ -223,6 +224,28 @@ def test_query_blocked_attention_matches_float64_and_the_unblocked_gradients():
     one_block = functools.partial(_einsum_attention, dropout_rate=0.0, dropout_rng=None, query_offset=None)
     for a, b in zip(blocked, jax.jit(jax.grad(functools.partial(loss, one_block), argnums=(0, 1, 2)))(q, k, v)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("bounds", [((0, 130), (0, 260), (0, 390), (0, 520)),  # a block's keys
+                                    ((0, 130), (130, 260), (260, 390), (390, 520)),  # the query blocks
+                                    ((0, 2), (3, 7), (1, 5))])  # a gap, overlaps out of order
+def test_time_slices_give_autodiffs_gradients_bit_for_bit_with_no_pad(bounds, dtype):
+    """The blocked core's slices along time sum their gradients span by span: the same bits as autodiff's padded
+    sum (jitted: as the step computes them), and no pad in the compiled backward pass."""
+    T = bounds[-1][1] if bounds[-1][1] > 100 else 8
+    x = jax.random.normal(jax.random.key(0), (2, T, 3, 4)).astype(dtype)
+    cotangents = tuple(jax.random.normal(jax.random.key(i + 1), (2, end - start, 3, 4)).astype(dtype)
+                       for i, (start, end) in enumerate(bounds))
+
+    def gradient(slices):
+        return jax.jit(lambda x, g: jax.vjp(slices, x)[1](g)[0])
+    ours = gradient(lambda x: _time_slices(x, bounds))
+    autodiff = gradient(lambda x: tuple(x[:, start:end] for start, end in bounds))
+    got, want = (np.asarray(f(x, cotangents).astype(jnp.float32)) for f in (ours, autodiff))
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert " pad(" not in ours.lower(x, cotangents).compile().as_text()
+    assert " pad(" in autodiff.lower(x, cotangents).compile().as_text()
 
 
 def test_query_blocks_each_draw_their_own_dropout_mask():
