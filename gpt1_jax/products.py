@@ -23,7 +23,7 @@ _COTANGENT_FIRST = frozenset({"bthk,bshk->bhts"})
 def mixed_einsum(spec: str, x, w, dtype):
     """einsum with `dtype` (bf16) inputs and a float32 result, forward and backward. Gradients come back in the
     operands' own dtypes (fp32 parameters stay fp32)."""
-    return jnp.einsum(spec, x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+    return _einsum(spec, x.astype(dtype), w.astype(dtype))
 
 
 def _mixed_einsum_fwd(spec, x, w, dtype):
@@ -35,12 +35,35 @@ def _mixed_einsum_bwd(spec, dtype, residuals, g):
     inputs, out = spec.split("->")
     x_axes, w_axes = inputs.split(",")
     g = g.astype(dtype)
-    dx = jnp.einsum(f"{out},{w_axes}->{x_axes}", g, w.astype(dtype), preferred_element_type=jnp.float32)
+    dx = _einsum(f"{out},{w_axes}->{x_axes}", g, w.astype(dtype))
     if spec in _COTANGENT_FIRST:
-        dw = jnp.einsum(f"{out},{x_axes}->{w_axes}", g, x.astype(dtype), preferred_element_type=jnp.float32)
+        dw = _einsum(f"{out},{x_axes}->{w_axes}", g, x.astype(dtype))
     else:
-        dw = jnp.einsum(f"{x_axes},{out}->{w_axes}", x.astype(dtype), g, preferred_element_type=jnp.float32)
+        dw = _einsum(f"{x_axes},{out}->{w_axes}", x.astype(dtype), g)
     return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+def _einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    """jnp.einsum of two operands with a float32 result, its batch and contracted axes taken in the order `a` holds
+    them. jnp.einsum sorts them by letter: the qkv projection's input gradient (`btqhk,dqhk->btd`) contracted h, k,
+    q, and XLA:CPU first copied both operands into that order, the cotangent with an axis of 3 innermost
+    (experiments/bench/README.md, 2026-11-30 (late)). Where the letters are already in order this is jnp.einsum
+    itself: XLA:CPU has a bf16 x bf16 -> f32 kernel for some operand orders of the attention's products only."""
+    inputs, out = spec.split("->")
+    a_axes, b_axes = inputs.split(",")
+    if "..." in spec:  # the head's `...d,vd->...v`: the leading axes named by capitals
+        holder, axes = (a, a_axes) if "..." in a_axes else (b, b_axes)
+        named = "".join(chr(ord("A") + i) for i in range(holder.ndim - len(axes.replace("...", ""))))
+        a_axes, b_axes, out = (axes.replace("...", named) for axes in (a_axes, b_axes, out))
+    batch = [c for c in a_axes if c in b_axes and c in out]
+    contracted = [c for c in a_axes if c in b_axes and c not in out]
+    if batch == sorted(batch) and contracted == sorted(contracted):  # jnp.einsum's own order: its product as it was
+        return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+    dims = (([a_axes.index(c) for c in contracted], [b_axes.index(c) for c in contracted]),
+            ([a_axes.index(c) for c in batch], [b_axes.index(c) for c in batch]))
+    result = jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+    axes = batch + [c for c in a_axes if c not in b_axes] + [c for c in b_axes if c not in a_axes]
+    return jnp.transpose(result, [axes.index(c) for c in out])
 
 
 mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)

@@ -351,6 +351,26 @@ def test_mixed_einsum_gradients_match_fp32(spec):
 
 
 
+def test_mixed_products_contract_their_axes_in_the_operands_order():
+    """jnp.einsum contracts `btqhk,dqhk->btd` (the qkv projection's input gradient) over h, k, q, by letter, and
+    XLA:CPU copies both operands into that order first; `products._einsum` keeps q, h, k, the same sums up to
+    their order, and leaves specs already in order to jnp.einsum itself (the attention's kernels need that)."""
+    from gpt1_jax.products import _einsum
+
+    g = jax.random.normal(jax.random.key(0), (2, 5, 3, 2, 4))
+    w = jax.random.normal(jax.random.key(1), (6, 3, 2, 4))
+    jaxpr = str(jax.make_jaxpr(lambda g, w: _einsum("btqhk,dqhk->btd", g, w))(g, w))
+    assert "(([2, 3, 4], [1, 2, 3]), ([], []))" in jaxpr.replace("\n", " ").replace("  ", " ")
+    np.testing.assert_allclose(_einsum("btqhk,dqhk->btd", g, w), jnp.einsum("btqhk,dqhk->btd", g, w), rtol=1e-5,
+                               atol=1e-5)
+    h, table = jax.random.normal(jax.random.key(2), (2, 5, 4)), jax.random.normal(jax.random.key(3), (7, 4))
+    np.testing.assert_array_equal(_einsum("...d,vd->...v", h, table),
+                                  jnp.einsum("...d,vd->...v", h, table, preferred_element_type=jnp.float32))
+    q, k = (jax.random.normal(jax.random.key(i), (2, 5, 3, 4)) for i in (4, 5))
+    assert str(jax.make_jaxpr(lambda q, k: _einsum("bthk,bshk->bhts", q, k))(q, k)) == str(
+        jax.make_jaxpr(lambda q, k: jnp.einsum("bthk,bshk->bhts", q, k, preferred_element_type=jnp.float32))(q, k))
+
+
 def _bf16_tiny_loss():
     config = dataclasses.replace(model_preset("tiny"), dtype="bfloat16")
     params = nn.meta.unbox(init_params(config, 0))
