@@ -305,8 +305,6 @@ def test_a_garbage_pytorch_bin_is_one_line(tmp_path):
 
 def _finetune_run(folder, steps=(4, 8)):
     """A fine-tuning run's folder (config.yaml + checkpoints, no training): each step's transformer of its own seed."""
-    import dataclasses
-
     from gpt1_jax.checkpoint import Checkpointer
     from gpt1_jax.config import FinetuneConfig, model_preset, save_yaml
 
