@@ -80,3 +80,20 @@ def test_random_bits_compile_to_one_pass_and_leave_other_keys_to_jax():
     assert np.array_equal(random_bits(rbg, (4, 64)), jax.random.bits(rbg, (4, 64), jnp.uint32))
     with pytest.raises(ValueError, match="bits accepts a single key"):  # a batch of keys: jax's own word for it
         random_bits(jax.random.split(key, 3), (4,))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_gradient_is_the_masks_and_computed_once_in_float32(dtype):
+    """dropout's gradient equals autodiff's of the same select, bit for bit; in float32 it is kept behind an
+    optimization barrier (so XLA computes it once for all its readers), in bf16 it is left to fuse."""
+    x = jax.random.normal(jax.random.key(0), (4, 8, 32)).astype(dtype)
+    keep = keep_mask(jax.random.key(1), 0.1, x.shape)
+
+    def loss(drop, x):
+        y = drop(x)
+        return jnp.sum((y * y).astype(jnp.float32))
+    ours = jax.jit(jax.grad(lambda x: loss(lambda x: dropout(x, 0.1, jax.random.key(1)), x)))
+    plain = jax.jit(jax.grad(lambda x: loss(lambda x: jnp.where(keep, x * jnp.asarray(1 / 0.9, dtype), 0), x)))
+    got, want = (np.asarray(f(x).astype(jnp.float32)) for f in (ours, plain))
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert ("optimization_barrier" in ours.lower(x).as_text()) == (dtype == jnp.float32)
