@@ -270,8 +270,9 @@ def test_attention_recompute_keeps_gradients_and_drops_the_saved_scores(capsys):
     """model.remat=attention: the backward pass recomputes the attention core (its dropout mask from the same
     key), so gradients are those of the plain core, and nothing of size T x S is kept for it: the plain core
     keeps five such arrays (the causal mask, the masked scores, their exponentials, the dropout mask and the
-    dropped probabilities; six before float32 dropout took its own backward pass, which keeps only the mask). The memory this saves shows on
-    the TPU compiler (docs/scale.md); XLA:CPU's temporary size does not move with any remat policy."""
+    dropped probabilities; six before float32 dropout took its own backward pass, which keeps only the mask).
+    The memory this saves shows on the TPU compiler (docs/scale.md); XLA:CPU's temporary size does not move with
+    any remat policy."""
     q, k, v = (jax.random.normal(jax.random.key(i), (2, 64, 4, 16)) for i in range(3))
     key = jax.random.key(7)
 
