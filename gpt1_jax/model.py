@@ -58,8 +58,16 @@ class Linear(nn.Module):
         c = self.config
         kernel = self.param("kernel", _normal(c, self.kernel_axes), self.kernel_shape, c.param_dtype)
         bias = self.param("bias", _zeros(self.bias_axes), self.bias_shape, c.param_dtype)
-        if c.dtype == "float32":
+        if c.dtype == "float32" and kernel.ndim == 2:
             return jnp.einsum(self.spec, x, kernel.astype(c.dtype)) + bias.astype(c.dtype)
+        if c.dtype == "float32":
+            # Autodiff gave the attention's kernels ([D, 3, H, K], [H, K, D]) their gradient transposed ([3·H·K, D],
+            # [D, H·K]), which XLA:CPU read column by column in the gradient norm and both Adam moments: ~90 ms of
+            # the 117M step.
+            # mixed_einsum computes it in the kernel's own order. The MLP's matrices keep autodiff's: Eigen takes
+            # their x^T itself, where this order had XLA copy the GELU output transposed (experiments/bench/README.md,
+            # 2026-11-30 (night)).
+            return checkpoint_name(mixed_einsum(self.spec, x, kernel, jnp.dtype(jnp.float32)) + bias, MIXED_PRODUCT)
         # The product is rounded before the bias joins it: where a mesh axis splits the contraction (c_proj's
         # heads or mlp over `tensor`), the cross-device sum then moves bf16, half the bytes (6.7B on v6e-256,
         # 1x32x8: 12.59 -> 8.83 GB all-reduced per chip; experiments/scale/README.md). The bias is still added

@@ -22,7 +22,8 @@ _COTANGENT_FIRST = frozenset({"bthk,bshk->bhts"})
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
 def mixed_einsum(spec: str, x, w, dtype):
     """einsum with `dtype` (bf16) inputs and a float32 result, forward and backward. Gradients come back in the
-    operands' own dtypes (fp32 parameters stay fp32)."""
+    operands' own dtypes (fp32 parameters stay fp32), the weight's in its own axis order (what fp32 runs use it
+    for: model.Linear)."""
     return _einsum(spec, x.astype(dtype), w.astype(dtype))
 
 

@@ -353,6 +353,24 @@ def test_mixed_einsum_gradients_match_fp32(spec):
 
 
 
+@pytest.mark.parametrize("spec, x_shape, w_shape", [("btd,dqhk->btqhk", (2, 5, 6), (6, 3, 2, 4)),
+                                                    ("bthk,hkd->btd", (2, 5, 2, 4), (2, 4, 6))])
+def test_fp32_attention_kernels_get_their_gradient_in_their_own_axis_order(spec, x_shape, w_shape):
+    """Autodiff computes the kernel's gradient in another order and transposes it, which XLA:CPU folded into
+    every reader of the gradient (the norm, both Adam moments); model.Linear's fp32 path gives the same values
+    with no transpose."""
+    from gpt1_jax.products import mixed_einsum
+
+    x, w = jax.random.normal(jax.random.key(0), x_shape), jax.random.normal(jax.random.key(1), w_shape)
+    probe = jax.random.normal(jax.random.key(2), jnp.einsum(spec, x, w).shape)
+    plain = jax.grad(lambda x, w: jnp.sum(jnp.einsum(spec, x, w) * probe), argnums=(0, 1))
+    ordered = jax.grad(lambda x, w: jnp.sum(mixed_einsum(spec, x, w, jnp.dtype(jnp.float32)) * probe), argnums=(0, 1))
+    for got, want in zip(ordered(x, w), plain(x, w)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert "transpose" in str(jax.make_jaxpr(lambda w: plain(x, w)[1])(w))
+    assert "transpose" not in str(jax.make_jaxpr(lambda w: ordered(x, w)[1])(w))
+
+
 def test_mixed_products_contract_their_axes_in_the_operands_order():
     """jnp.einsum contracts `btqhk,dqhk->btd` (the qkv projection's input gradient) over h, k, q, by letter, and
     XLA:CPU copies both operands into that order first; `products._einsum` keeps q, h, k, the same sums up to
