@@ -52,20 +52,21 @@ class Linear(nn.Module):
     kernel_axes: Axes
     bias_shape: tuple[int, ...]
     bias_axes: Axes
+    # float32: the kernel's gradient as mixed_einsum's backward computes it (False: autodiff's product; see MLP)
+    gradient_x_first: bool = True
 
     @nn.compact
     def __call__(self, x):
         c = self.config
         kernel = self.param("kernel", _normal(c, self.kernel_axes), self.kernel_shape, c.param_dtype)
         bias = self.param("bias", _zeros(self.bias_axes), self.bias_shape, c.param_dtype)
-        if c.dtype == "float32" and kernel.ndim == 2:
+        if c.dtype == "float32" and not self.gradient_x_first:
             return jnp.einsum(self.spec, x, kernel.astype(c.dtype)) + bias.astype(c.dtype)
         if c.dtype == "float32":
-            # Autodiff gave the attention's kernels ([D, 3, H, K], [H, K, D]) their gradient transposed ([3·H·K, D],
-            # [D, H·K]), which XLA:CPU read column by column in the gradient norm and both Adam moments: ~90 ms of
-            # the 117M step.
-            # mixed_einsum computes it in the kernel's own order. The MLP's matrices keep autodiff's: Eigen takes
-            # their x^T itself, where this order had XLA copy the GELU output transposed (experiments/bench/README.md,
+            # Autodiff's kernel gradient here is a product in the other order and a transpose. The attention's
+            # kernels ([D, 3, H, K], [H, K, D]) got theirs transposed, read column by column in the gradient norm
+            # and both Adam moments (~90 ms of the 117M step), and c_fc's ran on Eigen at half YNNPACK's rate;
+            # mixed_einsum's backward computes x^T·g, in the kernel's own order (experiments/bench/README.md,
             # 2026-11-30 (night)).
             return checkpoint_name(mixed_einsum(self.spec, x, kernel, jnp.dtype(jnp.float32)) + bias, MIXED_PRODUCT)
         # The product is rounded before the bias joins it: where a mesh axis splits the contraction (c_proj's
@@ -159,7 +160,10 @@ class MLP(nn.Module):
         h_BTF = Linear(c, "btd,df->btf", (D, F), ("embed", "mlp"), (F,), ("mlp",), name="c_fc")(x_BTD)
         h_BTF = gelu(h_BTF)
         h_BTF = nn.with_logical_constraint(h_BTF, ("batch", "length", "mlp"))
-        out_BTD = Linear(c, "btf,fd->btd", (F, D), ("mlp", "embed"), (D,), ("embed",), name="c_proj")(h_BTF)
+        # x^T·g would need the GELU output transposed, [F, B·T], a copy XLA:CPU ran at ~7.6 ns an element (F = 3072);
+        # Eigen's autodiff product packs it itself and is faster (117M and `small` fp32, experiments/bench/README.md).
+        out_BTD = Linear(c, "btf,fd->btd", (F, D), ("mlp", "embed"), (D,), ("embed",), name="c_proj",
+                         gradient_x_first=False)(h_BTF)
         return Dropout(c.resid_dropout)(out_BTD, deterministic=deterministic)
 
 

@@ -354,11 +354,12 @@ def test_mixed_einsum_gradients_match_fp32(spec):
 
 
 @pytest.mark.parametrize("spec, x_shape, w_shape", [("btd,dqhk->btqhk", (2, 5, 6), (6, 3, 2, 4)),
-                                                    ("bthk,hkd->btd", (2, 5, 2, 4), (2, 4, 6))])
-def test_fp32_attention_kernels_get_their_gradient_in_their_own_axis_order(spec, x_shape, w_shape):
-    """Autodiff computes the kernel's gradient in another order and transposes it, which XLA:CPU folded into
-    every reader of the gradient (the norm, both Adam moments); model.Linear's fp32 path gives the same values
-    with no transpose."""
+                                                    ("bthk,hkd->btd", (2, 5, 2, 4), (2, 4, 6)),
+                                                    ("btd,df->btf", (2, 5, 6), (6, 7))])  # the MLP's c_fc
+def test_fp32_kernel_gradients_come_in_the_kernels_own_order(spec, x_shape, w_shape):
+    """Autodiff computes a kernel's gradient in another order and transposes it, which XLA:CPU folded into every
+    reader of the attention kernels' gradients (the norm, both Adam moments) and ran c_fc's on Eigen; model.Linear's
+    fp32 path gives the same values as x^T·g, with no transpose."""
     from gpt1_jax.products import mixed_einsum
 
     x, w = jax.random.normal(jax.random.key(0), x_shape), jax.random.normal(jax.random.key(1), w_shape)
