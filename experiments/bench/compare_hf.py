@@ -262,6 +262,8 @@ def summarize(name: str, t: dict, results: dict[str, dict[str, list[dict]]]) -> 
         if t["kind"] == "train":
             row["jax_compile_s"] = statistics.median(r["compile_s"] for r in by_impl["jax"])
             row["jax_mfu"] = statistics.median(r["mfu"] for r in by_impl["jax"])
+            if all("mfu_of_best_peak" in r for r in by_impl["jax"]):
+                row["jax_mfu_of_best_peak"] = statistics.median(r["mfu_of_best_peak"] for r in by_impl["jax"])
         if t["kind"] == "finetune":
             row["jax_examples_per_s"] = statistics.median(r["examples_per_s"] for r in by_impl["jax"])
             row["hf_examples_per_s"] = statistics.median(r["examples_per_s"] for r in by_impl["hf"])
