@@ -43,12 +43,22 @@ def random_bits(rng: jax.Array, shape: Sequence[int]) -> jax.Array:
     if impl != "threefry2x32" or not jax.config.jax_threefry_partitionable or math.prod(shape) >= 2**32 or not one_key:
         return jax.random.bits(rng, shape, jnp.uint32)
     words = jax.random.key_data(rng) if typed else rng
+    return _hashed_counts(words[0], words[1], tuple(shape))
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _hashed_counts(key0, key1, shape: tuple[int, ...]) -> jax.Array:
+    """Threefry-2x32 of each element's count under (key0, key1), `high ^ low` as jax.random.bits gives it.
+
+    A jit of its own, so that a model's dropout sites of one shape share one trace and one lowering (XLA inlines
+    the calls: the same compiled step): written out at each site, the hash was two thirds of the 117M train step's
+    jaxpr and ~0.4-1 s of its trace and lowering (experiments/bench/README.md, 2026-12-01)."""
     # jax counts the elements in 64 bits, (high word, low word); below 2^32 the high word is 0. The count is a sum of
     # iotas along each axis, as jax builds it, so that a sharded draw computes only its own elements.
     strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
-    count = sum((jax.lax.broadcasted_iota(jnp.uint32, tuple(shape), i) * jnp.uint32(stride)
-                 for i, stride in enumerate(strides)), jnp.zeros(tuple(shape), jnp.uint32))
-    high, low = _threefry2x32(words[0], words[1], jnp.zeros_like(count), count)
+    count = sum((jax.lax.broadcasted_iota(jnp.uint32, shape, i) * jnp.uint32(stride)
+                 for i, stride in enumerate(strides)), jnp.zeros(shape, jnp.uint32))
+    high, low = _threefry2x32(key0, key1, jnp.zeros_like(count), count)
     return high ^ low
 
 

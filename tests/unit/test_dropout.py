@@ -97,3 +97,40 @@ def test_the_gradient_is_the_masks_and_computed_once_in_float32(dtype):
     got, want = (np.asarray(f(x).astype(jnp.float32)) for f in (ours, plain))
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     assert ("optimization_barrier" in ours.lower(x).as_text()) == (dtype == jnp.float32)
+
+
+def _hash_calls(jaxpr) -> list:
+    """The `_hashed_counts` calls anywhere in a jaxpr, its sub-jaxprs (custom VJPs, checkpoints) included."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.params.get("name") == "_hashed_counts":
+            found.append(eqn)
+            continue
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if isinstance(inner, jax.extend.core.Jaxpr):
+                    found += _hash_calls(inner)
+    return found
+
+
+def test_a_models_dropout_sites_of_one_shape_share_one_traced_hash():
+    """Each site traced and lowered the 20-round hash anew: two thirds of the 117M train step's 16,062 jaxpr
+    equations, ~0.4-1 s of its trace and lowering (experiments/bench/README.md, 2026-12-01)."""
+    import dataclasses
+
+    import flax.linen as nn
+
+    from gpt1_jax.config import model_preset
+    from gpt1_jax.model import GPT1, init_params
+
+    config = dataclasses.replace(model_preset("tiny"), n_layers=4)
+    params = {"params": nn.unbox(init_params(config, 0, 64))}
+
+    def loss(params, key):
+        out = GPT1(config).apply(params, jnp.zeros((2, 64), jnp.int32), deterministic=False, rngs={"dropout": key})
+        return jnp.mean(out)
+    calls = _hash_calls(jax.make_jaxpr(jax.grad(loss))(params, jax.random.key(0)).jaxpr)
+    # the embeddings' and each layer's two residual dropouts draw [2, 64, 32] words, each layer's attention [2, 4, 64, 32]
+    assert len(calls) == 1 + 3 * config.n_layers
+    assert len({id(eqn.params["jaxpr"]) for eqn in calls}) == 2
