@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from gpt1_jax.dropout import dropout, keep_mask, random_bits
+from tests.support.jaxprs import all_eqns
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.5, 0.9])
@@ -99,21 +100,6 @@ def test_the_gradient_is_the_masks_and_computed_once_in_float32(dtype):
     assert ("optimization_barrier" in ours.lower(x).as_text()) == (dtype == jnp.float32)
 
 
-def _hash_calls(jaxpr) -> list:
-    """The `_hashed_counts` calls anywhere in a jaxpr, its sub-jaxprs (custom VJPs, checkpoints) included."""
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.params.get("name") == "_hashed_counts":
-            found.append(eqn)
-            continue
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                inner = getattr(sub, "jaxpr", sub)
-                if isinstance(inner, jax.extend.core.Jaxpr):
-                    found += _hash_calls(inner)
-    return found
-
-
 def test_a_models_dropout_sites_of_one_shape_share_one_traced_hash():
     """Each site traced and lowered the 20-round hash anew: two thirds of the 117M train step's 16,062 jaxpr
     equations, ~0.4-1 s of its trace and lowering (experiments/bench/README.md, 2026-12-01)."""
@@ -130,7 +116,8 @@ def test_a_models_dropout_sites_of_one_shape_share_one_traced_hash():
     def loss(params, key):
         out = GPT1(config).apply(params, jnp.zeros((2, 64), jnp.int32), deterministic=False, rngs={"dropout": key})
         return jnp.mean(out)
-    calls = _hash_calls(jax.make_jaxpr(jax.grad(loss))(params, jax.random.key(0)).jaxpr)
+    calls = [eqn for eqn in all_eqns(jax.make_jaxpr(jax.grad(loss))(params, jax.random.key(0)).jaxpr)
+             if eqn.params.get("name") == "_hashed_counts"]
     # the embeddings' and each layer's two residual dropouts draw [2, 64, 32] words, each layer's attention [2, 4, 64, 32]
     assert len(calls) == 1 + 3 * config.n_layers
     assert len({id(eqn.params["jaxpr"]) for eqn in calls}) == 2

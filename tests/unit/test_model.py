@@ -18,6 +18,7 @@ from gpt1_jax.attention import (_einsum_attention, _time_slices, causal_attentio
 from gpt1_jax.config import ConfigError, ModelConfig, apply_overrides, model_preset
 from gpt1_jax.model import GPT1, init_params
 from gpt1_jax.weights import hf_state_to_params, params_to_hf_state
+from tests.support.jaxprs import all_eqns
 
 torch = pytest.importorskip("torch", reason="parity tests need the dev extra: pip install -e .[dev]")
 transformers = pytest.importorskip("transformers", reason="parity tests need the dev extra: pip install -e .[dev]")
@@ -352,7 +353,6 @@ def test_mixed_einsum_gradients_match_fp32(spec):
         assert float(jnp.linalg.norm(got - ref) / jnp.linalg.norm(ref)) < 1e-2  # bf16 inputs: ~3 digits
 
 
-
 @pytest.mark.parametrize("spec, x_shape, w_shape", [("btd,dqhk->btqhk", (2, 5, 6), (6, 3, 2, 4)),
                                                     ("bthk,hkd->btd", (2, 5, 2, 4), (2, 4, 6)),
                                                     ("btd,df->btf", (2, 5, 6), (6, 7))])  # the MLP's c_fc
@@ -416,24 +416,13 @@ def test_bf16_compute_keeps_no_fp32_mlp_activations_for_the_backward_pass(capsys
     assert hidden and set(hidden) == {"bf16"}, hidden
 
 
-def _dot_generals(jaxpr):
-    """Every dot_general of `jaxpr` and of the jaxprs inside it (pjit, custom_vjp, checkpoint, ...)."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            yield eqn
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    yield from _dot_generals(inner)
-
-
 def test_bf16_compute_multiplies_bf16_into_fp32_everywhere_on_cpu():
     """XLA:CPU runs a bf16 x bf16 -> bf16 dot on a slow path: the attention core's two products were such dots
     (forward and backward), at about half the rate of the same dot with an fp32 result (experiments/bench/
     README.md, 2026-11-29). In the bf16 loss's gradient every product takes bf16 and gives fp32."""
     _, loss, params = _bf16_tiny_loss()
-    dots = list(_dot_generals(jax.make_jaxpr(jax.grad(loss))(params).jaxpr))
+    dots = [eqn for eqn in all_eqns(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
+            if eqn.primitive.name == "dot_general"]
     kinds = {(tuple(str(v.aval.dtype) for v in eqn.invars), str(eqn.outvars[0].aval.dtype)) for eqn in dots}
     assert len(dots) >= 8 and kinds == {(("bfloat16", "bfloat16"), "float32")}, kinds
 
