@@ -13,9 +13,13 @@ skipped where it cannot help (not Linux, glibc older than 2.35, THP `never` or `
 `GPT1_JAX_HUGE_PAGES=keep` also keeps the heap: glibc never hands freed memory back (`KEEP`), so every step
 after the first few reuses pages already mapped. On a virtual machine that returns a guest's freed memory
 to its host (virtio-balloon free page reporting), a fresh page first costs the host's fault: there the 117M
-bf16 step went from alternating 1.6/2.3 s to a steady 1.55-1.6 s. Not the default: one arena for every
-thread made multi-threaded BPE tokenization 1.6x slower, the demo run's peak RSS grew from 1.1 to 2.6 GB,
-and the first steps fault the whole heap in at once (experiments/bench/README.md, 2026-11-29 (later)).
+bf16 step went from alternating 1.6/2.3 s to a steady 1.55-1.6 s. Not the default of `gpt1-jax`'s verbs: one
+arena for every thread made multi-threaded BPE tokenization 1.6x slower, the demo run's peak RSS grew from 1.1
+to 2.6 GB, and the first steps fault the whole heap in at once (experiments/bench/README.md, 2026-11-29
+(later)). The default of the experiments' training scripts (experiments/harness.py `main`, `trains`), whose
+sweeps run for hours on tokens encoded once: a Table 5 run (RTE, 2 CPU devices) trained in 107.6-109.4 s against
+112.6-115.1 with the same scores, the release's pre-training step took 0.467-0.468 s against 0.496-0.507, for a peak
+RSS of 3.9-4.7 GB against 2.7 (experiments/bench/README.md, 2026-12-01 (later)).
 """
 
 from __future__ import annotations
@@ -50,18 +54,19 @@ def kept_heap(environ=os.environ) -> bool:
     return all(t in _set(environ) for t in KEEP)
 
 
-def mode(environ=os.environ) -> str:
-    """`on`, `off` or `keep`, from GPT1_JAX_HUGE_PAGES; another value is one line on stderr and exit 2."""
+def mode(environ=os.environ, default: str = "on") -> str:
+    """`on`, `off` or `keep`, from GPT1_JAX_HUGE_PAGES (`default` where it is unset or empty); another value is one
+    line on stderr and exit 2."""
     value = environ.get(SWITCH, "")
     if value.lower() not in MODES:
         print(f"gpt1-jax: {SWITCH}={value!r}: expected off, on or keep", file=sys.stderr)
         sys.exit(2)
-    return MODES[value.lower()]
+    return MODES[value.lower()] if value else default
 
 
-def _missing(environ) -> list[str]:
+def _missing(environ, default: str = "on") -> list[str]:
     """The tunables the mode asks for that `environ` does not set yet (a name the user set keeps their value)."""
-    chosen = mode(environ)
+    chosen = mode(environ, default)
     if chosen == "off" or sys.platform != "linux":
         return []
     libc, version = platform.libc_ver()
@@ -76,14 +81,15 @@ def _missing(environ) -> list[str]:
     return [t for t in asked if t.split("=")[0] not in named]
 
 
-def wanted(environ=os.environ) -> bool:
+def wanted(environ=os.environ, default: str = "on") -> bool:
     """Whether re-executing with the mode's tunables would change how this process's big blocks are mapped."""
-    return bool(_missing(environ))
+    return bool(_missing(environ, default))
 
 
-def reexec_with_huge_pages() -> None:
-    """Replaces this process with the same command under the mode's tunables, when `wanted()`; else returns."""
-    missing = _missing(os.environ)
+def reexec_with_huge_pages(default: str = "on") -> None:
+    """Replaces this process with the same command under the mode's tunables (`default` where GPT1_JAX_HUGE_PAGES
+    is unset), when `wanted()`; else returns."""
+    missing = _missing(os.environ, default)
     if not missing:
         return
     env = dict(os.environ)

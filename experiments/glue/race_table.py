@@ -90,4 +90,4 @@ def run_table(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    harness.leave(harness.main(main, PROG))
+    harness.leave(harness.main(main, PROG, trains=True))

@@ -650,4 +650,4 @@ def execute(args: argparse.Namespace, names: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    harness.leave(harness.main(main, PROG))
+    harness.leave(harness.main(main, PROG, trains=True))

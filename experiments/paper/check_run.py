@@ -70,4 +70,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    harness.leave(harness.main(main, PROG))
+    harness.leave(harness.main(main, PROG, trains=True))

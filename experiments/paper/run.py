@@ -37,7 +37,7 @@ from experiments.paper.report import write_readme
 from experiments.paper.settings import BUDGETS, OUT_ENTRIES, RECIPE, STAGES, TASKS, Paper
 from experiments.paper.table5 import table5_stage
 from experiments.paper.zeroshot import scored_without_checkpoints, zeroshot_stage
-from gpt1_jax import compile_cache, hugepages
+from gpt1_jax import compile_cache
 from gpt1_jax.cli import simulate_devices
 from gpt1_jax.data.race import check_archive
 from gpt1_jax.data.sources import open_source
@@ -143,8 +143,6 @@ def check_inputs(paper: Paper, stages: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if argv is None:  # a command line: hours of steps, which glibc's huge pages make faster (gpt1_jax/hugepages.py)
-        hugepages.reexec_with_huge_pages()
     simulate_devices(args.cpu_devices if args.cpu_devices > 1 else None)  # before jax starts its backend
     paper = paper_of(args)
     run = {"pretrain": pretrain_stage, "release": release_stage, "zeroshot": zeroshot_stage,
@@ -167,4 +165,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    harness.leave(harness.main(main, PROG))
+    harness.leave(harness.main(main, PROG, trains=True))

@@ -538,5 +538,12 @@ def test_every_script_names_itself_as_the_command_that_runs_it():
         text = path.read_text()
         assert "PROG = harness.prog(__spec__.name)" in text, path
         assert all("prog=PROG" in call for call in re.findall(r"harness\.parser\([^\n]*", text)), path
-        assert all(call == "harness.main(main, PROG)" for call in re.findall(r"harness\.main\([^)]*\)", text)), path
+        calls = set(re.findall(r"harness\.main\([^)]*\)", text))
+        # the scripts whose runs train for hours keep glibc's heap (harness.main `trains`); the others do not ask
+        trains = path.relative_to(root).as_posix() in TRAINING_SCRIPTS
+        assert calls <= {"harness.main(main, PROG, trains=True)" if trains else "harness.main(main, PROG)"}, path
     assert harness.prog("experiments.paper.run") == "python -m experiments.paper.run"
+
+
+TRAINING_SCRIPTS = {"experiments/paper/run.py", "experiments/paper/check_run.py", "experiments/optimizers/run_study.py",
+                    "experiments/glue/glue_table.py", "experiments/glue/race_table.py"}

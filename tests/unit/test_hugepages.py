@@ -63,3 +63,15 @@ def test_an_unknown_switch_value_is_one_line_and_exit_2(capsys):
         hugepages.wanted({hugepages.SWITCH: "kep"})
     assert stop.value.code == 2
     assert capsys.readouterr().err == "gpt1-jax: GPT1_JAX_HUGE_PAGES='kep': expected off, on or keep\n"
+
+
+@pytest.mark.skipif(not NEW_GLIBC, reason="needs Linux with glibc >= 2.35")
+def test_a_default_mode_applies_only_where_the_switch_is_unset(thp):
+    """The experiments' training scripts default to the kept heap (experiments/harness.py `main`, `trains`); a user's
+    GPT1_JAX_HUGE_PAGES still decides."""
+    thp.write_text("always [madvise] never\n")
+    assert hugepages._missing({}, default="keep") == [hugepages.TUNABLE, *hugepages.KEEP]
+    assert hugepages._missing({hugepages.SWITCH: ""}, default="keep") == [hugepages.TUNABLE, *hugepages.KEEP]
+    assert hugepages._missing({hugepages.SWITCH: "on"}, default="keep") == [hugepages.TUNABLE]
+    assert hugepages._missing({hugepages.SWITCH: "off"}, default="keep") == []
+    assert hugepages._missing({}) == [hugepages.TUNABLE]  # the verbs' default
