@@ -2,7 +2,6 @@
 `main`, `trains`; gpt1_jax/hugepages.py), in its own process id; a script that does not train is left as it is."""
 
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -10,10 +9,9 @@ from pathlib import Path
 import pytest
 
 from gpt1_jax import hugepages
+from tests.support.hugepages import NEW_GLIBC
 
 ROOT = Path(__file__).resolve().parents[2]
-LIBC, VERSION = platform.libc_ver()
-NEW_GLIBC = sys.platform == "linux" and LIBC == "glibc" and tuple(map(int, VERSION.split(".")[:2])) >= (2, 35)
 
 PROBE = """
 import os, sys

@@ -541,7 +541,10 @@ def test_every_script_names_itself_as_the_command_that_runs_it():
         calls = set(re.findall(r"harness\.main\([^)]*\)", text))
         # the scripts whose runs train for hours keep glibc's heap (harness.main `trains`); the others do not ask
         trains = path.relative_to(root).as_posix() in TRAINING_SCRIPTS
-        assert calls <= {"harness.main(main, PROG, trains=True)" if trains else "harness.main(main, PROG)"}, path
+        if trains:
+            assert calls == {"harness.main(main, PROG, trains=True)"}, path
+        else:
+            assert calls <= {"harness.main(main, PROG)"}, path
     assert harness.prog("experiments.paper.run") == "python -m experiments.paper.run"
 
 

@@ -1,15 +1,10 @@
 """gpt1_jax/hugepages.py: when a long run re-executes itself under glibc's huge-page tunable, or keeping its heap
 (the re-execution itself: tests/e2e/test_bench.py)."""
 
-import platform
-import sys
-
 import pytest
 
 from gpt1_jax import hugepages
-
-LIBC, VERSION = platform.libc_ver()
-NEW_GLIBC = sys.platform == "linux" and LIBC == "glibc" and tuple(map(int, VERSION.split(".")[:2])) >= (2, 35)
+from tests.support.hugepages import NEW_GLIBC
 
 
 @pytest.fixture
