@@ -35,7 +35,7 @@ TUNABLE = "glibc.malloc.hugetlb=1"
 # 64 MB heap is mapped afresh whatever mmap_max says; with 2 arenas the 117M step still faulted, with 3 not).
 KEEP = ("glibc.malloc.mmap_max=0", "glibc.malloc.trim_threshold=68719476736", "glibc.malloc.arena_max=1")
 SWITCH = "GPT1_JAX_HUGE_PAGES"
-MODES = {"": "on", "on": "on", "1": "on", "true": "on", "yes": "on",
+MODES = {"on": "on", "1": "on", "true": "on", "yes": "on",
          "off": "off", "0": "off", "false": "off", "no": "off", "keep": "keep"}
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -58,10 +58,12 @@ def mode(environ=os.environ, default: str = "on") -> str:
     """`on`, `off` or `keep`, from GPT1_JAX_HUGE_PAGES (`default` where it is unset or empty); another value is one
     line on stderr and exit 2."""
     value = environ.get(SWITCH, "")
+    if not value:
+        return default
     if value.lower() not in MODES:
         print(f"gpt1-jax: {SWITCH}={value!r}: expected off, on or keep", file=sys.stderr)
         sys.exit(2)
-    return MODES[value.lower()] if value else default
+    return MODES[value.lower()]
 
 
 def _missing(environ, default: str = "on") -> list[str]:
