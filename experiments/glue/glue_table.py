@@ -101,6 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny model, 64 train / 32 dev examples, 1 epoch: a smoke test")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a FinetuneConfig field of every run")
     p.add_argument("--tfds-dir", default=None, help="where tensorflow-datasets prepares GLUE (default: ~/.cache/gpt1_jax/tfds)")
+    harness.cpu_devices_flag(p)
     args = p.parse_args(argv)
     bad = [a for a in args.ablations if a not in ABLATIONS]
     if bad:
@@ -120,6 +121,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    harness.split_cpu(args.cpu_devices)
     with harness.one_sweep(Path(args.out), PROG, init=args.init):
         return run_table(args)
 

@@ -41,6 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", required=True)
     p.add_argument("--quick", action="store_true", help="tiny model, 64 train / 32 dev questions, 1 epoch")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a FinetuneConfig field of every run")
+    harness.cpu_devices_flag(p)
     args = p.parse_args(argv)
     if bad := [a for a in args.ablations if a not in ABLATIONS]:
         p.error(f"unknown ablation(s) {bad}; known: {', '.join(ABLATIONS)}")
@@ -56,6 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    harness.split_cpu(args.cpu_devices)
     with harness.one_sweep(Path(args.out), PROG, init=args.init):
         return run_table(args)
 

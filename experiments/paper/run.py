@@ -38,7 +38,6 @@ from experiments.paper.settings import BUDGETS, OUT_ENTRIES, RECIPE, STAGES, TAS
 from experiments.paper.table5 import table5_stage
 from experiments.paper.zeroshot import scored_without_checkpoints, zeroshot_stage
 from gpt1_jax import compile_cache
-from gpt1_jax.cli import simulate_devices
 from gpt1_jax.data.race import check_archive
 from gpt1_jax.data.sources import open_source
 from gpt1_jax.errors import ConfigError, GPT1JaxError
@@ -74,13 +73,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--layer-tasks", default=None, help="Figure 2 (left)'s tasks (default: sst2,stsb)")
     p.add_argument("--tfds-dir", default=None, help="where tensorflow-datasets prepares GLUE (default: "
                    "~/.cache/gpt1_jax/tfds)")
-    p.add_argument("--cpu-devices", type=int, default=1, metavar="N",
-                   help="split this CPU into N XLA devices that train data-parallel (gpt1-jax's --simulate-devices): "
-                   "on a 2-core CPU, 2 ran the release's steps 12-16%% faster than 1 (experiments/bench/README.md); "
-                   "the batch sizes must divide by N (default: 1)")
+    harness.cpu_devices_flag(p)
     args = p.parse_args(argv)
-    if args.cpu_devices < 1:
-        p.error(f"--cpu-devices must be >= 1, got {args.cpu_devices}")
     if args.quick and args.budget not in (None, "quick"):
         p.error("--quick is --budget quick")
     args.budget = "quick" if args.quick else args.budget or "laptop"
@@ -143,7 +137,7 @@ def check_inputs(paper: Paper, stages: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    simulate_devices(args.cpu_devices if args.cpu_devices > 1 else None)  # before jax starts its backend
+    harness.split_cpu(args.cpu_devices)
     paper = paper_of(args)
     run = {"pretrain": pretrain_stage, "release": release_stage, "zeroshot": zeroshot_stage,
            "table5": table5_stage, "more_seeds": more_seeds_stage, "layers": layers_stage, "diagnosis": diagnosis_stage}

@@ -334,7 +334,9 @@ def test_race_multiple_choice_end_to_end(tmp_path):
 
 
 def test_glue_table_script_quick(tmp_path, data_dir):
-    """python -m experiments.glue.glue_table --quick: runs, then writes the markdown table beside the paper's numbers."""
+    """python -m experiments.glue.glue_table --quick: runs, then writes the markdown table beside the paper's numbers.
+    On two CPU devices (--cpu-devices 2), whose record a rerun on one counts as done (the split is how a run
+    computes, not what)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -342,16 +344,17 @@ def test_glue_table_script_quick(tmp_path, data_dir):
     out = tmp_path / "table"
     proc = subprocess.run([sys.executable, "-m", "experiments.glue.glue_table", "--quick", "--init", "none", "--tasks", "cola",
                            "--seeds", "0", "--data-dir", str(data_dir), "--out", str(out), "--tfds-dir", str(tmp_path / "tfds"),
-                           "--set", "lm_coef=0.25"],
+                           "--set", "lm_coef=0.25", "--cpu-devices", "2"],
                           capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "mesh {'data': 2," in proc.stderr, proc.stderr[-2000:]  # the run trained over both devices
     table = (out / "table.md").read_text()
     assert "| cola | matthews_corr | 45.4 |" in table and (out / "full" / "cola" / "seed0" / "results.json").is_file()
     assert "Plot: `table.png`." in table and (out / "table.png").read_bytes()[:4] == b"\x89PNG"
     record = json.loads((out / "full" / "cola" / "seed0" / "record.json").read_text())  # the harness's done mark
     assert record["metrics"] == json.loads((out / "full" / "cola" / "seed0" / "results.json").read_text())["metrics"]
     assert "lm_coef: 0.25" in (out / "full" / "cola" / "seed0" / "config.yaml").read_text()  # --set reached the run
-    again = subprocess.run(proc.args, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
+    again = subprocess.run(proc.args[:-2], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     assert again.returncode == 0 and "done before" in again.stderr and (out / "table.md").read_text() == table
 
 

@@ -34,7 +34,7 @@ def test_missing_inputs_are_one_line_errors(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         run.main(["--cpu-devices", "0"])
-    assert "--cpu-devices must be >= 1, got 0" in capsys.readouterr().err
+    assert "argument --cpu-devices: must be >= 1, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         run.main(["--cpu", "2"])  # no abbreviations: a misspelt flag is an error, not another flag
     assert "unrecognized arguments: --cpu 2" in capsys.readouterr().err
