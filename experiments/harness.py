@@ -381,9 +381,16 @@ def cpu_devices_flag(p: argparse.ArgumentParser) -> None:
                    "AVX-512 one (experiments/bench/README.md); the batch sizes must divide by N (default: 1)")
 
 
-def split_cpu(devices: int) -> None:
-    """The --cpu-devices split: before jax starts its backend (the first computation), so first in a script's main."""
+def split_cpu(devices: int, config: FinetuneConfig | None = None) -> None:
+    """The --cpu-devices split: before jax starts its backend (the first computation), so first in a script's main.
+    With the `config` every run of a sweep shares the batch sizes of, those are checked against the split now: a
+    split that does not divide them failed each run with the same line, into a table of failed cells."""
     simulate_devices(devices if devices > 1 else None)
+    if config is not None:
+        try:
+            finetune.check_batches(config)
+        except ConfigError as e:
+            raise ConfigError(f"--cpu-devices {devices}: {e}") from None
 
 
 def seed_list(text: str) -> list[int]:

@@ -308,10 +308,7 @@ def run(config: FinetuneConfig, workdir: Path, *, init: str, data_dir: str | Non
     held = check_workdir(workdir, job, "finetune", init_path=None if init == "none" else init.removeprefix("scratch:"))
     # One step for the whole run, resolved when it began: a source training now saves newer checkpoints meanwhile
     init_step = recorded_step(held.init) if init_step is None and held is not None else init_step
-    # What needs no data is checked before the task's files are read and encoded.
-    mesh = make_mesh(config.mesh)
-    check_batch_size(mesh, config.batch_size, config.accum_steps, "batch_size")
-    check_batch_size(mesh, config.eval_batch_size or config.batch_size, 1, "eval_batch_size")
+    check_batches(config)  # what needs no data, before the task's files are read and encoded
     if jax.process_index() == 0:  # the process that logs
         check_tracker(config.tracker)
     with hold(workdir, "finetune", enabled=jax.process_index() == 0):  # one job at a time in a run folder
@@ -435,6 +432,14 @@ def _train(config: FinetuneConfig, workdir: Path, job: Identity, task: Task, sou
         except (ValueError, AttributeError):  # damaged (or not ours): the rerun writes it again whole
             pass
     return outcome, dev, seconds
+
+
+def check_batches(config: FinetuneConfig) -> None:
+    """Both batch sizes against `config.mesh` over this process's devices (`check_batch_size`, one ConfigError): a
+    run checks them before it reads data, a sweep of runs of one batch size before its first run."""
+    mesh = make_mesh(config.mesh)
+    check_batch_size(mesh, config.batch_size, config.accum_steps, "batch_size")
+    check_batch_size(mesh, config.eval_batch_size or config.batch_size, 1, "eval_batch_size")
 
 
 def task_trainer(config: FinetuneConfig, task: Task, mesh: MeshConfig) -> Trainer:

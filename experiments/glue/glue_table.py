@@ -121,7 +121,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    harness.split_cpu(args.cpu_devices)
+    harness.split_cpu(args.cpu_devices, args.config)
     with harness.one_sweep(Path(args.out), PROG, init=args.init):
         return run_table(args)
 

@@ -336,7 +336,7 @@ def test_race_multiple_choice_end_to_end(tmp_path):
 def test_glue_table_script_quick(tmp_path, data_dir):
     """python -m experiments.glue.glue_table --quick: runs, then writes the markdown table beside the paper's numbers.
     On two CPU devices (--cpu-devices 2), whose record a rerun on one counts as done (the split is how a run
-    computes, not what)."""
+    computes, not what); a split that does not divide the batch is refused before the first run."""
     import subprocess
     import sys
     from pathlib import Path
@@ -356,6 +356,14 @@ def test_glue_table_script_quick(tmp_path, data_dir):
     assert "lm_coef: 0.25" in (out / "full" / "cola" / "seed0" / "config.yaml").read_text()  # --set reached the run
     again = subprocess.run(proc.args[:-2], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     assert again.returncode == 0 and "done before" in again.stderr and (out / "table.md").read_text() == table
+    # a split that does not divide the batch (--quick's 8): one line before any run (each run failed with it)
+    split = [*proc.args[:-1], "3"]
+    split[split.index("--out") + 1] = str(tmp_path / "split")
+    refused = subprocess.run(split, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
+    assert refused.returncode == 2 and refused.stderr.splitlines() == [
+        "python -m experiments.glue.glue_table: error: --cpu-devices 3: batch_size 8 is not divisible by data x fsdp = "
+        "3 (mesh {'data': 3, 'fsdp': 1, 'tensor': 1})"], refused.stderr
+    assert not (tmp_path / "split").exists()
 
 
 def test_short_real_finetune_beats_the_majority_class(tmp_path, shared_dir):
