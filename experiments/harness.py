@@ -390,6 +390,8 @@ def split_cpu(devices: int, config: FinetuneConfig | None = None) -> None:
         try:
             finetune.check_batches(config)
         except ConfigError as e:
+            if devices == 1:  # not the split's doing (a --set mesh or batch size)
+                raise
             raise ConfigError(f"--cpu-devices {devices}: {e}") from None
 
 
