@@ -83,9 +83,9 @@ def _missing(environ, default: str = "on") -> list[str]:
     return [t for t in asked if t.split("=")[0] not in named]
 
 
-def wanted(environ=os.environ, default: str = "on") -> bool:
+def wanted(environ=os.environ) -> bool:
     """Whether re-executing with the mode's tunables would change how this process's big blocks are mapped."""
-    return bool(_missing(environ, default))
+    return bool(_missing(environ))
 
 
 def reexec_with_huge_pages(default: str = "on") -> None:
