@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -307,6 +308,7 @@ def initialize(args: argparse.Namespace | None = None) -> bool:
     if _state["multi"]:
         sys.excepthook = _exit_on_uncaught
         _quiet_preemption_notes()
+        _native_stdout_to_stderr()
     print(f"gpt1-jax: process {jax.process_index()} of {jax.process_count()} up in {time.perf_counter() - t0:.2f} s "
           f"(coordinator {coordinator or 'auto-detected'}, {jax.local_device_count()} local / "
           f"{jax.device_count()} global devices)", file=sys.stderr, flush=True)
@@ -365,6 +367,26 @@ def _quiet_preemption_notes() -> None:
     absl = logging.getLogger("absl")
     if _not_a_preemption_note not in absl.filters:
         absl.addFilter(_not_a_preemption_note)
+
+
+def _native_stdout_to_stderr() -> None:
+    """Gloo, XLA:CPU's collectives between processes, writes "[Gloo] Rank 0 is connected to 1 peer ranks. ..." to
+    file descriptor 1 when the job's first collective connects: into the results a verb prints on stdout, where
+    `gpt1-jax evaluate > result.json` on process 0 got a line that is not JSON before its own. From here on the
+    process's descriptor 1 is its stderr, and Python's sys.stdout writes to the stdout the command was given. A
+    stdout that is not descriptor 1 (a test capturing it, a program embedding the CLI) is left as it is."""
+    out = sys.stdout
+    try:
+        if out is not sys.__stdout__ or out.fileno() != 1:
+            return
+    except (AttributeError, OSError, ValueError):  # no stdout, or one without a descriptor
+        return
+    out.flush()
+    results = os.dup(1)
+    os.dup2(2, 1)
+    raw = isinstance(out.buffer, io.RawIOBase)  # python -u / PYTHONUNBUFFERED: no buffer under the text layer
+    sys.stdout = io.TextIOWrapper(os.fdopen(results, "wb", buffering=0 if raw else -1), encoding=out.encoding,
+                                  errors=out.errors, line_buffering=out.line_buffering, write_through=out.write_through)
 
 
 def is_multi_process() -> bool:

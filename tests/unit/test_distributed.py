@@ -136,3 +136,17 @@ def test_the_preemption_sync_point_note_is_dropped_and_other_warnings_kept(caplo
     finally:
         absl.removeFilter(distributed._not_a_preemption_note)
     assert [r.getMessage() for r in caplog.records] == ["a real problem at step 7"]
+
+
+def test_native_writes_to_stdout_go_to_stderr_and_pythons_stdout_keeps_the_results(capsys):
+    """What Gloo writes to descriptor 1 in a multi-process run ("[Gloo] Rank 0 is connected ...") lands on stderr;
+    print() still reaches the command's stdout, buffered output included. A stdout that is not descriptor 1 (here
+    pytest's capture) is left alone."""
+    code = ("import os; from gpt1_jax import distributed; print('before', end=' '); "
+            "distributed._native_stdout_to_stderr(); os.write(1, b'native\\n'); print('result')")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # the buffered case: a file, a pipe
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "before result\n", "native\n"), done
+    captured = sys.stdout
+    distributed._native_stdout_to_stderr()
+    assert sys.stdout is captured
