@@ -489,7 +489,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     if run:
         _refuse(args, "evaluate", {"config": "the run's saved config.yaml is used; change its fields with --set"})
         pretraining_run(source, required=True)
-    elif args.data is None:
+    elif args.data is None and source.exists():  # a source that is not there: reading it says so, below
         raise ConfigError(f"--init {source} is not a pre-training run, so it has no validation split of its own: "
                           "pass --data (a text source)")
     base = resolve(PretrainConfig, args.config, saved=source / "config.yaml" if run else None)

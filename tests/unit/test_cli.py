@@ -184,6 +184,7 @@ def test_debug_env_shows_the_traceback_of_a_project_error(failing_bench, monkeyp
     (["evaluate", "--workdir", str(RELEASE), "--data", "x"], f"{RELEASE} is not a pre-training workdir"),
     (["evaluate", "--init", str(RELEASE), "--data", "x", "--step", "3"], f"{RELEASE}: step=3 only applies to a run"),
     (["evaluate", "--workdir", "no/such/run"], "no/such/run does not exist: give a pre-training run's workdir"),
+    (["evaluate", "--init", "no/such/model"], "no/such/model: no such checkpoint directory"),  # not "pass --data"
     (["verify", "--workdir", "no/such/run"], "no/such/run does not exist: give a run's workdir"),
 ])
 def test_a_flag_a_verb_or_its_source_cannot_honour_is_one_line(capsys, argv, message):
