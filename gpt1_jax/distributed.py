@@ -322,8 +322,11 @@ def _not_joined_line(kwargs: dict, named: str, timeout_s: int) -> str:
             f"{count} with the same {named}")
     if pid == 0 or where is None:
         return said
-    # What answered this process's probe may be no JAX service at all: another program holding the port.
-    return f"{said}, and check that {where} is process 0's, not another program's"
+    # What answered this process's probe may be no JAX service at all: another program holding the port. Or a job
+    # that has its process `pid` already: JAX's service takes this one for that process restarted, fails the job
+    # (its processes end in a C++ check failure) and never lets this one in.
+    return (f"{said}, and check that {where} is process 0's, not another program's, and that no running job there "
+            f"has its process {pid} already (starting a second one ends that job)")
 
 
 class _Watchdog:

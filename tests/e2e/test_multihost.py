@@ -565,5 +565,7 @@ def test_a_process_whose_peers_never_join_ends_in_one_line(tmp_path, case):
             "--coordinator")
     assert done.returncode == 2, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1].startswith(line), done.stderr[-3000:]
+    if pid:  # what else keeps a process that reached a coordinator out: a job that has its process 1 already
+        assert done.stderr.strip().endswith(f"has its process {pid} already (starting a second one ends that job)")
     assert "Check failure" not in done.stderr and time.monotonic() - t0 < 20
     assert not (tmp_path / "run").exists()
