@@ -18,6 +18,11 @@ not compared; the same weights where outputs are, generation's ids):
                  32 x 64 (SST-2's bucketed length), vs HF's OpenAIGPTDoubleHeadsModel doing the same work;
                  examples/s, and jax's per-token cost relative to its own pre-training step at that shape;
                  fp32 and bf16 (torch: autocast, as train_117m)
+  products_117m  the 117M train step's matrix products alone, at 2 x 512: each weight product forward and
+                 its two gradients in the layouts a step runs them, the attention core's six, the tied LM head's
+                 three, each timed alone through XLA and through torch; the tokens/s the step's products allow
+                 at each library's rates (bf16: inputs bf16, XLA accumulating into fp32 as the model asks,
+                 torch's bf16 product as autocast runs it). Says how much of train_117m's ratio is the products'
 
 Each measurement runs in its own subprocess (no shared thread pools or memory), alternating jax / HF
 for `--rounds` rounds so drift in the machine's speed hits both; summaries take medians. Where torch sees
@@ -45,6 +50,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from experiments import harness
@@ -65,6 +71,7 @@ TARGETS = {
     "generate_b1": {"kind": "generate", "config": "gpt1", "batch": 1, "seq": 16, "new": 128, "dtypes": ("float32",)},
     "generate_b8": {"kind": "generate", "config": "gpt1", "batch": 8, "seq": 16, "new": 128, "dtypes": ("float32",)},
     "finetune_sst2": {"kind": "finetune", "config": "small", "batch": 32, "seq": 64, "dtypes": ("float32", "bfloat16")},
+    "products_117m": {"kind": "products", "config": "gpt1", "batch": 2, "seq": 512, "dtypes": ("float32", "bfloat16")},
 }
 LR = 1e-4
 
@@ -100,6 +107,50 @@ def median_time(fn, n: int) -> tuple[float, list[float]]:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times), [round(t, 4) for t in times]
+
+
+def step_products(t: dict) -> list[tuple[str, int, int, int, int, str, int]]:
+    """The train step's matrix products at `t`'s shape: (name, batch, m, k, n, layout, how many a step runs), the
+    product being [m, k] @ [k, n] with its operands stored as the layout says: "nn" as written, "nt" the second
+    stored [n, k] (a weight's transpose, the tied token table [V, D]), "tn" the first stored [k, m] (a gradient's
+    X^T @ dY). Forward and both gradients of each; their FLOPs are flops.flops_per_token's but the embeddings'."""
+    c = model_config(t["config"])
+    rows, L, D, H = t["batch"] * t["seq"], c.n_layers, c.d_model, c.n_heads
+    out = []
+    for part, k, n in (("qkv", D, 3 * D), ("attn_out", D, D), ("mlp_fc", D, c.d_mlp), ("mlp_proj", c.d_mlp, D)):
+        out += [(f"{part} fwd", 1, rows, k, n, "nn", L), (f"{part} dx", 1, rows, n, k, "nt", L),
+                (f"{part} dw", 1, k, rows, n, "tn", L)]
+    T, hd, bh = t["seq"], D // H, t["batch"] * H
+    out += [("scores fwd", bh, T, hd, T, "nt", L), ("context fwd", bh, T, T, hd, "nn", L),
+            ("scores dq", bh, T, T, hd, "nn", L), ("scores dk", bh, T, T, hd, "tn", L),
+            ("context dp", bh, T, hd, T, "nt", L), ("context dv", bh, T, T, hd, "tn", L)]
+    V = c.vocab_size
+    return out + [("lm_head fwd", 1, rows, D, V, "nt", 1), ("lm_head dh", 1, rows, V, D, "nn", 1),
+                  ("lm_head dtable", 1, V, rows, D, "tn", 1)]
+
+
+def _operand_shapes(batch: int, m: int, k: int, n: int, layout: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    a, b = ((k, m) if layout == "tn" else (m, k)), ((n, k) if layout == "nt" else (k, n))
+    return (batch, *a) if batch > 1 else a, (batch, *b) if batch > 1 else b
+
+
+def products_rates(t: dict, args, product) -> dict:
+    """Times each of the step's products alone (`product(a, b, layout)`: a call that runs it on the fp32 operands
+    `a` and `b`, stored as `layout` says, once, and waits) -> their GFLOP/s and what the step's products take at
+    those rates."""
+    rates, seconds, rng = {}, 0.0, np.random.default_rng(args.seed)
+    for name, batch, m, k, n, layout, count in step_products(t):
+        a, b = (rng.standard_normal(shape, dtype=np.float32) for shape in _operand_shapes(batch, m, k, n, layout))
+        run = product(a, b, layout)
+        for _ in range(args.warmup + 1):  # at least one: jax compiles on the first call
+            run()
+        s, _ = median_time(run, args.steps)
+        rates[name] = round(2 * batch * m * k * n / s / 1e9, 1)
+        seconds += count * s
+    tokens_per_step = t["batch"] * t["seq"]
+    flop = sum(2 * b * m * k * n * c for _, b, m, k, n, _, c in step_products(t))
+    return {"products_s": round(seconds, 4), "tokens_per_s": round(tokens_per_step / seconds, 2),
+            "gflops": round(flop / seconds / 1e9, 1), "products": rates}
 
 
 # ---- HF workers ------------------------------------------------------------------------------------
@@ -176,6 +227,25 @@ def hf_generate(t: dict, args) -> dict:
             "seconds": times, "tokens_per_s": round(t["batch"] * t["new"] / s, 2), "ids": out[:, t["seq"]:].cpu().tolist()}
 
 
+def hf_products(t: dict, args) -> dict:
+    import torch  # optional: see above
+
+    device, dtype = torch_device(), torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+
+    def product(a, b, layout):
+        a, b = (torch.from_numpy(x).to(device, dtype) for x in (a, b))
+        a, b = (a.transpose(-1, -2) if layout == "tn" else a), (b.transpose(-1, -2) if layout == "nt" else b)
+
+        def run():
+            torch.matmul(a, b)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        return run
+
+    with torch.inference_mode():
+        return {"threads": torch.get_num_threads(), "device": str(device), **products_rates(t, args, product)}
+
+
 # ---- jax workers -------------------------------------------------------------------------------------
 
 def jax_train(t: dict, args) -> dict:
@@ -238,8 +308,28 @@ def jax_finetune(t: dict, args) -> dict:
             "per_token_cost_vs_pretrain": round(step_s / lm_step_s, 3), "malloc_huge_pages": hugepages.active()}
 
 
+def jax_products(t: dict, args) -> dict:
+    """A "tn" product runs as the compiled step runs it: its first operand transposed by a copy of its own, then an
+    "nn" product (op_profile --products: lhs [768, 1024] for a [768, 2304] weight gradient). Given the stored
+    operand, XLA:CPU fuses the transpose into a bf16 product 1.4-2.3x slower (2026-12-01, README.md)."""
+    operands = {"nn": ("mk", "kn"), "nt": ("mk", "nk"), "tn": ("mk", "kn")}
+    transpose = jax.jit(lambda x: jnp.swapaxes(x, -1, -2))
+
+    def product(a, b, layout):
+        batch = "b" if a.ndim == 3 else ""
+        equation = "{0}{1},{0}{2}->{0}mn".format(batch, *operands[layout])
+        a, b = jnp.asarray(a, args.dtype), jnp.asarray(b, args.dtype)
+        f = jax.jit(lambda x, y: jnp.einsum(equation, x, y, preferred_element_type=jnp.float32))  # as the model asks
+        if layout == "tn":
+            return lambda: f(transpose(a), b).block_until_ready()
+        return lambda: f(a, b).block_until_ready()
+
+    return {"device_kind": jax.devices()[0].device_kind, **products_rates(t, args, product)}
+
+
 WORKERS = {("hf", "train"): hf_train, ("hf", "finetune"): hf_train, ("hf", "generate"): hf_generate,
-           ("jax", "train"): jax_train, ("jax", "finetune"): jax_finetune, ("jax", "generate"): jax_generate}
+           ("jax", "train"): jax_train, ("jax", "finetune"): jax_finetune, ("jax", "generate"): jax_generate,
+           ("hf", "products"): hf_products, ("jax", "products"): jax_products}
 
 
 # ---- driver ----------------------------------------------------------------------------------------
@@ -270,6 +360,10 @@ def summarize(name: str, t: dict, results: dict[str, dict[str, list[dict]]]) -> 
             row["jax_per_token_cost_vs_pretrain"] = statistics.median(r["per_token_cost_vs_pretrain"] for r in by_impl["jax"])
         if t["kind"] == "generate":
             row["ids_identical"] = all(a["ids"] == b["ids"] for a, b in zip(by_impl["jax"], by_impl["hf"]))
+        if t["kind"] == "products":  # each product's GFLOP/s, the median of the rounds', XLA's beside torch's
+            names = by_impl["jax"][0]["products"]
+            row["products_gflops_jax_hf"] = {name: [statistics.median(r["products"][name] for r in by_impl[impl])
+                                                    for impl in ("jax", "hf")] for name in names}
         summary[dtype] = row
     return summary
 
@@ -297,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--batch must be >= 1, got {args.batch}")
     if args.worker:
         t = with_batch(TARGETS[args.target], args.batch)
-        if args.worker == "jax" and t["kind"] == "finetune":
+        if args.worker == "jax" and t["kind"] in ("finetune", "products"):
             # As `gpt1-jax finetune` runs (the train side's `gpt1-jax bench` does the same): without it the
             # finetune row measured ~30% below the verb on 2026-11-28's machine (experiments/bench/README.md).
             hugepages.reexec_with_huge_pages()
