@@ -42,3 +42,16 @@ def test_the_products_summary_sets_each_products_rates_side_by_side():
     row = compare_hf.summarize("products_117m", target, {"bfloat16": {"jax": jax_rounds, "hf": hf_rounds}})["bfloat16"]
     assert row["products_gflops_jax_hf"] == {"qkv fwd": [850.0, 950.0]}
     assert row["ratio_jax_over_hf"] == round(950 / 1100, 3)
+
+
+def test_both_sides_run_every_product_of_a_tiny_step():
+    """The workers themselves, at `tiny`'s 2 x 16: every product's operands fit its layout on both sides."""
+    import argparse
+
+    target = {**compare_hf.TARGETS["products_117m"], "config": "tiny", "seq": 16}
+    args = argparse.Namespace(steps=1, warmup=0, seed=0, dtype="float32")
+    sides = [compare_hf.jax_products(target, args), compare_hf.hf_products(target, args)]
+    names = [name for name, *_ in compare_hf.step_products(target)]
+    for side in sides:
+        assert list(side["products"]) == names and all(rate > 0 for rate in side["products"].values())
+        assert side["products_s"] > 0 and side["tokens_per_s"] > 0
