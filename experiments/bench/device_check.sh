@@ -23,6 +23,7 @@
 # The shapes are then compare_hf's own, with fewer timed steps, and the GPU-only parts (plan, attention) are left out:
 #     CPU_CORES=0,1 bash experiments/bench/device_check.sh OUT
 #     CPU_CORES=0,1 ONLY=cpu_profile_bf16 bash experiments/bench/device_check.sh OUT   # the bf16 step's CPU split
+#     CPU_CORES=0,1 ONLY=products_117m bash experiments/bench/device_check.sh OUT     # its products, XLA's and torch's
 set -u
 out=${1:?usage: bash experiments/bench/device_check.sh OUTDIR}
 mkdir -p "$out"
@@ -77,6 +78,10 @@ step train_1p3b 150 "$py" -m gpt1_jax.cli bench --config gpt1-1.3b --batch-size 
 step generate_b1 90 "$py" -m experiments.bench.compare_hf --targets generate_b1 --rounds 1 --steps 3
 # CPU mode, asked for by name (ONLY=cpu_profile_bf16): where the AMX kind's bf16 117M step spends its cycles, by
 # library and XLA kernel (needs perf, and gdb to name the kernels; one error line where perf cannot sample).
+# Asked for by name (ONLY=products_117m), either mode: the 117M step's products alone, XLA's against torch's (on the AMX
+# kind torch's bf16 product is the faster one: the first measurement issue 34 asks of that kind).
+[[ " ${ONLY:-} " == *" products_117m "* ]] && step products_117m 240 "$py" -m experiments.bench.compare_hf \
+    --targets products_117m "${shape[@]}" --rounds 1 --steps 3 --warmup 1 ${DTYPES:+--dtypes "$DTYPES"}
 if [[ -n ${CPU_CORES:-} ]]; then
     step cpu_profile_bf16 150 "$py" -m experiments.bench.cpu_profile --config gpt1 --batch 2 --seq 512 --dtype bfloat16 \
         --seconds 8
