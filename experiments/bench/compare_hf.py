@@ -138,7 +138,7 @@ def products_rates(t: dict, args, product) -> dict:
     """Times each of the step's products alone (`product(a, b, layout)`: a call that runs it on the fp32 operands
     `a` and `b`, stored as `layout` says, once, and waits) -> their GFLOP/s and what the step's products take at
     those rates."""
-    rates, seconds, rng = {}, 0.0, np.random.default_rng(args.seed)
+    rates, seconds, flop, rng = {}, 0.0, 0, np.random.default_rng(args.seed)
     for name, batch, m, k, n, layout, count in step_products(t):
         a, b = (rng.standard_normal(shape, dtype=np.float32) for shape in _operand_shapes(batch, m, k, n, layout))
         run = product(a, b, layout)
@@ -146,9 +146,8 @@ def products_rates(t: dict, args, product) -> dict:
             run()
         s, _ = median_time(run, args.steps)
         rates[name] = float(f"{2 * batch * m * k * n / s / 1e9:.4g}")  # GFLOP/s; a tiny test shape's too
-        seconds += count * s
+        seconds, flop = seconds + count * s, flop + count * 2 * batch * m * k * n
     tokens_per_step = t["batch"] * t["seq"]
-    flop = sum(2 * b * m * k * n * c for _, b, m, k, n, _, c in step_products(t))
     return {"products_s": round(seconds, 4), "tokens_per_s": round(tokens_per_step / seconds, 2),
             "gflops": round(flop / seconds / 1e9, 1), "products": rates}
 
@@ -312,12 +311,11 @@ def jax_products(t: dict, args) -> dict:
     """A "tn" product runs as the compiled step runs it: its first operand transposed by a copy of its own, then an
     "nn" product (op_profile --products: lhs [768, 1024] for a [768, 2304] weight gradient). Given the stored
     operand, XLA:CPU fuses the transpose into a bf16 product 1.4-2.3x slower (2026-12-01, README.md)."""
-    operands = {"nn": ("mk", "kn"), "nt": ("mk", "nk"), "tn": ("mk", "kn")}
     transpose = jax.jit(lambda x: jnp.swapaxes(x, -1, -2))
 
     def product(a, b, layout):
         batch = "b" if a.ndim == 3 else ""
-        equation = "{0}{1},{0}{2}->{0}mn".format(batch, *operands[layout])
+        equation = f"{batch}mk,{batch}{'nk' if layout == 'nt' else 'kn'}->{batch}mn"
         a, b = jnp.asarray(a, args.dtype), jnp.asarray(b, args.dtype)
         f = jax.jit(lambda x, y: jnp.einsum(equation, x, y, preferred_element_type=jnp.float32))  # as the model asks
         if layout == "tn":
