@@ -42,7 +42,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 import jax
 
@@ -174,17 +174,23 @@ def _add_set(parser, text: str) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=text)
 
 
-def _model_flags() -> argparse.ArgumentParser:
-    """The flags of every verb that runs a model, as an argparse parent."""
+def _model_flags(refused: Iterable[str] = ()) -> argparse.ArgumentParser:
+    """The flags of every verb that runs a model, as an argparse parent. A verb's `refused` ones are still parsed,
+    so that passing one says why it does not apply, but its --help does not list them."""
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("run config (shared by every verb that runs a model)")
+
+    def helps(flag: str, text: str) -> str:
+        return argparse.SUPPRESS if flag in refused else text
+
     g.add_argument("--config", default=None, metavar="PRESET|YAML",
-                   help="a preset name or a YAML file of the verb's config (default: the workdir's saved config "
-                        "where there is one, else the config's defaults)")
-    _add_set(g, "any config field, dotted for nested ones: optim.lr=3e-4, model.dtype=bfloat16 (repeatable; "
-                "applied after the other flags)")
+                   help=helps("config", "a preset name or a YAML file of the verb's config (default: the workdir's "
+                                        "saved config where there is one, else the config's defaults)"))
+    _add_set(g, helps("set", "any config field, dotted for nested ones: optim.lr=3e-4, model.dtype=bfloat16 "
+                             "(repeatable; applied after the other flags)"))
     g.add_argument("--mesh", default=None, metavar="AXIS=N,...",
-                   help="e.g. data=2,fsdp=2,tensor=2 (default: data over all devices); `plan` also takes auto")
+                   help=helps("mesh", "e.g. data=2,fsdp=2,tensor=2 (default: data over all devices); `plan` also "
+                                      "takes auto"))
     g.add_argument("--simulate-devices", type=at_least(1, at_most=MAX_SIMULATED_DEVICES), default=None, metavar="N",
                    help=f"N fake CPU devices (at most {MAX_SIMULATED_DEVICES}; a pod: `plan --topology`): try a mesh, "
                    "or size a pod job, on one machine; on a 2-core CPU, 2 also train data-parallel 8-16%% faster "
@@ -239,8 +245,10 @@ def _distributed_flags() -> argparse.ArgumentParser:
 def _refuse(args: argparse.Namespace, verb: str, reasons: dict[str, str]) -> None:
     """A shared flag this verb cannot honour is an error, not silently ignored."""
     for flag, reason in reasons.items():
-        if getattr(args, flag) is not None:
-            raise ConfigError(f"--{flag.replace('_', '-')} does not apply to {verb}: {reason}")
+        value = getattr(args, flag)
+        if value is not None and value != []:
+            shown = f" {value[0]}" if isinstance(value, list) else ""  # --set's first KEY=VALUE
+            raise ConfigError(f"--{flag.replace('_', '-')}{shown} does not apply to {verb}: {reason}")
 
 
 def _speaks() -> bool:
@@ -483,7 +491,6 @@ def _evaluate(args: argparse.Namespace) -> int:
     any other model source on --data, in windows of its whole context, with --config's other settings."""
     from gpt1_jax.evaluate import evaluate, pretraining_run
 
-    _refuse(args, "evaluate", {"mesh": "evaluation runs on the run's mesh, or data-parallel over all devices"})
     source = Path(args.workdir or args.init)
     run = args.workdir is not None or pretraining_run(source, required=False)
     if run:
@@ -519,7 +526,6 @@ def _sample(args: argparse.Namespace) -> int:
     from gpt1_jax.generate import check_room, sample
     from gpt1_jax.tokenizer import SPECIAL_TOKENS
 
-    _refuse(args, "sample", {"mesh": "sampling runs on one device"})
     sets, others = _model_sets(args.set)
     if others:
         raise ConfigError(f"--set {others[0]} does not apply to sample: it takes model.* fields (how the checkpoint "
@@ -762,10 +768,6 @@ def _predict(args: argparse.Namespace) -> int:
     or in --out FILE; a bar of the batches and a closing line on stderr."""
     from gpt1_jax.predict import predict, write_tsv
 
-    _refuse(args, "predict", {"config": "the run's own config.yaml is used",
-                              "mesh": "predictions run data-parallel over all devices"})
-    if args.set:
-        raise ConfigError(f"--set {args.set[0]} does not apply to predict: the run's own config.yaml is used")
     if args.overwrite and args.out is None:
         raise ConfigError("--overwrite goes with --out FILE")
     if args.out is not None:  # before the model runs
@@ -833,14 +835,18 @@ class Verb(NamedTuple):
     runs_model: bool = True
     # Steps long enough for glibc's huge-page tunable to pay for re-executing the process (gpt1_jax/hugepages.py).
     huge_pages: bool = False
+    # Shared model flags the verb never honours, and why: kept out of its --help, an error when passed.
+    refuses: dict[str, str] = {}
 
 
 VERBS: dict[str, Verb] = {
     "pretrain": Verb("pre-train GPT-1 on a text corpus (resumable; the main job)", _pretrain_flags, _pretrain,
                      huge_pages=True),
     "evaluate": Verb("LM loss and perplexity of a model (a pre-training run, any checkpoint folder, OpenAI's "
-                     "release) on a text source", _evaluate_flags, _evaluate),
-    "sample": Verb("generate text from a checkpoint", _sample_flags, _sample),
+                     "release) on a text source", _evaluate_flags, _evaluate,
+                     refuses={"mesh": "evaluation runs on the run's mesh, or data-parallel over all devices"}),
+    "sample": Verb("generate text from a checkpoint", _sample_flags, _sample,
+                   refuses={"mesh": "sampling runs on one device"}),
     "convert": Verb("convert checkpoints between the original release, HF and gpt1-jax", _convert_flags, _convert,
                     runs_model=False),
     "bench": Verb("time the sharded train step and print one JSON line", _bench_flags, _bench, huge_pages=True),
@@ -855,7 +861,9 @@ VERBS: dict[str, Verb] = {
     "compare": Verb("overlay pre-training runs' losses against tokens seen in one figure; a table of each run's end",
                     _compare_flags, _compare, runs_model=False),
     "predict": Verb("a finished fine-tuning run's classifier on new inputs (a TSV, or plain text one input a line): "
-                    "index<TAB>prediction lines", _predict_flags, _predict),
+                    "index<TAB>prediction lines", _predict_flags, _predict,
+                    refuses={"config": "the run's own config.yaml is used", "set": "the run's own config.yaml is used",
+                             "mesh": "predictions run data-parallel over all devices"}),
 }
 
 
@@ -875,9 +883,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_PrintVersions, nargs=0,
                         help="this package's version and those of the libraries that decide its numbers, then exit")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
-    model_flags, multi_process = _model_flags(), _distributed_flags()
+    multi_process = _distributed_flags()
     for name, verb in VERBS.items():
-        parents = [model_flags, multi_process] if verb.runs_model else [multi_process]
+        parents = [_model_flags(verb.refuses), multi_process] if verb.runs_model else [multi_process]
         p = sub.add_parser(name, help=verb.help, description=verb.help, parents=parents, allow_abbrev=False)
         verb.add_flags(p)
         p.set_defaults(run=verb.run)
@@ -1004,6 +1012,7 @@ def main(argv: list[str] | None = None) -> int:
     with CtrlC() as ctrl_c:
         try:
             with unwrapped_interrupts():  # one that JAX's C++ wrapped in another error is Ctrl-C all the same
+                _refuse(args, args.verb, VERBS[args.verb].refuses)  # before any process waits on the others
                 # Multi-process start-up (flags, GPT1_* env or a cluster JAX detects); nothing on a plain machine.
                 distributed.initialize(args)
                 if VERBS[args.verb].runs_model:

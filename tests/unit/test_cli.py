@@ -193,6 +193,26 @@ def test_a_flag_a_verb_or_its_source_cannot_honour_is_one_line(capsys, argv, mes
     assert len(err) == 1 and err[0].startswith(f"gpt1-jax {argv[0]}: error: {message}")
 
 
+def test_a_verb_s_help_lists_only_the_shared_flags_it_honours(capsys):
+    """predict's --help listed --config, --set and --mesh, then refused each one; a refused flag is now kept out of
+    the verb's help (the others' keep it) and still answers with the reason, before any process start-up."""
+    subs, refused = _subparsers(), 0
+    for verb, spec in cli.VERBS.items():
+        shown = subs[verb].format_help()
+        for flag, reason in spec.refuses.items():
+            option = "--" + flag.replace("_", "-")
+            assert f"{option} " not in shown, (verb, option)
+            value = {"set": "model.dtype=bfloat16", "mesh": "data=1", "config": "tiny"}[flag]
+            argv = [verb, *REQUIRED[verb], option, value]
+            assert cli.main(argv) == 2
+            shown_value = f" {value}" if flag == "set" else ""
+            assert capsys.readouterr().err.splitlines() == [
+                f"gpt1-jax {verb}: error: {option}{shown_value} does not apply to {verb}: {reason}"]
+            refused += 1
+    assert refused == 5 and "--mesh " in subs["pretrain"].format_help()
+    assert {v for v, spec in cli.VERBS.items() if spec.refuses} == {"evaluate", "sample", "predict"}
+
+
 def test_workdir_that_is_a_file_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
     workdir = tmp_path / "run"
