@@ -2,7 +2,8 @@
 trace files, the traced steps out of tokens/s) and stats_every (per-layer statistics in metrics.jsonl at those
 steps); with both on, the run ends with the parameters of a run with neither. Nothing compiles inside a window,
 in pre-training or fine-tuning (with batches of several lengths and an epoch's scoring in it). The window's parsing:
-tests/unit/test_profile.py; the statistics' numbers: tests/unit/test_layer_stats.py."""
+tests/unit/test_profile.py; the statistics' numbers: tests/unit/test_layer_stats.py and
+tests/e2e/test_layer_stats.py."""
 
 import dataclasses
 import gzip
