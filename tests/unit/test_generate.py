@@ -2,13 +2,15 @@
 recompute, seeding and the `sample` verb: tests/e2e/test_generate.py."""
 
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import gpt1_jax
 from gpt1_jax.config import model_preset
 from gpt1_jax.errors import ConfigError, DataError
-from gpt1_jax.generate import sample
+from gpt1_jax.generate import _choose, sample
 
 
 def test_prompt_ids_outside_the_vocabulary_are_one_error():
@@ -54,3 +56,17 @@ def test_ids_it_is_told_never_to_generate_are_not_generated():
         assert marker not in banned[0]  # an id past the vocabulary is no error: there is nothing to ban
     with pytest.raises(ConfigError, match="leaves no token id to generate"):
         sample(config, params, [1, 2], max_new_tokens=2, never=range(config.vocab_size))
+
+
+def test_top_k_draws_only_the_k_largest_and_greedy_takes_the_largest():
+    """The choice of each token: the threshold comes from lax.top_k (not a sort of the vocabulary) and greedy skips
+    the draw; ties at the k-th value stay in, banned ids stay out."""
+    logits = jnp.asarray([[0.0, 5.0, 3.0, 3.0, 4.0, -1.0, 4.5]])
+    allowed = np.ones(7, bool)
+    allowed[1] = False  # the largest is banned: the three largest left are 4.5, 4.0 and a tie of 3.0
+    choose = jax.jit(_choose, static_argnums=3)
+    drawn = {int(choose(logits, allowed, jnp.float32(50.0), 3, jax.random.key(i))[0]) for i in range(200)}
+    assert drawn == {2, 3, 4, 6}
+    assert int(choose(logits, allowed, jnp.float32(0.0), 3, jax.random.key(0))[0]) == 6
+    everything = {int(choose(logits, allowed, jnp.float32(50.0), 7, jax.random.key(i))[0]) for i in range(200)}
+    assert everything == {0, 2, 3, 4, 5, 6}
