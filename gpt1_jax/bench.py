@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import resource
 import statistics
 import sys
 import time
@@ -35,11 +36,15 @@ def seeded_batches(trainer, config: PretrainConfig, n: int) -> list:
     return [trainer.put_batch(lm_batch(tokens[rows])) for tokens in windows]
 
 
-def timed_steps(compiled, trainer, state, batches: list, warmup: int, bar: Bar) -> tuple[list, list]:
-    """(seconds, loss) of each step after the first `warmup` of `batches`; `bar` moves between steps, outside the
-    timed intervals."""
+def timed_steps(compiled, trainer, state, batches: list, warmup: int, bar: Bar) -> tuple[list, list, dict]:
+    """(seconds, loss) of each step after the first `warmup` of `batches`, and the process's page faults and kernel
+    CPU per timed step: a step that maps fresh memory (as while GPT1_JAX_HUGE_PAGES=keep grows its heap) can take
+    twice as long, and says so there (experiments/bench/README.md, 2026-12-02 (later)). `bar` moves between steps,
+    outside the timed intervals."""
     times, losses = [], []
     for i, batch in enumerate(batches):
+        if i == warmup:
+            before = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         state, metrics = compiled(state, batch, trainer.hyper)
         # Waits for the loss; the update may end after it, inside the next step's interval: in steady state
@@ -49,7 +54,10 @@ def timed_steps(compiled, trainer, state, batches: list, warmup: int, bar: Bar) 
             times.append(time.perf_counter() - t0)
             losses.append(round(loss, 6))
         bar.update(1)
-    return times, losses
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    kernel = {"minor_faults_per_step": round((after.ru_minflt - before.ru_minflt) / len(times)),
+              "sys_cpu_s_per_step": round((after.ru_stime - before.ru_stime) / len(times), 4)}
+    return times, losses, kernel
 
 
 def optimizer_fields(optim: OptimConfig) -> dict[str, Any]:
@@ -86,7 +94,7 @@ def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only
     batches = seeded_batches(trainer, config, warmup + steps)
     with Bar(total=len(batches), desc="bench", unit="step", disable=not speaks, dynamic_ncols=True, file=sys.stderr,
              mininterval=0.5) as bar:
-        times, losses = timed_steps(compiled, trainer, state, batches, warmup, bar)
+        times, losses, kernel = timed_steps(compiled, trainer, state, batches, warmup, bar)
     step_s = statistics.median(times)
     device = jax.devices()[0]
     # An accelerator's allocator knows the bytes the step really held at once, beside the compiler's
@@ -109,6 +117,7 @@ def run(config: PretrainConfig, *, steps: int = 5, warmup: int = 1, compile_only
         **({"best_peak_flops": best,
             "mfu_of_best_peak": round(flops.mfu(tokens_per_s, result["flops_per_token"], best), 4)} if best else {}),
         "losses": losses,
+        **kernel,
         "device_kind": device.device_kind,
         **({"device_peak_bytes_in_use": int(used)} if used is not None else {}),
         "cpu_flags": flops.cpu_flags(),

@@ -17,7 +17,7 @@ from gpt1_jax.flops import accelerator_peak, flops_per_token, mfu
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"tokens_per_s", "step_s_median", "compile_s", "flops_per_token", "mfu", "peak_flops", "losses",
-        "state_bytes_total", "state_bytes_per_device"}
+        "state_bytes_total", "state_bytes_per_device", "minor_faults_per_step", "sys_cpu_s_per_step"}
 
 
 def test_bench_tiny_prints_json(capsys):
@@ -37,6 +37,7 @@ def test_bench_tiny_prints_json(capsys):
     assert KEYS <= set(result)
     assert len(result["losses"]) == 2 and all(4.0 < x < 8.0 for x in result["losses"])  # ~ln(512)=6.24
     assert result["tokens_per_s"] > 0 and 0 < result["mfu"] < 1 and result["peak_flops"] == 1e11
+    assert result["minor_faults_per_step"] >= 0 and result["sys_cpu_s_per_step"] >= 0
     assert result["flops_per_token"] == flops_per_token(model_preset("tiny"), 32)
     assert result["state_bytes_per_device"] < result["state_bytes_total"]
     assert result["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
