@@ -54,10 +54,13 @@ def timed_steps(compiled, trainer, state, batches: list, warmup: int, bar: Bar) 
             times.append(time.perf_counter() - t0)
             losses.append(round(loss, 6))
         bar.update(1)
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    kernel = {"minor_faults_per_step": round((after.ru_minflt - before.ru_minflt) / len(times)),
-              "sys_cpu_s_per_step": round((after.ru_stime - before.ru_stime) / len(times), 4)}
-    return times, losses, kernel
+    return times, losses, kernel_per_step(before, resource.getrusage(resource.RUSAGE_SELF), len(times))
+
+
+def kernel_per_step(before, after, steps: int) -> dict[str, Any]:
+    """The page faults and kernel CPU per step between two `resource.getrusage` readings `steps` steps apart."""
+    return {"minor_faults_per_step": round((after.ru_minflt - before.ru_minflt) / steps),
+            "sys_cpu_s_per_step": round((after.ru_stime - before.ru_stime) / steps, 4)}
 
 
 def optimizer_fields(optim: OptimConfig) -> dict[str, Any]:

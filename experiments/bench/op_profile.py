@@ -49,7 +49,7 @@ import jax
 
 from experiments import harness
 from gpt1_jax import flops, hugepages, sizing
-from gpt1_jax.bench import seeded_batches
+from gpt1_jax.bench import kernel_per_step, seeded_batches
 from gpt1_jax.cli import simulate_devices
 from gpt1_jax.config import PretrainConfig, resolve
 from gpt1_jax.errors import ConfigError
@@ -454,9 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     result = summarize(events, groups, args.steps, wall)
     # XLA:CPU allocates the step's temporaries as one block per run, which glibc maps fresh (and the
     # kernel zero-fills page by page) on every step; experiments/bench/README.md measures what that costs.
-    result.update(temp_bytes=compiled.memory_analysis().temp_size_in_bytes,
-                  minor_faults_per_step=round((after.ru_minflt - usage.ru_minflt) / args.steps),
-                  sys_cpu_s_per_step=round((after.ru_stime - usage.ru_stime) / args.steps, 4),
+    result.update(temp_bytes=compiled.memory_analysis().temp_size_in_bytes, **kernel_per_step(usage, after, args.steps),
                   malloc_huge_pages=hugepages.active())
     common = {"config": args.config, "batch": B, "seq": T, "dtype": config.model.dtype, "devices": args.devices}
     for name, row in result.pop("groups").items():
