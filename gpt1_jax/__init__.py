@@ -3,8 +3,9 @@
 import gc
 
 # The imports below make ~120,000 long-lived objects (jax, flax, optax); the cyclic collector's passes over them
-# while they are made, which find no garbage, cost every command ~0.05 of its ~1.3 CPU-s of start-up (2026-12-02,
-# eight alternating runs of `python -c "import gpt1_jax.cli"`: 1.32 and 1.27 CPU-s on average).
+# while they are made, which find no garbage, cost every command 4-10% of its start-up (2026-12-02, `python -c
+# "import gpt1_jax.cli"` alternating with and without this: 1.32 and 1.27 CPU-s on average over 8 runs, 1.72 and
+# 1.55 over 12 later, the host slower).
 _collecting = gc.isenabled()
 gc.disable()
 try:
